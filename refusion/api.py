@@ -1,0 +1,101 @@
+"""``refusion.generate``: one call from a prompt to a decoded answer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from refusion.config import PART_KINDS, preset as get_preset
+from refusion.decoder import Decoder
+from refusion.errors import ConfigError
+from refusion.models.base import ModelAdapter
+from refusion.state import DecodeResult
+
+
+def load_model(model: Any = None, *, tokenizer: Any = None, **adapter_kwargs: Any) -> ModelAdapter:
+    """A :class:`ModelAdapter` from an adapter, a transformers model or a checkpoint path.
+
+    ``None`` means the default model shipped with refusion.
+    """
+    from refusion.models.hf import HFCausalLM
+
+    if isinstance(model, ModelAdapter):
+        if tokenizer is not None:
+            model.tokenizer = tokenizer
+        return model
+    if model is None:
+        from refusion.models.default import default_model_path
+
+        model = str(default_model_path())
+    if isinstance(model, str):
+        adapter = HFCausalLM.from_pretrained(model, **adapter_kwargs)
+        if tokenizer is not None:
+            adapter.tokenizer = tokenizer
+        return adapter
+    if hasattr(model, "config") and callable(model):
+        return HFCausalLM(model, tokenizer, **adapter_kwargs)
+    raise ConfigError(f"`model` must be a ModelAdapter, a transformers model or a path; got {type(model).__name__}.")
+
+
+def encode_prompt(prompt: Any, tokenizer: Any, chat: bool | None) -> list[int]:
+    """Token ids of ``prompt`` (text needs a tokenizer; ``chat`` applies its chat template)."""
+    if not isinstance(prompt, str):
+        return prompt
+    if tokenizer is None:
+        raise ConfigError("`prompt` is text but the model has no tokenizer; pass `tokenizer=` or token ids.")
+    use_chat = chat if chat is not None else bool(getattr(tokenizer, "chat_template", None))
+    if use_chat:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding
+            ids = ids["input_ids"]
+        return list(ids)
+    return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+
+
+def generate(
+    prompt: Any,
+    model: Any = None,
+    *,
+    tokenizer: Any = None,
+    gen_length: int | None = None,
+    preset: str | None = None,
+    chat: bool | None = None,
+    partitioner: Any = None,
+    selector: Any = None,
+    infiller: Any = None,
+    reorderer: Any = None,
+    **params: Any,
+) -> DecodeResult:
+    """Decode ``prompt`` (text or token ids) with ReFusion's plan-and-infill algorithm.
+
+    ``preset`` picks part names, parameters and ``gen_length`` (default
+    ``"paper"``); explicit part specs, ``gen_length`` and ``params`` (e.g.
+    ``slot_size=16``, ``token_threshold=0.5``, ``"selector.k"=2``) override it.
+    Returns a :class:`~refusion.state.DecodeResult` with ``text`` when a
+    tokenizer is known.
+    """
+    chosen = get_preset(preset or "paper")
+    adapter = load_model(model, tokenizer=tokenizer)
+    specs = chosen.parts()
+    for kind, spec in zip(PART_KINDS, (partitioner, selector, infiller, reorderer)):
+        if spec is not None:
+            specs[kind] = spec
+    merged = {
+        key: value
+        for key, value in chosen.params.items()
+        if _applies(key, specs, chosen)
+    }
+    merged.update(params)
+    decoder = Decoder.from_names(**specs, **merged)
+    ids = encode_prompt(prompt, adapter.tokenizer, chat)
+    return decoder.decode(adapter, ids, gen_length or chosen.gen_length)
+
+
+def _applies(key: str, specs: dict[str, Any], chosen: Any) -> bool:
+    """A preset parameter applies only while the part it was meant for is still the preset's."""
+    from refusion.registry import registry
+
+    for kind in PART_KINDS:
+        name = getattr(chosen, kind)
+        if specs[kind] == name and key in registry().entry(kind, name).parameters():
+            return True
+    return False

@@ -1,0 +1,111 @@
+"""Checks on what plugins hand back to the decoder.
+
+A part that returns malformed data gets a :class:`~refusion.errors.PluginError`
+naming it, before anything reaches the cache, so one bad plugin can never
+corrupt a decode or make it loop forever.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generator, Sequence
+
+import torch
+
+from refusion.cache.calls import ModelCall
+from refusion.cache.kv import KVSegment
+from refusion.errors import PluginError
+from refusion.state import Commit, InfillResult, Plan
+
+
+def describe(part: Any) -> str:
+    """``"selector 'threshold' (refusion.strategies...ConfidenceThreshold)"``."""
+    cls = type(part)
+    return f"{getattr(part, 'kind', 'part')} {getattr(part, 'name', cls.__name__)!r} ({cls.__module__}.{cls.__qualname__})"
+
+
+def plugin_error(part: Any, message: str) -> PluginError:
+    return PluginError(f"{describe(part)} {message}", plugin=getattr(part, "name", None), source=type(part).__module__)
+
+
+def checked_selection(selector: Any, plan: Plan, chosen: Any) -> tuple[int, ...]:
+    """The selector's answer as sorted, unique, in-range slot indices."""
+    try:
+        values = chosen.tolist() if isinstance(chosen, torch.Tensor) else list(chosen)
+    except TypeError:
+        raise plugin_error(selector, f"returned {chosen!r}; expected a sequence of slot indices.") from None
+    if not values:
+        raise plugin_error(selector, "returned an empty selection; it must choose at least one slot.")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise plugin_error(selector, f"returned non-integer indices {values!r}.")
+    bad = [v for v in values if not 0 <= v < len(plan)]
+    if bad:
+        raise plugin_error(selector, f"returned indices {bad} outside range(0, {len(plan)}) of the plan's slots.")
+    if len(set(values)) != len(values):
+        raise plugin_error(selector, f"returned duplicate indices {values!r}.")
+    return tuple(sorted(values))
+
+
+def checked_call(infiller: Any, call: Any, vocab_size: int, max_positions: int | None) -> ModelCall:
+    if not isinstance(call, ModelCall):
+        raise plugin_error(infiller, f"yielded {type(call).__name__}; an infiller must yield ModelCall objects.")
+    for extend in call.extends:
+        if int(extend.tokens.min()) < 0 or int(extend.tokens.max()) >= vocab_size:
+            raise plugin_error(infiller, f"asked the model for token ids outside [0, {vocab_size}).")
+        if int(extend.positions.min()) < 0 or (max_positions is not None and int(extend.positions.max()) >= max_positions):
+            raise plugin_error(infiller, f"asked the model for position ids outside [0, {max_positions}).")
+    return call
+
+
+def bounded(infiller: Any, program: Generator, budget: int, vocab_size: int, max_positions: int | None):
+    """Drive an infiller's generator for at most ``budget`` model calls; wrap its errors."""
+    calls = 0
+    try:
+        call = next(program)
+        while True:
+            calls += 1
+            if calls > budget:
+                program.close()
+                raise plugin_error(infiller, f"made more than {budget} model calls in one iteration; it must terminate.")
+            outputs = yield checked_call(infiller, call, vocab_size, max_positions)
+            call = program.send(outputs)
+    except StopIteration as stop:
+        return stop.value
+    except PluginError:
+        raise
+    except Exception as exc:
+        raise plugin_error(infiller, f"raised {type(exc).__name__}: {exc}") from exc
+
+
+def checked_result(
+    infiller: Any, result: Any, plan: Plan, chosen: Sequence[int], eos_ids: frozenset[int], mask_id: int, vocab: int
+) -> InfillResult:
+    """Check an :class:`InfillResult` against the plan and the selection."""
+    if not isinstance(result, InfillResult):
+        raise plugin_error(infiller, f"returned {type(result).__name__}; expected an InfillResult.")
+    if not result.commits:
+        raise plugin_error(infiller, "committed no slot; it must finish at least one chosen slot per iteration.")
+    allowed = {plan.slots[i].index: i for i in chosen}
+    seen = set()
+    for commit in result.commits:
+        if not isinstance(commit, Commit):
+            raise plugin_error(infiller, f"returned {type(commit).__name__} among its commits; expected Commit.")
+        slot = commit.slot
+        if slot.index not in allowed:
+            raise plugin_error(infiller, f"committed slot {slot.index}, which was not chosen (chosen: {sorted(allowed)}).")
+        if slot.index in seen:
+            raise plugin_error(infiller, f"committed slot {slot.index} twice.")
+        seen.add(slot.index)
+        tokens, positions = commit.tokens, commit.positions
+        m = tokens.shape[0] if tokens.dim() == 1 else -1
+        if not 1 <= m <= slot.length:
+            raise plugin_error(infiller, f"committed {tuple(tokens.shape)} tokens for slot {slot.index} of length {slot.length}.")
+        if m < slot.length and int(tokens[-1]) not in eos_ids:
+            raise plugin_error(infiller, f"committed a partial slot {slot.index} ({m}/{slot.length} tokens) not ending in EOS.")
+        rows = plan.rows(allowed[slot.index])
+        if positions.shape != tokens.shape or not torch.equal(positions.cpu(), plan.positions[rows][:m].cpu()):
+            raise plugin_error(infiller, f"committed slot {slot.index} at wrong position ids.")
+        if int(tokens.min()) < 0 or int(tokens.max()) >= vocab or bool((tokens == mask_id).any()):
+            raise plugin_error(infiller, f"committed invalid token ids for slot {slot.index} (out of range or mask).")
+        if commit.kv is not None and (not isinstance(commit.kv, KVSegment) or len(commit.kv) > m):
+            raise plugin_error(infiller, f"committed keys/values for more tokens than slot {slot.index} holds.")
+    return result

@@ -1,0 +1,117 @@
+"""From names and flat parameters to part instances, and the paper's named presets.
+
+``build_parts(selector="topk", params={"k": 2, "slot_size": 4})`` sends each
+parameter to the one part that declares it; ``"selector.k"`` names the part
+explicitly. An unknown or ambiguous parameter is an error listing what each
+part accepts.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import attrs
+
+from refusion.errors import ConfigError, unknown_name
+from refusion.registry import Registration, registry as default_registry
+
+PART_KINDS = ("partitioner", "selector", "infiller", "reorderer")
+
+
+@attrs.frozen
+class Preset:
+    """A named decoding configuration: part names, their parameters and a generation length."""
+
+    description: str
+    gen_length: int
+    params: Mapping[str, Any]
+    partitioner: str = "fixed"
+    selector: str = "threshold"
+    infiller: str = "parallel-ar"
+    reorderer: str = "commit-order"
+
+    def parts(self) -> dict[str, str]:
+        return {k: getattr(self, k) for k in PART_KINDS}
+
+
+def _paper(task: str, slot_size: int, blocks: int, slot_t: float, token_t: float) -> Preset:
+    return Preset(
+        description=f"ReFusion public eval setting for {task}: slot_size={slot_size}, serial_num_blocks={blocks}, "
+        f"slot_threshold={slot_t}, token_threshold={token_t}, gen_length=512",
+        gen_length=512,
+        params=dict(slot_size=slot_size, serial_num_blocks=blocks, slot_threshold=slot_t, token_threshold=token_t),
+    )
+
+
+#: The reference's per-task settings (ML-GSAI/ReFusion eval scripts), plus its function defaults.
+PRESETS: dict[str, Preset] = {
+    "paper": Preset(
+        description="defaults of the reference generate_refusion: slot_size=8, serial_num_blocks=2, "
+        "slot_threshold=0.9, token_threshold=0.9, gen_length=128",
+        gen_length=128,
+        params=dict(slot_size=8, serial_num_blocks=2, slot_threshold=0.9, token_threshold=0.9),
+    ),
+    "gsm8k": _paper("GSM8K", 32, 4, 0.9, 0.4),
+    "mbpp": _paper("MBPP", 32, 4, 0.9, 0.3),
+    "humaneval": _paper("HumanEval", 32, 4, 0.9, 0.4),
+    "math": _paper("MATH", 32, 8, 0.8, 0.6),
+    "gpqa": _paper("GPQA", 8, 32, 0.8, 0.2),
+    "arc-c": _paper("ARC-C", 8, 64, 0.8, 0.1),
+    "mmlu-pro": _paper("MMLU-Pro", 16, 4, 0.9, 0.4),
+    "ar": Preset(
+        description="left-to-right lossless decoding: equals greedy autoregressive decoding",
+        gen_length=128,
+        params=dict(slot_size=8, serial_num_blocks=1),
+        selector="leftmost",
+        infiller="greedy-verify",
+    ),
+}
+
+
+def preset(name: str) -> Preset:
+    if name not in PRESETS:
+        raise unknown_name("preset", name, PRESETS)
+    return PRESETS[name]
+
+
+def route_params(registrations: Mapping[str, Registration], params: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Split flat ``params`` into per-part keyword arguments."""
+    routed: dict[str, dict[str, Any]] = {kind: {} for kind in registrations}
+    accepted = {kind: set(reg.parameters()) for kind, reg in registrations.items()}
+    for key, value in params.items():
+        if "." in key:
+            kind, _, field = key.partition(".")
+            if kind not in registrations:
+                raise ConfigError(f"`{key}`: unknown part {kind!r}; parts are {', '.join(registrations)}.")
+            if field not in accepted[kind]:
+                raise ConfigError(
+                    f"`{key}`: {kind} {registrations[kind].name!r} has no parameter {field!r}; "
+                    f"it accepts: {', '.join(sorted(accepted[kind])) or 'none'}."
+                )
+            routed[kind][field] = value
+            continue
+        owners = [kind for kind in registrations if key in accepted[kind]]
+        if not owners:
+            listing = "; ".join(
+                f"{kind} {reg.name!r}: {', '.join(sorted(accepted[kind])) or 'none'}" for kind, reg in registrations.items()
+            )
+            raise ConfigError(f"Unknown parameter `{key}`. Parameters by part: {listing}.")
+        if len(owners) > 1:
+            raise ConfigError(f"Parameter `{key}` is ambiguous ({', '.join(owners)}); spell it as e.g. `{owners[0]}.{key}`.")
+        routed[owners[0]][key] = value
+    return routed
+
+
+def build_parts(*, params: Mapping[str, Any] | None = None, registry: Any = None, **specs: Any) -> dict[str, Any]:
+    """Instances of the four parts from ``partitioner=``, ``selector=``, ``infiller=``, ``reorderer=`` specs."""
+    reg = registry or default_registry()
+    regs: dict[str, Registration] = {}
+    for kind in PART_KINDS:
+        spec = specs[kind]
+        if isinstance(spec, str) and ":" not in spec:
+            regs[kind] = reg.entry(kind, spec)
+        else:
+            cls = spec if isinstance(spec, type) else type(spec) if not isinstance(spec, str) else reg.build(kind, spec).__class__
+            regs[kind] = Registration(kind, getattr(cls, "name", cls.__name__), cls, "local", "local")
+    routed = route_params(regs, params or {})
+    return {kind: reg.build(kind, specs[kind], **routed[kind]) for kind in PART_KINDS}

@@ -1,0 +1,270 @@
+"""The generic plan-and-infill decoder.
+
+It composes a partitioner, a selector, an infiller and a cache reorderer, and
+knows nothing about any of them beyond their interfaces. Per iteration of the
+current serial block: draft the still-masked slots (the plan), let the
+selector choose, let the infiller finish some of the chosen slots, apply EOS,
+let the reorderer update the cache. Every iteration commits at least one slot,
+so decoding ends after at most as many iterations as there are slots.
+
+A decode is a *program*: a generator that yields the model calls it needs and
+receives their outputs (:meth:`Decoder.program`). :meth:`Decoder.decode` runs
+one program against the model; a batch engine can interleave many.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generator, Sequence
+
+import attrs
+import torch
+
+from refusion.cache.calls import Branch, Extend, ModelCall
+from refusion.cache.executor import CallExecutor
+from refusion.cache.sequence import SequenceCache
+from refusion.checks import bounded, checked_result, checked_selection, plugin_error
+from refusion.errors import ConfigError
+from refusion.models.base import ModelAdapter
+from refusion.sampling import Sampler, greedy
+from refusion.state import Commit, DecodeResult, InfillResult, Partition, Plan, StepRecord
+from refusion.strategies.base import CacheReorderer, InfillContext, Infiller, SlotPartitioner, SlotSelector
+
+
+def _part(kind: type):
+    def check(instance, attribute, value):
+        if not isinstance(value, kind):
+            raise ConfigError(f"`{attribute.name}` must be a {kind.__name__} instance; got {value!r}.")
+
+    return attrs.field(validator=check)
+
+
+@attrs.frozen
+class Decoder:
+    """Plan-and-infill decoding with four interchangeable parts.
+
+    ``sample`` turns logits into drafts (default: greedy). ``calls_per_token``
+    bounds an infiller's model calls per iteration (``calls_per_token`` x the
+    chosen tokens, plus 8); an infiller that exceeds it is stopped with an
+    error naming it.
+    """
+
+    partitioner: SlotPartitioner = _part(SlotPartitioner)
+    selector: SlotSelector = _part(SlotSelector)
+    infiller: Infiller = _part(Infiller)
+    reorderer: CacheReorderer = _part(CacheReorderer)
+    sample: Sampler = greedy
+    calls_per_token: int = 4
+
+    @classmethod
+    def from_names(
+        cls,
+        partitioner: Any = "fixed",
+        selector: Any = "threshold",
+        infiller: Any = "parallel-ar",
+        reorderer: Any = "commit-order",
+        **params: Any,
+    ) -> "Decoder":
+        """Build parts from names, classes, ``"module:Class"`` strings or instances.
+
+        ``params`` go to whichever part declares them (``slot_size=``,
+        ``token_threshold=``, ...) or, spelled ``"selector.k"``, to one part.
+        """
+        from refusion.config import build_parts
+
+        return cls(**build_parts(partitioner=partitioner, selector=selector, infiller=infiller, reorderer=reorderer, params=params))
+
+    # -- running -------------------------------------------------------------
+    def session(self, model: ModelAdapter, prompt_ids: Any, gen_length: int) -> "DecodeSession":
+        """Validate the input and set up the decode of one prompt (not started yet)."""
+        prompt = check_prompt(prompt_ids, model)
+        partition = self.partitioner.partition(gen_length)
+        check_length(model, prompt.shape[0], partition.gen_length)
+        cache = SequenceCache(model.new_cache(), prompt, torch.arange(prompt.shape[0]))
+        return DecodeSession(self, model, cache, partition)
+
+    def decode(self, model: ModelAdapter, prompt_ids: Any, gen_length: int, *, tokenizer: Any = None) -> DecodeResult:
+        """Decode one prompt (token ids, shape ``(prompt_len,)`` or ``(1, prompt_len)``)."""
+        result = self.session(model, prompt_ids, gen_length).run()
+        tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+        if tok is not None:
+            result = attrs.evolve(result, text=tok.decode(result.tokens.tolist(), skip_special_tokens=True))
+        return result
+
+
+def check_prompt(prompt_ids: Any, model: ModelAdapter) -> torch.Tensor:
+    """The prompt as a 1-D LongTensor on the CPU; clear errors for anything else."""
+    try:
+        prompt = torch.as_tensor(prompt_ids, dtype=torch.long).cpu()
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ConfigError(f"`prompt_ids` must be a sequence of token ids; got {type(prompt_ids).__name__} ({exc}).") from exc
+    if prompt.dim() == 2 and prompt.shape[0] == 1:
+        prompt = prompt[0]
+    if prompt.dim() != 1:
+        raise ConfigError(f"`prompt_ids` must be one prompt of shape (prompt_len,); got shape {tuple(prompt.shape)}.")
+    if prompt.shape[0] == 0:
+        raise ConfigError("`prompt_ids` must hold at least one token; got an empty prompt.")
+    if int(prompt.min()) < 0 or int(prompt.max()) >= model.vocab_size:
+        raise ConfigError(f"`prompt_ids` must be token ids in [0, {model.vocab_size}); got {prompt.min()}..{prompt.max()}.")
+    return prompt
+
+
+def check_length(model: ModelAdapter, prompt_len: int, gen_length: int) -> None:
+    limit = model.max_positions
+    if limit is not None and prompt_len + gen_length > limit:
+        raise ConfigError(
+            f"`gen_length` ({gen_length} after rounding to whole slots) plus the prompt ({prompt_len} tokens) "
+            f"exceeds the model's maximum of {limit} positions; use gen_length <= {limit - prompt_len}."
+        )
+
+
+class DecodeSession:
+    """One prompt's decode: its context cache, output buffer, trace and program.
+
+    :meth:`program` is the decode as a generator of model calls; :meth:`run`
+    executes it against the model. ``cache`` stays inspectable afterwards.
+    """
+
+    def __init__(self, decoder: Decoder, model: ModelAdapter, cache: SequenceCache, partition: Partition):
+        self.decoder = decoder
+        self.model = model
+        self.cache = cache
+        self.partition = partition
+        self.prompt_len = len(cache)
+        g = partition.gen_length
+        self.tokens = torch.full((g,), model.mask_token_id, dtype=torch.long)
+        self.commit_step = torch.full((g,), -1, dtype=torch.long)
+        self.open = [True] * len(partition.slots)  # not yet committed nor dropped
+        self.eos_offset: int | None = None
+        self.steps: list[StepRecord] = []
+        self.forwards = 0
+
+    def run(self) -> DecodeResult:
+        """Run :meth:`program` to the end, one model forward per call."""
+        executor = CallExecutor(self.model, self.cache)
+        with torch.no_grad():
+            program = self.program()
+            call = next(program)
+            while True:
+                before = self.model.forwards
+                outputs = executor.run(call)
+                self.forwards += self.model.forwards - before
+                try:
+                    call = program.send(outputs)
+                except StopIteration as stop:
+                    return stop.value
+
+    def program(self) -> Generator[ModelCall, Any, DecodeResult]:
+        d = self.decoder
+        for block_index, block in enumerate(self.partition.blocks):
+            while True:
+                remaining = [i for i in block if self.open[i]]
+                if not remaining:
+                    break
+                forwards_before = self.forwards
+                plan = yield from self._plan(remaining)
+                chosen = checked_selection(d.selector, plan, _call_part(d.selector, d.selector.select, plan))
+                ctx = InfillContext(
+                    mask_token_id=self.model.mask_token_id,
+                    eos_token_ids=self.model.eos_token_ids,
+                    last_logits=self.cache.last_logits,
+                    last_position=self.cache.last_position,
+                    context_length=len(self.cache),
+                    sampler=d.sample,
+                )
+                budget = d.calls_per_token * sum(plan.slots[i].length for i in chosen) + 8
+                program = _call_part(d.infiller, d.infiller.infill, ctx, plan, chosen)
+                result = yield from bounded(d.infiller, program, budget, self.model.vocab_size, self.model.max_positions)
+                result = checked_result(
+                    d.infiller, result, plan, chosen, self.model.eos_token_ids, self.model.mask_token_id, self.model.vocab_size
+                )
+                result = self._apply_eos(result)
+                self._reorder(result)
+                self.steps.append(
+                    StepRecord(
+                        iteration=len(self.steps),
+                        block=block_index,
+                        planned=tuple(remaining),
+                        selected=tuple(plan.slots[i].index for i in chosen),
+                        committed=tuple((c.slot.index, c.tokens.shape[0]) for c in result.commits),
+                        forwards=self.forwards - forwards_before,
+                    )
+                )
+        return self._result()
+
+    def _plan(self, remaining: Sequence[int]) -> Generator[ModelCall, Any, Plan]:
+        slots = tuple(self.partition.slots[i] for i in remaining)
+        positions = torch.cat([torch.arange(s.offset, s.stop) for s in slots]) + self.prompt_len
+        masks = torch.full_like(positions, self.model.mask_token_id)
+        (out,) = yield ModelCall.of(Extend(Branch(), masks, positions))
+        tokens, confidence = self.decoder.sample(out.logits, exclude=self.model.mask_token_id)
+        offsets = [0]
+        for s in slots:
+            offsets.append(offsets[-1] + s.length)
+        return Plan(slots, positions.to(tokens.device), out.logits, tokens, confidence, tuple(offsets))
+
+    def _apply_eos(self, result: InfillResult) -> InfillResult:
+        """Cut the answer at the earliest EOS: truncate its slot, drop every slot after it."""
+        eos = self.model.eos_token_ids
+        if not eos:
+            return result
+        first = None
+        for c in result.commits:
+            hits = torch.isin(c.tokens.cpu(), torch.tensor(sorted(eos))).nonzero()
+            if len(hits):
+                offset = c.slot.offset + int(hits[0])
+                first = offset if first is None else min(first, offset)
+        if first is None:
+            return result
+        self.eos_offset = first if self.eos_offset is None else min(self.eos_offset, first)
+        for slot in self.partition.slots:
+            if slot.offset > first:
+                self.open[slot.index] = False
+        kept: list[Commit] = []
+        for c in result.commits:
+            if c.slot.offset > first:
+                continue
+            m = first - c.slot.offset + 1
+            if m < c.tokens.shape[0]:
+                kv = c.kv[: min(m, len(c.kv))] if c.kv is not None else None
+                c = Commit(c.slot, c.tokens[:m], c.positions[:m], kv, c.chain)
+            kept.append(c)
+        same = len(kept) == len(result.commits) and all(a is b for a, b in zip(kept, result.commits))
+        return result if same else InfillResult(kept, next_logits=None)
+
+    def _reorder(self, result: InfillResult) -> None:
+        d = self.decoder
+        expected = len(self.cache) + sum(c.tokens.shape[0] for c in result.commits)
+        _call_part(d.reorderer, d.reorderer.reorder, self.cache, result)
+        if len(self.cache) != expected:
+            raise plugin_error(d.reorderer, f"left the cache with {len(self.cache)} entries; expected {expected}.")
+        for c in result.commits:
+            offset = c.slot.offset
+            self.tokens[offset : offset + c.tokens.shape[0]] = c.tokens.cpu()
+            self.commit_step[offset : offset + c.tokens.shape[0]] = len(self.steps)
+            self.open[c.slot.index] = False
+
+    def _result(self) -> DecodeResult:
+        end = self.partition.gen_length if self.eos_offset is None else self.eos_offset + 1
+        if bool((self.commit_step[:end] < 0).any()):  # pragma: no cover - guarded by the checks above
+            raise RuntimeError("internal error: a position before the end of the answer was never committed")
+        return DecodeResult(
+            tokens=self.tokens[:end].clone(),
+            prompt_length=self.prompt_len,
+            partition=self.partition,
+            commit_step=self.commit_step,
+            forwards=self.forwards,
+            steps=tuple(self.steps),
+            stopped_at_eos=self.eos_offset is not None,
+        )
+
+
+def _call_part(part: Any, method: Any, *args: Any) -> Any:
+    """Call a part's method; anything it raises becomes a PluginError naming it."""
+    from refusion.errors import RefusionError
+
+    try:
+        return method(*args)
+    except RefusionError:
+        raise
+    except Exception as exc:
+        raise plugin_error(part, f"raised {type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,50 @@
+"""Exceptions raised by refusion.
+
+Every error a user can cause is a :class:`ConfigError` whose message names the
+parameter (in backticks), the value it got and what is allowed. Every error a
+plugin causes is a :class:`PluginError` naming the plugin.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+
+class RefusionError(Exception):
+    """Base class of every error raised by refusion."""
+
+
+class ConfigError(RefusionError, ValueError):
+    """Bad input: a parameter is out of range or parameters do not fit together."""
+
+
+class UnknownNameError(ConfigError, LookupError):
+    """A strategy, preset or model-adapter name that is not registered."""
+
+
+class PluginError(RefusionError):
+    """A plugin (a registered part) misbehaved: it raised or returned malformed data.
+
+    ``plugin`` is the part's registry name and ``source`` the package that
+    provided it, so the message points at the code to fix.
+    """
+
+    def __init__(self, message: str, *, plugin: str | None = None, source: str | None = None):
+        super().__init__(message)
+        self.plugin = plugin
+        self.source = source
+
+
+def bad_value(param: str, value: Any, allowed: str) -> ConfigError:
+    """Return a :class:`ConfigError` for ``param`` in the house style.
+
+    >>> str(bad_value("slot_size", 0, "an integer >= 1"))
+    '`slot_size` must be an integer >= 1; got 0.'
+    """
+    return ConfigError(f"`{param}` must be {allowed}; got {value!r}.")
+
+
+def unknown_name(kind: str, name: str, known: Iterable[str]) -> UnknownNameError:
+    """Return an :class:`UnknownNameError` listing the known names of ``kind``."""
+    names = ", ".join(sorted(known)) or "(none registered)"
+    return UnknownNameError(f"Unknown {kind} {name!r}. Known {kind}s: {names}.")

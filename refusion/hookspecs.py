@@ -1,0 +1,42 @@
+"""Every hook a refusion plugin can implement.
+
+Each hook is called once, when the registry is built, with a ``register``
+callable. A plugin calls ``register(cls)`` for each class it provides; the
+class must subclass the matching interface and define a unique ``name``.
+The decode loop never calls hooks: it calls methods of the parts it was given.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("refusion")
+
+Register = Callable[[type], type]
+
+
+@hookspec
+def register_partitioners(register: Register) -> None:
+    """Register :class:`~refusion.strategies.base.SlotPartitioner` subclasses: ``register(MyPartitioner)``."""
+
+
+@hookspec
+def register_selectors(register: Register) -> None:
+    """Register :class:`~refusion.strategies.base.SlotSelector` subclasses: ``register(MySelector)``."""
+
+
+@hookspec
+def register_infillers(register: Register) -> None:
+    """Register :class:`~refusion.strategies.base.Infiller` subclasses: ``register(MyInfiller)``."""
+
+
+@hookspec
+def register_reorderers(register: Register) -> None:
+    """Register :class:`~refusion.strategies.base.CacheReorderer` subclasses: ``register(MyReorderer)``."""
+
+
+@hookspec
+def register_model_adapters(register: Register) -> None:
+    """Register :class:`~refusion.models.base.ModelAdapter` subclasses: ``register(MyAdapter)``."""

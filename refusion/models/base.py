@@ -1,0 +1,78 @@
+"""The model protocol: what the decoder needs from a diffusion language model.
+
+A :class:`ModelAdapter` wraps a network and states what it can do
+(:class:`ModelCapabilities`). The decoder and the strategies never touch the
+network directly: they go through :meth:`ModelAdapter.forward`, which also
+counts model forwards so that no strategy can misreport its cost.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import attrs
+import torch
+
+
+@attrs.frozen
+class ModelCapabilities:
+    """What a model can do.
+
+    ``causal``: a token attends only to earlier tokens (ReFusion, AR models).
+    ``logit_shift``: 0 if the logits at a mask predict that position (ReFusion,
+    LLaDA), 1 if they predict the next position (Dream).
+    ``kv_cache``: keys/values of committed tokens can be cached and reused.
+    """
+
+    causal: bool = True
+    logit_shift: int = 0
+    kv_cache: bool = True
+
+
+class ModelAdapter(ABC):
+    """A network plus the token ids the decoder needs.
+
+    Attributes every adapter provides: ``mask_token_id`` (int), ``eos_token_ids``
+    (frozenset of ints, may be empty), ``vocab_size``, ``max_positions`` (the
+    longest prompt + generation it supports, or ``None``), ``device``,
+    ``tokenizer`` (or ``None``) and ``forwards`` (model forwards run so far).
+    """
+
+    name: ClassVar[str]
+    capabilities: ClassVar[ModelCapabilities] = ModelCapabilities()
+
+    mask_token_id: int
+    eos_token_ids: frozenset[int]
+    vocab_size: int
+    max_positions: int | None
+    tokenizer: Any | None
+    forwards: int = 0
+
+    @property
+    @abstractmethod
+    def device(self) -> torch.device:
+        """Device the model's inputs must live on."""
+
+    @abstractmethod
+    def new_cache(self) -> Any:
+        """An empty key/value cache for one sequence (a transformers ``Cache``)."""
+
+    @abstractmethod
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        cache: Any,
+        logits_to_keep: int = 0,
+    ) -> torch.Tensor:
+        """Run the network and return logits.
+
+        Receives ``input_ids`` and ``position_ids`` of shape ``(batch, q)``, an
+        ``attention_mask`` of shape ``(batch, cached + q)`` (1 = attend) or a
+        prepared 4-D mask, and ``cache`` holding ``cached`` entries, which the
+        call extends by ``q`` entries. Returns logits of shape
+        ``(batch, q, vocab)`` (or the last ``logits_to_keep`` rows when > 0).
+        Must increment ``forwards`` by one.
+        """

@@ -1,0 +1,127 @@
+"""Adapter for any Hugging Face causal LM, ReFusion checkpoints included.
+
+Knows how to find the mask and EOS token ids of a checkpoint and how to call
+the network with transformers' own cache (``cache=`` keyword of 5.x).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+
+from refusion.errors import ConfigError
+from refusion.models.base import ModelAdapter, ModelCapabilities
+from refusion.plugins import hookimpl
+
+MASK_TOKEN_STRINGS = ("<|mask|>", "<mask>", "[MASK]")
+
+
+def _ids(value: Any) -> frozenset[int]:
+    if value is None:
+        return frozenset()
+    if isinstance(value, int):
+        return frozenset({value})
+    return frozenset(int(v) for v in value)
+
+
+def find_mask_token_id(model: Any, tokenizer: Any | None) -> int | None:
+    """The mask token id from the model config, else from the tokenizer, else ``None``."""
+    mask = getattr(model.config, "mask_token_id", None)
+    if mask is not None:
+        return int(mask)
+    if tokenizer is not None:
+        if getattr(tokenizer, "mask_token_id", None) is not None:
+            return int(tokenizer.mask_token_id)
+        vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+        for text in MASK_TOKEN_STRINGS:
+            if text in vocab:
+                return int(vocab[text])
+    return None
+
+
+def find_eos_token_ids(model: Any, tokenizer: Any | None) -> frozenset[int]:
+    """EOS ids from the generation config, else the model config, else the tokenizer."""
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        ids = _ids(getattr(source, "eos_token_id", None)) if source is not None else frozenset()
+        if ids:
+            return ids
+    return frozenset()
+
+
+class HFCausalLM(ModelAdapter):
+    """A transformers ``PreTrainedModel`` with a causal LM head, used as a ReFusion model.
+
+    ``mask_token_id`` and ``eos_token_id`` override what the config and
+    tokenizer say. Raises :class:`ConfigError` if no mask token can be found.
+    """
+
+    name = "hf-causal"
+    capabilities = ModelCapabilities(causal=True, logit_shift=0, kv_cache=True)
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any | None = None,
+        *,
+        mask_token_id: int | None = None,
+        eos_token_id: int | Iterable[int] | None = None,
+    ):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.vocab_size = int(model.config.vocab_size)
+        mask = mask_token_id if mask_token_id is not None else find_mask_token_id(model, tokenizer)
+        if mask is None:
+            raise ConfigError(
+                "The model has no mask token: its config has no `mask_token_id` and its tokenizer no mask token. "
+                "Pass `mask_token_id=` (a ReFusion checkpoint sets it in config.json)."
+            )
+        if not 0 <= int(mask) < self.vocab_size:
+            raise ConfigError(f"`mask_token_id` must be in [0, {self.vocab_size}); got {mask}.")
+        self.mask_token_id = int(mask)
+        self.eos_token_ids = _ids(eos_token_id) if eos_token_id is not None else find_eos_token_ids(model, tokenizer)
+        self.max_positions = getattr(model.config, "max_position_embeddings", None)
+        self.forwards = 0
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str, *, dtype: torch.dtype | str = "auto", device: str | None = None, **kwargs: Any
+    ) -> "HFCausalLM":
+        """Load a checkpoint directory (or hub id, where the hub is reachable) with its tokenizer."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        adapter_kwargs = {k: kwargs.pop(k) for k in ("mask_token_id", "eos_token_id") if k in kwargs}
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
+        if device is not None:
+            model = model.to(device)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError):
+            tokenizer = None
+        return cls(model, tokenizer, **adapter_kwargs)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def new_cache(self) -> Any:
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
+
+    def forward(self, input_ids, position_ids, attention_mask, cache, logits_to_keep=0):
+        self.forwards += 1
+        out = self.model(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=attention_mask,
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=logits_to_keep,
+        )
+        return out.logits
+
+
+@hookimpl
+def register_model_adapters(register):
+    register(HFCausalLM)

@@ -1,0 +1,92 @@
+"""The plugin manager: built-in parts as default plugins, third parties via entry points.
+
+Built-ins register themselves in the module that defines them (a module-level
+``@hookimpl`` function); :data:`DEFAULT_PLUGINS` lists those modules. Third
+parties declare ``[project.entry-points.refusion]`` in their pyproject; entry
+points are loaded when the registry is first built, never at import time.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+
+import pluggy
+
+from refusion.errors import PluginError
+
+hookimpl = pluggy.HookimplMarker("refusion")
+
+ENTRY_POINT_GROUP = "refusion"
+
+DEFAULT_PLUGINS: tuple[str, ...] = (
+    "refusion.strategies.partitioners.fixed",
+    "refusion.strategies.selectors.threshold",
+    "refusion.strategies.selectors.leftmost",
+    "refusion.strategies.selectors.topk",
+    "refusion.strategies.selectors.margin",
+    "refusion.strategies.selectors.entropy",
+    "refusion.strategies.infillers.parallel_ar",
+    "refusion.strategies.infillers.greedy_verify",
+    "refusion.strategies.reorderers.commit_order",
+    "refusion.strategies.reorderers.reencode",
+    "refusion.models.hf",
+)
+
+
+BUILTIN = "built-in"
+
+
+class PluginManager(pluggy.PluginManager):
+    """A pluggy manager that remembers where each plugin came from.
+
+    ``sources`` maps a plugin name to ``"built-in"``, ``"<distribution> <version>"``
+    or ``"local"`` (registered in code).
+    """
+
+    def __init__(self) -> None:
+        super().__init__("refusion")
+        self.sources: dict[str, str] = {}
+
+    def register(self, plugin: object, name: str | None = None, *, source: str = "local") -> str | None:
+        registered = super().register(plugin, name)
+        if registered is not None:
+            self.sources[registered] = source
+        return registered
+
+
+def make_plugin_manager(*, entry_points: bool = True, extra: tuple[object, ...] = ()) -> PluginManager:
+    """A plugin manager with the built-ins, ``extra`` plugin objects and (optionally) entry points."""
+    from refusion import hookspecs
+
+    pm = PluginManager()
+    pm.add_hookspecs(hookspecs)
+    for module_name in DEFAULT_PLUGINS:
+        pm.register(importlib.import_module(module_name), name=module_name, source=BUILTIN)
+    for plugin in extra:
+        pm.register(plugin)
+    if entry_points:
+        load_entry_points(pm)
+    return pm
+
+
+def load_entry_points(pm: PluginManager, group: str = ENTRY_POINT_GROUP) -> int:
+    """Load every entry point of ``group``; an import failure names the plugin and its distribution."""
+    count = 0
+    for dist in importlib.metadata.distributions():
+        for ep in dist.entry_points:
+            if ep.group != group or pm.has_plugin(ep.name) or pm.is_blocked(ep.name):
+                continue
+            dist_name = dist.metadata["Name"]
+            try:
+                plugin = ep.load()
+            except Exception as exc:
+                raise PluginError(
+                    f"Plugin {ep.name!r} (entry point {ep.value!r} of distribution {dist_name} {dist.version}) "
+                    f"failed to import: {exc}",
+                    plugin=ep.name,
+                    source=dist_name,
+                ) from exc
+            pm.register(plugin, name=ep.name, source=f"{dist_name} {dist.version}")
+            count += 1
+    return count

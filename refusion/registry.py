@@ -1,0 +1,205 @@
+"""Name -> class look-up for every kind of part, filled once from the plugin hooks.
+
+``registry().build("selector", "threshold", slot_threshold=0.8)`` is how names
+become objects; the decoder itself only ever sees instances.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any, Iterator
+
+import attrs
+
+from refusion.errors import ConfigError, PluginError, RefusionError, unknown_name
+from refusion.plugins import PluginManager, make_plugin_manager
+
+
+class RegistrationError(RefusionError):
+    """A plugin tried to register a class that is not a valid part, or a duplicate name."""
+
+
+def _interfaces() -> dict[str, type]:
+    from refusion.models.base import ModelAdapter
+    from refusion.strategies.base import CacheReorderer, Infiller, SlotPartitioner, SlotSelector
+
+    return {
+        "partitioner": SlotPartitioner,
+        "selector": SlotSelector,
+        "infiller": Infiller,
+        "reorderer": CacheReorderer,
+        "model_adapter": ModelAdapter,
+    }
+
+
+#: Kind of part -> the hook that registers it.
+HOOKS = {
+    "partitioner": "register_partitioners",
+    "selector": "register_selectors",
+    "infiller": "register_infillers",
+    "reorderer": "register_reorderers",
+    "model_adapter": "register_model_adapters",
+}
+
+
+@attrs.frozen
+class Registration:
+    """One registered part: its kind, name, class and where it came from."""
+
+    kind: str
+    name: str
+    cls: type
+    plugin: str
+    source: str
+
+    @property
+    def package(self) -> str:
+        return self.cls.__module__.split(".")[0]
+
+    def parameters(self) -> dict[str, Any]:
+        """The part's parameters with their defaults (``None`` when required)."""
+        if attrs.has(self.cls):
+            out = {}
+            for f in attrs.fields(self.cls):
+                if not f.init:
+                    continue
+                default = f.default
+                if isinstance(default, attrs.Factory):
+                    default = default.factory() if not default.takes_self else None
+                out[f.alias or f.name] = None if default is attrs.NOTHING else default
+            return out
+        params = inspect.signature(self.cls).parameters
+        return {
+            n: (None if p.default is inspect.Parameter.empty else p.default)
+            for n, p in params.items()
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        }
+
+
+class Registry:
+    """All registered parts, by kind and name."""
+
+    def __init__(self, pm: PluginManager):
+        self.pm = pm
+        self._entries: dict[str, dict[str, Registration]] = {kind: {} for kind in HOOKS}
+        interfaces = _interfaces()
+        for kind, hook_name in HOOKS.items():
+            hook = getattr(pm.hook, hook_name)
+            for impl in hook.get_hookimpls():  # registration order
+                plugin = impl.plugin_name
+                source = pm.sources.get(plugin, "local")
+
+                def register(cls: type, *, _kind=kind, _plugin=plugin, _source=source) -> type:
+                    self._add(_kind, interfaces[_kind], cls, _plugin, _source)
+                    return cls
+
+                try:
+                    impl.function(register=register)
+                except RegistrationError:
+                    raise
+                except Exception as exc:
+                    raise PluginError(
+                        f"Plugin {plugin!r} ({source}) raised in hook {hook_name}: {exc}", plugin=plugin, source=source
+                    ) from exc
+
+    def _add(self, kind: str, interface: type, cls: Any, plugin: str, source: str) -> None:
+        where = f"plugin {plugin!r} ({source})"
+        if not inspect.isclass(cls) or not issubclass(cls, interface):
+            raise RegistrationError(f"{where} registered {cls!r} as a {kind}, but it does not subclass {interface.__name__}.")
+        if inspect.isabstract(cls):
+            missing = ", ".join(sorted(cls.__abstractmethods__))
+            raise RegistrationError(f"{where} registered {cls.__name__}, which does not implement: {missing}.")
+        name = cls.__dict__.get("name")
+        if not isinstance(name, str) or not name:
+            raise RegistrationError(f"{where} registered {cls.__name__} without a `name` class attribute of its own.")
+        existing = self._entries[kind].get(name)
+        if existing is not None:
+            raise RegistrationError(
+                f"{kind} name {name!r} is registered twice: by {existing.cls.__module__}.{existing.cls.__qualname__} "
+                f"(plugin {existing.plugin!r}) and by {cls.__module__}.{cls.__qualname__} ({where})."
+            )
+        self._entries[kind][name] = Registration(kind, name, cls, plugin, source)
+
+    # -- look-up -------------------------------------------------------------
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(self._entries)
+
+    def names(self, kind: str) -> tuple[str, ...]:
+        return tuple(self._kind(kind))
+
+    def __iter__(self) -> Iterator[Registration]:
+        for entries in self._entries.values():
+            yield from entries.values()
+
+    def entry(self, kind: str, name: str) -> Registration:
+        entries = self._kind(kind)
+        if name not in entries:
+            raise unknown_name(kind.replace("_", " "), name, entries)
+        return entries[name]
+
+    def get(self, kind: str, name: str) -> type:
+        """The class registered as ``name`` for ``kind``; the error lists the known names."""
+        return self.entry(kind, name).cls
+
+    def build(self, kind: str, spec: Any, **params: Any) -> Any:
+        """Resolve ``spec`` to an instance of a ``kind`` part.
+
+        ``spec`` is an instance (returned as is; no params allowed), a class, a
+        ``"module:Class"`` string or a registered name; classes are called with
+        ``params``. Bad params raise :class:`ConfigError` naming the part.
+        """
+        interface = _interfaces()[self._kind_name(kind)]
+        if isinstance(spec, interface):
+            if params:
+                raise ConfigError(f"Parameters {sorted(params)} were given for a ready-made {kind} instance {spec!r}.")
+            return spec
+        if isinstance(spec, str):
+            cls = _import_class(spec) if ":" in spec else self.get(kind, spec)
+        elif inspect.isclass(spec):
+            cls = spec
+        else:
+            raise ConfigError(f"`{kind}` must be a registered name, a class or an instance; got {spec!r}.")
+        if not issubclass(cls, interface):
+            raise ConfigError(f"`{kind}` {spec!r} is not a {interface.__name__}.")
+        try:
+            return cls(**params)
+        except TypeError as exc:
+            accepted = ", ".join(f"`{p}`" for p in Registration(kind, "", cls, "", "").parameters()) or "none"
+            raise ConfigError(f"Bad parameters for {kind} {spec!r}: {exc}. It accepts: {accepted}.") from exc
+
+    def _kind_name(self, kind: str) -> str:
+        if kind not in self._entries:
+            raise ConfigError(f"`kind` must be one of {', '.join(self._entries)}; got {kind!r}.")
+        return kind
+
+    def _kind(self, kind: str) -> dict[str, Registration]:
+        return self._entries[self._kind_name(kind)]
+
+
+def _import_class(path: str) -> type:
+    module_name, _, attr = path.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"Cannot import {path!r}: {exc}.") from exc
+    return obj
+
+
+_REGISTRY: Registry | None = None
+
+
+def registry() -> Registry:
+    """The process-wide registry (built on first use, entry points included)."""
+    global _REGISTRY
+    if _REGISTRY is None:
+        _REGISTRY = Registry(make_plugin_manager())
+    return _REGISTRY
+
+
+def reset_registry(new: Registry | None = None) -> None:
+    """Replace the process-wide registry (``None``: rebuild on next use). For tests and notebooks."""
+    global _REGISTRY
+    _REGISTRY = new

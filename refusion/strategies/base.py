@@ -1,0 +1,159 @@
+"""The four swappable parts of ReFusion decoding, and what they may rely on.
+
+Each iteration of the decoder, for the current serial block:
+
+1. the decoder drafts every still-masked slot (:class:`~refusion.state.Plan`);
+2. a :class:`SlotSelector` picks the slots to infill now;
+3. an :class:`Infiller` finishes some of them, asking the model for what it
+   needs through yielded :class:`~refusion.cache.calls.ModelCall` s;
+4. a :class:`CacheReorderer` puts the finished slots into the context cache.
+
+Before decoding, a :class:`SlotPartitioner` cuts the generation region into
+slots and serial blocks. Parts are small, stateless between calls and
+configured by their (attrs) fields; each has a registry ``name``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar, Generator, Sequence
+
+import attrs
+import torch
+
+from refusion.cache.calls import Branch, Extend, ExtendOutput, ModelCall
+from refusion.cache.sequence import SequenceCache
+from refusion.sampling import Sampler, greedy
+from refusion.state import Commit, InfillResult, Partition, Plan, Slot
+
+InfillGenerator = Generator[ModelCall, "tuple[ExtendOutput, ...]", InfillResult]
+
+
+class Part(ABC):
+    """Base of every part: ``name`` is its registry key, ``kind`` its kind."""
+
+    name: ClassVar[str]
+    kind: ClassVar[str]
+
+
+class SlotPartitioner(Part):
+    """Cuts the generation region into slots and serial blocks."""
+
+    kind = "partitioner"
+
+    @abstractmethod
+    def partition(self, gen_length: int) -> Partition:
+        """Receive the requested generation length (>= 1); return a :class:`Partition`.
+
+        The partition may round ``gen_length`` up (report it in
+        ``Partition.gen_length``); its slots must cover ``0:gen_length`` once,
+        in position order. Raise :class:`~refusion.errors.ConfigError` for a
+        length that does not fit the part's parameters.
+        """
+
+
+class SlotSelector(Part):
+    """Chooses which drafted slots to infill in this iteration."""
+
+    kind = "selector"
+
+    @abstractmethod
+    def select(self, plan: Plan) -> Sequence[int]:
+        """Receive the plan of the current block; return indices into ``plan.slots``.
+
+        At least one index, no duplicates, each in ``range(len(plan))``; order
+        does not matter (the decoder sorts them by position). Must not modify
+        the plan's tensors.
+        """
+
+
+@attrs.frozen(eq=False)
+class InfillContext:
+    """What an infiller may use besides the plan.
+
+    ``last_logits`` (shape ``(vocab,)``) are the logits at the last context
+    token in cache order, whose position id is ``last_position``; with a
+    causal model they predict position ``last_position + 1``. ``None`` when
+    unknown. ``sampler`` is the decoder's sampler; use :meth:`sample`, which
+    never drafts the mask token.
+    """
+
+    mask_token_id: int
+    eos_token_ids: frozenset[int]
+    last_logits: torch.Tensor | None
+    last_position: int
+    context_length: int
+    sampler: Sampler = greedy
+
+    def sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft tokens and their probabilities from logits of shape ``(n, vocab)``."""
+        return self.sampler(logits, exclude=self.mask_token_id)
+
+    @property
+    def root(self) -> Branch:
+        """The empty branch: extends from it see the committed context only."""
+        return Branch()
+
+    def extend(self, tokens, positions, parent: Branch | None = None) -> Extend:
+        """An :class:`Extend` of ``parent`` (default: the committed context)."""
+        return Extend(parent if parent is not None else Branch(), tokens, positions)
+
+    def is_eos(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Boolean tensor, True where ``tokens`` is an EOS id."""
+        if not self.eos_token_ids:
+            return torch.zeros_like(tokens, dtype=torch.bool)
+        eos = torch.tensor(sorted(self.eos_token_ids), device=tokens.device)
+        return torch.isin(tokens, eos)
+
+
+class Infiller(Part):
+    """Finishes chosen slots, verifying drafts with the model."""
+
+    kind = "infiller"
+
+    @abstractmethod
+    def infill(self, ctx: InfillContext, plan: Plan, chosen: tuple[int, ...]) -> InfillGenerator:
+        """A generator: yield :class:`ModelCall` s, receive their outputs, return an :class:`InfillResult`.
+
+        Receives the plan and the selected slot indices (sorted by position).
+        Must return at least one :class:`Commit`, each for a distinct chosen
+        slot, holding the slot's full token run (or a prefix ending in EOS) at
+        the slot's own positions. May not touch the context cache; the number
+        of model calls it may make is bounded by the decoder.
+        """
+
+
+class CacheReorderer(Part):
+    """Places committed slots into the context cache."""
+
+    kind = "reorderer"
+
+    @abstractmethod
+    def reorder(self, cache: SequenceCache, result: InfillResult) -> None:
+        """Receive the sequence's cache and the iteration's commits (EOS already applied).
+
+        Must append every committed token exactly once (``cache.append``), with
+        or without the infiller's keys/values; may drop keys/values of earlier
+        entries (``cache.invalidate``) to have them re-encoded. Must not touch
+        the cache in any other way.
+        """
+
+
+__all__ = [
+    "Branch",
+    "CacheReorderer",
+    "Commit",
+    "Extend",
+    "ExtendOutput",
+    "InfillContext",
+    "InfillGenerator",
+    "InfillResult",
+    "Infiller",
+    "ModelCall",
+    "Partition",
+    "Plan",
+    "Part",
+    "Slot",
+    "SlotPartitioner",
+    "SlotSelector",
+]

@@ -1,0 +1,26 @@
+"""Left-to-right selection: the first remaining slot only (AR order)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import attrs
+
+from refusion.plugins import hookimpl
+from refusion.state import Plan
+from refusion.strategies.base import SlotSelector
+
+
+@attrs.frozen
+class Leftmost(SlotSelector):
+    """Always the leftmost still-masked slot. With a lossless infiller this is AR decoding."""
+
+    name = "leftmost"
+
+    def select(self, plan: Plan) -> Sequence[int]:
+        return [0]
+
+
+@hookimpl
+def register_selectors(register):
+    register(Leftmost)

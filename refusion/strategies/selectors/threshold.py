@@ -1,0 +1,37 @@
+"""The paper's slot selection: first-token confidence above a threshold, top-1 fallback."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import attrs
+
+from refusion.plugins import hookimpl
+from refusion.state import Plan
+from refusion.strategies.base import SlotSelector
+from refusion.strategies.selectors.scored import top_k
+from refusion.validators import probability
+
+
+@attrs.frozen
+class ConfidenceThreshold(SlotSelector):
+    """Every slot whose first draft token has probability > ``slot_threshold``; else the most confident one.
+
+    ReFusion (arXiv 2512.13586) scores a slot by the confidence of its first
+    token. With one-token slots this is Fast-dLLM's confidence-threshold
+    parallel decoding.
+    """
+
+    name = "threshold"
+
+    slot_threshold: float = attrs.field(default=0.9, validator=probability)
+
+    def select(self, plan: Plan) -> Sequence[int]:
+        scores = plan.first_confidence
+        chosen = (scores > self.slot_threshold).nonzero().flatten().tolist()
+        return chosen or top_k(scores, 1)
+
+
+@hookimpl
+def register_selectors(register):
+    register(ConfidenceThreshold)

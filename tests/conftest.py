@@ -1,0 +1,24 @@
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from refusion.plugins import make_plugin_manager
+from refusion.registry import Registry, reset_registry
+
+settings.register_profile(
+    "ci",
+    deadline=None,
+    max_examples=int(os.environ.get("REFUSION_HYPOTHESIS_EXAMPLES", "25")),
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.load_profile("ci")
+
+
+@pytest.fixture(autouse=True)
+def builtin_registry():
+    """Every test starts from a fresh registry of the built-ins; entry points are off."""
+    reset_registry(Registry(make_plugin_manager(entry_points=False)))
+    yield
+    reset_registry(None)

@@ -1,0 +1,64 @@
+"""The command line and ``refusion.generate`` on a tiny checkpoint saved to disk."""
+
+import json
+
+import pytest
+
+import refusion
+from refusion.api import generate
+from refusion.cli import main
+from refusion.config import PRESETS
+from refusion.models.tiny import tiny_qwen3
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny")
+    tiny_qwen3(vocab_size=24, seed=5, logit_scale=6.0, dtype=__import__("torch").float32).save_pretrained(path)
+    return str(path)
+
+
+def test_generate_with_ids_prints_json(checkpoint, capsys):
+    code = main(["generate", "1,2,3", "--ids", "--model", checkpoint, "--gen-length", "8", "--slot-size", "4",
+                 "--serial-blocks", "1", "--slot-threshold", "0.5", "--token-threshold", "0.5", "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["tokens"]) == 8 and out["forwards"] >= 2
+    assert out["tokens_per_forward"] == pytest.approx(8 / out["forwards"])
+
+
+def test_cli_reports_bad_input_without_a_traceback(checkpoint, capsys):
+    code = main(["generate", "1,2", "--ids", "--model", checkpoint, "--slot-size", "0"])
+    assert code == 2
+    assert "`slot_size` must be an integer >= 1; got 0" in capsys.readouterr().err
+
+
+def test_cli_accepts_generic_parameters(checkpoint, capsys):
+    code = main(["generate", "1,2", "--ids", "--model", checkpoint, "--selector", "topk", "-p", "k=2",
+                 "--gen-length", "8", "-p", "slot_size=2", "--json"])
+    assert code == 0
+    steps = json.loads(capsys.readouterr().out)["steps"]
+    assert len(steps[0]["selected"]) == 2
+
+
+def test_python_api_with_preset_and_overrides(checkpoint):
+    result = refusion.generate([1, 2, 3], checkpoint, preset="ar", gen_length=8, slot_size=2)
+    assert len(result.tokens) == 8
+    assert [s.selected for s in result.steps] == [(0,), (1,), (2,), (3,)]  # leftmost: left to right
+
+
+def test_presets_hold_the_reference_settings():
+    assert PRESETS["gsm8k"].params == dict(slot_size=32, serial_num_blocks=4, slot_threshold=0.9, token_threshold=0.4)
+    assert PRESETS["arc-c"].params["serial_num_blocks"] == 64
+    assert all(p.gen_length == 512 for name, p in PRESETS.items() if name not in ("paper", "ar"))
+
+
+def test_overriding_a_part_drops_the_presets_parameters_for_it(checkpoint):
+    # The paper preset sets slot_threshold for the threshold selector; topk does not take it.
+    result = generate([1, 2], checkpoint, selector="topk", k=2, gen_length=32)
+    assert len(result.steps[0].selected) == 2
+
+
+def test_unknown_preset(checkpoint):
+    with pytest.raises(refusion.errors.UnknownNameError, match="Unknown preset 'gsm9k'"):
+        generate([1], checkpoint, preset="gsm9k")

@@ -1,0 +1,115 @@
+"""Each infiller's rule on a scripted model (hand-made logits)."""
+
+from refusion.decoder import Decoder
+from refusion.testing import ScriptedModel, one_hot_logits
+
+V, MASK = 12, 11
+
+
+def scripted(mask_rule, clean_rule, eos=None):
+    """mask_rule(seen, p) -> (token, prob); clean_rule(p, token) -> (next token, prob)."""
+
+    def rule(seen, position, token):
+        if token == MASK:
+            t, p = mask_rule(seen, position)
+        else:
+            t, p = clean_rule(position, token)
+        return one_hot_logits(V, t, p)
+
+    return ScriptedModel(rule, vocab_size=V, mask_token_id=MASK, eos_token_id=eos)
+
+
+DRAFT = {1: 3, 2: 4, 3: 5, 4: 6}
+
+
+def paper(**kw):
+    params = dict(slot_size=2, serial_num_blocks=1, slot_threshold=0.9, token_threshold=0.9)
+    params.update(kw)
+    return Decoder.from_names(**params)
+
+
+def test_global_verification_commits_all_chosen_slots_in_one_pass():
+    model = scripted(lambda seen, p: (DRAFT[p], 0.95), lambda p, t: (DRAFT.get(p + 1, 0), 0.99))
+    result = paper().decode(model, [0], 4)
+    assert result.tokens.tolist() == [3, 4, 5, 6]
+    (step,) = result.steps
+    assert step.selected == (0, 1)
+    assert step.committed == ((0, 2), (1, 2))
+    assert step.forwards == 2  # the plan (with the prompt prefill) and the global verification
+
+
+def test_global_verification_commits_only_whole_verified_slots():
+    low_at_4 = lambda p, t: (DRAFT.get(p + 1, 0), 0.3 if p + 1 == 4 else 0.99)
+    model = scripted(lambda seen, p: (DRAFT[p], 0.95), low_at_4)
+    result = paper().decode(model, [0], 4)
+    assert result.tokens.tolist() == [3, 4, 5, 6]
+    first, second = result.steps
+    assert first.committed == ((0, 2),)  # slot 1 was verified only up to its forced first token
+    assert second.selected == (1,)
+    assert second.committed == ((1, 2),)
+    assert second.forwards == 4  # plan, global verification, one draft + verify round
+
+
+def test_parallel_round_accepts_forced_token_plus_confident_run():
+    probs = {1: 0.3, 2: 0.95, 3: 0.3}  # AR confidence of the token after position p
+    model = scripted(lambda seen, p: (DRAFT[p], 0.95), lambda p, t: (DRAFT.get(p + 1, 0), probs.get(p, 0.3)))
+    result = paper(slot_size=4).decode(model, [0], 4)
+    assert result.tokens.tolist() == [3, 4, 5, 6]
+    (step,) = result.steps
+    assert step.forwards == 6  # plan, global verification, 2 rounds of draft + verify
+    verify_round_2 = model.calls[-1][0]
+    assert verify_round_2 == ([3, 4], [5, 6])  # round 1 accepted positions 1-3; only 3..4 are fed again
+
+
+def test_parallel_branches_are_independent_of_each_other():
+    # Two chosen slots; slot 0 needs two rounds, slot 1 one. Branch 1 is not fed again in round 2.
+    drafts = {1: 3, 2: 4, 3: 5, 4: 6, 5: 7, 6: 8}
+    probs = {1: 0.3, 2: 0.3, 3: 0.3, 4: 0.3, 5: 0.95}  # slot 1 completes in round 1
+    model = scripted(
+        lambda seen, p: (drafts[p], 0.95 if p in (1, 4) else 0.5), lambda p, t: (drafts.get(p + 1, 0), probs.get(p, 0.3))
+    )
+    result = paper(slot_size=3).decode(model, [0], 6)
+    first = result.steps[0]
+    assert first.selected == (0, 1)
+    assert [c for c, _ in first.committed] == [0, 1]
+    rows_per_call = [len(call) for call in model.calls]
+    # plan, global verification, round 1 (draft, verify: 2 branches), round 2 (draft, verify: slot 0 only)
+    assert rows_per_call[:6] == [1, 1, 2, 2, 1, 1]
+    assert result.tokens.tolist() == [3, 4, 5, 6, 7, 8]
+
+
+def ar_next(position, token):
+    return (3 * token + position) % 10
+
+
+def test_greedy_verify_equals_ar_under_wrong_drafts():
+    model = scripted(lambda seen, p: ((p * 7) % 10, 0.6), lambda p, t: (ar_next(p, t), 0.8))
+    result = Decoder.from_names(selector="leftmost", infiller="greedy-verify", slot_size=4, serial_num_blocks=1).decode(
+        model, [0], 8
+    )
+    expected, token = [], 0
+    for position in range(0, 8):
+        token = ar_next(position, token)
+        expected.append(token)
+    assert result.tokens.tolist() == expected
+
+
+def test_greedy_verify_keeps_only_matching_drafts():
+    # Drafts equal the AR continuation: one verification pass accepts the whole slot.
+    seq = {1: 1, 2: 2, 3: 3, 4: 4}
+    model = scripted(lambda seen, p: (seq[p], 0.6), lambda p, t: (seq.get(p + 1, 5), 0.8))
+    result = Decoder.from_names(selector="leftmost", infiller="greedy-verify", slot_size=4, serial_num_blocks=1).decode(
+        model, [0], 4
+    )
+    assert result.tokens.tolist() == [1, 2, 3, 4]
+    assert result.steps[0].forwards == 2  # plan + one verification
+
+
+def test_eos_truncates_the_slot_and_drops_later_slots():
+    eos = 2
+    drafts = {1: 3, 2: eos, 3: 5, 4: 6}
+    model = scripted(lambda seen, p: (drafts[p], 0.95), lambda p, t: (drafts.get(p + 1, 0), 0.99), eos=eos)
+    result = paper(slot_size=4, serial_num_blocks=1).decode(model, [0], 4)
+    assert result.tokens.tolist() == [3, eos]
+    assert result.stopped_at_eos
+    assert result.commit_step.tolist() == [0, 0, -1, -1]

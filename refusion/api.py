@@ -27,7 +27,10 @@ def load_model(model: Any = None, *, tokenizer: Any = None, **adapter_kwargs: An
 
         model = str(default_model_path())
     if isinstance(model, str):
-        adapter = HFCausalLM.from_pretrained(model, **adapter_kwargs)
+        try:
+            adapter = HFCausalLM.from_pretrained(model, **adapter_kwargs)
+        except OSError as exc:
+            raise ConfigError(f"`model` {model!r} could not be loaded as a checkpoint: {exc}") from exc
         if tokenizer is not None:
             adapter.tokenizer = tokenizer
         return adapter
@@ -67,14 +70,18 @@ def generate(
 ) -> DecodeResult:
     """Decode ``prompt`` (text or token ids) with ReFusion's plan-and-infill algorithm.
 
-    ``preset`` picks part names, parameters and ``gen_length`` (default
+    A list of prompts (texts or token-id lists) is decoded as one batch and
+    gives a list of results, in order. ``preset`` picks part names, parameters and ``gen_length`` (default
     ``"paper"``); explicit part specs, ``gen_length`` and ``params`` (e.g.
     ``slot_size=16``, ``token_threshold=0.5``, ``"selector.k"=2``) override it.
     Returns a :class:`~refusion.state.DecodeResult` with ``text`` when a
     tokenizer is known.
     """
-    chosen = get_preset(preset or "paper")
     adapter = load_model(model, tokenizer=tokenizer)
+    if preset is not None:
+        chosen = get_preset(preset)
+    else:
+        chosen = getattr(adapter, "preset", None) or get_preset("paper")
     specs = chosen.parts()
     for kind, spec in zip(PART_KINDS, (partitioner, selector, infiller, reorderer)):
         if spec is not None:
@@ -86,11 +93,21 @@ def generate(
     }
     merged.update(params)
     decoder = Decoder.from_names(**specs, **merged)
-    ids = encode_prompt(prompt, adapter.tokenizer, chat)
-    return decoder.decode(adapter, ids, gen_length or chosen.gen_length)
+    length = chosen.gen_length if gen_length is None else gen_length
+    if is_batch(prompt):
+        ids = [encode_prompt(p, adapter.tokenizer, chat) for p in prompt]
+        return decoder.decode_batch(adapter, ids, length)
+    return decoder.decode(adapter, encode_prompt(prompt, adapter.tokenizer, chat), length)
 
 
-def _applies(key: str, specs: dict[str, Any], chosen: Any) -> bool:
+def is_batch(prompt: Any) -> bool:
+    """True for a list of prompts (texts or token-id sequences), False for one prompt."""
+    if isinstance(prompt, (list, tuple)) and prompt:
+        return all(isinstance(p, (str, list, tuple)) or (hasattr(p, "dim") and p.dim() == 1) for p in prompt)
+    return False
+
+
+def _applies(key: str, specs: dict[str, Any], chosen: Any) -> bool:  # noqa: D401
     """A preset parameter applies only while the part it was meant for is still the preset's."""
     from refusion.registry import registry
 

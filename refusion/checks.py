@@ -14,7 +14,7 @@ import torch
 from refusion.cache.calls import ModelCall
 from refusion.cache.kv import KVSegment
 from refusion.errors import PluginError
-from refusion.state import Commit, InfillResult, Plan
+from refusion.state import Commit, InfillResult, Partition, Plan
 
 
 def describe(part: Any) -> str:
@@ -25,6 +25,30 @@ def describe(part: Any) -> str:
 
 def plugin_error(part: Any, message: str) -> PluginError:
     return PluginError(f"{describe(part)} {message}", plugin=getattr(part, "name", None), source=type(part).__module__)
+
+
+def checked_partition(partitioner: Any, partition: Any, gen_length: int) -> Partition:
+    """Slots numbered in order, contiguous from 0, covering the region once; each slot in exactly one block."""
+    if not isinstance(partition, Partition):
+        raise plugin_error(partitioner, f"returned {type(partition).__name__}; expected a Partition.")
+    if partition.gen_length < gen_length:
+        raise plugin_error(partitioner, f"returned a region of {partition.gen_length} < the requested {gen_length} tokens.")
+    offset = 0
+    for i, slot in enumerate(partition.slots):
+        if slot.index != i or slot.offset != offset or slot.length < 1:
+            raise plugin_error(
+                partitioner, f"returned slot {slot!r} at place {i}; slots must be numbered in order and tile the region."
+            )
+        offset = slot.stop
+    if offset != partition.gen_length:
+        raise plugin_error(partitioner, f"slots cover {offset} tokens but `gen_length` is {partition.gen_length}.")
+    members = [i for block in partition.blocks for i in block]
+    if sorted(members) != list(range(len(partition.slots))):
+        raise plugin_error(partitioner, "blocks must hold every slot exactly once.")
+    for b, block in enumerate(partition.blocks):
+        if any(partition.slots[i].block != b for i in block):
+            raise plugin_error(partitioner, f"block {b} lists a slot whose `block` field says otherwise.")
+    return partition
 
 
 def checked_selection(selector: Any, plan: Plan, chosen: Any) -> tuple[int, ...]:
@@ -48,11 +72,13 @@ def checked_selection(selector: Any, plan: Plan, chosen: Any) -> tuple[int, ...]
 def checked_call(infiller: Any, call: Any, vocab_size: int, max_positions: int | None) -> ModelCall:
     if not isinstance(call, ModelCall):
         raise plugin_error(infiller, f"yielded {type(call).__name__}; an infiller must yield ModelCall objects.")
-    for extend in call.extends:
-        if int(extend.tokens.min()) < 0 or int(extend.tokens.max()) >= vocab_size:
-            raise plugin_error(infiller, f"asked the model for token ids outside [0, {vocab_size}).")
-        if int(extend.positions.min()) < 0 or (max_positions is not None and int(extend.positions.max()) >= max_positions):
-            raise plugin_error(infiller, f"asked the model for position ids outside [0, {max_positions}).")
+    tokens = torch.cat([e.tokens for e in call.extends])
+    positions = torch.cat([e.positions for e in call.extends])
+    t_min, t_max, p_min, p_max = torch.stack((*torch.aminmax(tokens), *torch.aminmax(positions))).tolist()
+    if t_min < 0 or t_max >= vocab_size:
+        raise plugin_error(infiller, f"asked the model for token ids outside [0, {vocab_size}).")
+    if p_min < 0 or (max_positions is not None and p_max >= max_positions):
+        raise plugin_error(infiller, f"asked the model for position ids outside [0, {max_positions}).")
     return call
 
 

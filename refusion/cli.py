@@ -1,4 +1,4 @@
-"""The ``refusion`` command line: ``generate`` and ``plugins``."""
+"""The ``refusion`` command line: ``generate``, ``train`` and ``plugins``."""
 
 from __future__ import annotations
 
@@ -38,10 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="decode a prompt", description="Decode a prompt with ReFusion's algorithm.")
-    gen.add_argument("prompt", help="prompt text (or token ids with --ids)")
+    gen.add_argument("prompt", nargs="+", help="prompt text (or token ids with --ids); several prompts form a batch")
     gen.add_argument("--model", default=None, help="checkpoint directory (default: the model shipped with refusion)")
     gen.add_argument("--ids", action="store_true", help="the prompt is comma-separated token ids, not text")
-    gen.add_argument("--preset", default="paper", choices=sorted(PRESETS), help="named configuration (default: paper)")
+    gen.add_argument("--preset", default=None, choices=sorted(PRESETS),
+                     help="named configuration (default: the checkpoint's refusion.json, else paper)")
     gen.add_argument("--gen-length", type=int, default=None, help="tokens to generate (rounded up to whole slots)")
     gen.add_argument("--partitioner", default=None, help="partitioner name (see `refusion plugins`)")
     gen.add_argument("--selector", default=None, help="slot selector name")
@@ -59,8 +60,22 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--no-chat", dest="chat", action="store_false", help="feed the prompt as is")
     gen.add_argument("--device", default=None, help="torch device for the model, e.g. cuda")
     gen.add_argument("--dtype", default="auto", help="model dtype: auto, float32, bfloat16, ...")
+    gen.add_argument("--mask-token-id", type=int, default=None, help="mask token id, if the checkpoint does not say")
+    gen.add_argument("--eos-token-id", type=int, action="append", default=None, help="EOS id (repeatable)")
     gen.add_argument("--json", action="store_true", help="print a JSON object (text, tokens, forwards, steps)")
     gen.set_defaults(func=_generate)
+
+    train = sub.add_parser(
+        "train", help="train a small ReFusion model on the synthetic tasks (CPU)",
+        description="Train the Qwen3-architecture ReFusion model that ships with refusion (defaults reproduce it).",
+    )
+    train.add_argument("--out", required=True, help="output directory (weights, config, tokenizer)")
+    train.add_argument("--seed", type=int, default=0, help="seed of the data, masks and initial weights")
+    train.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the shipped model's)")
+    train.add_argument("--batch-size", type=int, default=None, help="examples per step")
+    train.add_argument("--threads", type=int, default=None, help="torch threads (weights are reproducible per count)")
+    train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    train.set_defaults(func=_train)
 
     plugins = sub.add_parser("plugins", help="list registered strategies and model adapters")
     plugins.add_argument("--json", action="store_true", help="print JSON")
@@ -78,31 +93,60 @@ def _generate(args: argparse.Namespace) -> int:
                       ("slot_threshold", "slot_threshold"), ("token_threshold", "token_threshold")):
         if getattr(args, flag) is not None:
             params[key] = getattr(args, flag)
-    dtype = args.dtype if args.dtype == "auto" else getattr(torch, args.dtype)
+    from refusion.errors import ConfigError
+
+    dtype = args.dtype if args.dtype == "auto" else getattr(torch, args.dtype, None)
+    if not isinstance(dtype, (str, torch.dtype)):
+        raise ConfigError(f"`--dtype` must be auto or a torch dtype name such as float32 or bfloat16; got {args.dtype!r}.")
     kwargs: dict[str, Any] = {"dtype": dtype}
     if args.device:
         kwargs["device"] = args.device
+    if args.mask_token_id is not None:
+        kwargs["mask_token_id"] = args.mask_token_id
+    if args.eos_token_id:
+        kwargs["eos_token_id"] = args.eos_token_id
     model = load_model(args.model, **kwargs)
-    prompt: Any = [int(t) for t in args.prompt.split(",")] if args.ids else args.prompt
-    result = generate(
-        prompt, model, gen_length=args.gen_length, preset=args.preset, chat=args.chat,
+    prompts: list[Any] = list(args.prompt)
+    if args.ids:
+        try:
+            prompts = [[int(t) for t in p.split(",")] for p in prompts]
+        except ValueError:
+            raise ConfigError(f"`prompt` with --ids must be comma-separated integers; got {args.prompt!r}.") from None
+    results = generate(
+        prompts, model, gen_length=args.gen_length, preset=args.preset, chat=args.chat,
         partitioner=args.partitioner, selector=args.selector, infiller=args.infiller, reorderer=args.reorderer,
         **params,
     )
-    if args.json:
-        print(json.dumps({
-            "text": result.text,
-            "tokens": result.tokens.tolist(),
-            "forwards": result.forwards,
-            "tokens_per_forward": result.tokens_per_forward,
-            "iterations": len(result.steps),
-            "steps": [{"block": s.block, "selected": s.selected, "committed": s.committed, "forwards": s.forwards}
-                      for s in result.steps],
-        }))
-    else:
-        print(result.text if result.text is not None else " ".join(map(str, result.tokens.tolist())))
-        print(f"[{len(result.tokens)} tokens, {result.forwards} forwards, {result.tokens_per_forward:.2f} tokens/forward, "
-              f"{len(result.steps)} iterations]", file=sys.stderr)
+    for result in results:
+        if args.json:
+            print(json.dumps({
+                "text": result.text,
+                "tokens": result.tokens.tolist(),
+                "forwards": result.forwards,
+                "tokens_per_forward": result.tokens_per_forward,
+                "iterations": len(result.steps),
+                "steps": [{"block": s.block, "selected": s.selected, "committed": s.committed, "forwards": s.forwards}
+                          for s in result.steps],
+            }))
+        else:
+            print(result.text if result.text is not None else " ".join(map(str, result.tokens.tolist())))
+            print(f"[{len(result.tokens)} tokens, {result.forwards} forwards, "
+                  f"{result.tokens_per_forward:.2f} tokens/forward, {len(result.steps)} iterations]", file=sys.stderr)
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    import attrs
+    import torch
+
+    from refusion.training.trainer import TrainConfig, train
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    overrides = {k: v for k, v in (("steps", args.steps), ("batch_size", args.batch_size)) if v is not None}
+    config = attrs.evolve(TrainConfig(seed=args.seed), **overrides)
+    summary = train(config, args.out, progress=not args.no_progress)
+    print(json.dumps({k: summary[k] for k in ("parameters", "train_seconds", "torch_threads", "final_loss")}))
     return 0
 
 

@@ -20,13 +20,15 @@ import attrs
 import torch
 
 from refusion.cache.calls import Branch, Extend, ModelCall
-from refusion.cache.executor import CallExecutor
+from refusion.cache.executor import RepeatExecutor
 from refusion.cache.sequence import SequenceCache
-from refusion.checks import bounded, checked_result, checked_selection, plugin_error
+from refusion.cache.stores import DynamicStore
+from refusion.checks import bounded, checked_partition, checked_result, checked_selection, plugin_error
 from refusion.errors import ConfigError
 from refusion.models.base import ModelAdapter
 from refusion.sampling import Sampler, greedy
 from refusion.state import Commit, DecodeResult, InfillResult, Partition, Plan, StepRecord
+from refusion.validators import positive_int
 from refusion.strategies.base import CacheReorderer, InfillContext, Infiller, SlotPartitioner, SlotSelector
 
 
@@ -45,7 +47,10 @@ class Decoder:
     ``sample`` turns logits into drafts (default: greedy). ``calls_per_token``
     bounds an infiller's model calls per iteration (``calls_per_token`` x the
     chosen tokens, plus 8); an infiller that exceeds it is stopped with an
-    error naming it.
+    error naming it. ``engine`` runs the model calls: ``"branch"`` (batched,
+    parallel branches as attention masks over one preallocated cache) or
+    ``"repeat"`` (the reference's way: a transformers ``DynamicCache`` per
+    sequence, the context repeated once per branch, one sequence at a time).
     """
 
     partitioner: SlotPartitioner = _part(SlotPartitioner)
@@ -53,7 +58,8 @@ class Decoder:
     infiller: Infiller = _part(Infiller)
     reorderer: CacheReorderer = _part(CacheReorderer)
     sample: Sampler = greedy
-    calls_per_token: int = 4
+    calls_per_token: int = attrs.field(default=4, validator=positive_int)
+    engine: str = attrs.field(default="branch", validator=lambda i, a, v: _check_engine(v))
 
     @classmethod
     def from_names(
@@ -74,29 +80,101 @@ class Decoder:
         return cls(**build_parts(partitioner=partitioner, selector=selector, infiller=infiller, reorderer=reorderer, params=params))
 
     # -- running -------------------------------------------------------------
-    def session(self, model: ModelAdapter, prompt_ids: Any, gen_length: int) -> "DecodeSession":
-        """Validate the input and set up the decode of one prompt (not started yet)."""
+    def session(self, model: ModelAdapter, prompt_ids: Any, gen_length: int, *, store: Any = None) -> "DecodeSession":
+        """Validate the input and set up the decode of one prompt (not started yet).
+
+        ``store`` holds the sequence's keys/values (default: a
+        :class:`~refusion.cache.stores.DynamicStore`, as the ``repeat`` engine uses).
+        """
         prompt = check_prompt(prompt_ids, model)
-        partition = self.partitioner.partition(gen_length)
+        partition = checked_partition(
+            self.partitioner, _call_part(self.partitioner, self.partitioner.partition, gen_length), gen_length
+        )
         check_length(model, prompt.shape[0], partition.gen_length)
-        cache = SequenceCache(model.new_cache(), prompt, torch.arange(prompt.shape[0]))
+        cache = SequenceCache(store if store is not None else DynamicStore(model.new_cache()), prompt,
+                              torch.arange(prompt.shape[0]))
         return DecodeSession(self, model, cache, partition)
 
     def decode(self, model: ModelAdapter, prompt_ids: Any, gen_length: int, *, tokenizer: Any = None) -> DecodeResult:
         """Decode one prompt (token ids, shape ``(prompt_len,)`` or ``(1, prompt_len)``)."""
-        result = self.session(model, prompt_ids, gen_length).run()
+        return self.decode_batch(model, [prompt_ids], gen_length, tokenizer=tokenizer)[0]
+
+    def decode_batch(
+        self, model: ModelAdapter, prompts: Sequence[Any], gen_length: int, *, tokenizer: Any = None
+    ) -> list[DecodeResult]:
+        """Decode several prompts (of any lengths) together; results come back in prompt order.
+
+        Each prompt keeps its own slots, progress and stopping point; the result
+        of a prompt is the same as decoding it alone.
+        """
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not len(prompts):
+            raise ConfigError("`prompts` must be a non-empty list of token-id sequences.")
+        if self.engine == "repeat" or not _states_kv_shape(model):
+            results = [self.session(model, p, gen_length).run() for p in prompts]
+        else:
+            results = _run_batched(self, model, prompts, gen_length)
         tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
         if tok is not None:
-            result = attrs.evolve(result, text=tok.decode(result.tokens.tolist(), skip_special_tokens=True))
-        return result
+            results = [attrs.evolve(r, text=tok.decode(r.tokens.tolist(), skip_special_tokens=True)) for r in results]
+        return results
+
+
+def _states_kv_shape(model: ModelAdapter) -> bool:
+    try:
+        model.kv_shape()
+    except NotImplementedError:
+        return False
+    return True
+
+
+def _check_engine(value: str) -> None:
+    if value not in ENGINES:
+        raise ConfigError(f"`engine` must be one of {', '.join(ENGINES)}; got {value!r}.")
+
+
+ENGINES = ("branch", "repeat")
+
+
+def _run_batched(decoder: Decoder, model: ModelAdapter, prompts: Sequence[Any], gen_length: int) -> list[DecodeResult]:
+    """Run every prompt's program on one :class:`~refusion.cache.batched.BranchExecutor`."""
+    from refusion.cache.batched import BranchExecutor
+    from refusion.cache.stores import PreallocatedKV
+
+    layers, heads, dim, dtype = model.kv_shape()
+    checked = [check_prompt(p, model) for p in prompts]
+    region = decoder.partitioner.partition(gen_length).gen_length
+    capacity = max(len(p) for p in checked) + region
+    buffer = PreallocatedKV(layers, len(prompts), heads, 2 * capacity + 64, dim, dtype=dtype, device=model.device)
+    sessions = {i: decoder.session(model, p, gen_length, store=buffer.row(i)) for i, p in enumerate(checked)}
+    executor = BranchExecutor(model, buffer, {i: s.cache for i, s in sessions.items()})
+    results: dict[int, DecodeResult] = {}
+    with torch.no_grad():
+        programs = {i: s.program() for i, s in sessions.items()}
+        calls = {i: next(p) for i, p in programs.items()}
+        while calls:
+            outputs = executor.run(calls)
+            following = {}
+            for i, out in outputs.items():
+                sessions[i].forwards += 1
+                try:
+                    following[i] = programs[i].send(out)
+                except StopIteration as stop:
+                    results[i] = stop.value
+            calls = following
+    for r in results.values():  # the engine's totals, shared by the whole batch
+        r.extra.update(batch_forwards=executor.forwards, batch_kv_bytes_copied=executor.bytes_copied)
+    return [results[i] for i in range(len(prompts))]
 
 
 def check_prompt(prompt_ids: Any, model: ModelAdapter) -> torch.Tensor:
     """The prompt as a 1-D LongTensor on the CPU; clear errors for anything else."""
     try:
-        prompt = torch.as_tensor(prompt_ids, dtype=torch.long).cpu()
+        raw = torch.as_tensor(prompt_ids)
     except (TypeError, ValueError, RuntimeError) as exc:
         raise ConfigError(f"`prompt_ids` must be a sequence of token ids; got {type(prompt_ids).__name__} ({exc}).") from exc
+    if raw.numel() and (raw.is_floating_point() or raw.is_complex() or raw.dtype == torch.bool):
+        raise ConfigError(f"`prompt_ids` must be integer token ids; got dtype {raw.dtype}.")
+    prompt = raw.to(torch.long).cpu()
     if prompt.dim() == 2 and prompt.shape[0] == 1:
         prompt = prompt[0]
     if prompt.dim() != 1:
@@ -140,7 +218,7 @@ class DecodeSession:
 
     def run(self) -> DecodeResult:
         """Run :meth:`program` to the end, one model forward per call."""
-        executor = CallExecutor(self.model, self.cache)
+        executor = RepeatExecutor(self.model, self.cache)
         with torch.no_grad():
             program = self.program()
             call = next(program)
@@ -151,7 +229,8 @@ class DecodeSession:
                 try:
                     call = program.send(outputs)
                 except StopIteration as stop:
-                    return stop.value
+                    copied = executor.bytes_copied + self.cache.store.bytes_copied
+                    return attrs.evolve(stop.value, extra={**stop.value.extra, "kv_bytes_copied": copied})
 
     def program(self) -> Generator[ModelCall, Any, DecodeResult]:
         d = self.decoder

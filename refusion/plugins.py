@@ -75,9 +75,18 @@ def load_entry_points(pm: PluginManager, group: str = ENTRY_POINT_GROUP) -> int:
     count = 0
     for dist in importlib.metadata.distributions():
         for ep in dist.entry_points:
-            if ep.group != group or pm.has_plugin(ep.name) or pm.is_blocked(ep.name):
+            if ep.group != group or pm.is_blocked(ep.name):
                 continue
             dist_name = dist.metadata["Name"]
+            if pm.has_plugin(ep.name):
+                if pm.sources.get(ep.name, "").split(" ")[0] == dist_name:
+                    continue  # the same distribution seen twice on sys.path
+                raise PluginError(
+                    f"Entry point name {ep.name!r} of distribution {dist_name} {dist.version} is already taken by "
+                    f"{pm.sources.get(ep.name, 'another plugin')}; rename one of them.",
+                    plugin=ep.name,
+                    source=dist_name,
+                )
             try:
                 plugin = ep.load()
             except Exception as exc:

@@ -159,8 +159,10 @@ class Registry:
         elif inspect.isclass(spec):
             cls = spec
         else:
-            raise ConfigError(f"`{kind}` must be a registered name, a class or an instance; got {spec!r}.")
-        if not issubclass(cls, interface):
+            raise ConfigError(
+                f"`{kind}` must be a registered name, a class or an instance of {interface.__name__}; got {spec!r}."
+            )
+        if not inspect.isclass(cls) or not issubclass(cls, interface):
             raise ConfigError(f"`{kind}` {spec!r} is not a {interface.__name__}.")
         try:
             return cls(**params)

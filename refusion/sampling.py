@@ -19,16 +19,20 @@ class Sampler(Protocol):
 
 
 def greedy(logits: torch.Tensor, exclude: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Argmax token (never ``exclude``) and its softmax probability (the reference's rule at temperature 0)."""
-    if exclude is None:
-        tokens = logits.argmax(dim=-1)
-    else:
-        top = logits.topk(2, dim=-1).indices
-        tokens = torch.where(top[..., 0] == exclude, top[..., 1], top[..., 0])
-    return tokens, token_probability(logits, tokens)
+    """Argmax token (never ``exclude``) and its softmax probability (the reference's rule at temperature 0).
+
+    Runs the fused Triton kernel on CUDA tensors, the torch reference elsewhere
+    (:func:`refusion_kernels.confidence`).
+    """
+    from refusion_kernels import confidence
+
+    return confidence(logits, 1.0, exclude)
 
 
 def token_probability(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """Softmax probability of ``tokens`` (shape ``(n,)``) under ``logits`` (shape ``(n, vocab)``)."""
-    work = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
-    return torch.exp(work.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(work, dim=-1))
+    """Softmax probability of ``tokens`` (shape ``(n,)``) under ``logits`` (shape ``(n, vocab)``).
+
+    Computed in the logits' own dtype, as the reference decoder does, so that
+    threshold decisions on bf16 models match it.
+    """
+    return torch.softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

@@ -70,27 +70,34 @@ class ScriptedModel(ModelAdapter):
 
         return DynamicCache()
 
+    def kv_shape(self):
+        return 1, 1, 1, torch.float64
+
     def forward(self, input_ids, position_ids, attention_mask, cache, logits_to_keep=0):
         self.forwards += 1
         batch, q = input_ids.shape
-        layer = cache.layers[0] if len(cache.layers) and cache.layers[0].is_initialized else None
-        past_tok = layer.keys[:, 0, :, 0].long() if layer is not None else torch.empty(batch, 0, dtype=torch.long)
-        past_pos = layer.values[:, 0, :, 0].long() if layer is not None else torch.empty(batch, 0, dtype=torch.long)
-        past = past_tok.shape[1]
+        new_keys = input_ids.double()[:, None, :, None]
+        new_values = position_ids.double()[:, None, :, None]
+        keys, values = cache.update(new_keys, new_values, 0)  # every visible entry, the fed tokens last
+        tokens, positions = keys[:, 0, :, 0].long(), values[:, 0, :, 0].long()
+        total = tokens.shape[1]
+        past = total - q
+        if attention_mask.dim() == 2:  # padding mask plus causal order
+            causal = torch.arange(total)[None, :] <= (past + torch.arange(q))[:, None]
+            visible = attention_mask[:, None, :].bool() & causal[None]
+        else:
+            visible = attention_mask[:, 0].bool()
         logits = torch.empty(batch, q, self.vocab_size, dtype=torch.float64)
         record = []
         for b in range(batch):
-            seen = {int(p): int(t) for p, t, m in zip(past_pos[b], past_tok[b], attention_mask[b, :past]) if m}
             for i in range(q):
-                if attention_mask[b, past + i]:
-                    seen[int(position_ids[b, i])] = int(input_ids[b, i])
-                row = self.rule(dict(seen), int(position_ids[b, i]), int(input_ids[b, i]))
+                cols = visible[b, i].nonzero().flatten().tolist()
+                seen = {int(positions[b, j]): int(tokens[b, j]) for j in cols if j < past}
+                seen.update({int(positions[b, j]): int(tokens[b, j]) for j in cols if j >= past})
+                row = self.rule(seen, int(position_ids[b, i]), int(input_ids[b, i]))
                 logits[b, i] = torch.as_tensor(row, dtype=torch.float64)
             record.append((position_ids[b].tolist(), input_ids[b].tolist()))
         self.calls.append(record)
-        keys = input_ids.double()[:, None, :, None]
-        values = position_ids.double()[:, None, :, None]
-        cache.update(keys, values, 0)
         return logits[:, -logits_to_keep:] if logits_to_keep else logits
 
 

@@ -1,5 +1,8 @@
 import os
 
+# The Triton kernels are tested on the CPU through Triton's interpreter; it must be on before triton loads.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import pytest
 from hypothesis import HealthCheck, settings
 

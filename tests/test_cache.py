@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from refusion.cache.calls import Branch, Extend, ModelCall
-from refusion.cache.executor import CallExecutor
+from refusion.cache.executor import RepeatExecutor
 from refusion.cache.sequence import SequenceCache
+from refusion.cache.stores import DynamicStore
 from tests.helpers import tiny
 
 
@@ -18,14 +19,14 @@ def full_logits(adapter, tokens, positions):
 @pytest.fixture
 def setup():
     adapter = tiny(vocab=20, seed=3, scale=4.0)
-    cache = SequenceCache(adapter.new_cache(), torch.tensor([1, 2, 3, 4]), torch.arange(4))
-    return adapter, cache, CallExecutor(adapter, cache)
+    cache = SequenceCache(DynamicStore(adapter.new_cache()), torch.tensor([1, 2, 3, 4]), torch.arange(4))
+    return adapter, cache, RepeatExecutor(adapter, cache)
 
 
 def test_context_extend_prefills_pending_and_crops_back(setup):
     adapter, cache, ex = setup
     (out,) = ex.run(ModelCall.of(Extend(Branch(), [5, 6], [9, 7])))
-    assert cache.encoded == 4 and cache.store.get_seq_length() == 4
+    assert cache.encoded == 4 and len(cache.store) == 4
     ref = full_logits(adapter, [1, 2, 3, 4, 5, 6], [0, 1, 2, 3, 9, 7])
     torch.testing.assert_close(out.logits, ref[4:])
     torch.testing.assert_close(cache.last_logits, ref[3])
@@ -42,7 +43,7 @@ def test_branch_extends_see_the_context_and_their_own_branch_only(setup):
     ref_plain = full_logits(adapter, [1, 2, 3, 4, 6, 6], [0, 1, 2, 3, 20, 21])
     torch.testing.assert_close(outs[0].logits, ref_branch[6:])
     torch.testing.assert_close(outs[1].logits, ref_plain[4:])
-    assert cache.store.get_seq_length() == 4  # the context cache is untouched
+    assert len(cache.store) == 4  # the context cache is untouched
 
 
 def test_appended_kv_is_read_back(setup):

@@ -62,3 +62,18 @@ def test_overriding_a_part_drops_the_presets_parameters_for_it(checkpoint):
 def test_unknown_preset(checkpoint):
     with pytest.raises(refusion.errors.UnknownNameError, match="Unknown preset 'gsm9k'"):
         generate([1], checkpoint, preset="gsm9k")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["1,,2", "--ids"], "comma-separated integers"),
+    (["1,2", "--ids", "--dtype", "float33"], "`--dtype` must be auto or a torch dtype"),
+])
+def test_cli_input_errors_are_explained(checkpoint, capsys, argv, message):
+    assert main(["generate", *argv, "--model", checkpoint]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_checkpoint_without_tokenizer_files_has_no_tokenizer(checkpoint):
+    assert refusion.load_model(checkpoint).tokenizer is None
+    with pytest.raises(refusion.errors.ConfigError, match="`prompt` is text but the model has no tokenizer"):
+        generate("hello", checkpoint)

@@ -183,3 +183,61 @@ def test_parts_must_be_instances():
 
     with pytest.raises(ConfigError, match="`infiller` must be a Infiller instance"):
         Decoder(FixedSlots(), Leftmost(), "parallel-ar", CommitOrder())
+
+
+@attrs.frozen
+class Overlapping(FixedSlots := __import__("refusion.strategies.partitioners.fixed", fromlist=["FixedSlots"]).FixedSlots):
+    name = "overlapping"
+    mode: str = "overlap"
+
+    def partition(self, gen_length):
+        from refusion.state import Partition, Slot
+
+        if self.mode == "overlap":
+            return Partition(4, (Slot(0, 0, 3, 0), Slot(1, 2, 2, 0)), ((0, 1),))
+        if self.mode == "orphan":
+            return Partition(4, (Slot(0, 0, 2, 0), Slot(1, 2, 2, 0)), ((0,),))
+        return Partition(2, (Slot(0, 0, 2, 0),), ((0,),))
+
+
+@pytest.mark.parametrize("mode, message", [("overlap", "tile the region"), ("orphan", "every slot exactly once"),
+                                           ("short", "region of 2 < the requested 4")])
+def test_malformed_partitions_name_the_partitioner(model, mode, message):
+    with pytest.raises(PluginError, match=f"partitioner 'overlapping'.*{message}"):
+        Decoder.from_names(partitioner=Overlapping(mode=mode)).decode(model, [1, 2], 4)
+
+
+def test_float_prompt_ids_are_refused(model):
+    with pytest.raises(ConfigError, match="`prompt_ids` must be integer token ids; got dtype torch.float32"):
+        paper().decode(model, [1.7, 2.2], 4)
+
+
+def test_calls_per_token_is_validated():
+    with pytest.raises(ConfigError, match="`calls_per_token` must be an integer >= 1; got -5"):
+        attrs.evolve(paper(), calls_per_token=-5)
+
+
+def test_an_import_path_to_a_non_class_is_refused():
+    with pytest.raises(ConfigError, match="is not a SlotSelector"):
+        Decoder.from_names(selector="refusion.sampling:greedy")
+
+
+def test_a_wrong_kind_of_instance_is_refused():
+    from refusion.strategies.selectors.leftmost import Leftmost
+
+    with pytest.raises(ConfigError, match="instance of Infiller; got Leftmost"):
+        Decoder.from_names(infiller=Leftmost())
+
+
+def test_gen_length_zero_is_not_replaced_by_the_preset(model):
+    import refusion
+
+    with pytest.raises(ConfigError, match="`gen_length` must be an integer >= 1; got 0"):
+        refusion.generate([1, 2], model, gen_length=0)
+
+
+def test_a_missing_checkpoint_path_is_reported():
+    import refusion
+
+    with pytest.raises(ConfigError, match="`model` '/no/such/dir' could not be loaded"):
+        refusion.load_model("/no/such/dir")

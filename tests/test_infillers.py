@@ -57,8 +57,8 @@ def test_parallel_round_accepts_forced_token_plus_confident_run():
     assert result.tokens.tolist() == [3, 4, 5, 6]
     (step,) = result.steps
     assert step.forwards == 6  # plan, global verification, 2 rounds of draft + verify
-    verify_round_2 = model.calls[-1][0]
-    assert verify_round_2 == ([3, 4], [5, 6])  # round 1 accepted positions 1-3; only 3..4 are fed again
+    positions, tokens = model.calls[-1][0]
+    assert (positions[:2], tokens[:2]) == ([3, 4], [5, 6])  # round 1 accepted positions 1-3; only 3..4 are fed again
 
 
 def test_parallel_branches_are_independent_of_each_other():
@@ -72,9 +72,10 @@ def test_parallel_branches_are_independent_of_each_other():
     first = result.steps[0]
     assert first.selected == (0, 1)
     assert [c for c, _ in first.committed] == [0, 1]
-    rows_per_call = [len(call) for call in model.calls]
-    # plan, global verification, round 1 (draft, verify: 2 branches), round 2 (draft, verify: slot 0 only)
-    assert rows_per_call[:6] == [1, 1, 2, 2, 1, 1]
+    fed = [sorted(p for positions, _ in call for p in positions) for call in model.calls]
+    # round 1 (draft, verify) feeds both branches in one call; round 2 only slot 0's unverified tail
+    assert fed[2] == fed[3] == [1, 2, 3, 4, 5, 6]
+    assert fed[4] == fed[5] == [2, 3]
     assert result.tokens.tolist() == [3, 4, 5, 6, 7, 8]
 
 

@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, strategies as st
 
 from refusion.cache.calls import Branch, Extend, ModelCall
-from refusion.cache.executor import CallExecutor
+from refusion.cache.executor import RepeatExecutor
 from refusion.decoder import Decoder
 from refusion.registry import registry
 from refusion.testing import check_result
@@ -78,7 +78,7 @@ def test_cache_reads_equal_fresh_forward(reorderer, setup, layout, data, stop_af
     combo = (data.draw(st.sampled_from(registry().names("selector"))),
              data.draw(st.sampled_from(registry().names("infiller"))), reorderer)
     session = _decoder(combo, slot, blocks, data).session(adapter, prompt, gen_length)
-    executor = CallExecutor(adapter, session.cache)
+    executor = RepeatExecutor(adapter, session.cache)
     program = session.program()
     call, plans = next(program), 0
     with torch.inference_mode():

@@ -203,3 +203,15 @@ def test_cli_lists_plugins_as_json(capsys):
     assert ("selector", "threshold") in names and ("model_adapter", "hf-causal") in names
     threshold = next(r for r in rows if r["name"] == "threshold")
     assert threshold["parameters"] == {"slot_threshold": 0.9} and threshold["source"] == "built-in"
+
+
+def test_two_distributions_with_the_same_entry_point_name_are_refused(tmp_path, monkeypatch):
+    _fake_distribution(tmp_path, monkeypatch, "")
+    other = tmp_path / "second"
+    other.mkdir()
+    (other / "refusion_other-2.0.dist-info").mkdir()
+    (other / "refusion_other-2.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: refusion-other\nVersion: 2.0\n")
+    (other / "refusion_other-2.0.dist-info" / "entry_points.txt").write_text("[refusion]\nfake = refusion_fake_plugin\n")
+    monkeypatch.syspath_prepend(str(other))
+    with pytest.raises(PluginError, match="Entry point name 'fake' .* is already taken"):
+        make_plugin_manager(entry_points=True)

@@ -94,13 +94,21 @@ class ModelCall:
         return cls(extends)
 
 
+class Epoch:
+    """Counts model calls; outputs of an earlier call may no longer read keys/values."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+
 @attrs.frozen(eq=False)
 class ExtendOutput:
     """The model's answer to one :class:`Extend`.
 
     ``logits`` has shape ``(q, vocab)``: row ``i`` is the model's output at fed
-    token ``i``. ``kv`` (materialised on first access) holds the fed tokens'
-    keys and values.
+    token ``i``. ``kv`` holds the fed tokens' keys and values; it can be read
+    (or a branch extended with it) until the sequence's next model call, after
+    which the executor may reuse the memory.
     """
 
     extend: Extend
@@ -108,7 +116,14 @@ class ExtendOutput:
     _layers: Sequence[tuple[torch.Tensor, torch.Tensor]] = attrs.field(repr=False)
     _batch: int = attrs.field(repr=False)
     _start: int = attrs.field(repr=False)
+    _epoch: Epoch | None = attrs.field(default=None, repr=False)
+    _issued: int = attrs.field(default=0, repr=False)
 
     @functools.cached_property
     def kv(self) -> KVSegment:
+        if self._epoch is not None and self._epoch.value != self._issued:
+            raise RuntimeError(
+                "ExtendOutput.kv was read after a later model call; take the keys/values you need "
+                "(e.g. branch.extended(output, n)) before yielding the next ModelCall."
+            )
         return KVSegment.from_layers(self._layers, self._batch, self._start, self._start + len(self.extend.tokens))

@@ -4,7 +4,7 @@ ReFusion never keeps the context in position order: finished slots are appended
 after what is already cached, wherever they sit in the answer, and the masks
 still to be decoded are fed after them. A :class:`SequenceCache` records, for
 every context token in cache order, its id, its position id and (once encoded)
-its keys/values in a transformers ``DynamicCache``.
+its keys/values in a store (:mod:`refusion.cache.stores`).
 
 Tokens may be committed without keys/values ("pending"): the next model call
 encodes them first, causally, in cache order. This is how a reorderer asks for
@@ -38,8 +38,8 @@ class Chunk:
 class SequenceCache:
     """Context tokens, positions and keys/values of one sequence (batch row 1).
 
-    ``store`` is the transformers cache holding the first ``encoded`` entries;
-    entries ``encoded:length`` are pending. Only the executor and reorderers
+    ``store`` holds the keys/values of the first ``encoded`` entries; entries
+    ``encoded:length`` are pending. Only the executor and reorderers
     mutate a SequenceCache; selectors and infillers read it.
     """
 
@@ -96,9 +96,7 @@ class SequenceCache:
         start = len(self)
         covered = 0 if kv is None or self.pending else min(len(kv), n)
         if covered:
-            data = kv.data[:, :, :, :covered]
-            for layer in range(data.shape[0]):
-                self.store.update(data[layer, 0].unsqueeze(0), data[layer, 1].unsqueeze(0), layer)
+            self.store.append(kv[:covered])
             self.encoded += covered
             self._record(start, start + covered, start if anchor is None else anchor, continues)
         self.tokens = torch.cat((self.tokens, tokens.to(self.tokens.device)))
@@ -110,14 +108,14 @@ class SequenceCache:
         if not 0 <= start <= len(self):
             raise ValueError(f"`start` must be in [0, {len(self)}]; got {start}.")
         if start < self.encoded:
-            self.store.crop(start - self.encoded)
+            self.store.truncate(start)
             self.encoded = start
             self.chunks = [c if c.stop <= start else Chunk(c.start, start, c.anchor) for c in self.chunks if c.start < start]
         self.last_logits = None
 
     # -- used by the executor ----------------------------------------------
     def mark_encoded(self, last_logits: torch.Tensor | None) -> None:
-        """Record that the pending entries were just encoded causally (the store already holds them)."""
+        """Record that the pending entries were just encoded causally (the executor put them in the store)."""
         if self.pending:
             self._record(self.encoded, len(self), self.encoded)
             self.encoded = len(self)

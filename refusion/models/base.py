@@ -58,6 +58,10 @@ class ModelAdapter(ABC):
     def new_cache(self) -> Any:
         """An empty key/value cache for one sequence (a transformers ``Cache``)."""
 
+    def kv_shape(self) -> tuple[int, int, int, torch.dtype]:
+        """``(layers, kv_heads, head_dim, dtype)`` of the cached keys/values (needed by the batched engine)."""
+        raise NotImplementedError(f"{type(self).__name__} does not state its key/value shape; use engine='repeat'.")
+
     @abstractmethod
     def forward(
         self,

@@ -25,6 +25,25 @@ def _ids(value: Any) -> frozenset[int]:
     return frozenset(int(v) for v in value)
 
 
+PRESET_FILE = "refusion.json"
+
+
+def read_model_preset(path: str) -> Any:
+    """The decoding preset a checkpoint recommends (``refusion.json`` next to its weights), or ``None``."""
+    import json
+    from pathlib import Path
+
+    from refusion.config import Preset
+
+    file = Path(path) / PRESET_FILE
+    if not file.is_file():
+        return None
+    data = json.loads(file.read_text())
+    return Preset(description=data.get("description", f"recommended by {path}"), gen_length=int(data["gen_length"]),
+                  params=dict(data.get("params", {})),
+                  **{k: data[k] for k in ("partitioner", "selector", "infiller", "reorderer") if k in data})
+
+
 def find_mask_token_id(model: Any, tokenizer: Any | None) -> int | None:
     """The mask token id from the model config, else from the tokenizer, else ``None``."""
     mask = getattr(model.config, "mask_token_id", None)
@@ -82,6 +101,8 @@ class HFCausalLM(ModelAdapter):
         self.eos_token_ids = _ids(eos_token_id) if eos_token_id is not None else find_eos_token_ids(model, tokenizer)
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
         self.forwards = 0
+        #: decoding preset recommended by the checkpoint (``refusion.json``), used when no preset is named
+        self.preset = None
 
     @classmethod
     def from_pretrained(
@@ -90,15 +111,27 @@ class HFCausalLM(ModelAdapter):
         """Load a checkpoint directory (or hub id, where the hub is reachable) with its tokenizer."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from transformers.utils import logging as hf_logging
+
         adapter_kwargs = {k: kwargs.pop(k) for k in ("mask_token_id", "eos_token_id") if k in kwargs}
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
+        bars = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
+        finally:
+            if bars:
+                hf_logging.enable_progress_bar()
         if device is not None:
             model = model.to(device)
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
         except (OSError, ValueError):
             tokenizer = None
-        return cls(model, tokenizer, **adapter_kwargs)
+        if tokenizer is not None and len(tokenizer) <= 1:  # transformers 5 returns an empty tokenizer for no files
+            tokenizer = None
+        adapter = cls(model, tokenizer, **adapter_kwargs)
+        adapter.preset = read_model_preset(path)
+        return adapter
 
     @property
     def device(self) -> torch.device:
@@ -108,6 +141,12 @@ class HFCausalLM(ModelAdapter):
         from transformers import DynamicCache
 
         return DynamicCache(config=self.model.config)
+
+    def kv_shape(self):
+        config = self.model.config
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return config.num_hidden_layers, heads, dim, self.model.dtype
 
     def forward(self, input_ids, position_ids, attention_mask, cache, logits_to_keep=0):
         self.forwards += 1

@@ -67,14 +67,14 @@ class ParallelAR(Infiller):
     def infill(self, ctx: InfillContext, plan: Plan, chosen: tuple[int, ...]) -> InfillGenerator:
         rows = [plan.rows(i) for i in chosen]
         lengths = [r.stop - r.start for r in rows]
-        starts = torch.tensor([0] + lengths[:-1]).cumsum(0)
         tokens = torch.cat([plan.tokens[r] for r in rows])
+        starts = torch.tensor([0] + lengths[:-1], device=tokens.device).cumsum(0)
         positions = torch.cat([plan.positions[r] for r in rows])
 
         (out,) = yield ModelCall.of(ctx.extend(tokens, positions))
-        score = torch.empty(tokens.shape[0], dtype=torch.float64, device=tokens.device)
-        score[1:] = token_probability(out.logits[:-1], tokens[1:]).double()
-        score[starts] = plan.confidence[plan.first_rows[list(chosen)]].double()
+        score = torch.empty(tokens.shape[0], dtype=plan.confidence.dtype, device=tokens.device)
+        score[1:] = token_probability(out.logits[:-1], tokens[1:])
+        score[starts] = plan.confidence[plan.first_rows[list(chosen)]]
         accept = score > self.token_threshold
         accept[starts] = True
         prefix = int(accept.long().cumprod(0).sum())

@@ -1,0 +1,22 @@
+"""refusion_kernels: fused kernels for refusion (Triton), each with a pure-torch reference.
+
+Installed from the repository's ``kernels/`` folder under the import name
+``refusion_kernels`` (a PyPI package called ``kernels`` exists, and
+transformers probes for it). Every public function picks its backend with
+:func:`refusion_kernels.backend.choose`: Triton for CUDA tensors when Triton
+is installed, the torch reference otherwise; ``backend=`` or the environment
+variable ``REFUSION_KERNELS`` (``auto``, ``torch``, ``triton``) forces one.
+"""
+
+from refusion_kernels.backend import choose, triton_available
+from refusion_kernels.confidence import confidence, confidence_reference
+from refusion_kernels.scatter import scatter_kv, scatter_kv_reference
+
+__all__ = [
+    "choose",
+    "confidence",
+    "confidence_reference",
+    "scatter_kv",
+    "scatter_kv_reference",
+    "triton_available",
+]

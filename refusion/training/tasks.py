@@ -1,0 +1,95 @@
+"""Synthetic instruction tasks with answers computed by code, so every answer can be checked.
+
+The mix is chosen so that some answers decode well in parallel (``copy``,
+``repeat``, ``reverse``: each output character depends on the prompt only) and
+some do not (``add``: each digit depends on the carry from the digit before
+it; ``sort`` and ``count`` need the whole input). Prompts look like ``"rev abc="``; answers are plain
+character strings.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+from typing import Callable, Iterator
+
+import attrs
+
+LETTERS = string.ascii_lowercase
+
+
+@attrs.frozen
+class Example:
+    """One task instance: ``prompt`` (ends with ``=``) and the exact expected ``answer``."""
+
+    task: str
+    prompt: str
+    answer: str
+
+
+def _word(rng: random.Random, low: int, high: int, alphabet: str = LETTERS) -> str:
+    return "".join(rng.choice(alphabet) for _ in range(rng.randint(low, high)))
+
+
+def add(rng: random.Random) -> Example:
+    """Sum of two numbers below 1000, written least-significant digit first (carries flow in decoding order)."""
+    a, b = rng.randint(0, 999), rng.randint(0, 999)
+    return Example("add", f"add {a}+{b}=", str(a + b)[::-1])
+
+
+def sort(rng: random.Random) -> Example:
+    w = _word(rng, 3, 10)
+    return Example("sort", f"sort {w}=", "".join(sorted(w)))
+
+
+def reverse(rng: random.Random) -> Example:
+    w = _word(rng, 3, 16)
+    return Example("reverse", f"rev {w}=", w[::-1])
+
+
+def copy(rng: random.Random) -> Example:
+    w = _word(rng, 3, 20)
+    return Example("copy", f"copy {w}=", w)
+
+
+def count(rng: random.Random) -> Example:
+    w = _word(rng, 3, 8, "abcd")
+    c = rng.choice("abcd")
+    return Example("count", f"count {c}:{w}=", str(w.count(c)))
+
+
+def repeat(rng: random.Random) -> Example:
+    w = _word(rng, 2, 5)
+    k = rng.randint(2, 4)
+    return Example("repeat", f"rep {k} {w}=", w * k)
+
+
+TASKS: dict[str, Callable[[random.Random], Example]] = {
+    "add": add,
+    "sort": sort,
+    "reverse": reverse,
+    "copy": copy,
+    "count": count,
+    "repeat": repeat,
+}
+
+#: Longest answer any task produces (copy of 20 letters; repeat 4 x 5).
+MAX_ANSWER = 20
+
+
+def examples(seed: int, tasks: tuple[str, ...] = tuple(TASKS)) -> Iterator[Example]:
+    """An endless, reproducible stream of examples, tasks drawn uniformly."""
+    rng = random.Random(seed)
+    while True:
+        yield TASKS[rng.choice(tasks)](rng)
+
+
+def held_out(n: int, seed: int = 10_000, tasks: tuple[str, ...] = tuple(TASKS)) -> list[Example]:
+    """``n`` examples per task from a seed the trainer never uses (training seeds are < 10_000)."""
+    rng = random.Random(seed)
+    return [TASKS[t](rng) for t in tasks for _ in range(n)]
+
+
+def is_correct(example: Example, output: str) -> bool:
+    """Exact match of the decoded answer (surrounding whitespace ignored)."""
+    return output.strip() == example.answer

@@ -1,0 +1,32 @@
+"""The README's two set-up commands are true: CI runs the test command, and packaging lists every package."""
+
+import re
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def setup_commands():
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Set-up", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```bash\n(.+?)\n```", section)
+
+
+def test_readme_has_exactly_two_setup_commands():
+    commands = setup_commands()
+    assert len(commands) == 2
+    assert commands[0].startswith("pip install torch==2.13.0 -e . && refusion generate ")
+
+
+def test_ci_runs_the_readme_test_command():
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert setup_commands()[1] in ci.splitlines()
+
+
+def test_every_package_is_listed_in_pyproject():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "refusion").rglob("__init__.py")}
+    assert found <= listed, found - listed
+    assert config["package-dir"]["refusion_kernels"] == "kernels"

@@ -47,21 +47,23 @@ def run_config(engine: str, batch: int, prompts: int, model_dir: str | None) -> 
     decoder.decode_batch(adapter, ids[:batch], 32)  # warm-up
     base = _rss_mb()
 
-    forwards = tokens = copied = 0
+    forwards = tokens = context = new = 0
     start = time.perf_counter()
     for i in range(0, len(ids), batch):
         results = decoder.decode_batch(adapter, ids[i : i + batch], 32)
         tokens += sum(len(r.tokens) for r in results)
         if engine == "branch":
             forwards += results[0].extra["batch_forwards"]
-            copied += results[0].extra["batch_kv_bytes_copied"]
+            context += results[0].extra["batch_kv_bytes"]["context"]
+            new += results[0].extra["batch_kv_bytes"]["new"]
         else:
             forwards += sum(r.forwards for r in results)
-            copied += sum(r.extra["kv_bytes_copied"] for r in results)
+            context += sum(r.extra["kv_bytes"]["context"] for r in results)
+            new += sum(r.extra["kv_bytes"]["new"] for r in results)
     seconds = time.perf_counter() - start
     return {"engine": engine, "batch": batch, "tokens": tokens, "seconds": seconds, "forwards": forwards,
             "tokens_per_s": tokens / seconds, "peak_extra_mb": _rss_mb() - base,
-            "bytes_copied_per_forward": copied / max(forwards, 1)}
+            "context_bytes_per_forward": context / max(forwards, 1), "new_bytes_per_forward": new / max(forwards, 1)}
 
 
 def part1(prompts: int, model_dir: str | None) -> list[dict]:
@@ -106,13 +108,13 @@ def part2() -> list[dict]:
         # new: in-place write of the commit; branches' keys/values written once to scratch
         buf = PreallocatedKV(layers, 1, heads, context + 64, dim, dtype=torch.float32, device="cpu")
         buf.row(0).append(KVSegment(ctx))
-        before = buf.bytes_copied
+        before = buf.copies.new + buf.copies.context
         t0 = time.perf_counter()
         for _ in range(10):
             buf.row(0).append(commit)
             buf.row(0).truncate(context)
         t_commit_new = (time.perf_counter() - t0) / 10
-        commit_bytes_new = (buf.bytes_copied - before) / 10
+        commit_bytes_new = (buf.copies.new + buf.copies.context - before) / 10
         t0 = time.perf_counter()
         for _ in range(10):
             for b in range(4):
@@ -144,10 +146,11 @@ def main(argv=None) -> int:
     rows = part1(args.prompts, args.model)
     base = rows[0]["tokens_per_s"]
     print(f"{'engine':<8} {'batch':>5} {'tokens/s':>9} {'vs repeat@1':>11} {'forwards':>9} {'peak MB':>8} "
-          f"{'KV bytes copied/forward':>24}")
+          f"{'cached KV re-copied/fwd (B)':>28} {'new KV written/fwd (B)':>23}")
     for r in rows:
         print(f"{r['engine']:<8} {r['batch']:>5} {r['tokens_per_s']:>9.1f} {r['tokens_per_s'] / base:>10.2f}x "
-              f"{r['forwards']:>9} {r['peak_extra_mb']:>8.1f} {r['bytes_copied_per_forward']:>24,.0f}")
+              f"{r['forwards']:>9} {r['peak_extra_mb']:>8.1f} {r['context_bytes_per_forward']:>28,.0f} "
+              f"{r['new_bytes_per_forward']:>23,.0f}")
     print("\n# part 2: cache operations per iteration vs cached context (random Qwen3 KV: 8 layers, 4 kv heads, "
           "head_dim 64, fp32)")
     print(f"{'context':>8} {'commit old us':>14} {'commit new us':>14} {'commit old B':>14} {'commit new B':>13} "

@@ -162,7 +162,7 @@ def _run_batched(decoder: Decoder, model: ModelAdapter, prompts: Sequence[Any], 
                     results[i] = stop.value
             calls = following
     for r in results.values():  # the engine's totals, shared by the whole batch
-        r.extra.update(batch_forwards=executor.forwards, batch_kv_bytes_copied=executor.bytes_copied)
+        r.extra.update(batch_forwards=executor.forwards, batch_kv_bytes=executor.copies.as_dict())
     return [results[i] for i in range(len(prompts))]
 
 
@@ -229,8 +229,8 @@ class DecodeSession:
                 try:
                     call = program.send(outputs)
                 except StopIteration as stop:
-                    copied = executor.bytes_copied + self.cache.store.bytes_copied
-                    return attrs.evolve(stop.value, extra={**stop.value.extra, "kv_bytes_copied": copied})
+                    copies = {k: executor.copies.as_dict()[k] + self.cache.store.copies.as_dict()[k] for k in ("context", "new")}
+                    return attrs.evolve(stop.value, extra={**stop.value.extra, "kv_bytes": copies})
 
     def program(self) -> Generator[ModelCall, Any, DecodeResult]:
         d = self.decoder

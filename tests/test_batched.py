@@ -94,22 +94,22 @@ def test_in_place_append_copies_only_new_tokens():
     buffer = PreallocatedKV(2, 1, 1, 64, 4, dtype=torch.float32, device="cpu")
     row = buffer.row(0)
     row.append(kv)
-    first = buffer.bytes_copied
+    first = buffer.copies.new
     for _ in range(5):
         row.append(kv)
-    assert buffer.bytes_copied == 6 * first  # the same cost whatever is already cached
+    assert buffer.copies.new == 6 * first and buffer.copies.context == 0  # same cost whatever is cached
     row.truncate(10)
-    assert len(row) == 10 and buffer.bytes_copied == 6 * first  # truncation copies nothing
+    assert len(row) == 10 and buffer.copies.new == 6 * first  # truncation copies nothing
 
     from transformers import DynamicCache
 
     store = DynamicStore(DynamicCache())
     costs = []
     for _ in range(4):
-        before = store.bytes_copied
+        before = store.copies.context + store.copies.new
         store.append(kv)
-        costs.append(store.bytes_copied - before)
-    assert costs == sorted(costs) and costs[-1] == 4 * costs[0]  # concatenation copies the whole cache
+        costs.append(store.copies.context + store.copies.new - before)
+    assert costs == [first, 2 * first, 3 * first, 4 * first]  # concatenation copies the whole cache
 
 
 def test_buffer_grows_when_needed():

@@ -77,3 +77,21 @@ def test_a_checkpoint_without_tokenizer_files_has_no_tokenizer(checkpoint):
     assert refusion.load_model(checkpoint).tokenizer is None
     with pytest.raises(refusion.errors.ConfigError, match="`prompt` is text but the model has no tokenizer"):
         generate("hello", checkpoint)
+
+
+def test_several_prompts_are_decoded_as_a_batch(checkpoint, capsys):
+    assert main(["generate", "1,2", "3,4,5,6", "--ids", "--model", checkpoint, "--gen-length", "16", "--json"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    assert len(lines) == 2 and all(len(line["tokens"]) == 16 for line in lines)
+    batch = generate([[1, 2], [3, 4, 5, 6]], checkpoint, gen_length=16)
+    assert [r.tokens.tolist() for r in batch] == [line["tokens"] for line in lines]
+
+
+def test_cli_train_writes_a_loadable_model(tmp_path, capsys):
+    out = tmp_path / "m"
+    assert main(["train", "--out", str(out), "--steps", "2", "--batch-size", "2", "--no-progress"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["parameters"] > 0
+    model = refusion.load_model(str(out))
+    assert model.preset.gen_length == 32 and model.tokenizer is not None
+    assert len(generate("copy ab=", model).tokens) >= 1

@@ -63,8 +63,8 @@ class BranchExecutor:
         self.forwards = 0
 
     @property
-    def bytes_copied(self) -> int:
-        return self.buffer.bytes_copied
+    def copies(self):
+        return self.buffer.copies
 
     def compact(self, live: list[object]) -> None:
         """Move the rows of ``live`` sequences to rows ``0:len(live)``, in that order."""
@@ -81,13 +81,13 @@ class BranchExecutor:
                 saved = data[:, :, target, :, :m].clone()
                 data[:, :, target, :, :n] = data[:, :, store.row, :, :n]
                 data[:, :, store.row, :, :m] = saved
-                self.buffer.bytes_copied += (n + 2 * m) * self.buffer.token_bytes
+                self.buffer.copies.context += (n + 2 * m) * self.buffer.token_bytes
                 lengths = self.buffer.lengths
                 lengths[target], lengths[store.row] = lengths[store.row], lengths[target]
                 other.row, store.row = store.row, target
             else:
                 data[:, :, target, :, :n] = data[:, :, store.row, :, :n]
-                self.buffer.bytes_copied += n * self.buffer.token_bytes
+                self.buffer.copies.context += n * self.buffer.token_bytes
                 self.buffer.lengths[target] = n
                 if occupant is not None:
                     self.caches[occupant].store.row = store.row
@@ -140,7 +140,7 @@ class BranchExecutor:
 
             src = torch.cat(parent_src, dim=3)
             scatter_kv(buf.data, src, torch.cat(parent_rows), torch.cat(parent_cols))
-            buf.bytes_copied += src.shape[3] * buf.token_bytes
+            buf.copies.new += src.shape[3] * buf.token_bytes
 
         ids = torch.full((rows, q_max), self.adapter.mask_token_id, dtype=torch.long)
         pos = torch.zeros((rows, q_max), dtype=torch.long)
@@ -165,10 +165,8 @@ class BranchExecutor:
                     m[a:b, p0 : p0 + len(e.parent)] = True
 
         scratch = _ScratchCache(buf.data, rows, query_at, q_max)
-        logits = self.adapter.forward(
-            ids.to(device), pos.to(device), self._mask_for_model(mask.to(device)), scratch
-        )
-        buf.bytes_copied += rows * q_max * buf.token_bytes  # the model's in-place writes of the fed tokens
+        logits = self.adapter.forward(ids.to(device), pos.to(device), self._mask_for_model(mask.to(device)), scratch)
+        buf.copies.new += rows * q_max * buf.token_bytes  # the model's in-place writes of the fed tokens
 
         outputs: dict[object, tuple[ExtendOutput, ...]] = {}
         layers = [(buf.data[layer, 0, :rows], buf.data[layer, 1, :rows]) for layer in range(buf.data.shape[0])]

@@ -11,7 +11,7 @@ This is the reference decoder's way (kept as the ``repeat`` engine, batch 1):
   a 2-D padding mask; one batched forward serves all branches.
 
 Both copy the cached context (``torch.cat`` in ``DynamicCache.update``, and
-the repeat), which ``bytes_copied`` counts. :mod:`refusion.cache.batched` is
+the repeat), which ``copies`` counts. :mod:`refusion.cache.batched` is
 the engine that does not.
 """
 
@@ -21,7 +21,7 @@ import torch
 
 from refusion.cache.calls import Branch, Epoch, Extend, ExtendOutput, ModelCall
 from refusion.cache.sequence import SequenceCache
-from refusion.cache.stores import bytes_per_token
+from refusion.cache.stores import CopyStats, bytes_per_token
 from refusion.models.base import ModelAdapter
 
 
@@ -32,17 +32,20 @@ class RepeatExecutor:
         self.adapter = adapter
         self.cache = cache
         self.epoch = Epoch()
-        self.bytes_copied = 0
+        self.copies = CopyStats()
 
     @property
     def _dynamic(self):
         return self.cache.store.cache
 
-    def _count(self, tokens: int) -> None:
+    def _count(self, context: int, new: int) -> None:
+        """Count a forward's copies: ``context`` cached entries re-copied, ``new`` entries written."""
         layer = self._dynamic.layers[0]
         if layer.is_initialized and layer.keys.numel():
             _, heads, _, dim = layer.keys.shape
-            self.bytes_copied += tokens * bytes_per_token(len(self._dynamic.layers), heads, dim, layer.keys.dtype)
+            token = bytes_per_token(len(self._dynamic.layers), heads, dim, layer.keys.dtype)
+            self.copies.context += context * token
+            self.copies.new += new * token
 
     @torch.no_grad()
     def run(self, call: ModelCall) -> tuple[ExtendOutput, ...]:
@@ -65,7 +68,7 @@ class RepeatExecutor:
         pos = cache.positions[cache.encoded :].to(device)
         mask = torch.ones(1, len(cache), dtype=torch.long, device=device)
         logits = self.adapter.forward(ids[None], pos[None], mask, self._dynamic, logits_to_keep=1)
-        self._count(len(cache))
+        self._count(cache.encoded, cache.pending)
         cache.mark_encoded(logits[0, -1])
 
     def _extend_context(self, extend: Extend) -> ExtendOutput:
@@ -79,7 +82,7 @@ class RepeatExecutor:
         mask = torch.ones(1, start + q, dtype=torch.long, device=device)
         keep = q + 1 if pending else 0
         logits = self.adapter.forward(ids[None], pos[None], mask, self._dynamic, logits_to_keep=keep)[0]
-        self._count(start + q)
+        self._count(cache.encoded, pending + q)  # DynamicCache.update concatenates: all of it is copied
         layers = [(layer.keys, layer.values) for layer in self._dynamic.layers]
         self._dynamic.crop(-q)
         if pending:
@@ -123,7 +126,7 @@ class RepeatExecutor:
             layers.append((keys, values))
         batch_cache = DynamicCache(layers)
         logits = self.adapter.forward(ids, pos, mask, batch_cache)
-        self._count(k * (2 * (context + width_b) + width_q))  # the repeat, then the cat in update
+        self._count(k * (2 * context + width_b), k * (width_b + width_q))  # the repeat, then the cat in update
         out_layers = [(layer.keys, layer.values) for layer in batch_cache.layers]
         return tuple(
             ExtendOutput(e, logits[row, : query_lens[row]], out_layers, row, context + width_b, self.epoch, self.epoch.value)

@@ -8,16 +8,30 @@ A store holds the encoded context of one sequence and offers three operations:
 * :class:`RowStore` - one row of a :class:`PreallocatedKV` buffer, where an
   append writes the new entries in place and truncation is a length change.
 
-Both count the bytes of keys/values they copy (``bytes_copied``).
+Both count the bytes of keys/values they move (``copies``): copies of entries
+already cached (``context``, the cost that grows with the sequence) apart from
+writes of new entries (``new``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import torch
 
 from refusion.cache.kv import KVSegment
+
+
+@attrs.define
+class CopyStats:
+    """Bytes of keys/values moved: ``context`` (re-copies of cached entries) and ``new`` (new entries written)."""
+
+    context: int = 0
+    new: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"context": self.context, "new": self.new}
 
 
 def bytes_per_token(layers: int, heads: int, dim: int, dtype: torch.dtype) -> int:
@@ -30,7 +44,7 @@ class DynamicStore:
 
     def __init__(self, cache: Any):
         self.cache = cache
-        self.bytes_copied = 0
+        self.copies = CopyStats()
 
     def __len__(self) -> int:
         return self.cache.get_seq_length()
@@ -41,7 +55,9 @@ class DynamicStore:
         for layer in range(data.shape[0]):
             self.cache.update(data[layer, 0].unsqueeze(0), data[layer, 1].unsqueeze(0), layer)
         layers, _, heads, n, dim = data.shape
-        self.bytes_copied += (length + n) * bytes_per_token(layers, heads, dim, data.dtype)  # torch.cat copies all
+        token = bytes_per_token(layers, heads, dim, data.dtype)
+        self.copies.context += length * token  # torch.cat copies everything already cached
+        self.copies.new += n * token
 
     def truncate(self, length: int) -> None:
         if length < len(self):
@@ -59,7 +75,7 @@ class PreallocatedKV:
     def __init__(self, layers: int, batch: int, heads: int, capacity: int, dim: int, *, dtype, device):
         self.data = torch.zeros((layers, 2, batch, heads, capacity, dim), dtype=dtype, device=device)
         self.lengths = [0] * batch
-        self.bytes_copied = 0
+        self.copies = CopyStats()
         self.token_bytes = bytes_per_token(layers, heads, dim, dtype)
 
     @property
@@ -74,7 +90,7 @@ class PreallocatedKV:
         grown = self.data.new_zeros((*self.data.shape[:4], new_cap, self.data.shape[5]))
         used = max(self.lengths) if self.lengths else 0
         grown[:, :, :, :, :used] = self.data[:, :, :, :, :used]
-        self.bytes_copied += used * self.token_bytes * len(self.lengths)
+        self.copies.context += used * self.token_bytes * len(self.lengths)
         self.data = grown
 
     def write(self, row: int, start: int, kv: torch.Tensor) -> None:
@@ -85,7 +101,7 @@ class PreallocatedKV:
         self.ensure_capacity(start + n)
         cols = torch.arange(start, start + n, device=self.data.device)
         scatter_kv(self.data, kv, torch.full_like(cols, row), cols)
-        self.bytes_copied += n * self.token_bytes
+        self.copies.new += n * self.token_bytes
 
     def row(self, index: int) -> "RowStore":
         return RowStore(self, index)
@@ -99,8 +115,8 @@ class RowStore:
         self.row = row
 
     @property
-    def bytes_copied(self) -> int:
-        return 0  # counted once, on the shared buffer
+    def copies(self) -> CopyStats:
+        return CopyStats()  # counted once, on the shared buffer
 
     def __len__(self) -> int:
         return self.buffer.lengths[self.row]

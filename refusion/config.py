@@ -58,6 +58,31 @@ PRESETS: dict[str, Preset] = {
     "gpqa": _paper("GPQA", 8, 32, 0.8, 0.2),
     "arc-c": _paper("ARC-C", 8, 64, 0.8, 0.1),
     "mmlu-pro": _paper("MMLU-Pro", 16, 4, 0.9, 0.4),
+    "llada": Preset(
+        description="LLaDA (arXiv 2502.09992): semi-AR blocks of 32, one token per step by confidence, no cache",
+        gen_length=128,
+        params=dict(block_length=32, slot_size=1, k=1),
+        partitioner="semi-ar",
+        selector="topk",
+        infiller="draft",
+        reorderer="no-cache",
+    ),
+    "fast-dllm": Preset(
+        description="Fast-dLLM (arXiv 2505.22618): blocks of 32, every token above 0.9 confidence per step; "
+        "exact prefix cache on causal models",
+        gen_length=128,
+        params=dict(block_length=32, slot_size=1, slot_threshold=0.9),
+        partitioner="semi-ar",
+        infiller="draft",
+    ),
+    "fast-dllm-dual": Preset(
+        description="Fast-dLLM threshold decoding with its dual cache, for bidirectional models",
+        gen_length=128,
+        params=dict(block_length=32, slot_size=1, slot_threshold=0.9),
+        partitioner="semi-ar",
+        infiller="draft",
+        reorderer="dual-cache",
+    ),
     "ar": Preset(
         description="left-to-right lossless decoding: equals greedy autoregressive decoding",
         gen_length=128,

@@ -50,7 +50,10 @@ class Decoder:
     error naming it. ``engine`` runs the model calls: ``"branch"`` (batched,
     parallel branches as attention masks over one preallocated cache) or
     ``"repeat"`` (the reference's way: a transformers ``DynamicCache`` per
-    sequence, the context repeated once per branch, one sequence at a time).
+    sequence, the context repeated once per branch, one sequence at a time);
+    bidirectional models always run on the canvas executor. ``stop_at_eos``
+    (default) drops every slot after a committed EOS (early stop); without it
+    every position is decoded and the answer is cut at the first EOS at the end.
     """
 
     partitioner: SlotPartitioner = _part(SlotPartitioner)
@@ -60,6 +63,7 @@ class Decoder:
     sample: Sampler = greedy
     calls_per_token: int = attrs.field(default=4, validator=positive_int)
     engine: str = attrs.field(default="branch", validator=lambda i, a, v: _check_engine(v))
+    stop_at_eos: bool = True
 
     @classmethod
     def from_names(
@@ -91,9 +95,23 @@ class Decoder:
             self.partitioner, _call_part(self.partitioner, self.partitioner.partition, gen_length), gen_length
         )
         check_length(model, prompt.shape[0], partition.gen_length)
+        self.check_model(model)
         cache = SequenceCache(store if store is not None else DynamicStore(model.new_cache()), prompt,
                               torch.arange(prompt.shape[0]))
+        cache.canvas_stop = prompt.shape[0] + partition.gen_length
+        cache.eos_fill = min(model.eos_token_ids) if model.eos_token_ids else None
         return DecodeSession(self, model, cache, partition)
+
+    def check_model(self, model: ModelAdapter) -> None:
+        """Refuse a model that lacks a capability one of the parts requires."""
+        caps = model.capabilities
+        for part in (self.partitioner, self.selector, self.infiller, self.reorderer):
+            for field, wanted in getattr(part, "requires", {}).items():
+                if getattr(caps, field) != wanted:
+                    raise ConfigError(
+                        f"{part.kind} {part.name!r} needs a model with `{field}={wanted}`, but {type(model).__name__} "
+                        f"has `{field}={getattr(caps, field)}` ({caps}). Pick another {part.kind}: see `refusion plugins`."
+                    )
 
     def decode(self, model: ModelAdapter, prompt_ids: Any, gen_length: int, *, tokenizer: Any = None) -> DecodeResult:
         """Decode one prompt (token ids, shape ``(prompt_len,)`` or ``(1, prompt_len)``)."""
@@ -109,7 +127,9 @@ class Decoder:
         """
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not len(prompts):
             raise ConfigError("`prompts` must be a non-empty list of token-id sequences.")
-        if self.engine == "repeat" or not _states_kv_shape(model):
+        if not model.capabilities.causal:
+            results = _run_canvas(self, model, prompts, gen_length)
+        elif self.engine == "repeat" or not _states_kv_shape(model):
             results = [self.session(model, p, gen_length).run() for p in prompts]
         else:
             results = _run_batched(self, model, prompts, gen_length)
@@ -147,6 +167,20 @@ def _run_batched(decoder: Decoder, model: ModelAdapter, prompts: Sequence[Any], 
     buffer = PreallocatedKV(layers, len(prompts), heads, 2 * capacity + 64, dim, dtype=dtype, device=model.device)
     sessions = {i: decoder.session(model, p, gen_length, store=buffer.row(i)) for i, p in enumerate(checked)}
     executor = BranchExecutor(model, buffer, {i: s.cache for i, s in sessions.items()})
+    return _drive(sessions, executor)
+
+
+def _run_canvas(decoder: Decoder, model: ModelAdapter, prompts: Sequence[Any], gen_length: int) -> list[DecodeResult]:
+    """Run every prompt's program on a :class:`~refusion.cache.canvas.CanvasExecutor` (bidirectional models)."""
+    from refusion.cache.canvas import CanvasExecutor
+
+    checked = [check_prompt(p, model) for p in prompts]
+    sessions = {i: decoder.session(model, p, gen_length) for i, p in enumerate(checked)}
+    return _drive(sessions, CanvasExecutor(model, {i: s.cache for i, s in sessions.items()}))
+
+
+def _drive(sessions: dict[int, "DecodeSession"], executor: Any) -> list[DecodeResult]:
+    """Step all programs together: each executor run answers one call of every live session."""
     results: dict[int, DecodeResult] = {}
     with torch.no_grad():
         programs = {i: s.program() for i, s in sessions.items()}
@@ -163,7 +197,7 @@ def _run_batched(decoder: Decoder, model: ModelAdapter, prompts: Sequence[Any], 
             calls = following
     for r in results.values():  # the engine's totals, shared by the whole batch
         r.extra.update(batch_forwards=executor.forwards, batch_kv_bytes=executor.copies.as_dict())
-    return [results[i] for i in range(len(prompts))]
+    return [results[i] for i in range(len(sessions))]
 
 
 def check_prompt(prompt_ids: Any, model: ModelAdapter) -> torch.Tensor:
@@ -218,6 +252,10 @@ class DecodeSession:
 
     def run(self) -> DecodeResult:
         """Run :meth:`program` to the end, one model forward per call."""
+        if not self.model.capabilities.causal:
+            from refusion.cache.canvas import CanvasExecutor
+
+            return _drive({0: self}, CanvasExecutor(self.model, {0: self.cache}))[0]
         executor = RepeatExecutor(self.model, self.cache)
         with torch.no_grad():
             program = self.program()
@@ -235,6 +273,10 @@ class DecodeSession:
     def program(self) -> Generator[ModelCall, Any, DecodeResult]:
         d = self.decoder
         for block_index, block in enumerate(self.partition.blocks):
+            open_slots = [self.partition.slots[i] for i in block if self.open[i]]
+            if open_slots:
+                start = self.prompt_len + open_slots[0].offset
+                _call_part(d.reorderer, d.reorderer.start_block, self.cache, start, self.prompt_len + open_slots[-1].stop)
             while True:
                 remaining = [i for i in block if self.open[i]]
                 if not remaining:
@@ -284,7 +326,7 @@ class DecodeSession:
     def _apply_eos(self, result: InfillResult) -> InfillResult:
         """Cut the answer at the earliest EOS: truncate its slot, drop every slot after it."""
         eos = self.model.eos_token_ids
-        if not eos:
+        if not eos or not self.decoder.stop_at_eos:
             return result
         first = None
         for c in result.commits:
@@ -295,6 +337,7 @@ class DecodeSession:
         if first is None:
             return result
         self.eos_offset = first if self.eos_offset is None else min(self.eos_offset, first)
+        self.cache.canvas_end = self.prompt_len + self.eos_offset + 1
         for slot in self.partition.slots:
             if slot.offset > first:
                 self.open[slot.index] = False
@@ -323,6 +366,9 @@ class DecodeSession:
             self.open[c.slot.index] = False
 
     def _result(self) -> DecodeResult:
+        if self.eos_offset is None and self.model.eos_token_ids:  # stop_at_eos off: cut at the first EOS now
+            hits = torch.isin(self.tokens, torch.tensor(sorted(self.model.eos_token_ids))).nonzero()
+            self.eos_offset = int(hits[0]) if len(hits) else None
         end = self.partition.gen_length if self.eos_offset is None else self.eos_offset + 1
         if bool((self.commit_step[:end] < 0).any()):  # pragma: no cover - guarded by the checks above
             raise RuntimeError("internal error: a position before the end of the answer was never committed")

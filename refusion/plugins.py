@@ -21,16 +21,23 @@ ENTRY_POINT_GROUP = "refusion"
 
 DEFAULT_PLUGINS: tuple[str, ...] = (
     "refusion.strategies.partitioners.fixed",
+    "refusion.strategies.partitioners.semi_ar",
     "refusion.strategies.selectors.threshold",
     "refusion.strategies.selectors.leftmost",
     "refusion.strategies.selectors.topk",
     "refusion.strategies.selectors.margin",
     "refusion.strategies.selectors.entropy",
+    "refusion.strategies.selectors.random",
+    "refusion.strategies.selectors.factor",
     "refusion.strategies.infillers.parallel_ar",
     "refusion.strategies.infillers.greedy_verify",
+    "refusion.strategies.infillers.draft",
     "refusion.strategies.reorderers.commit_order",
     "refusion.strategies.reorderers.reencode",
+    "refusion.strategies.reorderers.fast_dllm",
+    "refusion.strategies.reorderers.no_cache",
     "refusion.models.hf",
+    "refusion.models.mdm",
 )
 
 

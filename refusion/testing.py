@@ -32,7 +32,10 @@ def tiny_model(**kwargs: Any):
 
 
 class ScriptedModel(ModelAdapter):
-    """A causal model whose output at each fed token is ``rule(seen, position, token)``.
+    """A fake model whose output at each fed token is ``rule(seen, position, token)``.
+
+    Causal by default; with ``causal=False`` every query sees every visible
+    token (a bidirectional, LLaDA-style model; ``logit_shift=1`` for Dream-style).
 
     It keeps a real transformers ``DynamicCache`` (one layer, one head, width
     one) whose "keys" are token ids and "values" positions, so every cache
@@ -51,8 +54,11 @@ class ScriptedModel(ModelAdapter):
         mask_token_id: int,
         eos_token_id: int | None = None,
         max_positions: int | None = None,
+        causal: bool = True,
+        logit_shift: int = 0,
     ):
         self.rule = rule
+        self.capabilities = ModelCapabilities(causal=causal, logit_shift=logit_shift, kv_cache=True)
         self.vocab_size = vocab_size
         self.mask_token_id = mask_token_id
         self.eos_token_ids = frozenset() if eos_token_id is None else frozenset({eos_token_id})
@@ -78,11 +84,16 @@ class ScriptedModel(ModelAdapter):
         batch, q = input_ids.shape
         new_keys = input_ids.double()[:, None, :, None]
         new_values = position_ids.double()[:, None, :, None]
-        keys, values = cache.update(new_keys, new_values, 0)  # every visible entry, the fed tokens last
+        if cache is None:
+            keys, values = new_keys, new_values
+        else:
+            keys, values = cache.update(new_keys, new_values, 0)  # every visible entry, the fed tokens last
         tokens, positions = keys[:, 0, :, 0].long(), values[:, 0, :, 0].long()
         total = tokens.shape[1]
         past = total - q
-        if attention_mask.dim() == 2:  # padding mask plus causal order
+        if attention_mask.dim() == 2 and not self.capabilities.causal:
+            visible = attention_mask[:, None, :].bool().expand(batch, q, total)
+        elif attention_mask.dim() == 2:  # padding mask plus causal order
             causal = torch.arange(total)[None, :] <= (past + torch.arange(q))[:, None]
             visible = attention_mask[:, None, :].bool() & causal[None]
         else:
@@ -112,20 +123,26 @@ def one_hot_logits(vocab_size: int, token: int, prob: float) -> list[float]:
 def check_part(part: Any, *, trials: int = 6, seed: int = 0) -> None:
     """Decode with ``part`` in place of the paper's part of its kind; raise AssertionError on a broken contract.
 
-    Checks, over random tiny models, prompts and lengths: decoding terminates
+    Parts that need a bidirectional model are checked on one. Checks, over
+    random tiny models, prompts and lengths: decoding terminates
     within one iteration per slot, every position up to the end is committed
     exactly once, no mask token is left, and output positions are a prefix of
     the generation region (cut only at EOS).
     """
     from refusion.decoder import Decoder
 
+    from refusion.models.mdm import tiny_bidirectional
+
     rng = random.Random(seed)
-    parts = dict(partitioner="fixed", selector="threshold", infiller="parallel-ar", reorderer="commit-order")
+    causal = getattr(part, "requires", {}).get("causal", True)
+    parts = dict(partitioner="fixed", selector="threshold", infiller="parallel-ar" if causal else "draft",
+                 reorderer="commit-order")
     parts[part.kind] = part
     for trial in range(trials):
         vocab = rng.choice([12, 24])
         eos = rng.choice([None, 2])
-        model = tiny_model(vocab_size=vocab, seed=seed * 1000 + trial, logit_scale=rng.choice([4.0, 16.0]), eos_token_id=eos)
+        build = tiny_model if causal else tiny_bidirectional
+        model = build(vocab_size=vocab, seed=seed * 1000 + trial, logit_scale=rng.choice([4.0, 16.0]), eos_token_id=eos)
         params = {}
         if part.kind != "partitioner":
             params = dict(slot_size=rng.choice([1, 2, 4]), serial_num_blocks=rng.choice([1, 2]))

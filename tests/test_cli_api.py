@@ -50,7 +50,23 @@ def test_python_api_with_preset_and_overrides(checkpoint):
 def test_presets_hold_the_reference_settings():
     assert PRESETS["gsm8k"].params == dict(slot_size=32, serial_num_blocks=4, slot_threshold=0.9, token_threshold=0.4)
     assert PRESETS["arc-c"].params["serial_num_blocks"] == 64
-    assert all(p.gen_length == 512 for name, p in PRESETS.items() if name not in ("paper", "ar"))
+    reference = ("gsm8k", "mbpp", "humaneval", "math", "gpqa", "arc-c", "mmlu-pro")
+    assert all(PRESETS[name].gen_length == 512 for name in reference)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_builds_and_decodes(name, checkpoint):
+    from refusion.models.mdm import tiny_bidirectional
+
+    from refusion.models.hf import HFCausalLM
+
+    preset = PRESETS[name]
+    if preset.reorderer == "dual-cache":
+        model = tiny_bidirectional(vocab_size=24, max_positions=1024)
+    else:
+        model = HFCausalLM(tiny_qwen3(vocab_size=24, max_positions=1024, logit_scale=6.0))
+    result = generate([1, 2], model, preset=name)
+    assert len(result.tokens) == result.partition.gen_length == preset.gen_length
 
 
 def test_overriding_a_part_drops_the_presets_parameters_for_it(checkpoint):

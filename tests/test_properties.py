@@ -10,7 +10,7 @@ import itertools
 
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from refusion.cache.calls import Branch, Extend, ModelCall
 from refusion.cache.executor import RepeatExecutor
@@ -20,32 +20,61 @@ from refusion.testing import check_result
 from tests.helpers import layouts, model_setups
 
 
-def combinations():
+def fits(kind, names):
+    """Whether parts with these names work on a causal (True) or bidirectional (False) model."""
     reg = registry()
-    return list(itertools.product(reg.names("selector"), reg.names("infiller"), reg.names("reorderer")))
+    return all(reg.get(k, n).requires.get("causal", kind) == kind for k, n in names.items())
 
 
-COMBOS = combinations()
+def combinations(causal):
+    reg = registry()
+    out = []
+    for s, i, r in itertools.product(reg.names("selector"), reg.names("infiller"), reg.names("reorderer")):
+        if fits(causal, {"selector": s, "infiller": i, "reorderer": r}):
+            out.append((s, i, r))
+    return out
 
 
-def _decoder(combo, slot, blocks, data):
+COMBOS = [(True, c) for c in combinations(True)] + [(False, c) for c in combinations(False)]
+
+
+def _decoder(combo, slot, blocks, data, partitioner="fixed"):
     selector, infiller, reorderer = combo
-    params = dict(slot_size=slot, serial_num_blocks=blocks)
+    if partitioner == "fixed":
+        params = dict(slot_size=slot, serial_num_blocks=blocks)
+    else:
+        params = dict(slot_size=slot, block_length=slot * data.draw(st.integers(1, 3)))
     if selector == "threshold":
         params["slot_threshold"] = data.draw(st.floats(0, 1))
-    if selector in ("topk", "margin", "entropy"):
+    if selector in ("topk", "margin", "entropy", "random"):
         params["k"] = data.draw(st.integers(1, 4))
+    if selector == "factor":
+        params["factor"] = data.draw(st.floats(0.1, 4.0))
     if infiller == "parallel-ar":
         params["token_threshold"] = data.draw(st.floats(0, 1))
-    return Decoder.from_names(selector=selector, infiller=infiller, reorderer=reorderer, **params)
+    return Decoder.from_names(partitioner=partitioner, selector=selector, infiller=infiller, reorderer=reorderer, **params)
 
 
-@pytest.mark.parametrize("combo", COMBOS, ids=["/".join(c) for c in COMBOS])
-@given(setup=model_setups(), layout=layouts(), data=st.data())
-def test_terminates_and_completes(combo, setup, layout, data):
+def _model(causal, setup, data):
+    from refusion.models.mdm import tiny_bidirectional
+
     adapter, prompt = setup
+    if causal:
+        return adapter, prompt
+    shift = data.draw(st.sampled_from([0, 1]))
+    eos = next(iter(adapter.eos_token_ids), None)
+    return tiny_bidirectional(logit_shift=shift, vocab_size=adapter.vocab_size, seed=data.draw(st.integers(0, 99)),
+                              logit_scale=8.0, eos_token_id=eos), prompt
+
+
+@pytest.mark.parametrize("causal, combo", COMBOS, ids=[("causal/" if c else "bidir/") + "/".join(x) for c, x in COMBOS])
+@settings(max_examples=6)
+@given(setup=model_setups(), layout=layouts(), data=st.data())
+def test_terminates_and_completes(causal, combo, setup, layout, data):
+    adapter, prompt = _model(causal, setup, data)
     slot, blocks, gen_length = layout
-    session = _decoder(combo, slot, blocks, data).session(adapter, prompt, gen_length)
+    partitioner = data.draw(st.sampled_from(["fixed", "semi-ar"]))
+    session = _decoder(combo, slot, blocks, data, partitioner).session(adapter, prompt, gen_length)
     result = session.run()
     check_result(result, adapter)
     assert len(result.steps) <= len(result.partition.slots)
@@ -76,7 +105,8 @@ def test_cache_reads_equal_fresh_forward(reorderer, setup, layout, data, stop_af
     adapter, prompt = setup
     slot, blocks, gen_length = layout
     combo = (data.draw(st.sampled_from(registry().names("selector"))),
-             data.draw(st.sampled_from(registry().names("infiller"))), reorderer)
+             data.draw(st.sampled_from([n for n in registry().names("infiller") if fits(True, {"infiller": n})])),
+             reorderer)
     session = _decoder(combo, slot, blocks, data).session(adapter, prompt, gen_length)
     executor = RepeatExecutor(adapter, session.cache)
     program = session.program()

@@ -29,10 +29,11 @@ def with_plugins(*plugins):
 
 def test_builtins_are_registered_under_their_names():
     reg = registry()
-    assert set(reg.names("selector")) == {"threshold", "leftmost", "topk", "margin", "entropy"}
-    assert set(reg.names("infiller")) == {"parallel-ar", "greedy-verify"}
-    assert set(reg.names("reorderer")) == {"commit-order", "reencode"}
-    assert reg.names("partitioner") == ("fixed",)
+    assert set(reg.names("selector")) == {"threshold", "leftmost", "topk", "margin", "entropy", "random", "factor"}
+    assert set(reg.names("infiller")) == {"parallel-ar", "greedy-verify", "draft"}
+    assert set(reg.names("reorderer")) == {"commit-order", "reencode", "no-cache", "prefix-cache", "dual-cache"}
+    assert reg.names("partitioner") == ("fixed", "semi-ar")
+    assert set(reg.names("model_adapter")) == {"hf-causal", "hf-mdm"}
     assert all(r.source == "built-in" for r in reg)
     assert len(DEFAULT_PLUGINS) == len({r.plugin for r in reg})
 
@@ -41,7 +42,7 @@ def test_unknown_name_lists_the_known_ones():
     with pytest.raises(UnknownNameError) as err:
         registry().get("selector", "best")
     assert "Unknown selector 'best'" in str(err.value)
-    assert "entropy, leftmost, margin, threshold, topk" in str(err.value)
+    assert "entropy, factor, leftmost, margin, random, threshold, topk" in str(err.value)
 
 
 def test_every_hookspec_is_wired_to_a_kind():

@@ -121,6 +121,8 @@ class ExtendOutput:
 
     @functools.cached_property
     def kv(self) -> KVSegment:
+        if not self._layers:
+            raise RuntimeError("this model call produced no reusable keys/values (bidirectional model)")
         if self._epoch is not None and self._epoch.value != self._issued:
             raise RuntimeError(
                 "ExtendOutput.kv was read after a later model call; take the keys/values you need "

@@ -51,6 +51,12 @@ class SequenceCache:
         self.chunks: list[Chunk] = []
         #: logits at the last entry in cache order (they predict the token after it), when known.
         self.last_logits: torch.Tensor | None = None
+        #: for bidirectional models: canvas length (prompt + generation region), first position after a
+        #: committed EOS (filled with ``eos_fill``), and the Fast-dLLM block cache, if a reorderer set one.
+        self.canvas_stop: int | None = None
+        self.canvas_end: int | None = None
+        self.eos_fill: int | None = None
+        self.block_cache: Any = None
 
     def __len__(self) -> int:
         return self.tokens.shape[0]

@@ -40,7 +40,7 @@ class ModelAdapter(ABC):
     """
 
     name: ClassVar[str]
-    capabilities: ClassVar[ModelCapabilities] = ModelCapabilities()
+    capabilities: ModelCapabilities = ModelCapabilities()
 
     mask_token_id: int
     eos_token_ids: frozenset[int]

@@ -30,10 +30,16 @@ InfillGenerator = Generator[ModelCall, "tuple[ExtendOutput, ...]", InfillResult]
 
 
 class Part(ABC):
-    """Base of every part: ``name`` is its registry key, ``kind`` its kind."""
+    """Base of every part: ``name`` is its registry key, ``kind`` its kind.
+
+    ``requires`` names model capabilities the part depends on, as
+    :class:`~refusion.models.base.ModelCapabilities` field -> value (e.g.
+    ``{"causal": True}``); the decoder refuses a model that lacks them.
+    """
 
     name: ClassVar[str]
     kind: ClassVar[str]
+    requires: ClassVar[dict[str, object]] = {}
 
 
 class SlotPartitioner(Part):
@@ -136,6 +142,13 @@ class CacheReorderer(Part):
         or without the infiller's keys/values; may drop keys/values of earlier
         entries (``cache.invalidate``) to have them re-encoded. Must not touch
         the cache in any other way.
+        """
+
+    def start_block(self, cache: SequenceCache, start: int, stop: int) -> None:
+        """Called when serial block ``start:stop`` (absolute positions) begins; default: nothing.
+
+        A cache policy (e.g. Fast-dLLM's prefix/dual cache) uses it to refresh
+        what it keeps per block.
         """
 
 

@@ -41,6 +41,7 @@ class GreedyVerify(Infiller):
     """Accept drafts only where they match the AR argmax; commit the AR token at the first mismatch."""
 
     name = "greedy-verify"
+    requires = {"causal": True, "kv_cache": True}
 
     def infill(self, ctx: InfillContext, plan: Plan, chosen: tuple[int, ...]) -> InfillGenerator:
         work = []

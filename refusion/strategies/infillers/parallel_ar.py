@@ -61,6 +61,7 @@ class ParallelAR(Infiller):
     """Global verification + parallel AR infilling with acceptance threshold ``token_threshold``."""
 
     name = "parallel-ar"
+    requires = {"causal": True, "kv_cache": True}
 
     token_threshold: float = attrs.field(default=0.9, validator=probability)
 

@@ -1,0 +1,35 @@
+"""Commit the plan's drafts as they are: masked-diffusion decoding (LLaDA, Dream, Fast-dLLM)."""
+
+from __future__ import annotations
+
+import attrs
+
+from refusion.plugins import hookimpl
+from refusion.state import Commit, InfillResult, Plan
+from refusion.strategies.base import InfillContext, Infiller, InfillGenerator
+
+
+@attrs.frozen
+class AcceptDraft(Infiller):
+    """Every chosen slot takes the diffusion step's draft tokens; no verification, no model call.
+
+    This is how masked diffusion LMs unmask: LLaDA (Nie et al., arXiv
+    2502.09992) with one-token slots and ``topk``/``random`` selection, Fast-dLLM
+    (Wu et al., arXiv 2505.22618) with ``threshold``/``factor`` selection. Works
+    with causal and bidirectional models.
+    """
+
+    name = "draft"
+
+    def infill(self, ctx: InfillContext, plan: Plan, chosen: tuple[int, ...]) -> InfillGenerator:
+        yield from ()
+        commits = []
+        for i in chosen:
+            rows = plan.rows(i)
+            commits.append(Commit(plan.slots[i], plan.tokens[rows], plan.positions[rows], kv=None, chain=i))
+        return InfillResult(commits)
+
+
+@hookimpl
+def register_infillers(register):
+    register(AcceptDraft)

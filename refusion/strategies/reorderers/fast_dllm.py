@@ -1,0 +1,45 @@
+"""Fast-dLLM's approximate KV caches for bidirectional diffusion LMs (Wu et al., arXiv 2505.22618)."""
+
+from __future__ import annotations
+
+import attrs
+
+from refusion.cache.canvas import BlockCache
+from refusion.cache.sequence import SequenceCache
+from refusion.plugins import hookimpl
+from refusion.state import InfillResult
+from refusion.strategies.base import CacheReorderer
+
+
+@attrs.frozen
+class PrefixCache(CacheReorderer):
+    """Keys/values of everything before the current block are computed once per block and reused.
+
+    Each step feeds the current block and the masked suffix; the prefix's
+    keys/values are refreshed when the next block starts (Fast-dLLM, Sec. 3.2).
+    """
+
+    name = "prefix-cache"
+    requires = {"causal": False}
+    mode = "prefix"
+
+    def reorder(self, cache: SequenceCache, result: InfillResult) -> None:
+        for commit in result.commits:
+            cache.append(commit.tokens, commit.positions)
+
+    def start_block(self, cache: SequenceCache, start: int, stop: int) -> None:
+        cache.block_cache = BlockCache(self.mode, start, stop, stale=True)
+
+
+@attrs.frozen
+class DualCache(PrefixCache):
+    """Like ``prefix-cache``, and the masked suffix after the block is cached too: each step feeds the block only."""
+
+    name = "dual-cache"
+    mode = "dual"
+
+
+@hookimpl
+def register_reorderers(register):
+    register(PrefixCache)
+    register(DualCache)

@@ -1,0 +1,32 @@
+"""No cache at all: every step re-encodes the whole context, as plain masked-diffusion decoding does."""
+
+from __future__ import annotations
+
+import attrs
+
+from refusion.cache.sequence import SequenceCache
+from refusion.plugins import hookimpl
+from refusion.state import InfillResult
+from refusion.strategies.base import CacheReorderer
+
+
+@attrs.frozen
+class NoCache(CacheReorderer):
+    """Append the commits, then drop every cached key/value (prompt included).
+
+    The next forward re-encodes the whole context: the cost profile of LLaDA's
+    original sampler, a baseline for what caching saves. Exact (causal) on
+    causal models.
+    """
+
+    name = "no-cache"
+
+    def reorder(self, cache: SequenceCache, result: InfillResult) -> None:
+        for commit in result.commits:
+            cache.append(commit.tokens, commit.positions)
+        cache.invalidate(0)
+
+
+@hookimpl
+def register_reorderers(register):
+    register(NoCache)

@@ -95,6 +95,7 @@ def measure(
     examples: Sequence[Example],
     *,
     warmup: int = 3,
+    progress: bool = False,
 ) -> Row:
     """Decode every example with ``method``; return accuracy, forwards, tokens and seconds."""
     tokenizer = adapter.tokenizer
@@ -104,7 +105,9 @@ def measure(
     correct, tokens, seconds = 0, 0, 0.0
     per_task: dict[str, list[int]] = {}
     with ForwardCounter(adapter.model) as counter, torch.no_grad():
-        for example, prompt in zip(examples, prompts):
+        from tqdm.auto import tqdm
+
+        for example, prompt in tqdm(list(zip(examples, prompts)), desc=name[:40], disable=not progress, leave=False):
             start = time.perf_counter()
             out = method(prompt)
             seconds += time.perf_counter() - start

@@ -1,4 +1,8 @@
-"""The ``refusion`` command line: ``generate``, ``train`` and ``plugins``."""
+"""The ``refusion`` command line: generate, visualize, bench, eval, train, plugins.
+
+Every subcommand explains its options in ``--help``; ``--json`` prints
+machine-readable output; long work shows a progress bar on stderr.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import sys
 from typing import Any, Sequence
 
 from refusion.config import PRESETS
-from refusion.errors import RefusionError
+from refusion.errors import ConfigError, RefusionError
 
 
 def _value(text: str) -> Any:
@@ -33,105 +37,162 @@ def _param(text: str) -> tuple[str, Any]:
     return key, _value(value)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="refusion", description="Plan-and-infill decoding for diffusion LMs (ReFusion).")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    gen = sub.add_parser("generate", help="decode a prompt", description="Decode a prompt with ReFusion's algorithm.")
-    gen.add_argument("prompt", nargs="+", help="prompt text (or token ids with --ids); several prompts form a batch")
-    gen.add_argument("--model", default=None, help="checkpoint directory (default: the model shipped with refusion)")
-    gen.add_argument("--ids", action="store_true", help="the prompt is comma-separated token ids, not text")
-    gen.add_argument("--preset", default=None, choices=sorted(PRESETS),
-                     help="named configuration (default: the checkpoint's refusion.json, else paper)")
-    gen.add_argument("--gen-length", type=int, default=None, help="tokens to generate (rounded up to whole slots)")
-    gen.add_argument("--partitioner", default=None, help="partitioner name (see `refusion plugins`)")
-    gen.add_argument("--selector", default=None, help="slot selector name")
-    gen.add_argument("--infiller", default=None, help="infiller name")
-    gen.add_argument("--reorderer", default=None, help="cache reorderer name")
-    gen.add_argument("--slot-size", type=int, default=None, help="tokens per slot (partitioner `slot_size`)")
-    gen.add_argument("--serial-blocks", type=int, default=None, help="serial blocks (partitioner `serial_num_blocks`)")
-    gen.add_argument("--slot-threshold", type=float, default=None, help="selector `slot_threshold` in [0, 1]")
-    gen.add_argument("--token-threshold", type=float, default=None, help="infiller `token_threshold` in [0, 1]")
-    gen.add_argument(
-        "-p", "--param", type=_param, action="append", default=[], metavar="KEY=VALUE",
-        help="any part parameter, e.g. -p k=2 or -p selector.k=2 (repeatable)",
-    )
-    gen.add_argument("--chat", dest="chat", action="store_true", default=None, help="apply the tokenizer's chat template")
-    gen.add_argument("--no-chat", dest="chat", action="store_false", help="feed the prompt as is")
-    gen.add_argument("--device", default=None, help="torch device for the model, e.g. cuda")
-    gen.add_argument("--dtype", default="auto", help="model dtype: auto, float32, bfloat16, ...")
-    gen.add_argument("--mask-token-id", type=int, default=None, help="mask token id, if the checkpoint does not say")
-    gen.add_argument("--eos-token-id", type=int, action="append", default=None, help="EOS id (repeatable)")
-    gen.add_argument("--json", action="store_true", help="print a JSON object (text, tokens, forwards, steps)")
-    gen.set_defaults(func=_generate)
-
-    train = sub.add_parser(
-        "train", help="train a small ReFusion model on the synthetic tasks (CPU)",
-        description="Train the Qwen3-architecture ReFusion model that ships with refusion (defaults reproduce it).",
-    )
-    train.add_argument("--out", required=True, help="output directory (weights, config, tokenizer)")
-    train.add_argument("--seed", type=int, default=0, help="seed of the data, masks and initial weights")
-    train.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the shipped model's)")
-    train.add_argument("--batch-size", type=int, default=None, help="examples per step")
-    train.add_argument("--threads", type=int, default=None, help="torch threads (weights are reproducible per count)")
-    train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    train.set_defaults(func=_train)
-
-    plugins = sub.add_parser("plugins", help="list registered strategies and model adapters")
-    plugins.add_argument("--json", action="store_true", help="print JSON")
-    plugins.set_defaults(func=_plugins)
-    return parser
+# -- shared options -------------------------------------------------------------
+def _model_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("model")
+    group.add_argument("--model", default=None, help="checkpoint directory (default: the model shipped with refusion)")
+    group.add_argument("--device", default=None, help="torch device for the model, e.g. cuda")
+    group.add_argument("--dtype", default="auto", help="model dtype: auto, float32, bfloat16, ...")
+    group.add_argument("--mask-token-id", type=int, default=None, help="mask token id, if the checkpoint does not say")
+    group.add_argument("--eos-token-id", type=int, action="append", default=None, help="EOS id (repeatable)")
 
 
-def _generate(args: argparse.Namespace) -> int:
+def _decoding_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("decoding (see `refusion plugins` for every part and parameter)")
+    group.add_argument("--preset", default=None, choices=sorted(PRESETS),
+                       help="named configuration (default: the checkpoint's refusion.json, else paper)")
+    group.add_argument("--gen-length", type=int, default=None, help="tokens to generate (rounded up to whole slots)")
+    group.add_argument("--partitioner", default=None, help="partitioner name, e.g. fixed, semi-ar")
+    group.add_argument("--selector", default=None, help="slot selector name, e.g. threshold, topk, factor")
+    group.add_argument("--infiller", default=None, help="infiller name, e.g. parallel-ar, greedy-verify, draft")
+    group.add_argument("--reorderer", default=None, help="cache reorderer name, e.g. commit-order, reencode")
+    group.add_argument("--slot-size", type=int, default=None, help="tokens per slot (partitioner `slot_size`)")
+    group.add_argument("--serial-blocks", type=int, default=None, help="serial blocks (partitioner `serial_num_blocks`)")
+    group.add_argument("--slot-threshold", type=float, default=None, help="selector `slot_threshold` in [0, 1]")
+    group.add_argument("--token-threshold", type=float, default=None, help="infiller `token_threshold` in [0, 1]")
+    group.add_argument("-p", "--param", type=_param, action="append", default=[], metavar="KEY=VALUE",
+                       help="any part parameter, e.g. -p k=2 or -p selector.k=2 (repeatable)")
+    group.add_argument("--temperature", type=float, default=None, help="sampling temperature for drafts (0 = greedy)")
+    group.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
+    group.add_argument("--top-p", type=float, default=None, help="sample within the top-p probability mass")
+    group.add_argument("--seed", type=int, default=None, help="seed of the sampling (each prompt has its own generator)")
+    group.add_argument("--engine", choices=("branch", "repeat"), default=None,
+                       help="branch: batched, shared-prefix branches, in-place cache (default); repeat: the reference's")
+    group.add_argument("--no-stop-at-eos", dest="stop_at_eos", action="store_false", default=None,
+                       help="decode every position even after an EOS (the answer is still cut at the first EOS)")
+    group.add_argument("--chat", dest="chat", action="store_true", default=None, help="apply the tokenizer's chat template")
+    group.add_argument("--no-chat", dest="chat", action="store_false", help="feed the prompt as is")
+
+
+FLAG_PARAMS = (("slot_size", "slot_size"), ("serial_blocks", "serial_num_blocks"), ("slot_threshold", "slot_threshold"),
+               ("token_threshold", "token_threshold"), ("temperature", "temperature"), ("top_k", "top_k"),
+               ("top_p", "top_p"), ("seed", "seed"), ("engine", "engine"), ("stop_at_eos", "stop_at_eos"))
+
+
+def _load(args: argparse.Namespace):
     import torch
 
-    from refusion.api import generate, load_model
-
-    params = dict(args.param)
-    for flag, key in (("slot_size", "slot_size"), ("serial_blocks", "serial_num_blocks"),
-                      ("slot_threshold", "slot_threshold"), ("token_threshold", "token_threshold")):
-        if getattr(args, flag) is not None:
-            params[key] = getattr(args, flag)
-    from refusion.errors import ConfigError
+    from refusion.api import load_model
 
     dtype = args.dtype if args.dtype == "auto" else getattr(torch, args.dtype, None)
     if not isinstance(dtype, (str, torch.dtype)):
         raise ConfigError(f"`--dtype` must be auto or a torch dtype name such as float32 or bfloat16; got {args.dtype!r}.")
     kwargs: dict[str, Any] = {"dtype": dtype}
-    if args.device:
-        kwargs["device"] = args.device
-    if args.mask_token_id is not None:
-        kwargs["mask_token_id"] = args.mask_token_id
-    if args.eos_token_id:
-        kwargs["eos_token_id"] = args.eos_token_id
-    model = load_model(args.model, **kwargs)
+    for flag, key in (("device", "device"), ("mask_token_id", "mask_token_id"), ("eos_token_id", "eos_token_id")):
+        if getattr(args, flag):
+            kwargs[key] = getattr(args, flag)
+    return load_model(args.model, **kwargs)
+
+
+def _decode(args: argparse.Namespace, prompts: list[Any], model: Any) -> list[Any]:
+    from refusion.api import generate
+
+    params = dict(args.param)
+    params.update({key: getattr(args, flag) for flag, key in FLAG_PARAMS if getattr(args, flag) is not None})
+    return generate(prompts, model, gen_length=args.gen_length, preset=args.preset, chat=args.chat,
+                    partitioner=args.partitioner, selector=args.selector, infiller=args.infiller,
+                    reorderer=args.reorderer, **params)
+
+
+def _prompts(args: argparse.Namespace) -> list[Any]:
     prompts: list[Any] = list(args.prompt)
-    if args.ids:
+    if getattr(args, "ids", False):
         try:
             prompts = [[int(t) for t in p.split(",")] for p in prompts]
         except ValueError:
             raise ConfigError(f"`prompt` with --ids must be comma-separated integers; got {args.prompt!r}.") from None
-    results = generate(
-        prompts, model, gen_length=args.gen_length, preset=args.preset, chat=args.chat,
-        partitioner=args.partitioner, selector=args.selector, infiller=args.infiller, reorderer=args.reorderer,
-        **params,
-    )
-    for result in results:
+    return prompts
+
+
+def _result_json(result: Any) -> dict:
+    return {
+        "text": result.text,
+        "tokens": result.tokens.tolist(),
+        "forwards": result.forwards,
+        "tokens_per_forward": result.tokens_per_forward,
+        "iterations": len(result.steps),
+        "commit_step": result.commit_step.tolist(),
+        "steps": [{"block": s.block, "selected": s.selected, "committed": s.committed, "forwards": s.forwards}
+                  for s in result.steps],
+    }
+
+
+# -- subcommands ----------------------------------------------------------------
+def _generate(args: argparse.Namespace) -> int:
+    model = _load(args)
+    for result in _decode(args, _prompts(args), model):
         if args.json:
-            print(json.dumps({
-                "text": result.text,
-                "tokens": result.tokens.tolist(),
-                "forwards": result.forwards,
-                "tokens_per_forward": result.tokens_per_forward,
-                "iterations": len(result.steps),
-                "steps": [{"block": s.block, "selected": s.selected, "committed": s.committed, "forwards": s.forwards}
-                          for s in result.steps],
-            }))
+            print(json.dumps(_result_json(result)))
         else:
             print(result.text if result.text is not None else " ".join(map(str, result.tokens.tolist())))
             print(f"[{len(result.tokens)} tokens, {result.forwards} forwards, "
                   f"{result.tokens_per_forward:.2f} tokens/forward, {len(result.steps)} iterations]", file=sys.stderr)
+    return 0
+
+
+def _visualize(args: argparse.Namespace) -> int:
+    from refusion.visualize import render_gif, render_png
+
+    model = _load(args)
+    (result,) = _decode(args, _prompts(args)[:1], model)
+    written = [str(render_png(result, args.out, tokenizer=model.tokenizer))]
+    if args.gif:
+        written.append(str(render_gif(result, args.gif, tokenizer=model.tokenizer)))
+    if args.json:
+        print(json.dumps({"files": written, **_result_json(result)}))
+    else:
+        print(f"{result.text!r}: {len(result.steps)} iterations, {result.forwards} forwards -> {', '.join(written)}")
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import attrs
+
+    from refusion.bench import ar_method, decoder_method, measure, table
+    from refusion.config import preset as get_preset
+    from refusion.decoder import Decoder
+    from refusion.training.tasks import held_out
+
+    model = _load(args)
+    if model.tokenizer is None:
+        raise ConfigError("`refusion bench` needs a model with a tokenizer (it decodes the synthetic tasks' text).")
+    examples = held_out(args.per_task)
+    names = args.method or ["model", "ar", "fast-dllm"]
+    rows = []
+    if model.capabilities.causal:
+        rows.append(measure("AR: transformers generate", ar_method(model, args.gen_length), model, examples,
+                            progress=not args.json))
+    for name in names:
+        chosen = model.preset if name == "model" and getattr(model, "preset", None) else get_preset(
+            "paper" if name == "model" else name)
+        decoder = Decoder.from_names(**chosen.parts(), **dict(chosen.params))
+        rows.append(measure(name, decoder_method(decoder, model, args.gen_length), model,
+                            examples, progress=not args.json))
+    if args.json:
+        print(json.dumps([{**attrs.asdict(r), "accuracy": r.accuracy, "tokens_per_forward": r.tokens_per_forward}
+                          for r in rows]))
+    else:
+        print(table(rows, rows[0].method))
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from refusion.evaluation import evaluate
+
+    results = evaluate(args.tasks.split(","), model_args=args.model_args, include_path=args.include_path,
+                       limit=args.limit)
+    scores = results["results"]
+    print(json.dumps(scores, indent=None if args.json else 2, default=str))
     return 0
 
 
@@ -156,7 +217,7 @@ def _plugins(args: argparse.Namespace) -> int:
     rows = [
         {
             "kind": r.kind, "name": r.name, "class": f"{r.cls.__module__}.{r.cls.__qualname__}",
-            "source": r.source, "plugin": r.plugin, "parameters": r.parameters(),
+            "source": r.source, "package": r.package, "plugin": r.plugin, "parameters": r.parameters(),
         }
         for r in registry()
     ]
@@ -168,6 +229,73 @@ def _plugins(args: argparse.Namespace) -> int:
         params = ", ".join(f"{k}={v!r}" for k, v in r["parameters"].items()) or "-"
         print(f"{r['kind']:<13} {r['name']:<{width}}  {r['source']:<12} {r['class']}  ({params})")
     return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="refusion", description="Plan-and-infill decoding for diffusion LMs (ReFusion).")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="decode prompts", description="Decode prompts with ReFusion's algorithm "
+                         "(or any registered strategy); several prompts are decoded as one batch.")
+    gen.add_argument("prompt", nargs="+", help="prompt text (or token ids with --ids)")
+    gen.add_argument("--ids", action="store_true", help="the prompts are comma-separated token ids, not text")
+    gen.add_argument("--json", action="store_true", help="print one JSON object per prompt (text, tokens, trace)")
+    _model_options(gen)
+    _decoding_options(gen)
+    gen.set_defaults(func=_generate)
+
+    vis = sub.add_parser("visualize", help="draw when each position of an answer was committed",
+                         description="Decode one prompt and draw its generation region, each token coloured by the "
+                         "iteration that committed it (PNG), optionally animated (GIF).")
+    vis.add_argument("prompt", nargs=1, help="prompt text (or token ids with --ids)")
+    vis.add_argument("--ids", action="store_true", help="the prompt is comma-separated token ids")
+    vis.add_argument("--out", default="trace.png", help="PNG file to write (default: trace.png)")
+    vis.add_argument("--gif", default=None, help="also write an animated GIF, one frame per iteration")
+    vis.add_argument("--json", action="store_true", help="print the written files and the trace as JSON")
+    _model_options(vis)
+    _decoding_options(vis)
+    vis.set_defaults(func=_visualize)
+
+    bench = sub.add_parser("bench", help="accuracy and speed on the synthetic held-out tasks",
+                           description="Decode the synthetic held-out tasks with AR (transformers generate) and the "
+                           "named presets ('model' = the checkpoint's refusion.json); print accuracy, forwards, "
+                           "tokens per forward, wall time and ratios to AR.")
+    bench.add_argument("--per-task", type=int, default=10, help="held-out examples per task (default 10)")
+    bench.add_argument("--method", action="append", default=None, metavar="PRESET",
+                       help="a preset to measure (repeatable; default: model, ar, fast-dllm)")
+    bench.add_argument("--gen-length", type=int, default=32, help="tokens to generate per prompt (default 32)")
+    bench.add_argument("--json", action="store_true", help="print the rows as JSON")
+    _model_options(bench)
+    bench.set_defaults(func=_bench)
+
+    ev = sub.add_parser("eval", help="run lm-evaluation-harness tasks with a refusion strategy",
+                        description="Run EleutherAI lm-evaluation-harness tasks with the `refusion` model type "
+                        "(needs `pip install refusion[eval]`).")
+    ev.add_argument("--tasks", required=True, help="comma-separated task names")
+    ev.add_argument("--model-args", default="", help="e.g. pretrained=DIR,preset=gsm8k,selector=topk,k=2")
+    ev.add_argument("--include-path", default=None, help="directory with extra task YAML files")
+    ev.add_argument("--limit", type=int, default=None, help="examples per task")
+    ev.add_argument("--json", action="store_true", help="compact JSON")
+    ev.set_defaults(func=_eval)
+
+    train = sub.add_parser(
+        "train", help="train a small ReFusion model on the synthetic tasks (CPU)",
+        description="Train the Qwen3-architecture ReFusion model that ships with refusion (defaults reproduce it).",
+    )
+    train.add_argument("--out", required=True, help="output directory (weights, config, tokenizer)")
+    train.add_argument("--seed", type=int, default=0, help="seed of the data, masks and initial weights")
+    train.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the shipped model's)")
+    train.add_argument("--batch-size", type=int, default=None, help="examples per step")
+    train.add_argument("--threads", type=int, default=None, help="torch threads (weights are reproducible per count)")
+    train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    train.set_defaults(func=_train)
+
+    plugins = sub.add_parser("plugins", help="list registered strategies and model adapters",
+                             description="List every registered part: kind, name, source (built-in or package), "
+                             "class and parameters with defaults.")
+    plugins.add_argument("--json", action="store_true", help="print JSON")
+    plugins.set_defaults(func=_plugins)
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -75,14 +75,6 @@ PRESETS: dict[str, Preset] = {
         partitioner="semi-ar",
         infiller="draft",
     ),
-    "fast-dllm-dual": Preset(
-        description="Fast-dLLM threshold decoding with its dual cache, for bidirectional models",
-        gen_length=128,
-        params=dict(block_length=32, slot_size=1, slot_threshold=0.9),
-        partitioner="semi-ar",
-        infiller="draft",
-        reorderer="dual-cache",
-    ),
     "ar": Preset(
         description="left-to-right lossless decoding: equals greedy autoregressive decoding",
         gen_length=128,
@@ -91,6 +83,13 @@ PRESETS: dict[str, Preset] = {
         infiller="greedy-verify",
     ),
 }
+
+
+PRESETS["fast-dllm-dual"] = attrs.evolve(
+    PRESETS["fast-dllm"],
+    description="Fast-dLLM threshold decoding with its dual cache, for bidirectional models",
+    reorderer="dual-cache",
+)
 
 
 def preset(name: str) -> Preset:

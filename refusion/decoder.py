@@ -44,7 +44,10 @@ def _part(kind: type):
 class Decoder:
     """Plan-and-infill decoding with four interchangeable parts.
 
-    ``sample`` turns logits into drafts (default: greedy). ``calls_per_token``
+    ``sample`` turns logits into drafts (default: greedy; see
+    :class:`~refusion.sampling.Sampling` for temperature, top-k and top-p);
+    each prompt draws from its own generator seeded with ``seed``, so a decode
+    is reproducible and the same alone or in a batch. ``calls_per_token``
     bounds an infiller's model calls per iteration (``calls_per_token`` x the
     chosen tokens, plus 8); an infiller that exceeds it is stopped with an
     error naming it. ``engine`` runs the model calls: ``"branch"`` (batched,
@@ -63,7 +66,8 @@ class Decoder:
     sample: Sampler = greedy
     calls_per_token: int = attrs.field(default=4, validator=positive_int)
     engine: str = attrs.field(default="branch", validator=lambda i, a, v: _check_engine(v))
-    stop_at_eos: bool = True
+    stop_at_eos: bool = attrs.field(default=True, validator=lambda i, a, v: _check_bool(a.name, v))
+    seed: int = attrs.field(default=0, validator=lambda i, a, v: _check_seed(v))
 
     @classmethod
     def from_names(
@@ -78,10 +82,21 @@ class Decoder:
 
         ``params`` go to whichever part declares them (``slot_size=``,
         ``token_threshold=``, ...) or, spelled ``"selector.k"``, to one part.
+        The decoder's own options (``engine``, ``seed``, ``stop_at_eos``,
+        ``calls_per_token``, ``sample``) and the sampling shorthands
+        ``temperature``, ``top_k``, ``top_p`` are taken out first.
         """
         from refusion.config import build_parts
+        from refusion.sampling import Sampling
 
-        return cls(**build_parts(partitioner=partitioner, selector=selector, infiller=infiller, reorderer=reorderer, params=params))
+        own = {k: params.pop(k) for k in DECODER_OPTIONS if k in params}
+        shorthands = {k: params.pop(k) for k in ("temperature", "top_k", "top_p") if k in params}
+        if shorthands:
+            if "sample" in own:
+                raise ConfigError("Pass either `sample` or `temperature`/`top_k`/`top_p`, not both.")
+            own["sample"] = Sampling(**shorthands)
+        parts = build_parts(partitioner=partitioner, selector=selector, infiller=infiller, reorderer=reorderer, params=params)
+        return cls(**parts, **own)
 
     # -- running -------------------------------------------------------------
     def session(self, model: ModelAdapter, prompt_ids: Any, gen_length: int, *, store: Any = None) -> "DecodeSession":
@@ -147,12 +162,23 @@ def _states_kv_shape(model: ModelAdapter) -> bool:
     return True
 
 
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"`{name}` must be True or False; got {value!r}.")
+
+
+def _check_seed(value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"`seed` must be an integer >= 0; got {value!r}.")
+
+
 def _check_engine(value: str) -> None:
     if value not in ENGINES:
         raise ConfigError(f"`engine` must be one of {', '.join(ENGINES)}; got {value!r}.")
 
 
 ENGINES = ("branch", "repeat")
+DECODER_OPTIONS = ("engine", "seed", "stop_at_eos", "calls_per_token", "sample")
 
 
 def _run_batched(decoder: Decoder, model: ModelAdapter, prompts: Sequence[Any], gen_length: int) -> list[DecodeResult]:
@@ -249,6 +275,11 @@ class DecodeSession:
         self.eos_offset: int | None = None
         self.steps: list[StepRecord] = []
         self.forwards = 0
+        self.generator = torch.Generator().manual_seed(decoder.seed)
+
+    def sample(self, logits: torch.Tensor, exclude: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoder's sampler, bound to this prompt's generator."""
+        return self.decoder.sample(logits, exclude=exclude, generator=self.generator)
 
     def run(self) -> DecodeResult:
         """Run :meth:`program` to the end, one model forward per call."""
@@ -290,7 +321,7 @@ class DecodeSession:
                     last_logits=self.cache.last_logits,
                     last_position=self.cache.last_position,
                     context_length=len(self.cache),
-                    sampler=d.sample,
+                    sampler=self.sample,
                 )
                 budget = d.calls_per_token * sum(plan.slots[i].length for i in chosen) + 8
                 program = _call_part(d.infiller, d.infiller.infill, ctx, plan, chosen)
@@ -317,11 +348,11 @@ class DecodeSession:
         positions = torch.cat([torch.arange(s.offset, s.stop) for s in slots]) + self.prompt_len
         masks = torch.full_like(positions, self.model.mask_token_id)
         (out,) = yield ModelCall.of(Extend(Branch(), masks, positions))
-        tokens, confidence = self.decoder.sample(out.logits, exclude=self.model.mask_token_id)
+        tokens, confidence = self.sample(out.logits, exclude=self.model.mask_token_id)
         offsets = [0]
         for s in slots:
             offsets.append(offsets[-1] + s.length)
-        return Plan(slots, positions.to(tokens.device), out.logits, tokens, confidence, tuple(offsets))
+        return Plan(slots, positions.to(tokens.device), out.logits, tokens, confidence, tuple(offsets), self.generator)
 
     def _apply_eos(self, result: InfillResult) -> InfillResult:
         """Cut the answer at the earliest EOS: truncate its slot, drop every slot after it."""
@@ -380,6 +411,7 @@ class DecodeSession:
             forwards=self.forwards,
             steps=tuple(self.steps),
             stopped_at_eos=self.eos_offset is not None,
+            extra={"all_tokens": [int(t) if s >= 0 else -1 for t, s in zip(self.tokens.tolist(), self.commit_step.tolist())]},
         )
 
 

@@ -1,24 +1,32 @@
 """Turning logits into draft tokens and their confidences.
 
 A sampler is a small callable, in the spirit of transformers' LogitsProcessor:
-it receives logits of shape ``(n, vocab)`` and the id it must never pick
-(``exclude``: the mask token), and returns ``(tokens, confidence)``, both of
-shape ``(n,)``, where ``confidence`` is the probability the model gives the
-chosen token. It must not modify the logits in place.
+``sampler(logits, exclude=None, generator=None)`` receives logits of shape
+``(n, vocab)``, the id it must never pick (the mask token) and the decode's
+``torch.Generator``, and returns ``(tokens, confidence)``, both of shape
+``(n,)``, where ``confidence`` is the probability of the chosen token under the
+distribution it was drawn from. It must not modify the logits in place.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
+import attrs
 import torch
+
+from refusion.errors import bad_value
 
 
 class Sampler(Protocol):
-    def __call__(self, logits: torch.Tensor, exclude: int | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def __call__(
+        self, logits: torch.Tensor, exclude: int | None = None, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
-def greedy(logits: torch.Tensor, exclude: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def greedy(
+    logits: torch.Tensor, exclude: int | None = None, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Argmax token (never ``exclude``) and its softmax probability (the reference's rule at temperature 0).
 
     Runs the fused Triton kernel on CUDA tensors, the torch reference elsewhere
@@ -36,3 +44,52 @@ def token_probability(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tenso
     threshold decisions on bf16 models match it.
     """
     return torch.softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def _temperature(instance, attribute, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise bad_value(attribute.name, value, "a number >= 0 (0 = greedy)")
+
+
+def _top_k(instance, attribute, value):
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise bad_value(attribute.name, value, "None or an integer >= 1")
+
+
+def _top_p(instance, attribute, value):
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1):
+        raise bad_value(attribute.name, value, "None or a number in (0, 1]")
+
+
+@attrs.frozen
+class Sampling:
+    """Temperature sampling with optional top-k and top-p (nucleus) filtering.
+
+    ``temperature=0`` is greedy (the fused kernel path). Otherwise the logits
+    are divided by ``temperature``, filtered to the ``top_k`` best and to the
+    smallest set whose probability reaches ``top_p``, and a token is drawn with
+    the decode's generator; its confidence is its probability under that
+    filtered, tempered distribution. The mask token is never drawn.
+    """
+
+    temperature: float = attrs.field(default=0.0, validator=_temperature)
+    top_k: int | None = attrs.field(default=None, validator=_top_k)
+    top_p: float | None = attrs.field(default=None, validator=_top_p)
+
+    def __call__(self, logits, exclude=None, generator=None):
+        if self.temperature == 0:
+            return greedy(logits, exclude)
+        x = logits.float() / self.temperature
+        if exclude is not None:
+            x = x.index_fill(-1, torch.tensor([exclude], device=x.device), float("-inf"))
+        if self.top_k is not None and self.top_k < x.shape[-1]:
+            kth = torch.topk(x, self.top_k, dim=-1).values[..., -1:]
+            x = x.masked_fill(x < kth, float("-inf"))
+        if self.top_p is not None and self.top_p < 1:
+            ordered, order = torch.sort(x, dim=-1, descending=True)
+            cumulative = torch.softmax(ordered, dim=-1).cumsum(-1)
+            drop = cumulative - torch.softmax(ordered, dim=-1) >= self.top_p  # keep the first token that crosses
+            x = x.scatter(-1, order, ordered.masked_fill(drop, float("-inf")))
+        probs = torch.softmax(x, dim=-1)
+        tokens = torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(logits.device)
+        return tokens, probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).to(logits.dtype)

@@ -59,6 +59,8 @@ class Plan:
     flat tensors: slot ``i`` occupies rows ``offsets[i]:offsets[i+1]``.
     ``positions``, ``tokens`` (draft ids) and ``confidence`` (probability of
     each draft token) have shape ``(n,)``; ``logits`` has shape ``(n, vocab)``.
+    ``generator`` is the prompt's random generator (seeded by the decoder's
+    ``seed``), for selectors that draw at random.
     """
 
     slots: tuple[Slot, ...]
@@ -67,6 +69,7 @@ class Plan:
     tokens: torch.Tensor
     confidence: torch.Tensor
     offsets: tuple[int, ...]
+    generator: torch.Generator | None = None
 
     def __len__(self) -> int:
         return len(self.slots)

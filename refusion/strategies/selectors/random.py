@@ -17,18 +17,18 @@ from refusion.validators import positive_int
 class RandomSlots(SlotSelector):
     """``k`` slots chosen uniformly at random (LLaDA, arXiv 2502.09992, "random remasking").
 
-    The draw depends only on ``seed`` and the plan's positions, so a sequence
-    decodes the same alone or in a batch, and the same on every run.
+    Draws from the prompt's generator (``plan.generator``, seeded by the
+    decoder's ``seed``), so a prompt decodes the same alone or in a batch, and
+    the same on every run with the same seed.
     """
 
     name = "random"
 
     k: int = attrs.field(default=1, validator=positive_int)
-    seed: int = 0
 
     def select(self, plan: Plan) -> Sequence[int]:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + int(plan.positions[0]) * 7919 + len(plan))
-        return torch.randperm(len(plan), generator=g)[: self.k].tolist()
+        generator = plan.generator if plan.generator is not None else torch.Generator().manual_seed(0)
+        return torch.randperm(len(plan), generator=generator)[: self.k].tolist()
 
 
 @hookimpl

@@ -1,0 +1,113 @@
+"""Pictures of a decode: when each position of the answer was committed.
+
+``render_png(result, path)`` draws the generation region as rows of slots;
+each cell shows its token and is coloured by the iteration that committed it,
+like the figure that explains ReFusion. ``render_gif(result, path)`` animates
+the same, one frame per iteration (committed cells appear, masks stay grey).
+Needs matplotlib and Pillow (``pip install refusion[viz]``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from refusion.errors import ConfigError
+from refusion.state import DecodeResult
+
+
+def _labels(result: DecodeResult, tokenizer: Any) -> list[str]:
+    g = result.partition.gen_length
+    labels = []
+    for i in range(g):
+        if result.commit_step[i] < 0:
+            labels.append("")
+            continue
+        token = int(_all_tokens(result)[i])
+        if tokenizer is not None and token == getattr(tokenizer, "eos_token_id", None):
+            text = "EOS"
+        else:
+            text = tokenizer.decode([token]) if tokenizer is not None else str(token)
+        labels.append({" ": "␣", "": "∅"}.get(text, text)[:4])
+    return labels
+
+
+def _all_tokens(result: DecodeResult) -> Sequence[int]:
+    return result.extra.get("all_tokens", result.tokens.tolist() + [-1] * (result.partition.gen_length - len(result.tokens)))
+
+
+def _figure(result: DecodeResult, tokenizer: Any, upto: int | None, title: str | None):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import Normalize
+
+    slots = result.partition.slots
+    width = max(s.length for s in slots)
+    per_row = max(1, min(len(slots), 64 // width))
+    rows = -(-len(slots) // per_row)
+    steps = max(len(result.steps), 1)
+    cmap = plt.get_cmap("viridis")
+    norm = Normalize(vmin=0, vmax=max(steps - 1, 1))
+    labels = _labels(result, tokenizer)
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.32 * per_row * width + 1.5), 0.45 * rows + 1.2), dpi=110)
+    for slot in slots:
+        r, c = divmod(slot.index, per_row)
+        x0 = c * width
+        for j in range(slot.length):
+            pos = slot.offset + j
+            step = int(result.commit_step[pos])
+            shown = step >= 0 and (upto is None or step <= upto)
+            face = cmap(norm(step)) if shown else (0.88, 0.88, 0.88, 1.0)
+            ax.add_patch(plt.Rectangle((x0 + j, -r), 0.96, 0.9, facecolor=face, edgecolor="white"))
+            if shown:
+                ax.text(x0 + j + 0.48, -r + 0.45, labels[pos], ha="center", va="center", fontsize=7,
+                        color="white" if norm(step) < 0.6 else "black")
+        ax.add_patch(plt.Rectangle((x0 - 0.02, -r - 0.02), slot.length, 0.94, fill=False, edgecolor="black", lw=0.8))
+    ax.set_xlim(-0.2, per_row * width + 0.2)
+    ax.set_ylim(-rows + 0.9, 1.1)
+    ax.axis("off")
+    sm = plt.cm.ScalarMappable(cmap=cmap, norm=norm)
+    fig.colorbar(sm, ax=ax, fraction=0.03, pad=0.01, label="iteration")
+    done = "all" if upto is None else f"{upto + 1}/{steps}"
+    ax.set_title(title or f"{len(slots)} slots, {steps} iterations ({done}), {result.forwards} forwards, "
+                 f"{result.tokens_per_forward:.2f} tokens/forward", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def _check(result: Any, path: Any) -> Path:
+    if not isinstance(result, DecodeResult):
+        raise ConfigError(f"`result` must be a DecodeResult; got {type(result).__name__}.")
+    return Path(path)
+
+
+def render_png(result: DecodeResult, path: str | Path, *, tokenizer: Any = None, title: str | None = None) -> Path:
+    """Write the commit picture of ``result`` to ``path`` (PNG); return the path."""
+    import matplotlib.pyplot as plt
+
+    out = _check(result, path)
+    fig = _figure(result, tokenizer, None, title)
+    fig.savefig(out, format="png")
+    plt.close(fig)
+    return out
+
+
+def render_gif(result: DecodeResult, path: str | Path, *, tokenizer: Any = None, ms_per_frame: int = 600) -> Path:
+    """Write an animated GIF of ``result``, one frame per iteration; return the path."""
+    import io
+
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    out = _check(result, path)
+    frames = []
+    for step in range(max(len(result.steps), 1)):
+        fig = _figure(result, tokenizer, step, None)
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        plt.close(fig)
+        frames.append(Image.open(io.BytesIO(buf.getvalue())).convert("P", palette=Image.Palette.ADAPTIVE))
+    frames[0].save(out, save_all=True, append_images=frames[1:], duration=ms_per_frame, loop=0)
+    return out

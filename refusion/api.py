@@ -11,12 +11,18 @@ from refusion.models.base import ModelAdapter
 from refusion.state import DecodeResult
 
 
-def load_model(model: Any = None, *, tokenizer: Any = None, **adapter_kwargs: Any) -> ModelAdapter:
+def load_model(model: Any = None, *, tokenizer: Any = None, adapter: str = "hf-causal", **adapter_kwargs: Any) -> ModelAdapter:
     """A :class:`ModelAdapter` from an adapter, a transformers model or a checkpoint path.
 
-    ``None`` means the default model shipped with refusion.
+    ``None`` means the default model shipped with refusion. ``adapter`` names
+    the registered model adapter for paths and transformers models
+    (``hf-causal``; ``hf-mdm`` for bidirectional LLaDA/Dream-style models, with
+    ``logit_shift=``); other keywords go to the adapter and to transformers'
+    ``from_pretrained`` (``dtype``, ``device``, ``device_map``, ...).
     """
-    from refusion.models.hf import HFCausalLM
+    from refusion.registry import registry
+
+    adapter_cls = registry().get("model_adapter", adapter)
 
     if isinstance(model, ModelAdapter):
         if tokenizer is not None:
@@ -28,14 +34,14 @@ def load_model(model: Any = None, *, tokenizer: Any = None, **adapter_kwargs: An
         model = str(default_model_path())
     if isinstance(model, str):
         try:
-            adapter = HFCausalLM.from_pretrained(model, **adapter_kwargs)
+            loaded = adapter_cls.from_pretrained(model, **adapter_kwargs)
         except OSError as exc:
             raise ConfigError(f"`model` {model!r} could not be loaded as a checkpoint: {exc}") from exc
         if tokenizer is not None:
-            adapter.tokenizer = tokenizer
-        return adapter
+            loaded.tokenizer = tokenizer
+        return loaded
     if hasattr(model, "config") and callable(model):
-        return HFCausalLM(model, tokenizer, **adapter_kwargs)
+        return adapter_cls(model, tokenizer, **adapter_kwargs)
     raise ConfigError(f"`model` must be a ModelAdapter, a transformers model or a path; got {type(model).__name__}.")
 
 
@@ -54,6 +60,35 @@ def encode_prompt(prompt: Any, tokenizer: Any, chat: bool | None) -> list[int]:
     return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
 
+def build_decoder(
+    adapter: ModelAdapter,
+    *,
+    preset: str | None = None,
+    partitioner: Any = None,
+    selector: Any = None,
+    infiller: Any = None,
+    reorderer: Any = None,
+    **params: Any,
+) -> tuple[Decoder, int]:
+    """The decoder :func:`generate` would use, and the preset's generation length.
+
+    ``preset`` defaults to the checkpoint's own ``refusion.json``, else ``"paper"``;
+    explicit parts and ``params`` override the preset (a preset parameter is
+    dropped when the part it belongs to is replaced).
+    """
+    if preset is not None:
+        chosen = get_preset(preset)
+    else:
+        chosen = getattr(adapter, "preset", None) or get_preset("paper")
+    specs = chosen.parts()
+    for kind, spec in zip(PART_KINDS, (partitioner, selector, infiller, reorderer)):
+        if spec is not None:
+            specs[kind] = spec
+    merged = {key: value for key, value in chosen.params.items() if _applies(key, specs, chosen)}
+    merged.update(params)
+    return Decoder.from_names(**specs, **merged), chosen.gen_length
+
+
 def generate(
     prompt: Any,
     model: Any = None,
@@ -66,37 +101,31 @@ def generate(
     selector: Any = None,
     infiller: Any = None,
     reorderer: Any = None,
+    seeds: Any = None,
     **params: Any,
-) -> DecodeResult:
+) -> Any:
     """Decode ``prompt`` (text or token ids) with ReFusion's plan-and-infill algorithm.
 
     A list of prompts (texts or token-id lists) is decoded as one batch and
-    gives a list of results, in order. ``preset`` picks part names, parameters and ``gen_length`` (default
-    ``"paper"``); explicit part specs, ``gen_length`` and ``params`` (e.g.
-    ``slot_size=16``, ``token_threshold=0.5``, ``"selector.k"=2``) override it.
-    Returns a :class:`~refusion.state.DecodeResult` with ``text`` when a
+    gives a list of results, in order (``seeds`` gives each its own sampling
+    seed). ``preset`` picks part names, parameters and ``gen_length`` (default:
+    the checkpoint's own ``refusion.json`` if it has one, else ``"paper"``);
+    explicit part specs, ``gen_length`` and ``params`` (e.g. ``slot_size=16``,
+    ``token_threshold=0.5``, ``temperature=0.7``, ``"selector.k"=2``) override
+    it. Returns :class:`~refusion.state.DecodeResult` (s) with ``text`` when a
     tokenizer is known.
     """
     adapter = load_model(model, tokenizer=tokenizer)
-    if preset is not None:
-        chosen = get_preset(preset)
-    else:
-        chosen = getattr(adapter, "preset", None) or get_preset("paper")
-    specs = chosen.parts()
-    for kind, spec in zip(PART_KINDS, (partitioner, selector, infiller, reorderer)):
-        if spec is not None:
-            specs[kind] = spec
-    merged = {
-        key: value
-        for key, value in chosen.params.items()
-        if _applies(key, specs, chosen)
-    }
-    merged.update(params)
-    decoder = Decoder.from_names(**specs, **merged)
-    length = chosen.gen_length if gen_length is None else gen_length
+    decoder, default_length = build_decoder(
+        adapter, preset=preset, partitioner=partitioner, selector=selector, infiller=infiller, reorderer=reorderer,
+        **params,
+    )
+    length = default_length if gen_length is None else gen_length
     if is_batch(prompt):
         ids = [encode_prompt(p, adapter.tokenizer, chat) for p in prompt]
-        return decoder.decode_batch(adapter, ids, length)
+        return decoder.decode_batch(adapter, ids, length, seeds=seeds)
+    if seeds is not None:
+        raise ConfigError("`seeds` is for a list of prompts; for one prompt pass `seed=`.")
     return decoder.decode(adapter, encode_prompt(prompt, adapter.tokenizer, chat), length)
 
 

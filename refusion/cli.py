@@ -45,6 +45,10 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--dtype", default="auto", help="model dtype: auto, float32, bfloat16, ...")
     group.add_argument("--mask-token-id", type=int, default=None, help="mask token id, if the checkpoint does not say")
     group.add_argument("--eos-token-id", type=int, action="append", default=None, help="EOS id (repeatable)")
+    group.add_argument("--adapter", default="hf-causal",
+                       help="model adapter: hf-causal (ReFusion and other causal LMs) or hf-mdm (bidirectional MDMs)")
+    group.add_argument("--logit-shift", type=int, default=0, choices=(0, 1),
+                       help="with --adapter hf-mdm: 0 = LLaDA-style, 1 = Dream-style (logits predict the next position)")
 
 
 def _decoding_options(parser: argparse.ArgumentParser) -> None:
@@ -89,16 +93,30 @@ def _load(args: argparse.Namespace):
         raise ConfigError(f"`--dtype` must be auto or a torch dtype name such as float32 or bfloat16; got {args.dtype!r}.")
     kwargs: dict[str, Any] = {"dtype": dtype}
     for flag, key in (("device", "device"), ("mask_token_id", "mask_token_id"), ("eos_token_id", "eos_token_id")):
-        if getattr(args, flag):
+        if getattr(args, flag) is not None:
             kwargs[key] = getattr(args, flag)
-    return load_model(args.model, **kwargs)
+    if args.adapter == "hf-mdm":
+        kwargs["logit_shift"] = args.logit_shift
+    return load_model(args.model, adapter=args.adapter, **kwargs)
+
+
+NAMED = ("gen_length", "preset", "chat", "partitioner", "selector", "infiller", "reorderer")
 
 
 def _decode(args: argparse.Namespace, prompts: list[Any], model: Any) -> list[Any]:
     from refusion.api import generate
 
     params = dict(args.param)
-    params.update({key: getattr(args, flag) for flag, key in FLAG_PARAMS if getattr(args, flag) is not None})
+    for key in NAMED:  # `-p selector=topk` means `--selector topk`
+        if key in params:
+            if getattr(args, key) is not None:
+                raise ConfigError(f"`{key}` is given twice (as an option and as -p {key}=...); keep one.")
+            setattr(args, key, params.pop(key))
+    for flag, key in FLAG_PARAMS:
+        if getattr(args, flag) is not None:
+            if key in params:
+                raise ConfigError(f"`{key}` is given twice (as an option and as -p {key}=...); keep one.")
+            params[key] = getattr(args, flag)
     return generate(prompts, model, gen_length=args.gen_length, preset=args.preset, chat=args.chat,
                     partitioner=args.partitioner, selector=args.selector, infiller=args.infiller,
                     reorderer=args.reorderer, **params)

@@ -99,23 +99,38 @@ class Decoder:
         return cls(**parts, **own)
 
     # -- running -------------------------------------------------------------
-    def session(self, model: ModelAdapter, prompt_ids: Any, gen_length: int, *, store: Any = None) -> "DecodeSession":
+    def session(
+        self, model: ModelAdapter, prompt_ids: Any, gen_length: int, *, store: Any = None, seed: int | None = None
+    ) -> "DecodeSession":
         """Validate the input and set up the decode of one prompt (not started yet).
 
         ``store`` holds the sequence's keys/values (default: a
-        :class:`~refusion.cache.stores.DynamicStore`, as the ``repeat`` engine uses).
+        :class:`~refusion.cache.stores.DynamicStore`, as the ``repeat`` engine uses);
+        ``seed`` seeds its sampling generator (default: the decoder's ``seed``).
         """
         prompt = check_prompt(prompt_ids, model)
-        partition = checked_partition(
-            self.partitioner, _call_part(self.partitioner, self.partitioner.partition, gen_length), gen_length
-        )
-        check_length(model, prompt.shape[0], partition.gen_length)
+        partition = self.partition(gen_length)
+        check_length(model, prompt.shape[0], partition.gen_length, self)
         self.check_model(model)
         cache = SequenceCache(store if store is not None else DynamicStore(model.new_cache()), prompt,
                               torch.arange(prompt.shape[0]))
         cache.canvas_stop = prompt.shape[0] + partition.gen_length
         cache.eos_fill = min(model.eos_token_ids) if model.eos_token_ids else None
-        return DecodeSession(self, model, cache, partition)
+        return DecodeSession(self, model, cache, partition, self.seed if seed is None else seed)
+
+    def partition(self, gen_length: int) -> Partition:
+        """The partitioner's (checked) partition of ``gen_length`` tokens."""
+        p = self.partitioner
+        return checked_partition(p, _call_part(p, p.partition, gen_length), gen_length)
+
+    def fit_length(self, gen_length: int) -> int:
+        """The smallest generation length >= ``gen_length`` the partitioner accepts, after its rounding."""
+        for n in range(max(1, gen_length), max(1, gen_length) + 65536):
+            try:
+                return self.partition(n).gen_length
+            except ConfigError:
+                continue
+        raise ConfigError(f"No generation length from {gen_length} on fits the partitioner {self.partitioner!r}.")
 
     def check_model(self, model: ModelAdapter) -> None:
         """Refuse a model that lacks a capability one of the parts requires."""
@@ -133,25 +148,51 @@ class Decoder:
         return self.decode_batch(model, [prompt_ids], gen_length, tokenizer=tokenizer)[0]
 
     def decode_batch(
-        self, model: ModelAdapter, prompts: Sequence[Any], gen_length: int, *, tokenizer: Any = None
+        self,
+        model: ModelAdapter,
+        prompts: Sequence[Any],
+        gen_length: int,
+        *,
+        tokenizer: Any = None,
+        seeds: Sequence[int] | None = None,
     ) -> list[DecodeResult]:
         """Decode several prompts (of any lengths) together; results come back in prompt order.
 
-        Each prompt keeps its own slots, progress and stopping point; the result
-        of a prompt is the same as decoding it alone.
+        Each prompt keeps its own slots, progress, stopping point and sampling
+        generator (seeded by ``seeds[i]``, default: the decoder's ``seed``); a
+        prompt's result is the same as decoding it alone (exactly in fp32/fp64;
+        in bf16 the batch's padding can shift rounding and flip a close call).
         """
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not len(prompts):
             raise ConfigError("`prompts` must be a non-empty list of token-id sequences.")
+        if seeds is not None:
+            seeds = list(seeds)
+            if len(seeds) != len(prompts) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seeds):
+                raise ConfigError(f"`seeds` must hold one integer >= 0 per prompt ({len(prompts)}); got {seeds!r}.")
         if not model.capabilities.causal:
-            results = _run_canvas(self, model, prompts, gen_length)
-        elif self.engine == "repeat" or not _states_kv_shape(model):
-            results = [self.session(model, p, gen_length).run() for p in prompts]
+            results = _run_canvas(self, model, prompts, gen_length, seeds)
+        elif self.engine == "repeat" or not _states_kv_shape(model) or not _takes_custom_masks(model):
+            results = [self.session(model, p, gen_length, seed=None if seeds is None else seeds[i]).run()
+                       for i, p in enumerate(prompts)]
         else:
-            results = _run_batched(self, model, prompts, gen_length)
+            results = _run_batched(self, model, prompts, gen_length, seeds)
         tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
         if tok is not None:
             results = [attrs.evolve(r, text=tok.decode(r.tokens.tolist(), skip_special_tokens=True)) for r in results]
         return results
+
+
+def _takes_custom_masks(model: ModelAdapter) -> bool:
+    """The branch engine passes 4-D masks: only sdpa and eager attention apply them."""
+    config = getattr(getattr(model, "model", None), "config", None)
+    impl = getattr(config, "_attn_implementation", "sdpa") if config is not None else "sdpa"
+    if impl in ("sdpa", "eager"):
+        return True
+    import warnings
+
+    warnings.warn(f"attention implementation {impl!r} cannot apply custom 4-D masks; using the 'repeat' engine.",
+                  stacklevel=3)
+    return False
 
 
 def _states_kv_shape(model: ModelAdapter) -> bool:
@@ -181,27 +222,29 @@ ENGINES = ("branch", "repeat")
 DECODER_OPTIONS = ("engine", "seed", "stop_at_eos", "calls_per_token", "sample")
 
 
-def _run_batched(decoder: Decoder, model: ModelAdapter, prompts: Sequence[Any], gen_length: int) -> list[DecodeResult]:
+def _run_batched(decoder: Decoder, model: ModelAdapter, prompts: Sequence[Any], gen_length: int,
+                 seeds: Sequence[int] | None) -> list[DecodeResult]:
     """Run every prompt's program on one :class:`~refusion.cache.batched.BranchExecutor`."""
     from refusion.cache.batched import BranchExecutor
     from refusion.cache.stores import PreallocatedKV
 
     layers, heads, dim, dtype = model.kv_shape()
-    checked = [check_prompt(p, model) for p in prompts]
-    region = decoder.partitioner.partition(gen_length).gen_length
-    capacity = max(len(p) for p in checked) + region
+    region = decoder.partition(gen_length).gen_length
+    capacity = max(len(check_prompt(p, model)) for p in prompts) + region
     buffer = PreallocatedKV(layers, len(prompts), heads, 2 * capacity + 64, dim, dtype=dtype, device=model.device)
-    sessions = {i: decoder.session(model, p, gen_length, store=buffer.row(i)) for i, p in enumerate(checked)}
+    sessions = {i: decoder.session(model, p, gen_length, store=buffer.row(i), seed=None if seeds is None else seeds[i])
+                for i, p in enumerate(prompts)}
     executor = BranchExecutor(model, buffer, {i: s.cache for i, s in sessions.items()})
     return _drive(sessions, executor)
 
 
-def _run_canvas(decoder: Decoder, model: ModelAdapter, prompts: Sequence[Any], gen_length: int) -> list[DecodeResult]:
+def _run_canvas(decoder: Decoder, model: ModelAdapter, prompts: Sequence[Any], gen_length: int,
+                seeds: Sequence[int] | None) -> list[DecodeResult]:
     """Run every prompt's program on a :class:`~refusion.cache.canvas.CanvasExecutor` (bidirectional models)."""
     from refusion.cache.canvas import CanvasExecutor
 
-    checked = [check_prompt(p, model) for p in prompts]
-    sessions = {i: decoder.session(model, p, gen_length) for i, p in enumerate(checked)}
+    sessions = {i: decoder.session(model, p, gen_length, seed=None if seeds is None else seeds[i])
+                for i, p in enumerate(prompts)}
     return _drive(sessions, CanvasExecutor(model, {i: s.cache for i, s in sessions.items()}))
 
 
@@ -214,8 +257,9 @@ def _drive(sessions: dict[int, "DecodeSession"], executor: Any) -> list[DecodeRe
         while calls:
             outputs = executor.run(calls)
             following = {}
+            counts = getattr(executor, "last_counts", {})
             for i, out in outputs.items():
-                sessions[i].forwards += 1
+                sessions[i].forwards += counts.get(i, 1)
                 try:
                     following[i] = programs[i].send(out)
                 except StopIteration as stop:
@@ -246,12 +290,22 @@ def check_prompt(prompt_ids: Any, model: ModelAdapter) -> torch.Tensor:
     return prompt
 
 
-def check_length(model: ModelAdapter, prompt_len: int, gen_length: int) -> None:
+def check_length(model: ModelAdapter, prompt_len: int, gen_length: int, decoder: "Decoder | None" = None) -> None:
     limit = model.max_positions
     if limit is not None and prompt_len + gen_length > limit:
+        room, best = limit - prompt_len, None
+        if decoder is not None:
+            for n in range(room, 0, -1):  # the longest request that still fits after the partitioner's rounding
+                try:
+                    if decoder.partition(n).gen_length <= room:
+                        best = n
+                        break
+                except ConfigError:
+                    continue
+        hint = f"use gen_length <= {best}" if best else "use a shorter prompt or a smaller slot/block size"
         raise ConfigError(
-            f"`gen_length` ({gen_length} after rounding to whole slots) plus the prompt ({prompt_len} tokens) "
-            f"exceeds the model's maximum of {limit} positions; use gen_length <= {limit - prompt_len}."
+            f"`gen_length` ({gen_length} after rounding to whole slots/blocks) plus the prompt ({prompt_len} tokens) "
+            f"exceeds the model's maximum of {limit} positions; {hint}."
         )
 
 
@@ -262,7 +316,7 @@ class DecodeSession:
     executes it against the model. ``cache`` stays inspectable afterwards.
     """
 
-    def __init__(self, decoder: Decoder, model: ModelAdapter, cache: SequenceCache, partition: Partition):
+    def __init__(self, decoder: Decoder, model: ModelAdapter, cache: SequenceCache, partition: Partition, seed: int = 0):
         self.decoder = decoder
         self.model = model
         self.cache = cache
@@ -275,7 +329,7 @@ class DecodeSession:
         self.eos_offset: int | None = None
         self.steps: list[StepRecord] = []
         self.forwards = 0
-        self.generator = torch.Generator().manual_seed(decoder.seed)
+        self.generator = torch.Generator().manual_seed(seed)
 
     def sample(self, logits: torch.Tensor, exclude: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The decoder's sampler, bound to this prompt's generator."""

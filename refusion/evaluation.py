@@ -22,7 +22,7 @@ import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
-from refusion.api import encode_prompt, generate, load_model
+from refusion.api import build_decoder, encode_prompt, load_model
 from refusion.errors import ConfigError
 
 
@@ -52,36 +52,41 @@ class RefusionLM(LM):
         if device:
             kwargs["device"] = device
         self.model = load_model(pretrained, **kwargs)
-        self.preset = preset
+        self.decoder, self.preset_length = build_decoder(
+            self.model, preset=preset, **{k: _parse(v) for k, v in options.items()}
+        )
         self.gen_length = None if gen_length is None else int(gen_length)
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 1
         self.chat = chat
-        self.options = {k: _parse(v) for k, v in options.items()}
-
-    def _decode(self, contexts: Sequence[str], gen_length: int | None) -> list[str]:
-        texts: list[str] = []
-        for start in range(0, len(contexts), self.batch_size):
-            chunk = list(contexts[start : start + self.batch_size])
-            results = generate(chunk, self.model, preset=self.preset, gen_length=gen_length, chat=self.chat, **self.options)
-            texts += [r.text for r in results]
-        return texts
 
     def generate_until(self, requests) -> list[str]:
-        """Decode each request's context; cut the text at the first of its ``until`` strings."""
-        out = []
-        for request in requests:
+        """Decode the requests in batches; cut each text at the first of its ``until`` strings.
+
+        The length is ``gen_length`` if given, else the task's ``max_gen_toks``
+        (else the preset's), rounded up to what the partitioner accepts.
+        """
+        jobs = []
+        for index, request in enumerate(requests):
             context, gen_kwargs = request.args
             gen_kwargs = dict(gen_kwargs or {})
             until = gen_kwargs.get("until") or []
-            if isinstance(until, str):
-                until = [until]
-            length = self.gen_length or gen_kwargs.get("max_gen_toks")
-            (text,) = self._decode([context], length)
-            for stop in until:
-                if stop and stop in text:
-                    text = text[: text.index(stop)]
-            out.append(text)
-            self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
+            until = [until] if isinstance(until, str) else list(until)
+            wanted = self.gen_length or gen_kwargs.get("max_gen_toks") or self.preset_length
+            jobs.append((self.decoder.fit_length(int(wanted)), index, context, gen_kwargs, until))
+        out: list[str] = [""] * len(jobs)
+        jobs.sort(key=lambda job: job[0])
+        for start in range(0, len(jobs), self.batch_size):
+            chunk = jobs[start : start + self.batch_size]
+            for length in sorted({job[0] for job in chunk}):
+                same = [job for job in chunk if job[0] == length]
+                ids = [encode_prompt(job[2], self.model.tokenizer, self.chat) for job in same]
+                for job, result in zip(same, self.decoder.decode_batch(self.model, ids, length)):
+                    text = result.text
+                    for stop in job[4]:
+                        if stop and stop in text:
+                            text = text[: text.index(stop)]
+                    out[job[1]] = text
+                    self.cache_hook.add_partial("generate_until", (job[2], job[3]), text)
         return out
 
     def _require_causal(self) -> None:
@@ -98,6 +103,8 @@ class RefusionLM(LM):
             tok = self.model.tokenizer
             ctx = encode_prompt(context, tok, False)
             cont = encode_prompt(continuation, tok, False)
+            if not ctx or not cont:
+                raise ConfigError("loglikelihood needs a non-empty context and continuation.")
             ids = torch.tensor([ctx + cont], device=self.model.device)
             logits = self.model.model(input_ids=ids).logits[0, len(ctx) - 1 : -1].float()
             target = torch.tensor(cont, device=logits.device)
@@ -116,7 +123,9 @@ class RefusionLM(LM):
             ids = encode_prompt(text, tok, False)
             first = tok.decode(ids[:1])
             rest = tok.decode(ids[1:])
-            (ll, _), = self.loglikelihood([SimpleNamespace(args=(first, rest))]) if ids[1:] else [(0.0, True)]
+            if not ids[1:]:
+                raise ConfigError("loglikelihood_rolling needs a text of at least two tokens.")
+            ((ll, _),) = self.loglikelihood([SimpleNamespace(args=(first, rest))])
             results.append(ll)
         return results
 

@@ -65,11 +65,14 @@ def _top_p(instance, attribute, value):
 class Sampling:
     """Temperature sampling with optional top-k and top-p (nucleus) filtering.
 
-    ``temperature=0`` is greedy (the fused kernel path). Otherwise the logits
-    are divided by ``temperature``, filtered to the ``top_k`` best and to the
-    smallest set whose probability reaches ``top_p``, and a token is drawn with
-    the decode's generator; its confidence is its probability under that
-    filtered, tempered distribution. The mask token is never drawn.
+    ``temperature`` below 1e-4 is greedy (the fused kernel path). Otherwise
+    the logits are divided by ``temperature``, filtered to the ``top_k`` best
+    and to the smallest set whose probability reaches ``top_p``, and a token is
+    drawn with the decode's generator (one uniform per row, drawn on the CPU
+    generator, so results do not depend on the device); its confidence is its
+    probability under that filtered, tempered distribution (Dream's
+    convention), so a narrow filter makes every draft confident. The mask
+    token is never drawn.
     """
 
     temperature: float = attrs.field(default=0.0, validator=_temperature)
@@ -77,7 +80,7 @@ class Sampling:
     top_p: float | None = attrs.field(default=None, validator=_top_p)
 
     def __call__(self, logits, exclude=None, generator=None):
-        if self.temperature == 0:
+        if self.temperature < 1e-4:
             return greedy(logits, exclude)
         x = logits.float() / self.temperature
         if exclude is not None:
@@ -91,5 +94,10 @@ class Sampling:
             drop = cumulative - torch.softmax(ordered, dim=-1) >= self.top_p  # keep the first token that crosses
             x = x.scatter(-1, order, ordered.masked_fill(drop, float("-inf")))
         probs = torch.softmax(x, dim=-1)
-        tokens = torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(logits.device)
+        cdf = probs.cumsum(-1)
+        u = torch.rand(probs.shape[:-1], generator=generator, dtype=torch.float64).to(probs.device)
+        tokens = torch.searchsorted(cdf, (u * cdf[..., -1:].squeeze(-1).double()).to(cdf.dtype).unsqueeze(-1))
+        tokens = tokens.squeeze(-1).clamp_max(probs.shape[-1] - 1)
+        # a zero-probability token can only be hit on a cdf plateau's edge: step to the next kept token
+        tokens = torch.where(probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) > 0, tokens, probs.argmax(-1))
         return tokens, probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).to(logits.dtype)

@@ -37,21 +37,25 @@ def _all_tokens(result: DecodeResult) -> Sequence[int]:
 
 
 def _figure(result: DecodeResult, tokenizer: Any, upto: int | None, title: str | None):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """A matplotlib Figure of its own (no pyplot state, no backend switch for the caller)."""
+    from matplotlib import colormaps
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
 
     slots = result.partition.slots
     width = max(s.length for s in slots)
     per_row = max(1, min(len(slots), 64 // width))
     rows = -(-len(slots) // per_row)
     steps = max(len(result.steps), 1)
-    cmap = plt.get_cmap("viridis")
+    cmap = colormaps["viridis"]
     norm = Normalize(vmin=0, vmax=max(steps - 1, 1))
     labels = _labels(result, tokenizer)
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.32 * per_row * width + 1.5), 0.45 * rows + 1.2), dpi=110)
+    fig = Figure(figsize=(max(4.0, 0.32 * per_row * width + 1.5), 0.45 * rows + 1.2), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
     for slot in slots:
         r, c = divmod(slot.index, per_row)
         x0 = c * width
@@ -60,15 +64,15 @@ def _figure(result: DecodeResult, tokenizer: Any, upto: int | None, title: str |
             step = int(result.commit_step[pos])
             shown = step >= 0 and (upto is None or step <= upto)
             face = cmap(norm(step)) if shown else (0.88, 0.88, 0.88, 1.0)
-            ax.add_patch(plt.Rectangle((x0 + j, -r), 0.96, 0.9, facecolor=face, edgecolor="white"))
+            ax.add_patch(Rectangle((x0 + j, -r), 0.96, 0.9, facecolor=face, edgecolor="white"))
             if shown:
                 ax.text(x0 + j + 0.48, -r + 0.45, labels[pos], ha="center", va="center", fontsize=7,
                         color="white" if norm(step) < 0.6 else "black")
-        ax.add_patch(plt.Rectangle((x0 - 0.02, -r - 0.02), slot.length, 0.94, fill=False, edgecolor="black", lw=0.8))
+        ax.add_patch(Rectangle((x0 - 0.02, -r - 0.02), slot.length, 0.94, fill=False, edgecolor="black", lw=0.8))
     ax.set_xlim(-0.2, per_row * width + 0.2)
     ax.set_ylim(-rows + 0.9, 1.1)
     ax.axis("off")
-    sm = plt.cm.ScalarMappable(cmap=cmap, norm=norm)
+    sm = ScalarMappable(cmap=cmap, norm=norm)
     fig.colorbar(sm, ax=ax, fraction=0.03, pad=0.01, label="iteration")
     done = "all" if upto is None else f"{upto + 1}/{steps}"
     ax.set_title(title or f"{len(slots)} slots, {steps} iterations ({done}), {result.forwards} forwards, "
@@ -85,12 +89,8 @@ def _check(result: Any, path: Any) -> Path:
 
 def render_png(result: DecodeResult, path: str | Path, *, tokenizer: Any = None, title: str | None = None) -> Path:
     """Write the commit picture of ``result`` to ``path`` (PNG); return the path."""
-    import matplotlib.pyplot as plt
-
     out = _check(result, path)
-    fig = _figure(result, tokenizer, None, title)
-    fig.savefig(out, format="png")
-    plt.close(fig)
+    _figure(result, tokenizer, None, title).savefig(out, format="png")
     return out
 
 
@@ -98,16 +98,13 @@ def render_gif(result: DecodeResult, path: str | Path, *, tokenizer: Any = None,
     """Write an animated GIF of ``result``, one frame per iteration; return the path."""
     import io
 
-    import matplotlib.pyplot as plt
     from PIL import Image
 
     out = _check(result, path)
     frames = []
     for step in range(max(len(result.steps), 1)):
-        fig = _figure(result, tokenizer, step, None)
         buf = io.BytesIO()
-        fig.savefig(buf, format="png")
-        plt.close(fig)
+        _figure(result, tokenizer, step, None).savefig(buf, format="png")
         frames.append(Image.open(io.BytesIO(buf.getvalue())).convert("P", palette=Image.Palette.ADAPTIVE))
     frames[0].save(out, save_all=True, append_images=frames[1:], duration=ms_per_frame, loop=0)
     return out

@@ -67,32 +67,24 @@ class BranchExecutor:
         return self.buffer.copies
 
     def compact(self, live: list[object]) -> None:
-        """Move the rows of ``live`` sequences to rows ``0:len(live)``, in that order."""
+        """Move the rows of ``live`` sequences to rows ``0:len(live)``, keeping their order.
+
+        Live sequences only ever move down into rows of finished ones (rows
+        keep the sequences' order), whose stores are detached first: they keep
+        their length but no longer own a row.
+        """
         for target, key in enumerate(live):
             store: RowStore = self.caches[key].store
             if store.row == target:
                 continue
-            occupant = next((k for k, c in self.caches.items() if c.store.row == target), None)
-            data, n = self.buffer.data, len(store)
-            if occupant is not None and occupant in live:
-                # swap the two rows' contents
-                other = self.caches[occupant].store
-                m = len(other)
-                saved = data[:, :, target, :, :m].clone()
-                data[:, :, target, :, :n] = data[:, :, store.row, :, :n]
-                data[:, :, store.row, :, :m] = saved
-                self.buffer.copies.context += (n + 2 * m) * self.buffer.token_bytes
-                lengths = self.buffer.lengths
-                lengths[target], lengths[store.row] = lengths[store.row], lengths[target]
-                other.row, store.row = store.row, target
-            else:
-                data[:, :, target, :, :n] = data[:, :, store.row, :, :n]
-                self.buffer.copies.context += n * self.buffer.token_bytes
-                self.buffer.lengths[target] = n
-                if occupant is not None:
-                    self.caches[occupant].store.row = store.row
-                    self.buffer.lengths[store.row] = len(self.caches[occupant].store)
-                store.row = target
+            for other in self.caches.values():
+                if other.store.row == target:
+                    other.store.detach()
+            n = len(store)
+            self.buffer.data[:, :, target, :, :n] = self.buffer.data[:, :, store.row, :, :n]
+            self.buffer.copies.context += n * self.buffer.token_bytes
+            self.buffer.lengths[target] = n
+            store.row = target
 
     @torch.no_grad()
     def run(self, calls: Mapping[object, ModelCall]) -> dict[object, tuple[ExtendOutput, ...]]:

@@ -61,6 +61,8 @@ class CanvasExecutor:
 
     def run(self, calls: Mapping[object, ModelCall]) -> dict[object, tuple[ExtendOutput, ...]]:
         self.epoch.value += 1
+        #: model forwards each sequence used in the last run (one per extend)
+        self.last_counts = {key: len(call.extends) for key, call in calls.items()}
         return {key: tuple(self._extend(self.caches[key], e) for e in call.extends) for key, call in calls.items()}
 
     def _canvas(self, cache: SequenceCache, extend: Extend) -> torch.Tensor:

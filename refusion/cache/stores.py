@@ -113,18 +113,31 @@ class RowStore:
     def __init__(self, buffer: PreallocatedKV, row: int):
         self.buffer = buffer
         self.row = row
+        self._detached_length: int | None = None
+
+    def detach(self) -> None:
+        """Give the row up (its sequence has finished): keep the length, refuse further writes."""
+        self._detached_length = len(self)
+        self.row = -1
 
     @property
     def copies(self) -> CopyStats:
         return CopyStats()  # counted once, on the shared buffer
 
     def __len__(self) -> int:
+        if self._detached_length is not None:
+            return self._detached_length
         return self.buffer.lengths[self.row]
 
     def append(self, kv: KVSegment) -> None:
+        if self._detached_length is not None:
+            raise RuntimeError("this sequence's row was given up when it finished")
         start = len(self)
         self.buffer.write(self.row, start, kv.data)
         self.buffer.lengths[self.row] = start + len(kv)
 
     def truncate(self, length: int) -> None:
+        if self._detached_length is not None:
+            self._detached_length = min(length, self._detached_length)
+            return
         self.buffer.lengths[self.row] = min(length, len(self))

@@ -113,7 +113,10 @@ class HFCausalLM(ModelAdapter):
 
         from transformers.utils import logging as hf_logging
 
-        adapter_kwargs = {k: kwargs.pop(k) for k in ("mask_token_id", "eos_token_id") if k in kwargs}
+        import inspect
+
+        own = [n for n, p in inspect.signature(cls.__init__).parameters.items() if p.kind is p.KEYWORD_ONLY]
+        adapter_kwargs = {k: kwargs.pop(k) for k in own if k in kwargs}
         bars = hf_logging.is_progress_bar_enabled()
         hf_logging.disable_progress_bar()
         try:
@@ -135,7 +138,8 @@ class HFCausalLM(ModelAdapter):
 
     @property
     def device(self) -> torch.device:
-        return self.model.device
+        device = getattr(self.model, "device", None)
+        return device if device is not None else next(self.model.parameters()).device
 
     def new_cache(self) -> Any:
         from transformers import DynamicCache
@@ -146,7 +150,8 @@ class HFCausalLM(ModelAdapter):
         config = self.model.config
         heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        return config.num_hidden_layers, heads, dim, self.model.dtype
+        dtype = getattr(self.model, "dtype", None) or next(self.model.parameters()).dtype
+        return config.num_hidden_layers, heads, dim, dtype
 
     def forward(self, input_ids, position_ids, attention_mask, cache, logits_to_keep=0):
         self.forwards += 1

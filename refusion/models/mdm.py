@@ -43,13 +43,18 @@ class HFMaskedDiffusionLM(HFCausalLM):
             raise ConfigError(f"`logit_shift` must be 0 (LLaDA) or 1 (Dream); got {logit_shift!r}.")
         super().__init__(model, tokenizer, mask_token_id=mask_token_id, eos_token_id=eos_token_id)
         accepted = set(inspect.signature(model.forward).parameters)
-        self._takes = {k for k in ("position_ids", "cache", "attention_mask", "use_cache") if k in accepted}
-        self.capabilities = ModelCapabilities(causal=False, logit_shift=logit_shift, kv_cache="cache" in self._takes)
+        self._takes = {k for k in ("position_ids", "attention_mask", "use_cache") if k in accepted}
+        # transformers 5 names the cache `cache`; older and remote-code models `past_key_values`
+        self._cache_kw = next((k for k in ("cache", "past_key_values") if k in accepted), None)
+        self.capabilities = ModelCapabilities(causal=False, logit_shift=logit_shift, kv_cache=self._cache_kw is not None)
 
     def forward(self, input_ids, position_ids, attention_mask, cache, logits_to_keep=0):
         self.forwards += 1
-        kwargs = {"position_ids": position_ids, "attention_mask": attention_mask, "cache": cache, "use_cache": cache is not None}
-        out = self.model(input_ids=input_ids, **{k: v for k, v in kwargs.items() if k in self._takes})
+        kwargs = {"position_ids": position_ids, "attention_mask": attention_mask, "use_cache": cache is not None}
+        kwargs = {k: v for k, v in kwargs.items() if k in self._takes}
+        if self._cache_kw is not None and cache is not None:
+            kwargs[self._cache_kw] = cache
+        out = self.model(input_ids=input_ids, **kwargs)
         logits = out.logits if hasattr(out, "logits") else out[0]
         return logits[:, -logits_to_keep:] if logits_to_keep else logits
 

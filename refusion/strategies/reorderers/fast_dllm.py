@@ -20,7 +20,7 @@ class PrefixCache(CacheReorderer):
     """
 
     name = "prefix-cache"
-    requires = {"causal": False}
+    requires = {"causal": False, "kv_cache": True}
     mode = "prefix"
 
     def reorder(self, cache: SequenceCache, result: InfillResult) -> None:

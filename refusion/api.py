@@ -136,7 +136,7 @@ def is_batch(prompt: Any) -> bool:
     return False
 
 
-def _applies(key: str, specs: dict[str, Any], chosen: Any) -> bool:  # noqa: D401
+def _applies(key: str, specs: dict[str, Any], chosen: Any) -> bool:
     """A preset parameter applies only while the part it was meant for is still the preset's."""
     from refusion.registry import registry
 

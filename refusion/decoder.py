@@ -352,7 +352,8 @@ class DecodeSession:
                 try:
                     call = program.send(outputs)
                 except StopIteration as stop:
-                    copies = {k: executor.copies.as_dict()[k] + self.cache.store.copies.as_dict()[k] for k in ("context", "new")}
+                    ours, store = executor.copies, self.cache.store.copies
+                    copies = {"context": ours.context + store.context, "new": ours.new + store.new}
                     return attrs.evolve(stop.value, extra={**stop.value.extra, "kv_bytes": copies})
 
     def program(self) -> Generator[ModelCall, Any, DecodeResult]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from refusion.cache.calls import Branch, Epoch, Extend, ExtendOutput, ModelCall
+from refusion.cache.calls import Epoch, Extend, ExtendOutput, ModelCall
 from refusion.cache.sequence import SequenceCache
 from refusion.cache.stores import CopyStats, bytes_per_token
 from refusion.models.base import ModelAdapter
@@ -145,4 +145,4 @@ def _padded_branch_kv(extends: tuple[Extend, ...], width: int) -> torch.Tensor:
     return out
 
 
-__all__ = ["Branch", "RepeatExecutor"]
+__all__ = ["RepeatExecutor"]

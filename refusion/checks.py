@@ -1,8 +1,10 @@
-"""Checks on what plugins hand back to the decoder.
+"""Checks on the decoder's input and on what plugins hand back to it.
 
-A part that returns malformed data gets a :class:`~refusion.errors.PluginError`
-naming it, before anything reaches the cache, so one bad plugin can never
-corrupt a decode or make it loop forever.
+Bad input (a prompt, a length that does not fit the model) is a
+:class:`~refusion.errors.ConfigError` naming the parameter, raised before any
+work. A part that raises or returns malformed data gets a
+:class:`~refusion.errors.PluginError` naming it, before anything reaches the
+cache, so one bad plugin can never corrupt a decode or make it loop forever.
 """
 
 from __future__ import annotations
@@ -11,9 +13,8 @@ from typing import Any, Generator, Sequence
 
 import torch
 
-from refusion.cache.calls import ModelCall
-from refusion.cache.kv import KVSegment
-from refusion.errors import PluginError
+from refusion.errors import ConfigError, PluginError, RefusionError
+from refusion.protocol import KVSegment, ModelCall
 from refusion.state import Commit, InfillResult, Partition, Plan
 
 
@@ -25,6 +26,60 @@ def describe(part: Any) -> str:
 
 def plugin_error(part: Any, message: str) -> PluginError:
     return PluginError(f"{describe(part)} {message}", plugin=getattr(part, "name", None), source=type(part).__module__)
+
+
+def call_part(part: Any, method: Any, *args: Any) -> Any:
+    """Call a part's method; anything it raises (other than a refusion error) becomes a PluginError naming it."""
+    try:
+        return method(*args)
+    except RefusionError:
+        raise
+    except Exception as exc:
+        raise plugin_error(part, f"raised {type(exc).__name__}: {exc}") from exc
+
+
+def check_prompt(prompt_ids: Any, model: Any) -> torch.Tensor:
+    """The prompt as a 1-D LongTensor on the CPU; clear errors for anything else."""
+    try:
+        raw = torch.as_tensor(prompt_ids)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ConfigError(f"`prompt_ids` must be a sequence of token ids; got {type(prompt_ids).__name__} ({exc}).") from exc
+    if raw.numel() and (raw.is_floating_point() or raw.is_complex() or raw.dtype == torch.bool):
+        raise ConfigError(f"`prompt_ids` must be integer token ids; got dtype {raw.dtype}.")
+    prompt = raw.to(torch.long).cpu()
+    if prompt.dim() == 2 and prompt.shape[0] == 1:
+        prompt = prompt[0]
+    if prompt.dim() != 1:
+        raise ConfigError(f"`prompt_ids` must be one prompt of shape (prompt_len,); got shape {tuple(prompt.shape)}.")
+    if prompt.shape[0] == 0:
+        raise ConfigError("`prompt_ids` must hold at least one token; got an empty prompt.")
+    if int(prompt.min()) < 0 or int(prompt.max()) >= model.vocab_size:
+        raise ConfigError(f"`prompt_ids` must be token ids in [0, {model.vocab_size}); got {prompt.min()}..{prompt.max()}.")
+    return prompt
+
+
+def check_length(model: Any, prompt_len: int, gen_length: int, decoder: Any = None, *, rounded: bool = True) -> None:
+    """Refuse a prompt plus generation longer than the model's positions, naming the longest length that fits.
+
+    ``rounded`` says ``gen_length`` is already the partitioner's rounded length.
+    """
+    limit = model.max_positions
+    if limit is not None and prompt_len + gen_length > limit:
+        room, best = limit - prompt_len, None
+        if decoder is not None:
+            for n in range(room, 0, -1):  # the longest request that still fits after the partitioner's rounding
+                try:
+                    if decoder.partition(n).gen_length <= room:
+                        best = n
+                        break
+                except ConfigError:
+                    continue
+        hint = f"use gen_length <= {best}" if best else "use a shorter prompt or a smaller slot/block size"
+        what = f"({gen_length} after rounding to whole slots/blocks)" if rounded else f"({gen_length})"
+        raise ConfigError(
+            f"`gen_length` {what} plus the prompt ({prompt_len} tokens) "
+            f"exceeds the model's maximum of {limit} positions; {hint}."
+        )
 
 
 def checked_partition(partitioner: Any, partition: Any, gen_length: int) -> Partition:

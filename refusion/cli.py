@@ -13,28 +13,14 @@ from typing import Any, Sequence
 
 from refusion.config import PRESETS
 from refusion.errors import ConfigError, RefusionError
-
-
-def _value(text: str) -> Any:
-    """``"0.5"`` -> 0.5, ``"3"`` -> 3, ``"true"`` -> True, else the string."""
-    lowered = text.lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    if lowered in ("none", "null"):
-        return None
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
+from refusion.params import parse_param
 
 
 def _param(text: str) -> tuple[str, Any]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return key, _value(value)
+    try:
+        return parse_param(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 # -- shared options -------------------------------------------------------------
@@ -70,8 +56,9 @@ def _decoding_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
     group.add_argument("--top-p", type=float, default=None, help="sample within the top-p probability mass")
     group.add_argument("--seed", type=int, default=None, help="seed of the sampling (each prompt has its own generator)")
-    group.add_argument("--engine", choices=("branch", "repeat"), default=None,
-                       help="branch: batched, shared-prefix branches, in-place cache (default); repeat: the reference's")
+    group.add_argument("--engine", default=None,
+                       help="what runs the model calls: branch (batched, shared-prefix branches, in-place cache), "
+                       "repeat (the reference's), canvas (bidirectional models); default: the best for the model")
     group.add_argument("--no-stop-at-eos", dest="stop_at_eos", action="store_false", default=None,
                        help="decode every position even after an EOS (the answer is still cut at the first EOS)")
     group.add_argument("--chat", dest="chat", action="store_true", default=None, help="apply the tokenizer's chat template")

@@ -8,8 +8,10 @@ let the reorderer update the cache. Every iteration commits at least one slot,
 so decoding ends after at most as many iterations as there are slots.
 
 A decode is a *program*: a generator that yields the model calls it needs and
-receives their outputs (:meth:`Decoder.program`). :meth:`Decoder.decode` runs
-one program against the model; a batch engine can interleave many.
+receives their outputs (:meth:`DecodeSession.program`). Engines
+(:mod:`refusion.engines`) run them; :meth:`Decoder.decode_batch` runs a batch
+to the end, :class:`refusion.generator.Generator` lets requests join and leave
+a running engine.
 """
 
 from __future__ import annotations
@@ -19,17 +21,16 @@ from typing import Any, Generator, Sequence
 import attrs
 import torch
 
-from refusion.cache.calls import Branch, Extend, ModelCall
-from refusion.cache.executor import RepeatExecutor
-from refusion.cache.sequence import SequenceCache
-from refusion.cache.stores import DynamicStore
-from refusion.checks import bounded, checked_partition, checked_result, checked_selection, plugin_error
+from refusion.cache.sequence import CacheEditor
+from refusion.checks import (bounded, call_part, check_length, check_prompt, checked_partition, checked_result,
+                             checked_selection, plugin_error)
 from refusion.errors import ConfigError
 from refusion.models.base import ModelAdapter
+from refusion.protocol import BlockReuse, Branch, Extend, ModelCall
 from refusion.sampling import Sampler, greedy
 from refusion.state import Commit, DecodeResult, InfillResult, Partition, Plan, StepRecord
-from refusion.validators import positive_int
 from refusion.strategies.base import CacheReorderer, InfillContext, Infiller, SlotPartitioner, SlotSelector
+from refusion.validators import positive_int
 
 
 def _part(kind: type):
@@ -38,6 +39,15 @@ def _part(kind: type):
             raise ConfigError(f"`{attribute.name}` must be a {kind.__name__} instance; got {value!r}.")
 
     return attrs.field(validator=check)
+
+
+@attrs.frozen
+class Prepared:
+    """One prompt checked and partitioned, ready to be admitted into an engine (see :meth:`Decoder.prepare`)."""
+
+    prompt: torch.Tensor = attrs.field(eq=False)
+    partition: Partition
+    seed: int
 
 
 @attrs.frozen
@@ -50,13 +60,13 @@ class Decoder:
     is reproducible and the same alone or in a batch. ``calls_per_token``
     bounds an infiller's model calls per iteration (``calls_per_token`` x the
     chosen tokens, plus 8); an infiller that exceeds it is stopped with an
-    error naming it. ``engine`` runs the model calls: ``"branch"`` (batched,
-    parallel branches as attention masks over one preallocated cache) or
-    ``"repeat"`` (the reference's way: a transformers ``DynamicCache`` per
-    sequence, the context repeated once per branch, one sequence at a time);
-    bidirectional models always run on the canvas executor. ``stop_at_eos``
-    (default) drops every slot after a committed EOS (early stop); without it
-    every position is decoded and the answer is cut at the first EOS at the end.
+    error naming it. ``engine`` names what runs the model calls (a registered
+    engine name such as ``"branch"``, ``"repeat"`` or ``"canvas"``, or an
+    :class:`~refusion.engines.base.Engine` subclass); ``None`` (default) takes
+    the best engine that can run the model (:func:`~refusion.engines.choose_engine`).
+    ``stop_at_eos`` (default) drops every slot after a committed EOS (early
+    stop); without it every position is decoded and the answer is cut at the
+    first EOS at the end.
     """
 
     partitioner: SlotPartitioner = _part(SlotPartitioner)
@@ -65,7 +75,7 @@ class Decoder:
     reorderer: CacheReorderer = _part(CacheReorderer)
     sample: Sampler = greedy
     calls_per_token: int = attrs.field(default=4, validator=positive_int)
-    engine: str = attrs.field(default="branch", validator=lambda i, a, v: _check_engine(v))
+    engine: Any = attrs.field(default=None, validator=lambda i, a, v: _check_engine(v))
     stop_at_eos: bool = attrs.field(default=True, validator=lambda i, a, v: _check_bool(a.name, v))
     seed: int = attrs.field(default=0, validator=lambda i, a, v: _check_seed(v))
 
@@ -98,30 +108,11 @@ class Decoder:
         parts = build_parts(partitioner=partitioner, selector=selector, infiller=infiller, reorderer=reorderer, params=params)
         return cls(**parts, **own)
 
-    # -- running -------------------------------------------------------------
-    def session(
-        self, model: ModelAdapter, prompt_ids: Any, gen_length: int, *, store: Any = None, seed: int | None = None
-    ) -> "DecodeSession":
-        """Validate the input and set up the decode of one prompt (not started yet).
-
-        ``store`` holds the sequence's keys/values (default: a
-        :class:`~refusion.cache.stores.DynamicStore`, as the ``repeat`` engine uses);
-        ``seed`` seeds its sampling generator (default: the decoder's ``seed``).
-        """
-        prompt = check_prompt(prompt_ids, model)
-        partition = self.partition(gen_length)
-        check_length(model, prompt.shape[0], partition.gen_length, self)
-        self.check_model(model)
-        cache = SequenceCache(store if store is not None else DynamicStore(model.new_cache()), prompt,
-                              torch.arange(prompt.shape[0]))
-        cache.canvas_stop = prompt.shape[0] + partition.gen_length
-        cache.eos_fill = min(model.eos_token_ids) if model.eos_token_ids else None
-        return DecodeSession(self, model, cache, partition, self.seed if seed is None else seed)
-
+    # -- checking ---------------------------------------------------------------
     def partition(self, gen_length: int) -> Partition:
         """The partitioner's (checked) partition of ``gen_length`` tokens."""
         p = self.partitioner
-        return checked_partition(p, _call_part(p, p.partition, gen_length), gen_length)
+        return checked_partition(p, call_part(p, p.partition, gen_length), gen_length)
 
     def fit_length(self, gen_length: int) -> int:
         """The smallest generation length >= ``gen_length`` the partitioner accepts, after its rounding."""
@@ -143,9 +134,43 @@ class Decoder:
                         f"has `{field}={getattr(caps, field)}` ({caps}). Pick another {part.kind}: see `refusion plugins`."
                     )
 
-    def decode(self, model: ModelAdapter, prompt_ids: Any, gen_length: int, *, tokenizer: Any = None) -> DecodeResult:
+    def prepare(self, model: ModelAdapter, prompt_ids: Any, gen_length: int, *, seed: int | None = None) -> Prepared:
+        """Check one prompt against the model and partition its generation region, once, before any work."""
+        if isinstance(gen_length, bool) or not isinstance(gen_length, int) or gen_length < 1:
+            raise ConfigError(f"`gen_length` must be an integer >= 1; got {gen_length!r}.")
+        if seed is not None:
+            _check_seed(seed)
+        prompt = check_prompt(prompt_ids, model)
+        self.check_model(model)
+        check_length(model, prompt.shape[0], gen_length, self, rounded=False)  # before any slot is built
+        partition = self.partition(gen_length)
+        check_length(model, prompt.shape[0], partition.gen_length, self)
+        return Prepared(prompt, partition, self.seed if seed is None else seed)
+
+    # -- running -------------------------------------------------------------
+    def start(self, model: ModelAdapter, engine: Any, prepared: Prepared) -> "DecodeSession":
+        """Admit a prepared prompt into ``engine`` (a live :class:`~refusion.engines.base.Engine`) and set up its session."""
+        state = engine.admit(prepared.prompt, prepared.partition.gen_length)
+        return DecodeSession(self, model, state, prepared.partition, prepared.seed, engine=engine)
+
+    def session(
+        self, model: ModelAdapter, prompt_ids: Any, gen_length: int, *, engine: Any = None, seed: int | None = None
+    ) -> "DecodeSession":
+        """Validate the input and set up the decode of one prompt on its own engine (not started yet).
+
+        ``engine``: an engine name, class or live instance (default: the
+        decoder's ``engine``, else the best for the model); ``seed`` seeds the
+        sampling generator (default: the decoder's ``seed``).
+        """
+        from refusion.engines import open_engine
+
+        prepared = self.prepare(model, prompt_ids, gen_length, seed=seed)
+        return self.start(model, open_engine(model, self, engine), prepared)
+
+    def decode(self, model: ModelAdapter, prompt_ids: Any, gen_length: int, *, tokenizer: Any = None,
+               engine: Any = None) -> DecodeResult:
         """Decode one prompt (token ids, shape ``(prompt_len,)`` or ``(1, prompt_len)``)."""
-        return self.decode_batch(model, [prompt_ids], gen_length, tokenizer=tokenizer)[0]
+        return self.decode_batch(model, [prompt_ids], gen_length, tokenizer=tokenizer, engine=engine)[0]
 
     def decode_batch(
         self,
@@ -155,6 +180,7 @@ class Decoder:
         *,
         tokenizer: Any = None,
         seeds: Sequence[int] | None = None,
+        engine: Any = None,
     ) -> list[DecodeResult]:
         """Decode several prompts (of any lengths) together; results come back in prompt order.
 
@@ -162,45 +188,28 @@ class Decoder:
         generator (seeded by ``seeds[i]``, default: the decoder's ``seed``); a
         prompt's result is the same as decoding it alone (exactly in fp32/fp64;
         in bf16 the batch's padding can shift rounding and flip a close call).
+        ``engine`` (name, class or live instance) overrides the decoder's.
         """
+        from refusion.engines import drive, open_engine
+
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not len(prompts):
             raise ConfigError("`prompts` must be a non-empty list of token-id sequences.")
         if seeds is not None:
             seeds = list(seeds)
             if len(seeds) != len(prompts) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seeds):
                 raise ConfigError(f"`seeds` must hold one integer >= 0 per prompt ({len(prompts)}); got {seeds!r}.")
-        if not model.capabilities.causal:
-            results = _run_canvas(self, model, prompts, gen_length, seeds)
-        elif self.engine == "repeat" or not _states_kv_shape(model) or not _takes_custom_masks(model):
-            results = [self.session(model, p, gen_length, seed=None if seeds is None else seeds[i]).run()
-                       for i, p in enumerate(prompts)]
-        else:
-            results = _run_batched(self, model, prompts, gen_length, seeds)
-        tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
-        if tok is not None:
-            results = [attrs.evolve(r, text=tok.decode(r.tokens.tolist(), skip_special_tokens=True)) for r in results]
+        prepared = [self.prepare(model, p, gen_length, seed=None if seeds is None else seeds[i])
+                    for i, p in enumerate(prompts)]
+        live = open_engine(model, self, engine)
+        results = drive(live, [self.start(model, live, p) for p in prepared])
+        return with_text(results, tokenizer if tokenizer is not None else getattr(model, "tokenizer", None))
+
+
+def with_text(results: list[DecodeResult], tokenizer: Any) -> list[DecodeResult]:
+    """The results with ``text`` decoded by ``tokenizer`` (unchanged without one)."""
+    if tokenizer is None:
         return results
-
-
-def _takes_custom_masks(model: ModelAdapter) -> bool:
-    """The branch engine passes 4-D masks: only sdpa and eager attention apply them."""
-    config = getattr(getattr(model, "model", None), "config", None)
-    impl = getattr(config, "_attn_implementation", "sdpa") if config is not None else "sdpa"
-    if impl in ("sdpa", "eager"):
-        return True
-    import warnings
-
-    warnings.warn(f"attention implementation {impl!r} cannot apply custom 4-D masks; using the 'repeat' engine.",
-                  stacklevel=3)
-    return False
-
-
-def _states_kv_shape(model: ModelAdapter) -> bool:
-    try:
-        model.kv_shape()
-    except NotImplementedError:
-        return False
-    return True
+    return [attrs.evolve(r, text=tokenizer.decode(r.tokens.tolist(), skip_special_tokens=True)) for r in results]
 
 
 def _check_bool(name: str, value: Any) -> None:
@@ -213,148 +222,61 @@ def _check_seed(value: Any) -> None:
         raise ConfigError(f"`seed` must be an integer >= 0; got {value!r}.")
 
 
-def _check_engine(value: str) -> None:
-    if value not in ENGINES:
-        raise ConfigError(f"`engine` must be one of {', '.join(ENGINES)}; got {value!r}.")
+def _check_engine(value: Any) -> None:
+    if value is None:
+        return
+    from refusion.engines import engine_class
+
+    engine_class(value)
 
 
-ENGINES = ("branch", "repeat")
 DECODER_OPTIONS = ("engine", "seed", "stop_at_eos", "calls_per_token", "sample")
 
 
-def _run_batched(decoder: Decoder, model: ModelAdapter, prompts: Sequence[Any], gen_length: int,
-                 seeds: Sequence[int] | None) -> list[DecodeResult]:
-    """Run every prompt's program on one :class:`~refusion.cache.batched.BranchExecutor`."""
-    from refusion.cache.batched import BranchExecutor
-    from refusion.cache.stores import PreallocatedKV
-
-    layers, heads, dim, dtype = model.kv_shape()
-    region = decoder.partition(gen_length).gen_length
-    capacity = max(len(check_prompt(p, model)) for p in prompts) + region
-    buffer = PreallocatedKV(layers, len(prompts), heads, 2 * capacity + 64, dim, dtype=dtype, device=model.device)
-    sessions = {i: decoder.session(model, p, gen_length, store=buffer.row(i), seed=None if seeds is None else seeds[i])
-                for i, p in enumerate(prompts)}
-    executor = BranchExecutor(model, buffer, {i: s.cache for i, s in sessions.items()})
-    return _drive(sessions, executor)
-
-
-def _run_canvas(decoder: Decoder, model: ModelAdapter, prompts: Sequence[Any], gen_length: int,
-                seeds: Sequence[int] | None) -> list[DecodeResult]:
-    """Run every prompt's program on a :class:`~refusion.cache.canvas.CanvasExecutor` (bidirectional models)."""
-    from refusion.cache.canvas import CanvasExecutor
-
-    sessions = {i: decoder.session(model, p, gen_length, seed=None if seeds is None else seeds[i])
-                for i, p in enumerate(prompts)}
-    return _drive(sessions, CanvasExecutor(model, {i: s.cache for i, s in sessions.items()}))
-
-
-def _drive(sessions: dict[int, "DecodeSession"], executor: Any) -> list[DecodeResult]:
-    """Step all programs together: each executor run answers one call of every live session."""
-    results: dict[int, DecodeResult] = {}
-    with torch.no_grad():
-        programs = {i: s.program() for i, s in sessions.items()}
-        calls = {i: next(p) for i, p in programs.items()}
-        while calls:
-            outputs = executor.run(calls)
-            following = {}
-            counts = getattr(executor, "last_counts", {})
-            for i, out in outputs.items():
-                sessions[i].forwards += counts.get(i, 1)
-                try:
-                    following[i] = programs[i].send(out)
-                except StopIteration as stop:
-                    results[i] = stop.value
-            calls = following
-    for r in results.values():  # the engine's totals, shared by the whole batch
-        r.extra.update(batch_forwards=executor.forwards, batch_kv_bytes=executor.copies.as_dict())
-    return [results[i] for i in range(len(sessions))]
-
-
-def check_prompt(prompt_ids: Any, model: ModelAdapter) -> torch.Tensor:
-    """The prompt as a 1-D LongTensor on the CPU; clear errors for anything else."""
-    try:
-        raw = torch.as_tensor(prompt_ids)
-    except (TypeError, ValueError, RuntimeError) as exc:
-        raise ConfigError(f"`prompt_ids` must be a sequence of token ids; got {type(prompt_ids).__name__} ({exc}).") from exc
-    if raw.numel() and (raw.is_floating_point() or raw.is_complex() or raw.dtype == torch.bool):
-        raise ConfigError(f"`prompt_ids` must be integer token ids; got dtype {raw.dtype}.")
-    prompt = raw.to(torch.long).cpu()
-    if prompt.dim() == 2 and prompt.shape[0] == 1:
-        prompt = prompt[0]
-    if prompt.dim() != 1:
-        raise ConfigError(f"`prompt_ids` must be one prompt of shape (prompt_len,); got shape {tuple(prompt.shape)}.")
-    if prompt.shape[0] == 0:
-        raise ConfigError("`prompt_ids` must hold at least one token; got an empty prompt.")
-    if int(prompt.min()) < 0 or int(prompt.max()) >= model.vocab_size:
-        raise ConfigError(f"`prompt_ids` must be token ids in [0, {model.vocab_size}); got {prompt.min()}..{prompt.max()}.")
-    return prompt
-
-
-def check_length(model: ModelAdapter, prompt_len: int, gen_length: int, decoder: "Decoder | None" = None) -> None:
-    limit = model.max_positions
-    if limit is not None and prompt_len + gen_length > limit:
-        room, best = limit - prompt_len, None
-        if decoder is not None:
-            for n in range(room, 0, -1):  # the longest request that still fits after the partitioner's rounding
-                try:
-                    if decoder.partition(n).gen_length <= room:
-                        best = n
-                        break
-                except ConfigError:
-                    continue
-        hint = f"use gen_length <= {best}" if best else "use a shorter prompt or a smaller slot/block size"
-        raise ConfigError(
-            f"`gen_length` ({gen_length} after rounding to whole slots/blocks) plus the prompt ({prompt_len} tokens) "
-            f"exceeds the model's maximum of {limit} positions; {hint}."
-        )
-
-
 class DecodeSession:
-    """One prompt's decode: its context cache, output buffer, trace and program.
+    """One prompt's decode: its engine state, output buffer, trace and program.
 
     :meth:`program` is the decode as a generator of model calls; :meth:`run`
-    executes it against the model. ``cache`` stays inspectable afterwards.
+    executes it on the session's engine. ``state`` is what the engine keeps
+    for the sequence; ``cache`` (its committed context) stays inspectable
+    afterwards.
     """
 
-    def __init__(self, decoder: Decoder, model: ModelAdapter, cache: SequenceCache, partition: Partition, seed: int = 0):
+    def __init__(self, decoder: Decoder, model: ModelAdapter, state: Any, partition: Partition, seed: int = 0, *,
+                 engine: Any = None):
         self.decoder = decoder
         self.model = model
-        self.cache = cache
+        self.state = state
+        self.engine = engine
         self.partition = partition
-        self.prompt_len = len(cache)
+        self.prompt_len = state.prompt_length
         g = partition.gen_length
         self.tokens = torch.full((g,), model.mask_token_id, dtype=torch.long)
         self.commit_step = torch.full((g,), -1, dtype=torch.long)
         self.open = [True] * len(partition.slots)  # not yet committed nor dropped
         self.eos_offset: int | None = None
         self.steps: list[StepRecord] = []
-        self.forwards = 0
         self.generator = torch.Generator().manual_seed(seed)
+
+    @property
+    def cache(self):
+        """The sequence's committed context (a :class:`~refusion.cache.sequence.SequenceCache`)."""
+        return self.state.context
+
+    @property
+    def forwards(self) -> int:
+        """Model forwards that served this sequence so far (counted by the engine)."""
+        return self.state.counters.forwards
 
     def sample(self, logits: torch.Tensor, exclude: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The decoder's sampler, bound to this prompt's generator."""
         return self.decoder.sample(logits, exclude=exclude, generator=self.generator)
 
     def run(self) -> DecodeResult:
-        """Run :meth:`program` to the end, one model forward per call."""
-        if not self.model.capabilities.causal:
-            from refusion.cache.canvas import CanvasExecutor
+        """Run :meth:`program` to the end on the session's engine."""
+        from refusion.engines import drive
 
-            return _drive({0: self}, CanvasExecutor(self.model, {0: self.cache}))[0]
-        executor = RepeatExecutor(self.model, self.cache)
-        with torch.no_grad():
-            program = self.program()
-            call = next(program)
-            while True:
-                before = self.model.forwards
-                outputs = executor.run(call)
-                self.forwards += self.model.forwards - before
-                try:
-                    call = program.send(outputs)
-                except StopIteration as stop:
-                    ours, store = executor.copies, self.cache.store.copies
-                    copies = {"context": ours.context + store.context, "new": ours.new + store.new}
-                    return attrs.evolve(stop.value, extra={**stop.value.extra, "kv_bytes": copies})
+        return drive(self.engine, [self])[0]
 
     def program(self) -> Generator[ModelCall, Any, DecodeResult]:
         d = self.decoder
@@ -362,14 +284,18 @@ class DecodeSession:
             open_slots = [self.partition.slots[i] for i in block if self.open[i]]
             if open_slots:
                 start = self.prompt_len + open_slots[0].offset
-                _call_part(d.reorderer, d.reorderer.start_block, self.cache, start, self.prompt_len + open_slots[-1].stop)
+                stop = self.prompt_len + open_slots[-1].stop
+                reuse = call_part(d.reorderer, d.reorderer.start_block, start, stop)
+                if reuse is not None and not isinstance(reuse, BlockReuse):
+                    raise plugin_error(d.reorderer, f"start_block returned {reuse!r}; expected None or a BlockReuse.")
+                self.state.start_block(start, stop, reuse)
             while True:
                 remaining = [i for i in block if self.open[i]]
                 if not remaining:
                     break
                 forwards_before = self.forwards
                 plan = yield from self._plan(remaining)
-                chosen = checked_selection(d.selector, plan, _call_part(d.selector, d.selector.select, plan))
+                chosen = checked_selection(d.selector, plan, call_part(d.selector, d.selector.select, plan))
                 ctx = InfillContext(
                     mask_token_id=self.model.mask_token_id,
                     eos_token_ids=self.model.eos_token_ids,
@@ -379,7 +305,7 @@ class DecodeSession:
                     sampler=self.sample,
                 )
                 budget = d.calls_per_token * sum(plan.slots[i].length for i in chosen) + 8
-                program = _call_part(d.infiller, d.infiller.infill, ctx, plan, chosen)
+                program = call_part(d.infiller, d.infiller.infill, ctx, plan, chosen)
                 result = yield from bounded(d.infiller, program, budget, self.model.vocab_size, self.model.max_positions)
                 result = checked_result(
                     d.infiller, result, plan, chosen, self.model.eos_token_ids, self.model.mask_token_id, self.model.vocab_size
@@ -423,7 +349,7 @@ class DecodeSession:
         if first is None:
             return result
         self.eos_offset = first if self.eos_offset is None else min(self.eos_offset, first)
-        self.cache.canvas_end = self.prompt_len + self.eos_offset + 1
+        self.state.end_at(self.prompt_len + self.eos_offset)
         for slot in self.partition.slots:
             if slot.offset > first:
                 self.open[slot.index] = False
@@ -442,9 +368,14 @@ class DecodeSession:
     def _reorder(self, result: InfillResult) -> None:
         d = self.decoder
         expected = len(self.cache) + sum(c.tokens.shape[0] for c in result.commits)
-        _call_part(d.reorderer, d.reorderer.reorder, self.cache, result)
+        call_part(d.reorderer, d.reorderer.reorder, CacheEditor(self.cache), result)
         if len(self.cache) != expected:
             raise plugin_error(d.reorderer, f"left the cache with {len(self.cache)} entries; expected {expected}.")
+        added = self.cache.positions[expected - sum(c.tokens.shape[0] for c in result.commits) :]
+        committed = torch.cat([c.positions.cpu() for c in result.commits])
+        if not torch.equal(torch.sort(added).values, torch.sort(committed).values):
+            raise plugin_error(d.reorderer, "appended positions other than the committed ones; it must append each "
+                               "committed token exactly once.")
         for c in result.commits:
             offset = c.slot.offset
             self.tokens[offset : offset + c.tokens.shape[0]] = c.tokens.cpu()
@@ -466,17 +397,10 @@ class DecodeSession:
             forwards=self.forwards,
             steps=tuple(self.steps),
             stopped_at_eos=self.eos_offset is not None,
-            extra={"all_tokens": [int(t) if s >= 0 else -1 for t, s in zip(self.tokens.tolist(), self.commit_step.tolist())]},
+            extra={
+                "all_tokens": [int(t) if s >= 0 else -1 for t, s in zip(self.tokens.tolist(), self.commit_step.tolist())],
+                "engine": getattr(self.engine, "name", None),
+                "fed_tokens": self.state.counters.fed_tokens,
+                "kv_bytes": self.state.counters.kv_bytes,
+            },
         )
-
-
-def _call_part(part: Any, method: Any, *args: Any) -> Any:
-    """Call a part's method; anything it raises becomes a PluginError naming it."""
-    from refusion.errors import RefusionError
-
-    try:
-        return method(*args)
-    except RefusionError:
-        raise
-    except Exception as exc:
-        raise plugin_error(part, f"raised {type(exc).__name__}: {exc}") from exc

@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--backend", default=None, help="gloo (CPU) or nccl (GPU); default: by device")
     args = parser.parse_args(argv)
     from refusion.api import load_model
-    from refusion.cli import _param
+    from refusion.params import parse_param
 
     init_from_env(args.backend)
     try:
@@ -84,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with open(args.prompts) as f:
             prompts = [line.rstrip("\n") for line in f if line.strip()]
         results = generate_distributed(prompts, model, preset=args.preset, gen_length=args.gen_length,
-                                       **dict(_param(p) for p in args.param))
+                                       **dict(parse_param(p) for p in args.param))
         if dist.get_rank() == 0:
             with open(args.out, "w") as f:
                 for prompt, result in zip(prompts, results):

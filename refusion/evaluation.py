@@ -24,12 +24,11 @@ from lm_eval.api.registry import register_model
 
 from refusion.api import build_decoder, encode_prompt, load_model
 from refusion.errors import ConfigError
+from refusion.params import parse_value
 
 
 def _parse(value: Any) -> Any:
-    from refusion.cli import _value
-
-    return _value(value) if isinstance(value, str) else value
+    return parse_value(value) if isinstance(value, str) else value
 
 
 @register_model("refusion")

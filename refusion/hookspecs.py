@@ -40,3 +40,13 @@ def register_reorderers(register: Register) -> None:
 @hookspec
 def register_model_adapters(register: Register) -> None:
     """Register :class:`~refusion.models.base.ModelAdapter` subclasses: ``register(MyAdapter)``."""
+
+
+@hookspec
+def register_engines(register: Register) -> None:
+    """Register :class:`~refusion.engines.base.Engine` subclasses: ``register(MyEngine)``.
+
+    An engine runs the decoder's model calls for many sequences; see
+    :mod:`refusion.engines.base` for its contract. Among the engines that can
+    run a model, the one with the highest ``priority`` is chosen by default.
+    """

@@ -38,6 +38,9 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "refusion.strategies.reorderers.no_cache",
     "refusion.models.hf",
     "refusion.models.mdm",
+    "refusion.engines.repeat",
+    "refusion.engines.branch",
+    "refusion.engines.canvas",
 )
 
 

@@ -21,6 +21,7 @@ class RegistrationError(RefusionError):
 
 
 def _interfaces() -> dict[str, type]:
+    from refusion.engines.base import Engine
     from refusion.models.base import ModelAdapter
     from refusion.strategies.base import CacheReorderer, Infiller, SlotPartitioner, SlotSelector
 
@@ -30,6 +31,7 @@ def _interfaces() -> dict[str, type]:
         "infiller": Infiller,
         "reorderer": CacheReorderer,
         "model_adapter": ModelAdapter,
+        "engine": Engine,
     }
 
 
@@ -40,6 +42,7 @@ HOOKS = {
     "infiller": "register_infillers",
     "reorderer": "register_reorderers",
     "model_adapter": "register_model_adapters",
+    "engine": "register_engines",
 }
 
 
@@ -70,10 +73,11 @@ class Registration:
                 out[f.alias or f.name] = None if default is attrs.NOTHING else default
             return out
         params = inspect.signature(self.cls).parameters
+        bound = ("model",) if self.kind == "engine" else ()  # the caller supplies the model
         return {
             n: (None if p.default is inspect.Parameter.empty else p.default)
             for n, p in params.items()
-            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and n not in bound
         }
 
 
@@ -127,6 +131,10 @@ class Registry:
 
     def names(self, kind: str) -> tuple[str, ...]:
         return tuple(self._kind(kind))
+
+    def entries(self, kind: str) -> tuple[Registration, ...]:
+        """Every registration of ``kind``, in registration order."""
+        return tuple(self._kind(kind).values())
 
     def __iter__(self) -> Iterator[Registration]:
         for entries in self._entries.values():

@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 import torch
 
-from refusion.cache.kv import KVSegment
+from refusion.protocol import KVSegment
 
 
 @attrs.frozen

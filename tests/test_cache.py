@@ -1,12 +1,11 @@
-"""The KV-cache operations: context extends, branch extends, appends and invalidation."""
+"""The KV-cache operations on every causal engine: context extends, branch extends, appends and invalidation."""
 
 import pytest
 import torch
 
-from refusion.cache.calls import Branch, Extend, ModelCall
-from refusion.cache.executor import RepeatExecutor
-from refusion.cache.sequence import SequenceCache
-from refusion.cache.stores import DynamicStore
+from refusion.engines.branch import BranchEngine
+from refusion.engines.repeat import RepeatEngine
+from refusion.protocol import Branch, Extend, ModelCall
 from tests.helpers import tiny
 
 
@@ -16,11 +15,26 @@ def full_logits(adapter, tokens, positions):
         return adapter.model(input_ids=ids, position_ids=pos, attention_mask=torch.ones_like(ids)).logits[0]
 
 
-@pytest.fixture
-def setup():
+@pytest.fixture(params=["repeat", "branch"])
+def setup(request):
     adapter = tiny(vocab=20, seed=3, scale=4.0)
-    cache = SequenceCache(DynamicStore(adapter.new_cache()), torch.tensor([1, 2, 3, 4]), torch.arange(4))
-    return adapter, cache, RepeatExecutor(adapter, cache)
+    engine = {"repeat": RepeatEngine, "branch": BranchEngine}[request.param](adapter)
+    state = engine.admit(torch.tensor([1, 2, 3, 4]), 16)
+    return adapter, state.context, Run(engine, state)
+
+
+class Run:
+    """One sequence's calls on an engine, as the tests below issue them."""
+
+    def __init__(self, engine, state):
+        self.engine, self.state = engine, state
+
+    def run(self, call):
+        return self.engine.run({self.state: call})[self.state]
+
+    def flush(self):
+        if hasattr(self.engine, "flush"):  # the repeat engine encodes pending entries on their own
+            self.engine.flush(self.state)
 
 
 def test_context_extend_prefills_pending_and_crops_back(setup):

@@ -111,3 +111,13 @@ def test_cli_train_writes_a_loadable_model(tmp_path, capsys):
     model = refusion.load_model(str(out))
     assert model.preset.gen_length == 32 and model.tokenizer is not None
     assert len(generate("copy ab=", model).tokens) >= 1
+
+
+def test_cli_parameters_may_name_parts_and_lengths(capsys):
+    from refusion.cli import main
+
+    assert main(["generate", "copy abcd=", "-p", "selector=topk", "-p", "k=2", "-p", "gen_length=16", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["steps"][0]["selected"]) == 2
+    assert main(["generate", "copy ab=", "--selector", "topk", "-p", "selector=leftmost"]) == 2
+    assert "`selector` is given twice" in capsys.readouterr().err

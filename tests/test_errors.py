@@ -4,7 +4,7 @@ import attrs
 import pytest
 import torch
 
-from refusion.cache.calls import ModelCall
+from refusion.protocol import ModelCall
 from refusion.decoder import Decoder
 from refusion.errors import ConfigError, PluginError, UnknownNameError
 from refusion.models.hf import HFCausalLM

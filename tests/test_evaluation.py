@@ -59,3 +59,15 @@ def test_loglikelihood_prefers_the_right_answer():
         [SimpleNamespace(args=("copy abcd=", "abcd")), SimpleNamespace(args=("copy abcd=", "dcba"))]
     )
     assert right > wrong and greedy
+
+
+def test_eval_adapter_rounds_task_lengths_and_batches():
+    from types import SimpleNamespace
+
+    pytest.importorskip("lm_eval")
+    from refusion.evaluation import RefusionLM
+
+    lm = RefusionLM(preset="paper", batch_size=2)  # slot 8 x 2 blocks: 100 tokens is no valid length
+    requests = [SimpleNamespace(args=(p, {"until": ["\n"], "max_gen_toks": 100}))
+                for p in ("copy abc=", "rev abcd=", "copy xyzw=")]
+    assert lm.generate_until(requests) == ["abc", "dcba", "xyzw"]

@@ -126,3 +126,52 @@ def test_mdm_strategies_also_run_on_the_causal_refusion_model():
     for selector in ("topk", "threshold", "factor", "random"):
         result = mdm(selector).decode(model, [1, 2], 8)
         check_result(result, model)
+
+
+class NoCacheNetwork(torch.nn.Module):
+    """A bidirectional network whose forward takes no cache (like LLaDA's original code)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.config = inner, inner.config
+
+    def forward(self, input_ids, attention_mask=None):
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask)
+
+
+class PastKeyValuesNetwork(NoCacheNetwork):
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=None):
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          cache=past_key_values, use_cache=use_cache)
+
+
+def test_fast_dllm_caches_need_a_network_that_takes_a_cache():
+    from refusion.models.mdm import HFMaskedDiffusionLM
+    from refusion.models.tiny import tiny_qwen3
+
+    inner = tiny_qwen3(vocab_size=16)
+    inner.config.is_causal = False
+    plain = HFMaskedDiffusionLM(NoCacheNetwork(inner))
+    assert not plain.capabilities.kv_cache
+    decoder = Decoder.from_names(partitioner="semi-ar", infiller="draft", reorderer="prefix-cache", block_length=4)
+    with pytest.raises(ConfigError, match="reorderer 'prefix-cache' needs a model with `kv_cache=True`"):
+        decoder.decode(plain, [1, 2], 8)
+    legacy = HFMaskedDiffusionLM(PastKeyValuesNetwork(inner))
+    assert legacy.capabilities.kv_cache
+    assert len(decoder.decode(legacy, [1, 2], 8).tokens) == 8
+    no_cache = Decoder.from_names(partitioner="semi-ar", infiller="draft", block_length=4)
+    assert len(no_cache.decode(plain, [1, 2], 8).tokens) == 8
+
+
+def test_a_dream_style_checkpoint_loads_with_its_shift(tmp_path):
+    import warnings
+
+    import refusion
+
+    model = tiny_bidirectional(logit_shift=1, vocab_size=16)
+    model.model.save_pretrained(tmp_path)
+    loaded = refusion.load_model(str(tmp_path), adapter="hf-mdm", logit_shift=1)
+    assert loaded.capabilities.logit_shift == 1 and not loaded.capabilities.causal
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(refusion.generate([1, 2], loaded, preset="llada", gen_length=32).tokens) == 32

@@ -37,3 +37,11 @@ def test_parameters_are_positive_integers(field, bad):
 def test_gen_length_is_checked(bad):
     with pytest.raises(ConfigError, match="`gen_length` must be an integer >= 1"):
         FixedSlots().partition(bad)
+
+
+def test_fit_length_rounds_to_what_the_partitioner_accepts():
+    from refusion.decoder import Decoder
+
+    decoder = Decoder.from_names(slot_size=8, serial_num_blocks=2)
+    assert decoder.fit_length(100) == 112
+    assert decoder.fit_length(1) == 16

@@ -12,9 +12,8 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from refusion.cache.calls import Branch, Extend, ModelCall
-from refusion.cache.executor import RepeatExecutor
 from refusion.decoder import Decoder
+from refusion.protocol import Branch, Extend, ModelCall
 from refusion.registry import registry
 from refusion.testing import check_result
 from tests.helpers import layouts, model_setups
@@ -99,16 +98,20 @@ def _fresh_logits(adapter, cache, probe, probe_pos):
         return adapter.model(input_ids=ids, position_ids=pos, attention_mask=pattern[None, None]).logits[0, n:]
 
 
+@pytest.mark.parametrize("engine", ["repeat", "branch"])
 @pytest.mark.parametrize("reorderer", ["commit-order", "reencode"])
 @given(setup=model_setups(), layout=layouts(), data=st.data(), stop_after=st.integers(1, 6))
-def test_cache_reads_equal_fresh_forward(reorderer, setup, layout, data, stop_after):
+def test_cache_reads_equal_fresh_forward(engine, reorderer, setup, layout, data, stop_after):
     adapter, prompt = setup
     slot, blocks, gen_length = layout
     combo = (data.draw(st.sampled_from(registry().names("selector"))),
              data.draw(st.sampled_from([n for n in registry().names("infiller") if fits(True, {"infiller": n})])),
              reorderer)
-    session = _decoder(combo, slot, blocks, data).session(adapter, prompt, gen_length)
-    executor = RepeatExecutor(adapter, session.cache)
+    session = _decoder(combo, slot, blocks, data).session(adapter, prompt, gen_length, engine=engine)
+
+    def run(call):
+        return session.engine.run({session.state: call})[session.state]
+
     program = session.program()
     call, plans = next(program), 0
     with torch.inference_mode():
@@ -119,12 +122,12 @@ def test_cache_reads_equal_fresh_forward(reorderer, setup, layout, data, stop_af
                 if plans > stop_after:
                     break
             try:
-                call = program.send(executor.run(call))
+                call = program.send(run(call))
             except StopIteration:
                 break
         cache = session.cache
         start = int(cache.positions.max()) + 1
         probe = torch.tensor([adapter.mask_token_id, 1, adapter.mask_token_id])
         probe_pos = torch.arange(start, start + 3)
-        (out,) = executor.run(ModelCall.of(Extend(Branch(), probe, probe_pos)))
+        (out,) = run(ModelCall.of(Extend(Branch(), probe, probe_pos)))
         torch.testing.assert_close(out.logits, _fresh_logits(adapter, cache, probe, probe_pos), rtol=1e-9, atol=1e-9)

@@ -53,7 +53,7 @@ def test_every_hookspec_is_wired_to_a_kind():
 def test_every_hook_registers_a_part(kind):
     reg = with_plugins(sample_plugin)
     names = {"selector": "rightmost", "partitioner": "one-block", "infiller": "lossless", "reorderer": "exact",
-             "model_adapter": "sample-adapter"}
+             "model_adapter": "sample-adapter", "engine": "recompute"}
     entry = reg.entry(kind, names[kind])
     assert entry.source == "local"
     assert entry.cls.__module__ == "tests.plugins.sample_plugin"

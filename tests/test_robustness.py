@@ -92,3 +92,16 @@ def test_soak_thousands_of_decodes_do_not_grow_memory():
     gc.collect()
     assert len(gc.get_objects()) - objects < 2000, "Python objects accumulate across decodes"
     assert rss_mb() - rss < 40, "resident memory grows across decodes"
+
+
+def test_per_prompt_seeds_give_identical_prompts_different_samples():
+    model = tiny(vocab=16, seed=9, scale=1.0)
+    decoder = Decoder.from_names(slot_size=2, serial_num_blocks=1, temperature=1.5)
+    same = decoder.decode_batch(model, [[1, 2]] * 4, 8)
+    assert len({str(r.tokens.tolist()) for r in same}) == 1
+    varied = decoder.decode_batch(model, [[1, 2]] * 4, 8, seeds=[0, 1, 2, 3])
+    assert len({str(r.tokens.tolist()) for r in varied}) > 1
+    assert varied[2].tokens.tolist() == Decoder.from_names(slot_size=2, serial_num_blocks=1, temperature=1.5, seed=2).decode(
+        model, [1, 2], 8).tokens.tolist()
+    with pytest.raises(ConfigError, match="`seeds` must hold one integer >= 0 per prompt"):
+        decoder.decode_batch(model, [[1, 2]] * 2, 8, seeds=[1])

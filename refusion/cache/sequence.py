@@ -14,6 +14,10 @@ is prefilled together with the first plan.
 ``chunks`` records how each encoded run was computed, so tests can rebuild the
 attention pattern the cache embodies: entries ``start:stop`` were computed
 seeing entries ``0:anchor`` and, causally, themselves.
+
+Who may do what: engines encode pending entries (:meth:`SequenceCache.mark_encoded`)
+and read everything; a cache reorderer gets a :class:`CacheEditor`, which
+allows exactly :meth:`~CacheEditor.append` and :meth:`~CacheEditor.invalidate`.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Any
 import attrs
 import torch
 
-from refusion.cache.kv import KVSegment
+from refusion.protocol import KVSegment
 
 
 @attrs.frozen
@@ -36,11 +40,11 @@ class Chunk:
 
 
 class SequenceCache:
-    """Context tokens, positions and keys/values of one sequence (batch row 1).
+    """Context tokens, positions and keys/values of one sequence.
 
     ``store`` holds the keys/values of the first ``encoded`` entries; entries
-    ``encoded:length`` are pending. Only the executor and reorderers
-    mutate a SequenceCache; selectors and infillers read it.
+    ``encoded:length`` are pending. Reorderers change it through a
+    :class:`CacheEditor`, engines through :meth:`mark_encoded`.
     """
 
     def __init__(self, store: Any, tokens: torch.Tensor, positions: torch.Tensor):
@@ -51,12 +55,6 @@ class SequenceCache:
         self.chunks: list[Chunk] = []
         #: logits at the last entry in cache order (they predict the token after it), when known.
         self.last_logits: torch.Tensor | None = None
-        #: for bidirectional models: canvas length (prompt + generation region), first position after a
-        #: committed EOS (filled with ``eos_fill``), and the Fast-dLLM block cache, if a reorderer set one.
-        self.canvas_stop: int | None = None
-        self.canvas_end: int | None = None
-        self.eos_fill: int | None = None
-        self.block_cache: Any = None
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -71,7 +69,7 @@ class SequenceCache:
         """Position id of the last entry in cache order (-1 if empty)."""
         return int(self.positions[-1]) if len(self) else -1
 
-    # -- used by reorderers -------------------------------------------------
+    # -- used by reorderers, through a CacheEditor ------------------------------
     def append(
         self,
         tokens: torch.Tensor,
@@ -119,9 +117,9 @@ class SequenceCache:
             self.chunks = [c if c.stop <= start else Chunk(c.start, start, c.anchor) for c in self.chunks if c.start < start]
         self.last_logits = None
 
-    # -- used by the executor ----------------------------------------------
+    # -- used by engines -------------------------------------------------------
     def mark_encoded(self, last_logits: torch.Tensor | None) -> None:
-        """Record that the pending entries were just encoded causally (the executor put them in the store)."""
+        """Record that the pending entries were just encoded causally (the engine put them in the store)."""
         if self.pending:
             self._record(self.encoded, len(self), self.encoded)
             self.encoded = len(self)
@@ -146,3 +144,50 @@ class SequenceCache:
         for c in self.chunks:
             pattern[c.start : c.stop, c.anchor : c.start] = False
         return pattern
+
+
+class CacheEditor:
+    """What a cache reorderer may do to a sequence's context: append and invalidate, nothing else.
+
+    Reads (``len``, ``tokens``, ``positions``, ``encoded``, ``pending``,
+    ``last_position``) see the underlying :class:`SequenceCache`; the only
+    writes are :meth:`append` (each committed token exactly once) and
+    :meth:`invalidate` (drop keys/values so the next call re-encodes them).
+    """
+
+    __slots__ = ("_cache",)
+
+    def __init__(self, cache: SequenceCache):
+        self._cache = cache
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        return self._cache.tokens
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return self._cache.positions
+
+    @property
+    def encoded(self) -> int:
+        return self._cache.encoded
+
+    @property
+    def pending(self) -> int:
+        return self._cache.pending
+
+    @property
+    def last_position(self) -> int:
+        return self._cache.last_position
+
+    def append(self, tokens, positions, kv: KVSegment | None = None, *, anchor: int | None = None,
+               continues: bool = False, last_logits: torch.Tensor | None = None) -> None:
+        """See :meth:`SequenceCache.append`."""
+        self._cache.append(tokens, positions, kv, anchor=anchor, continues=continues, last_logits=last_logits)
+
+    def invalidate(self, start: int = 0) -> None:
+        """See :meth:`SequenceCache.invalidate`."""
+        self._cache.invalidate(start)

@@ -8,30 +8,20 @@ A store holds the encoded context of one sequence and offers three operations:
 * :class:`RowStore` - one row of a :class:`PreallocatedKV` buffer, where an
   append writes the new entries in place and truncation is a length change.
 
-Both count the bytes of keys/values they move (``copies``): copies of entries
-already cached (``context``, the cost that grows with the sequence) apart from
-writes of new entries (``new``).
+Both report the bytes of keys/values they move to the sequence's
+:class:`~refusion.counters.Counters`: copies of entries already cached
+(``context``, the cost that grows with the sequence) apart from writes of new
+entries (``new``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import attrs
 import torch
 
-from refusion.cache.kv import KVSegment
-
-
-@attrs.define
-class CopyStats:
-    """Bytes of keys/values moved: ``context`` (re-copies of cached entries) and ``new`` (new entries written)."""
-
-    context: int = 0
-    new: int = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return {"context": self.context, "new": self.new}
+from refusion.counters import Counters
+from refusion.protocol import KVSegment
 
 
 def bytes_per_token(layers: int, heads: int, dim: int, dtype: torch.dtype) -> int:
@@ -42,12 +32,20 @@ def bytes_per_token(layers: int, heads: int, dim: int, dtype: torch.dtype) -> in
 class DynamicStore:
     """A transformers ``DynamicCache`` for one sequence (the reference decoder's cache)."""
 
-    def __init__(self, cache: Any):
+    def __init__(self, cache: Any, counters: Counters | None = None):
         self.cache = cache
-        self.copies = CopyStats()
+        self.counters = counters if counters is not None else Counters()
 
     def __len__(self) -> int:
         return self.cache.get_seq_length()
+
+    def token_bytes(self) -> int:
+        """Bytes per cached token (0 while the cache is empty and its shape unknown)."""
+        layer = self.cache.layers[0] if self.cache.layers else None
+        if layer is None or not layer.is_initialized or not layer.keys.numel():
+            return 0
+        _, heads, _, dim = layer.keys.shape
+        return bytes_per_token(len(self.cache.layers), heads, dim, layer.keys.dtype)
 
     def append(self, kv: KVSegment) -> None:
         data = kv.data
@@ -56,8 +54,7 @@ class DynamicStore:
             self.cache.update(data[layer, 0].unsqueeze(0), data[layer, 1].unsqueeze(0), layer)
         layers, _, heads, n, dim = data.shape
         token = bytes_per_token(layers, heads, dim, data.dtype)
-        self.copies.context += length * token  # torch.cat copies everything already cached
-        self.copies.new += n * token
+        self.counters.copied(context=length * token, new=n * token)  # torch.cat copies everything already cached
 
     def truncate(self, length: int) -> None:
         if length < len(self):
@@ -65,35 +62,72 @@ class DynamicStore:
 
 
 class PreallocatedKV:
-    """One buffer of keys/values for a batch of sequences, allocated once.
+    """One buffer of keys/values for many sequences, grown only when needed.
 
-    ``data`` has shape ``(layers, 2, batch, kv_heads, capacity, head_dim)``.
+    ``data`` has shape ``(layers, 2, rows, kv_heads, capacity, head_dim)``.
     Row ``b`` holds its sequence's encoded context in slots ``0:lengths[b]``;
-    slots beyond are scratch space for the model call in flight.
+    slots beyond are scratch space for the model call in flight. Rows are
+    handed out by :meth:`allocate` and returned by :meth:`free`; growing the
+    buffer (more rows or more capacity) copies what is cached once, counted on
+    ``counters``.
     """
 
-    def __init__(self, layers: int, batch: int, heads: int, capacity: int, dim: int, *, dtype, device):
-        self.data = torch.zeros((layers, 2, batch, heads, capacity, dim), dtype=dtype, device=device)
-        self.lengths = [0] * batch
-        self.copies = CopyStats()
+    def __init__(self, layers: int, rows: int, heads: int, capacity: int, dim: int, *, dtype, device,
+                 counters: Counters | None = None):
+        self.data = torch.zeros((layers, 2, rows, heads, capacity, dim), dtype=dtype, device=device)
+        self.lengths = [0] * rows
+        self.free_rows = list(range(rows - 1, -1, -1))
+        self.counters = counters if counters is not None else Counters()
         self.token_bytes = bytes_per_token(layers, heads, dim, dtype)
 
     @property
     def capacity(self) -> int:
         return self.data.shape[4]
 
-    def ensure_capacity(self, needed: int) -> None:
-        """Grow the buffer (one copy) if ``needed`` slots do not fit."""
-        if needed <= self.capacity:
-            return
-        new_cap = max(needed, 2 * self.capacity)
-        grown = self.data.new_zeros((*self.data.shape[:4], new_cap, self.data.shape[5]))
-        used = max(self.lengths) if self.lengths else 0
-        grown[:, :, :, :, :used] = self.data[:, :, :, :, :used]
-        self.copies.context += used * self.token_bytes * len(self.lengths)
-        self.data = grown
+    @property
+    def rows(self) -> int:
+        return self.data.shape[2]
 
-    def write(self, row: int, start: int, kv: torch.Tensor) -> None:
+    def _grow(self, rows: int, capacity: int) -> None:
+        grown = self.data.new_zeros((*self.data.shape[:2], rows, self.data.shape[3], capacity, self.data.shape[5]))
+        used = max(self.lengths) if self.lengths else 0
+        old_rows = self.rows
+        grown[:, :, :old_rows, :, :used] = self.data[:, :, :, :, :used]
+        self.counters.copied(context=sum(self.lengths) * self.token_bytes)
+        self.data = grown
+        self.lengths += [0] * (rows - old_rows)
+        self.free_rows = list(range(rows - 1, old_rows - 1, -1)) + self.free_rows
+
+    def ensure_capacity(self, needed: int) -> None:
+        """Grow the buffer (one copy) if ``needed`` slots per row do not fit."""
+        if needed > self.capacity:
+            self._grow(self.rows, max(needed, self.capacity + self.capacity // 4))
+
+    def allocate(self, needed: int) -> int:
+        """A free row with room for ``needed`` slots (the buffer grows if there is none)."""
+        if not self.free_rows:
+            self._grow(max(1, 2 * self.rows), self.capacity)
+        self.ensure_capacity(needed)
+        row = min(self.free_rows)
+        self.free_rows.remove(row)
+        self.lengths[row] = 0
+        return row
+
+    def free(self, row: int) -> None:
+        """Return ``row`` to the free list."""
+        self.lengths[row] = 0
+        self.free_rows.append(row)
+
+    def move(self, source: int, target: int, counters: Counters | None = None) -> None:
+        """Copy row ``source``'s cached entries into the free row ``target``, which it then owns."""
+        n = self.lengths[source]
+        self.data[:, :, target, :, :n] = self.data[:, :, source, :, :n]
+        (counters or self.counters).copied(context=n * self.token_bytes)
+        self.lengths[target] = n
+        self.free_rows.remove(target)
+        self.free(source)
+
+    def write(self, row: int, start: int, kv: torch.Tensor, counters: Counters | None = None) -> None:
         """Write ``kv`` of shape ``(layers, 2, heads, n, dim)`` into row ``row`` at slots ``start:start+n``."""
         from refusion_kernels import scatter_kv
 
@@ -101,28 +135,30 @@ class PreallocatedKV:
         self.ensure_capacity(start + n)
         cols = torch.arange(start, start + n, device=self.data.device)
         scatter_kv(self.data, kv, torch.full_like(cols, row), cols)
-        self.copies.new += n * self.token_bytes
+        (counters or self.counters).copied(new=n * self.token_bytes)
 
-    def row(self, index: int) -> "RowStore":
-        return RowStore(self, index)
+    def row(self, index: int, counters: Counters | None = None) -> "RowStore":
+        return RowStore(self, index, counters)
 
 
 class RowStore:
-    """The store of one sequence inside a :class:`PreallocatedKV`."""
+    """The store of one sequence inside a :class:`PreallocatedKV`.
 
-    def __init__(self, buffer: PreallocatedKV, row: int):
+    The engine may move the sequence to another row (``row`` changes); when
+    the sequence finishes the engine calls :meth:`detach`: the store keeps its
+    length but owns no row any more.
+    """
+
+    def __init__(self, buffer: PreallocatedKV, row: int, counters: Counters | None = None):
         self.buffer = buffer
         self.row = row
+        self.counters = counters if counters is not None else Counters(parent=buffer.counters)
         self._detached_length: int | None = None
 
     def detach(self) -> None:
         """Give the row up (its sequence has finished): keep the length, refuse further writes."""
         self._detached_length = len(self)
         self.row = -1
-
-    @property
-    def copies(self) -> CopyStats:
-        return CopyStats()  # counted once, on the shared buffer
 
     def __len__(self) -> int:
         if self._detached_length is not None:
@@ -133,7 +169,7 @@ class RowStore:
         if self._detached_length is not None:
             raise RuntimeError("this sequence's row was given up when it finished")
         start = len(self)
-        self.buffer.write(self.row, start, kv.data)
+        self.buffer.write(self.row, start, kv.data, self.counters)
         self.buffer.lengths[self.row] = start + len(kv)
 
     def truncate(self, length: int) -> None:

@@ -5,7 +5,7 @@ Each iteration of the decoder, for the current serial block:
 1. the decoder drafts every still-masked slot (:class:`~refusion.state.Plan`);
 2. a :class:`SlotSelector` picks the slots to infill now;
 3. an :class:`Infiller` finishes some of them, asking the model for what it
-   needs through yielded :class:`~refusion.cache.calls.ModelCall` s;
+   needs through yielded :class:`~refusion.protocol.ModelCall` s;
 4. a :class:`CacheReorderer` puts the finished slots into the context cache.
 
 Before decoding, a :class:`SlotPartitioner` cuts the generation region into
@@ -21,8 +21,8 @@ from typing import ClassVar, Generator, Sequence
 import attrs
 import torch
 
-from refusion.cache.calls import Branch, Extend, ExtendOutput, ModelCall
-from refusion.cache.sequence import SequenceCache
+from refusion.protocol import BlockReuse, Branch, Extend, ExtendOutput, ModelCall
+from refusion.cache.sequence import CacheEditor
 from refusion.sampling import Sampler, greedy
 from refusion.state import Commit, InfillResult, Partition, Plan, Slot
 
@@ -135,25 +135,31 @@ class CacheReorderer(Part):
     kind = "reorderer"
 
     @abstractmethod
-    def reorder(self, cache: SequenceCache, result: InfillResult) -> None:
-        """Receive the sequence's cache and the iteration's commits (EOS already applied).
+    def reorder(self, cache: CacheEditor, result: InfillResult) -> None:
+        """Receive the sequence's context (a :class:`~refusion.cache.sequence.CacheEditor`) and the iteration's commits.
 
-        Must append every committed token exactly once (``cache.append``), with
-        or without the infiller's keys/values; may drop keys/values of earlier
-        entries (``cache.invalidate``) to have them re-encoded. Must not touch
-        the cache in any other way.
+        EOS is already applied to ``result``. Must append every committed
+        token exactly once (``cache.append``, in any order, with or without
+        the infiller's keys/values); may drop keys/values of earlier entries
+        (``cache.invalidate``) to have them re-encoded by the next model call.
+        These two calls are all the editor offers; the decoder checks
+        afterwards that exactly the committed positions were appended.
         """
 
-    def start_block(self, cache: SequenceCache, start: int, stop: int) -> None:
-        """Called when serial block ``start:stop`` (absolute positions) begins; default: nothing.
+    def start_block(self, start: int, stop: int) -> BlockReuse | None:
+        """Serial block ``start:stop`` (absolute positions) begins; return a cache request for it, or ``None``.
 
-        A cache policy (e.g. Fast-dLLM's prefix/dual cache) uses it to refresh
-        what it keeps per block.
+        A cache policy (e.g. Fast-dLLM's prefix/dual cache) returns a
+        :class:`~refusion.protocol.BlockReuse`; the engine then keeps what it
+        asks for during the block. Must not touch anything. Default: ``None``.
         """
+        return None
 
 
 __all__ = [
+    "BlockReuse",
     "Branch",
+    "CacheEditor",
     "CacheReorderer",
     "Commit",
     "Extend",

@@ -17,7 +17,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from refusion.cache.calls import Branch, ModelCall
+from refusion.protocol import Branch, ModelCall
 from refusion.plugins import hookimpl
 from refusion.state import Commit, InfillResult, Plan
 from refusion.strategies.base import InfillContext, Infiller, InfillGenerator

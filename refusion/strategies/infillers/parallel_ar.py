@@ -24,7 +24,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from refusion.cache.calls import Branch, ExtendOutput, ModelCall
+from refusion.protocol import Branch, ExtendOutput, ModelCall
 from refusion.plugins import hookimpl
 from refusion.sampling import token_probability
 from refusion.state import Commit, InfillResult, Plan

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import attrs
 
-from refusion.cache.canvas import BlockCache
-from refusion.cache.sequence import SequenceCache
+from refusion.cache.sequence import CacheEditor
 from refusion.plugins import hookimpl
+from refusion.protocol import BlockReuse
 from refusion.state import InfillResult
 from refusion.strategies.base import CacheReorderer
 
@@ -23,12 +23,12 @@ class PrefixCache(CacheReorderer):
     requires = {"causal": False, "kv_cache": True}
     mode = "prefix"
 
-    def reorder(self, cache: SequenceCache, result: InfillResult) -> None:
+    def reorder(self, cache: CacheEditor, result: InfillResult) -> None:
         for commit in result.commits:
             cache.append(commit.tokens, commit.positions)
 
-    def start_block(self, cache: SequenceCache, start: int, stop: int) -> None:
-        cache.block_cache = BlockCache(self.mode, start, stop, stale=True)
+    def start_block(self, start: int, stop: int) -> BlockReuse:
+        return BlockReuse(self.mode)
 
 
 @attrs.frozen

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from refusion.cache.sequence import SequenceCache
+from refusion.cache.sequence import CacheEditor
 from refusion.plugins import hookimpl
 from refusion.state import InfillResult
 from refusion.strategies.base import CacheReorderer
@@ -21,7 +21,7 @@ class Reencode(CacheReorderer):
 
     name = "reencode"
 
-    def reorder(self, cache: SequenceCache, result: InfillResult) -> None:
+    def reorder(self, cache: CacheEditor, result: InfillResult) -> None:
         for commit in result.commits:
             cache.append(commit.tokens, commit.positions)
 

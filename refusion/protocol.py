@@ -1,25 +1,67 @@
-"""What a strategy asks of the model: extensions of the committed context.
+"""What strategies exchange with whatever runs the model: model calls, their outputs, keys/values.
 
 An infiller never calls the model. It *yields* a :class:`ModelCall` and gets
 back one :class:`ExtendOutput` per :class:`Extend`. Each extend feeds tokens
 after the committed context plus a :class:`Branch` (tokens already accepted on
 that branch, with their keys/values); the fed tokens attend causally to
-themselves, their branch and the committed context, and to nothing else. The
-executor decides how to run the extends (one batched forward today).
+themselves, their branch and the committed context, and to nothing else. How
+the calls run (one forward for many sequences, a cache per sequence, a
+bidirectional canvas) is the business of an engine (:mod:`refusion.engines`);
+nothing here names one.
 
 Branches are immutable: ``branch.extended(output, n)`` returns a new branch
-that also holds the first ``n`` fed tokens of ``output``.
+that also holds the first ``n`` fed tokens of ``output``. A
+:class:`KVSegment` carries the keys and values of a run of tokens for every
+layer at once; it is what an infiller hands to a cache reorderer.
+:class:`BlockReuse` is how a cache reorderer asks an engine to reuse
+approximate keys/values within a block (Fast-dLLM's prefix and dual caches).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from typing import Literal, Sequence
 
 import attrs
 import torch
 
-from refusion.cache.kv import KVSegment
+
+@attrs.frozen(eq=False)
+class KVSegment:
+    """Keys and values of ``n`` consecutive tokens.
+
+    ``data`` has shape ``(layers, 2, kv_heads, n, head_dim)``; index 0 of the
+    second axis holds keys, index 1 values (after RoPE and q/k-norm, exactly as
+    the model's attention cached them).
+    """
+
+    data: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.data.shape[3]
+
+    def __getitem__(self, index: slice) -> "KVSegment":
+        if not isinstance(index, slice) or index.step not in (None, 1):
+            raise TypeError("KVSegment supports contiguous slices only")
+        return KVSegment(self.data[:, :, :, index])
+
+    @staticmethod
+    def cat(segments: Sequence["KVSegment | None"]) -> "KVSegment | None":
+        """Concatenate segments along the token axis (``None`` entries are skipped)."""
+        parts = [s.data for s in segments if s is not None and len(s)]
+        if not parts:
+            return None
+        return KVSegment(parts[0] if len(parts) == 1 else torch.cat(parts, dim=3))
+
+    @staticmethod
+    def from_layers(layers: Sequence[tuple[torch.Tensor, torch.Tensor]], batch: int, start: int, stop: int) -> "KVSegment":
+        """Cut tokens ``start:stop`` of batch row ``batch`` out of per-layer ``(keys, values)``.
+
+        Each ``keys``/``values`` tensor has shape ``(batch, kv_heads, length, head_dim)``.
+        """
+        return KVSegment(
+            torch.stack([torch.stack((k[batch, :, start:stop], v[batch, :, start:stop])) for k, v in layers])
+        )
 
 
 def _as_long_1d(name: str, value) -> torch.Tensor:
@@ -108,7 +150,7 @@ class ExtendOutput:
     ``logits`` has shape ``(q, vocab)``: row ``i`` is the model's output at fed
     token ``i``. ``kv`` holds the fed tokens' keys and values; it can be read
     (or a branch extended with it) until the sequence's next model call, after
-    which the executor may reuse the memory.
+    which the engine may reuse the memory.
     """
 
     extend: Extend
@@ -129,3 +171,21 @@ class ExtendOutput:
                 "(e.g. branch.extended(output, n)) before yielding the next ModelCall."
             )
         return KVSegment.from_layers(self._layers, self._batch, self._start, self._start + len(self.extend.tokens))
+
+
+@attrs.frozen
+class BlockReuse:
+    """A cache reorderer's request for one block: reuse keys/values computed outside it.
+
+    ``mode="prefix"``: keys/values of every position before the block are
+    computed once, at the block's first call, and reused by its later calls
+    (Fast-dLLM's prefix cache, Wu et al., arXiv 2505.22618); ``mode="dual"``:
+    the masked suffix after the block is kept as well (its dual cache). Both
+    are approximations on a bidirectional model; an engine whose cache is
+    exact has nothing to approximate and may ignore the request.
+    """
+
+    mode: Literal["prefix", "dual"] = attrs.field(validator=attrs.validators.in_(("prefix", "dual")))
+
+
+__all__ = ["BlockReuse", "Branch", "Epoch", "Extend", "ExtendOutput", "KVSegment", "ModelCall"]

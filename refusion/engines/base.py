@@ -1,0 +1,127 @@
+"""The runtime under the decoder: one interface, interchangeable engines.
+
+A decode is a program that yields :class:`~refusion.protocol.ModelCall` s
+(:meth:`refusion.decoder.DecodeSession.program`). An :class:`Engine` runs
+them against one model:
+
+* :meth:`Engine.admit` creates the per-sequence state of an admitted prompt
+  (a :class:`SequenceState`: the committed context and whatever the engine
+  keeps for it);
+* :meth:`Engine.run` answers one pending call of each given sequence;
+* :meth:`Engine.release` gives a finished (or cancelled) sequence's memory back.
+
+Engines count their work in :class:`~refusion.counters.Counters`, per
+sequence and in total, the same way: a forward is one call of the network; a
+sequence's forwards are those that served it. Built-ins: ``repeat``
+(:mod:`refusion.engines.repeat`), ``branch`` (:mod:`refusion.engines.branch`)
+and ``canvas`` (:mod:`refusion.engines.canvas`); plugins add more through the
+``register_engines`` hook.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Mapping
+
+import torch
+
+from refusion.cache.sequence import SequenceCache
+from refusion.counters import Counters
+from refusion.protocol import BlockReuse, Epoch, ExtendOutput, ModelCall
+
+
+class SequenceState:
+    """What an engine keeps for one admitted sequence.
+
+    ``context`` is the sequence's committed context (tokens, positions,
+    keys/values in cache order); ``counters`` what served it so far.
+    ``prompt_length`` and ``region_length`` give its canvas: the prompt at
+    positions ``0:prompt_length``, the generation region after it. The
+    decoder tells the engine about the decode through two lifecycle calls,
+    :meth:`start_block` and :meth:`end_at`; an engine subclasses this class to
+    keep typed state of its own. Nothing else writes it.
+    """
+
+    def __init__(self, context: SequenceCache, counters: Counters, prompt_length: int, region_length: int):
+        self.context = context
+        self.counters = counters
+        self.prompt_length = prompt_length
+        self.region_length = region_length
+        self.released = False
+
+    @property
+    def canvas_length(self) -> int:
+        """Prompt plus generation region."""
+        return self.prompt_length + self.region_length
+
+    def start_block(self, start: int, stop: int, reuse: BlockReuse | None) -> None:
+        """Serial block ``start:stop`` (absolute positions) begins; ``reuse`` is the reorderer's cache request."""
+
+    def end_at(self, position: int) -> None:
+        """An EOS was committed at absolute ``position``: no later position will be decoded."""
+
+
+class Engine(ABC):
+    """Runs the model calls of many sequences on one model.
+
+    ``name`` is the registry key; among the engines that can run a model,
+    :func:`~refusion.engines.choose.choose_engine` takes the one with the
+    highest ``priority``. Subclasses implement :meth:`unsupported`,
+    :meth:`admit` and :meth:`run`, count every network forward with
+    :meth:`served` and every key/value copy on the sequence's counters.
+    """
+
+    name: ClassVar[str]
+    kind: ClassVar[str] = "engine"
+    priority: ClassVar[int] = 0
+
+    def __init__(self, model: Any):
+        reason = self.unsupported(model)
+        if reason is not None:
+            from refusion.errors import ConfigError
+
+            raise ConfigError(f"engine {self.name!r} cannot run {type(model).__name__}: {reason}.")
+        self.model = model
+        #: the engine's totals; each sequence's counters report their bytes here too
+        self.counters = Counters()
+        self.epoch = Epoch()
+
+    @classmethod
+    @abstractmethod
+    def unsupported(cls, model: Any) -> str | None:
+        """Why this engine cannot run ``model`` (a short reason), or ``None`` when it can."""
+
+    @abstractmethod
+    def admit(self, prompt: torch.Tensor, region_length: int) -> SequenceState:
+        """Create the state of a new sequence whose prompt (1-D ids, checked) is not encoded yet.
+
+        ``region_length`` is the number of positions to generate after it.
+        The prompt becomes the context's pending entries (the first call
+        encodes it).
+        """
+
+    @abstractmethod
+    def run(self, calls: Mapping[SequenceState, ModelCall]) -> dict[SequenceState, tuple[ExtendOutput, ...]]:
+        """Answer one call of each given sequence: one :class:`ExtendOutput` per extend, in order.
+
+        Must encode a sequence's pending context entries before (or together
+        with) its extends, and must not change its committed context otherwise.
+        """
+
+    def release(self, state: SequenceState) -> None:
+        """The sequence has finished or was cancelled: free what the engine keeps for it (idempotent)."""
+        state.released = True
+
+    # -- counting ----------------------------------------------------------------
+    def served(self, fed: Mapping[SequenceState, int], padded: int = 0) -> None:
+        """Count one network forward that fed ``fed[state]`` query tokens of each sequence, plus padding."""
+        self.counters.forwards += 1
+        self.counters.fed_tokens += sum(fed.values())
+        self.counters.padded_tokens += padded
+        for state, n in fed.items():
+            state.counters.forwards += 1
+            state.counters.fed_tokens += n
+
+    def new_counters(self) -> Counters:
+        """Counters for a new sequence, reporting into the engine's totals."""
+        return Counters(parent=self.counters)

@@ -1,0 +1,163 @@
+"""The ``canvas`` engine: model calls for bidirectional masked diffusion LMs (LLaDA- and Dream-style).
+
+Such a model sees the whole *canvas*: prompt, committed tokens and masks at
+every other position of the generation region, in position order, with
+bidirectional attention. An extend's tokens are placed on the canvas at their
+positions and the logits at those positions are read back; with a logit shift
+of 1 (Dream) the logits predicting position ``p`` are the model's output at
+``p - 1``. Positions after a committed EOS are filled with EOS.
+
+Without an approximation every call is a full forward of the canvas (the
+plain MDM baseline). When a cache reorderer asks for
+:class:`~refusion.protocol.BlockReuse` at the start of a block, the engine
+applies Fast-dLLM's approximations (Wu et al., arXiv 2505.22618): the first
+call of the block is a full forward that also keeps the keys/values of the
+prefix (``prefix`` mode) or of the prefix and the suffix (``dual`` mode);
+later calls of the block feed only the block (plus, in prefix mode, the
+suffix) and attend to the kept keys/values.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import attrs
+import torch
+
+from refusion.cache.sequence import SequenceCache
+from refusion.engines.base import Engine, SequenceState
+from refusion.plugins import hookimpl
+from refusion.protocol import BlockReuse, Extend, ExtendOutput, ModelCall
+
+
+@attrs.define
+class BlockCache:
+    """Fast-dLLM cache state of one sequence's current block ``start:stop`` (absolute positions).
+
+    ``stale`` asks for a refresh (a full forward) at the next call; ``kept``
+    holds per layer the (keys, values) of positions ``0:prefix_end`` and
+    ``suffix_start:canvas`` from that forward.
+    """
+
+    mode: str
+    start: int
+    stop: int
+    stale: bool = True
+    kept: list | None = None
+    prefix_end: int = 0
+    suffix_start: int = 0
+
+
+class CanvasSequence(SequenceState):
+    """A sequence on the canvas: where its answer ends and its block cache, if any."""
+
+    def __init__(self, context: SequenceCache, counters, prompt_length: int, region_length: int, eos_fill: int | None):
+        super().__init__(context, counters, prompt_length, region_length)
+        self.eos_fill = eos_fill
+        #: first position after a committed EOS (filled with ``eos_fill``), if any
+        self.end: int | None = None
+        self.block: BlockCache | None = None
+
+    def start_block(self, start: int, stop: int, reuse: BlockReuse | None) -> None:
+        self.block = None if reuse is None else BlockCache(reuse.mode, start, stop)
+
+    def end_at(self, position: int) -> None:
+        self.end = position + 1 if self.end is None else min(self.end, position + 1)
+
+
+class CanvasEngine(Engine):
+    """Runs the model calls of sequences on a bidirectional model, one forward per extend."""
+
+    name = "canvas"
+    priority = 10
+
+    @classmethod
+    def unsupported(cls, model: Any) -> str | None:
+        if model.capabilities.causal:
+            return "it is for bidirectional models (causal ones use 'branch' or 'repeat')"
+        return None
+
+    def admit(self, prompt: torch.Tensor, region_length: int) -> SequenceState:
+        counters = self.new_counters()
+        context = SequenceCache(_NoStore(), prompt, torch.arange(prompt.shape[0]))
+        eos = self.model.eos_token_ids
+        return CanvasSequence(context, counters, prompt.shape[0], region_length, min(eos) if eos else None)
+
+    def run(self, calls: Mapping[SequenceState, ModelCall]) -> dict[SequenceState, tuple[ExtendOutput, ...]]:
+        self.epoch.value += 1
+        return {state: tuple(self._extend(state, e) for e in call.extends) for state, call in calls.items()}
+
+    def _canvas(self, state: CanvasSequence, extend: Extend) -> torch.Tensor:
+        canvas = torch.full((state.canvas_length,), self.model.mask_token_id, dtype=torch.long)
+        if state.end is not None and state.eos_fill is not None:
+            canvas[state.end :] = state.eos_fill
+        context = state.context
+        canvas[context.positions] = context.tokens
+        canvas[extend.positions.cpu()] = extend.tokens.cpu()
+        return canvas
+
+    @torch.no_grad()
+    def _extend(self, state: CanvasSequence, extend: Extend) -> ExtendOutput:
+        shift = self.model.capabilities.logit_shift
+        canvas = self._canvas(state, extend)
+        block = state.block
+        wanted = extend.positions.cpu() - shift
+        if int(wanted.min()) < 0:
+            raise ValueError("with a logit shift of 1, position 0 cannot be predicted")
+        if block is not None and not block.stale:
+            inside = bool(((wanted >= block.prefix_end) & (wanted < block.suffix_start)).all())
+            if inside:
+                return self._approximate(state, extend, canvas, block, wanted)
+        return self._full(state, extend, canvas, block, wanted)
+
+    def _forward(self, state: CanvasSequence, ids, positions, cache_obj):
+        device = self.model.device
+        past = cache_obj.get_seq_length() if cache_obj is not None else 0
+        mask = torch.ones(1, past + ids.shape[0], dtype=torch.long, device=device)
+        logits = self.model.forward(ids[None].to(device), positions[None].to(device), mask, cache_obj)[0]
+        self.served({state: ids.shape[0]})
+        return logits
+
+    def _full(self, state, extend, canvas, block, wanted) -> ExtendOutput:
+        positions = torch.arange(canvas.shape[0])
+        store = self.model.new_cache() if block is not None else None
+        logits = self._forward(state, canvas, positions, store)
+        if block is not None:
+            shift = self.model.capabilities.logit_shift
+            block.prefix_end = max(0, block.start - shift)
+            block.suffix_start = block.stop if block.mode == "dual" else canvas.shape[0]
+            kept = []
+            for layer in store.layers:
+                keys = torch.cat((layer.keys[:, :, : block.prefix_end], layer.keys[:, :, block.suffix_start :]), dim=2)
+                values = torch.cat((layer.values[:, :, : block.prefix_end], layer.values[:, :, block.suffix_start :]),
+                                   dim=2)
+                kept.append((keys, values))
+            block.kept, block.stale = kept, False
+        return ExtendOutput(extend, logits[wanted.to(logits.device)], [], 0, 0, self.epoch, self.epoch.value)
+
+    def _approximate(self, state, extend, canvas, block, wanted) -> ExtendOutput:
+        from transformers import DynamicCache
+
+        store = DynamicCache(list(block.kept))  # update() concatenates into new tensors: the snapshot stays intact
+        positions = torch.arange(block.prefix_end, block.suffix_start)
+        logits = self._forward(state, canvas[block.prefix_end : block.suffix_start], positions, store)
+        return ExtendOutput(extend, logits[(wanted - block.prefix_end).to(logits.device)], [], 0, 0, self.epoch,
+                            self.epoch.value)
+
+
+class _NoStore:
+    """The canvas keeps no per-sequence keys/values: committed tokens are re-read from the canvas."""
+
+    def __len__(self) -> int:
+        return 0
+
+    def append(self, kv) -> None:
+        pass
+
+    def truncate(self, length: int) -> None:
+        pass
+
+
+@hookimpl
+def register_engines(register):
+    register(CanvasEngine)

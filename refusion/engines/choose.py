@@ -1,0 +1,62 @@
+"""Which engine runs a model: named, given as a class or instance, or the best registered one."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from refusion.engines.base import Engine
+from refusion.errors import ConfigError
+
+
+def engine_class(spec: Any) -> type[Engine]:
+    """Resolve a registered name, a ``"module:Class"`` string or an :class:`Engine` subclass."""
+    from refusion.registry import _import_class, registry
+
+    if isinstance(spec, str):
+        cls = _import_class(spec) if ":" in spec else registry().get("engine", spec)
+    else:
+        cls = spec
+    if not inspect.isclass(cls) or not issubclass(cls, Engine):
+        raise ConfigError(f"`engine` must be a registered engine name, an Engine subclass or instance; got {spec!r}.")
+    return cls
+
+
+def choose_engine(model: Any, decoder: Any = None) -> type[Engine]:
+    """The engine class for ``model``: the decoder's ``engine`` if it names one, else the best that can run it.
+
+    "Best" is the highest ``priority`` among the registered engines whose
+    :meth:`~Engine.unsupported` says nothing against the model (ties: by
+    name). A named engine that cannot run the model is an error with the
+    reason, never silently replaced.
+    """
+    from refusion.registry import registry
+
+    spec = getattr(decoder, "engine", None)
+    if spec is not None:
+        cls = engine_class(spec)
+        reason = cls.unsupported(model)
+        if reason is not None:
+            raise ConfigError(f"`engine` {cls.name!r} cannot run {type(model).__name__}: {reason}.")
+        return cls
+    reasons = []
+    for entry in sorted(registry().entries("engine"), key=lambda r: (-r.cls.priority, r.name)):
+        reason = entry.cls.unsupported(model)
+        if reason is None:
+            return entry.cls
+        reasons.append(f"{entry.name}: {reason}")
+    raise ConfigError(f"No registered engine can run {type(model).__name__} ({'; '.join(reasons)}).")
+
+
+def open_engine(model: Any, decoder: Any = None, engine: Any = None, **options: Any) -> Engine:
+    """A live engine for ``model``: ``engine`` (instance, name or class) if given, else :func:`choose_engine`."""
+    if isinstance(engine, Engine):
+        if engine.model is not model:
+            raise ConfigError("`engine` was opened for another model; open one for this model or pass its name.")
+        return engine
+    cls = engine_class(engine) if engine is not None else choose_engine(model, decoder)
+    if engine is not None:
+        reason = cls.unsupported(model)
+        if reason is not None:
+            raise ConfigError(f"`engine` {cls.name!r} cannot run {type(model).__name__}: {reason}.")
+    return cls(model, **options)

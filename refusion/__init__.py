@@ -10,12 +10,21 @@ Compose your own decoder from parts (names, classes or instances)::
 
     from refusion import Decoder
     decoder = Decoder.from_names(selector="topk", k=2, slot_size=16)
+
+Serve many requests on one running engine (continuous batching)::
+
+    generator = refusion.Generator(max_rows=16)
+    request = generator.submit("rev hello=", gen_length=32)
+    for event in request:                                   # slots as they commit
+        print(event.prefix_tokens)
 """
 
 from refusion import errors
 from refusion.api import generate, load_model
 from refusion.config import PRESETS, Preset
 from refusion.decoder import Decoder, DecodeSession
+from refusion.engines import Engine, choose_engine
+from refusion.generator import Generator, Progress, Request
 from refusion.registry import registry
 from refusion.state import DecodeResult, Plan, Slot
 
@@ -26,6 +35,11 @@ __all__ = [
     "DecodeResult",
     "DecodeSession",
     "Decoder",
+    "Engine",
+    "Generator",
+    "Progress",
+    "Request",
+    "choose_engine",
     "Plan",
     "Preset",
     "Slot",

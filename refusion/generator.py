@@ -1,0 +1,392 @@
+"""Continuous batching: requests join and leave a running engine between steps.
+
+A :class:`Generator` owns one live engine for one model. :meth:`Generator.submit`
+checks a request at once (bad input fails there, not later) and queues it;
+each :meth:`Generator.step` admits queued requests while there is room
+(``max_rows`` live sequences, ``max_tokens`` reserved context positions),
+runs one engine step for every live request and reports what each gained as
+:class:`Progress` events. Finished and cancelled requests leave at once and
+their rows and keys/values are reused. Requests may differ in everything a
+decoder holds (parts, parameters, sampling, seed) and in ``gen_length``; a
+request's tokens are the same as decoding it alone.
+
+Drive it yourself (``generator.step()`` in your own loop, or iterate a
+request, which steps the generator until that request has news), or call
+:meth:`Generator.start` to step it in a background thread; ``submit``,
+``cancel`` and iteration are thread-safe.
+
+Slots commit out of order: ``Progress.prefix_tokens`` are the tokens that
+extend the *contiguous committed prefix* of the answer (what a stream can
+show), ``Progress.commits`` every slot committed in the step, wherever it is.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import deque
+from typing import Any, Callable, Iterator
+
+import attrs
+
+from refusion.decoder import Decoder, DecodeSession, Prepared, with_text
+from refusion.engines import Runner, engine_class, open_engine
+from refusion.errors import ConfigError
+from refusion.state import DecodeResult, StepRecord
+
+
+@attrs.frozen
+class CommittedSlot:
+    """A slot committed in one step: its index, first offset in the generation region and tokens."""
+
+    slot: int
+    offset: int
+    tokens: tuple[int, ...]
+
+
+@attrs.frozen(eq=False)
+class Progress:
+    """What one request gained in one step of the generator.
+
+    ``step`` is the decoder iteration that finished (``None`` when the
+    request only finished or was cancelled); ``commits`` the slots it
+    committed; ``prefix_tokens`` the tokens that extend the contiguous
+    committed prefix of the answer, which is now ``prefix_length`` long.
+    The last event of a request has ``finished=True`` and carries its
+    ``result`` (``None`` if it was cancelled, then ``cancelled=True``).
+    """
+
+    request: "Request"
+    step: StepRecord | None
+    commits: tuple[CommittedSlot, ...]
+    prefix_tokens: tuple[int, ...]
+    prefix_length: int
+    finished: bool = False
+    cancelled: bool = False
+    result: DecodeResult | None = None
+
+
+class Request:
+    """A submitted prompt: its state, its events and, once finished, its result.
+
+    ``status`` is ``"waiting"``, ``"running"``, ``"finished"`` or
+    ``"cancelled"``. Iterate it for its :class:`Progress` events as they
+    happen; :meth:`wait` returns the :class:`~refusion.state.DecodeResult`.
+    """
+
+    def __init__(self, generator: "Generator", index: int, decoder: Decoder, prepared: Prepared,
+                 on_event: Callable[[Progress], None] | None):
+        self.generator = generator
+        self.id = index
+        self.decoder = decoder
+        self.prepared = prepared
+        self.on_event = on_event
+        self.status = "waiting"
+        self.result: DecodeResult | None = None
+        self.session: DecodeSession | None = None
+        self.prefix = 0  # contiguous committed positions reported so far
+        self.ended = False  # the prefix reached an EOS: nothing more to stream
+        self._seen_steps = 0
+        self._events: deque[Progress] = deque()
+        self._cancel = False
+        self._changed = threading.Condition()
+
+    @property
+    def prompt_length(self) -> int:
+        return self.prepared.prompt.shape[0]
+
+    @property
+    def region_length(self) -> int:
+        return self.prepared.partition.gen_length
+
+    @property
+    def done(self) -> bool:
+        return self.status in ("finished", "cancelled")
+
+    def cancel(self) -> None:
+        """Stop this request at the next step and free its row (no effect once it is done)."""
+        self._cancel = True
+        self.generator._wake()
+
+    def __iter__(self) -> Iterator[Progress]:
+        """Its events, in order, until the final one; steps the generator when nobody else does."""
+        while True:
+            with self._changed:
+                if not self._events and self.generator._thread is not None and not self.done:
+                    self._changed.wait(timeout=0.1)
+                event = self._events.popleft() if self._events else None
+            if event is not None:
+                yield event
+                if event.finished:
+                    return
+                continue
+            if self.done and not self._events:
+                return
+            if self.generator._thread is None:
+                self.generator.step()
+
+    def wait(self, timeout: float | None = None) -> DecodeResult | None:
+        """Block until the request is done; its result (``None`` if cancelled)."""
+        if self.generator._thread is None:
+            while not self.done:
+                self.generator.step()
+            return self.result
+        with self._changed:
+            self._changed.wait_for(lambda: self.done, timeout=timeout)
+        return self.result
+
+    def _emit(self, event: Progress) -> None:
+        with self._changed:
+            self._events.append(event)
+            self._changed.notify_all()
+        if self.on_event is not None:
+            self.on_event(event)
+
+
+class Generator:
+    """A long-lived engine session to which prompts can be added while others decode.
+
+    ``model``: a model adapter, a transformers model or a checkpoint path
+    (default: the shipped model). The default decoder comes from ``decoder``
+    or from ``preset`` and ``params`` as in :func:`refusion.generate`;
+    ``gen_length`` is the default length (else the preset's). ``engine``
+    (name, class or live instance) runs the calls (default: the best for the
+    model). At most ``max_rows`` requests are live at once and, if given,
+    their prompts plus generation regions reserve at most ``max_tokens``
+    positions; others wait in the queue (a single request larger than
+    ``max_tokens`` is refused at submit).
+    """
+
+    def __init__(self, model: Any = None, decoder: Decoder | None = None, *, engine: Any = None, max_rows: int = 16,
+                 max_tokens: int | None = None, gen_length: int | None = None, preset: str | None = None,
+                 tokenizer: Any = None, chat: bool | None = None, **params: Any):
+        from refusion.api import build_decoder, load_model
+
+        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+            raise ConfigError(f"`max_rows` must be an integer >= 1; got {max_rows!r}.")
+        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
+            raise ConfigError(f"`max_tokens` must be None or an integer >= 1; got {max_tokens!r}.")
+        self.model = load_model(model, tokenizer=tokenizer)
+        if decoder is None:
+            decoder, default_length = build_decoder(self.model, preset=preset, **params)
+        elif preset is not None or params:
+            raise ConfigError("Pass either `decoder` or `preset`/parameters, not both.")
+        else:
+            default_length = 128
+        self.decoder = decoder
+        self.gen_length = default_length if gen_length is None else gen_length
+        self.chat = chat
+        self.max_rows = max_rows
+        self.max_tokens = max_tokens
+        self.engine = open_engine(self.model, decoder, engine)
+        self._runner = Runner(self.engine)
+        self._ids = itertools.count()
+        self._waiting: deque[Request] = deque()
+        self._running: dict[int, Request] = {}  # id(session) -> request
+        self._lock = threading.Lock()  # guards the queue
+        self._step_lock = threading.Lock()  # one step at a time
+        self._work = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+        self._closing = False
+
+    # -- requests ----------------------------------------------------------------
+    def submit(self, prompt: Any, *, gen_length: int | None = None, seed: int | None = None,
+               decoder: Decoder | None = None, on_event: Callable[[Progress], None] | None = None,
+               preset: str | None = None, **params: Any) -> Request:
+        """Check ``prompt`` (text or token ids) and queue it; returns its :class:`Request`.
+
+        The request decodes with ``decoder``, or with the generator's decoder
+        rebuilt from ``preset``/``params`` when given (``temperature=``,
+        ``selector="topk"``, ``k=2``, ...), for ``gen_length`` tokens (default:
+        the generator's) with sampling seed ``seed`` (default: the decoder's).
+        ``on_event`` is called with each :class:`Progress` from the thread
+        that steps the generator. Bad input raises
+        :class:`~refusion.errors.ConfigError` here.
+        """
+        from refusion.api import build_decoder, encode_prompt
+
+        if self._closing:
+            raise ConfigError("This generator is closed; it takes no new requests.")
+        if decoder is not None and (preset is not None or params):
+            raise ConfigError("Pass either `decoder` or `preset`/parameters, not both.")
+        if decoder is None:
+            decoder = build_decoder(self.model, preset=preset, **params)[0] if (preset or params) else self.decoder
+        if decoder.engine is not None and engine_class(decoder.engine) is not type(self.engine):
+            raise ConfigError(f"`engine` {decoder.engine!r} differs from this generator's engine {self.engine.name!r}.")
+        ids = encode_prompt(prompt, self.model.tokenizer, self.chat)
+        prepared = decoder.prepare(self.model, ids, self.gen_length if gen_length is None else gen_length, seed=seed)
+        need = prepared.prompt.shape[0] + prepared.partition.gen_length
+        if self.max_tokens is not None and need > self.max_tokens:
+            raise ConfigError(f"The request needs {need} positions (prompt plus generation), more than `max_tokens` "
+                              f"({self.max_tokens}); use a shorter prompt or gen_length.")
+        request = Request(self, next(self._ids), decoder, prepared, on_event)
+        with self._lock:
+            self._waiting.append(request)
+            self._work.notify_all()
+        return request
+
+    def cancel(self, request: Request) -> None:
+        """Stop ``request`` at the next step (see :meth:`Request.cancel`)."""
+        request.cancel()
+
+    # -- stepping ------------------------------------------------------------------
+    @property
+    def live_rows(self) -> int:
+        """Requests decoding now."""
+        return len(self._running)
+
+    @property
+    def waiting(self) -> int:
+        """Requests queued for admission."""
+        return len(self._waiting)
+
+    @property
+    def reserved_tokens(self) -> int:
+        """Positions (prompt plus generation region) reserved by the live requests."""
+        return sum(r.prompt_length + r.region_length for r in self._running.values())
+
+    def idle(self) -> bool:
+        return not self._running and not self._waiting
+
+    def step(self) -> list[Progress]:
+        """Apply cancellations, admit what fits, run one engine step; return the events it produced."""
+        with self._step_lock:
+            events: list[Progress] = []
+            self._cancel_requested(events)
+            self._admit(events)
+            if self._runner:
+                finished = self._runner.step()
+                for session, result in finished:
+                    self._report(self._running.pop(id(session)), events, result)
+                for request in self._running.values():
+                    self._report(request, events, None)
+            return events
+
+    def run_until_idle(self) -> None:
+        """Step until no request is waiting or live."""
+        while not self.idle():
+            self.step()
+
+    def _admit(self, events: list[Progress]) -> None:
+        while True:
+            with self._lock:
+                if not self._waiting or len(self._running) >= self.max_rows:
+                    return
+                request = self._waiting[0]
+                need = request.prompt_length + request.region_length
+                if self.max_tokens is not None and self.reserved_tokens + need > self.max_tokens:
+                    return
+                self._waiting.popleft()
+            if request._cancel:
+                request.status = "cancelled"
+                events.append(self._final(request, None))
+                continue
+            session = request.decoder.start(self.model, self.engine, request.prepared)
+            request.session, request.status = session, "running"
+            self._running[id(session)] = request
+            done = self._runner.add(session)
+            if done is not None:
+                self._report(self._running.pop(id(session)), events, done)
+
+    def _cancel_requested(self, events: list[Progress]) -> None:
+        with self._lock:
+            queued = [r for r in self._waiting if r._cancel]
+            for r in queued:
+                self._waiting.remove(r)
+        for request in queued:
+            request.status = "cancelled"
+            events.append(self._final(request, None))
+        for key, request in list(self._running.items()):
+            if request._cancel:
+                self._runner.cancel(request.session)
+                del self._running[key]
+                request.status = "cancelled"
+                request.session = None
+                events.append(self._final(request, None))
+
+    def _report(self, request: Request, events: list[Progress], result: DecodeResult | None) -> None:
+        """Events for the iterations ``request`` finished since the last report, and its end."""
+        session = request.session
+        new_steps = session.steps[request._seen_steps :]
+        request._seen_steps = len(session.steps)
+        if result is not None:
+            result = with_text([result], self.model.tokenizer)[0]
+        for i, step in enumerate(new_steps):
+            commits = tuple(CommittedSlot(slot, session.partition.slots[slot].offset,
+                                          tuple(session.tokens[session.partition.slots[slot].offset:
+                                                               session.partition.slots[slot].offset + n].tolist()))
+                            for slot, n in step.committed)
+            prefix = self._advance_prefix(request, session, result if i == len(new_steps) - 1 else None)
+            event = Progress(request, step, commits, prefix, request.prefix)
+            events.append(event)
+            request._emit(event)
+        if result is not None:
+            request.result, request.status, request.session = result, "finished", None
+            events.append(self._final(request, result))
+
+    def _advance_prefix(self, request: Request, session: DecodeSession, result: DecodeResult | None) -> tuple[int, ...]:
+        if request.ended:
+            return ()
+        start = request.prefix
+        if result is not None:  # the answer is known: the prefix is all of it
+            stop = len(result.tokens)
+        else:
+            missing = (session.commit_step[start:] < 0).nonzero()
+            stop = start + (int(missing[0]) if len(missing) else session.partition.gen_length - start)
+        new = session.tokens[start:stop].tolist()
+        eos = self.model.eos_token_ids
+        for i, token in enumerate(new):
+            if token in eos:
+                new = new[: i + 1]
+                request.ended = True
+                break
+        request.prefix = start + len(new)
+        return tuple(new)
+
+    def _final(self, request: Request, result: DecodeResult | None) -> Progress:
+        event = Progress(request, None, (), (), request.prefix, finished=True, cancelled=result is None, result=result)
+        request._emit(event)
+        return event
+
+    # -- a background thread -----------------------------------------------------------
+    def start(self) -> "Generator":
+        """Step the generator in a daemon thread until :meth:`close`; returns ``self``."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="refusion-generator", daemon=True)
+            self._thread.start()
+        return self
+
+    def _wake(self) -> None:
+        with self._lock:
+            self._work.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._closing and not self._waiting and not self._running:
+                    self._work.wait()
+                if self._closing and not self._running and not self._waiting:
+                    return
+            self.step()
+
+    def close(self, *, drain: bool = True, timeout: float | None = None) -> None:
+        """Take no new requests; finish the queued and live ones (``drain``) or cancel them, stop the thread."""
+        with self._lock:
+            self._closing = True
+            pending = list(self._waiting) + list(self._running.values())
+            self._work.notify_all()
+        if not drain:
+            for request in pending:
+                request._cancel = True
+        if self._thread is not None:
+            self._wake()
+            self._thread.join(timeout)
+            self._thread = None
+        else:
+            self.run_until_idle()
+
+    def __enter__(self) -> "Generator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close(drain=exc[0] is None)

@@ -52,3 +52,47 @@ def scatter_kernel(src_ptr, dst_ptr, rows_ptr, cols_ptr, n_heads, head_dim,
     src = src_ptr + g.to(tl.int64) * s_g + h * s_h + tok.to(tl.int64) * s_t + d * s_d
     dst = dst_ptr + g.to(tl.int64) * d_g + row * d_b + h * d_h + col * d_c + d * d_d
     tl.store(dst, tl.load(src, mask=m), mask=m)
+
+
+@triton.jit
+def lm_head_kernel(h_ptr, w_ptr, b_ptr, tokens_ptr, best_ptr, lse_ptr, n_rows, vocab, dim,
+                   s_hm, s_hd, s_wv, s_wd, inv_temp, exclude, HAS_BIAS: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One program per block of rows: logits block by block (tl.dot), online max / sum-exp / argmax."""
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < n_rows
+    neg_inf = float("-inf")
+    run_max = tl.full((BLOCK_M,), neg_inf, tl.float32)
+    run_sum = tl.full((BLOCK_M,), 0.0, tl.float32)
+    best_val = tl.full((BLOCK_M,), neg_inf, tl.float32)
+    best_idx = tl.full((BLOCK_M,), 0, tl.int64)
+    for v0 in range(0, vocab, BLOCK_V):
+        cols = v0 + tl.arange(0, BLOCK_V)
+        col_ok = cols < vocab
+        acc = tl.zeros((BLOCK_M, BLOCK_V), dtype=tl.float32)
+        for d0 in range(0, dim, BLOCK_D):
+            ds = d0 + tl.arange(0, BLOCK_D)
+            d_ok = ds < dim
+            h = tl.load(h_ptr + rows[:, None].to(tl.int64) * s_hm + ds[None, :] * s_hd,
+                        mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+            w = tl.load(w_ptr + cols[None, :].to(tl.int64) * s_wv + ds[:, None] * s_wd,
+                        mask=col_ok[None, :] & d_ok[:, None], other=0.0)
+            acc += tl.dot(h.to(tl.float32), w.to(tl.float32))
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        x = tl.where(col_ok[None, :], acc * inv_temp, neg_inf)
+        new_max = tl.maximum(run_max, tl.max(x, 1))
+        shift = tl.where(new_max == neg_inf, 0.0, new_max)
+        run_sum = run_sum * tl.exp(run_max - shift) + tl.sum(tl.exp(x - shift[:, None]), 1)
+        run_max = new_max
+        ranked = tl.where(cols[None, :] == exclude, neg_inf, x)
+        block_best = tl.max(ranked, 1)
+        block_idx = tl.argmax(ranked, 1).to(tl.int64) + v0
+        better = block_best > best_val
+        best_idx = tl.where(better, block_idx, best_idx)
+        best_val = tl.where(better, block_best, best_val)
+    lse = tl.where(run_sum > 0, run_max + tl.log(tl.where(run_sum > 0, run_sum, 1.0)), neg_inf)
+    tl.store(tokens_ptr + rows, best_idx, mask=row_ok)
+    tl.store(best_ptr + rows, best_val, mask=row_ok)
+    tl.store(lse_ptr + rows, lse, mask=row_ok)

@@ -41,9 +41,15 @@ class Row:
 
 
 class ForwardCounter:
-    """Counts calls of a torch module's forward (use as a context manager)."""
+    """Counts calls of a network's forward (use as a context manager).
+
+    The hook sits on the backbone (``base_model``) when there is one, which
+    every forward goes through, whether the caller runs the whole model
+    (``generate``) or the backbone and its LM head apart (refusion's engines).
+    """
 
     def __init__(self, module: torch.nn.Module):
+        module = getattr(module, "base_model", module)
         self.module, self.count, self._handle = module, 0, None
 
     def __enter__(self) -> "ForwardCounter":

@@ -27,8 +27,8 @@ from refusion.checks import (bounded, call_part, check_length, check_prompt, che
 from refusion.errors import ConfigError
 from refusion.models.base import ModelAdapter
 from refusion.protocol import BlockReuse, Branch, Extend, ModelCall
-from refusion.sampling import Sampler, greedy
-from refusion.state import Commit, DecodeResult, InfillResult, Partition, Plan, StepRecord
+from refusion.sampling import Sampler, apply_sampler, greedy, is_greedy
+from refusion.state import Commit, DecodeResult, Drafts, InfillResult, Partition, Plan, StepRecord
 from refusion.strategies.base import CacheReorderer, InfillContext, Infiller, SlotPartitioner, SlotSelector
 from refusion.validators import positive_int
 
@@ -257,6 +257,10 @@ class DecodeSession:
         self.eos_offset: int | None = None
         self.steps: list[StepRecord] = []
         self.generator = torch.Generator().manual_seed(seed)
+        #: the infiller's memory for this sequence across iterations (InfillContext.memory)
+        self.memory: dict = {}
+        #: drafts are argmaxes: a plan's rows are projected only when read
+        self.greedy = is_greedy(decoder.sample)
 
     @property
     def cache(self):
@@ -268,9 +272,9 @@ class DecodeSession:
         """Model forwards that served this sequence so far (counted by the engine)."""
         return self.state.counters.forwards
 
-    def sample(self, logits: torch.Tensor, exclude: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The decoder's sampler, bound to this prompt's generator."""
-        return self.decoder.sample(logits, exclude=exclude, generator=self.generator)
+    def sample(self, logits: Any, exclude: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoder's sampler, bound to this prompt's generator (Scores or logits)."""
+        return apply_sampler(self.decoder.sample, logits, exclude, self.generator)
 
     def run(self) -> DecodeResult:
         """Run :meth:`program` to the end on the session's engine."""
@@ -294,16 +298,26 @@ class DecodeSession:
                 if not remaining:
                     break
                 forwards_before = self.forwards
-                plan = yield from self._plan(remaining)
-                chosen = checked_selection(d.selector, plan, call_part(d.selector, d.selector.select, plan))
+                width = call_part(d.selector, d.selector.candidates, len(remaining))
+                if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= len(remaining):
+                    raise plugin_error(d.selector, f"candidates({len(remaining)}) returned {width!r}; expected an "
+                                       f"integer in [1, {len(remaining)}].")
+                candidates = tuple(self.partition.slots[i] for i in remaining[:width])
                 ctx = InfillContext(
                     mask_token_id=self.model.mask_token_id,
                     eos_token_ids=self.model.eos_token_ids,
-                    last_logits=self.cache.last_logits,
+                    last_scores=self.cache.last_scores,
                     last_position=self.cache.last_position,
                     context_length=len(self.cache),
                     sampler=self.sample,
+                    memory=self.memory,
+                    region_start=self.prompt_len,
                 )
+                drafted = d.selector.reads_scores or call_part(d.infiller, d.infiller.needs_drafts, ctx, candidates)
+                plan = yield from self._plan(candidates, drafted)
+                if drafted:  # the plan's forward encoded pending entries: what precedes the region is known now
+                    ctx = attrs.evolve(ctx, last_scores=self.cache.last_scores)
+                chosen = checked_selection(d.selector, plan, call_part(d.selector, d.selector.select, plan))
                 budget = d.calls_per_token * sum(plan.slots[i].length for i in chosen) + 8
                 program = call_part(d.infiller, d.infiller.infill, ctx, plan, chosen)
                 result = yield from bounded(d.infiller, program, budget, self.model.vocab_size, self.model.max_positions)
@@ -324,16 +338,25 @@ class DecodeSession:
                 )
         return self._result()
 
-    def _plan(self, remaining: Sequence[int]) -> Generator[ModelCall, Any, Plan]:
-        slots = tuple(self.partition.slots[i] for i in remaining)
-        positions = torch.cat([torch.arange(s.offset, s.stop) for s in slots]) + self.prompt_len
+    def _plan(self, slots: tuple, drafted: bool) -> Generator[ModelCall, Any, Plan]:
+        """Draft ``slots`` with one forward of masks (or, when nobody reads the drafts, without one)."""
+        offsets = [0]
+        for slot in slots:
+            offsets.append(offsets[-1] + slot.length)
+        first, last = slots[0].offset, slots[-1].stop
+        if last - first == offsets[-1]:  # contiguous slots: one range
+            positions = torch.arange(first, last) + self.prompt_len
+        else:
+            positions = torch.cat([torch.arange(s.offset, s.stop) for s in slots]) + self.prompt_len
+        if not drafted:
+            return Plan(slots, positions, None, tuple(offsets), self.generator)
         masks = torch.full_like(positions, self.model.mask_token_id)
         (out,) = yield ModelCall.of(Extend(Branch(), masks, positions))
-        tokens, confidence = self.sample(out.logits, exclude=self.model.mask_token_id)
-        offsets = [0]
-        for s in slots:
-            offsets.append(offsets[-1] + s.length)
-        return Plan(slots, positions.to(tokens.device), out.logits, tokens, confidence, tuple(offsets), self.generator)
+        drafts = Drafts(out.scores, self._draw, len(positions), lazy=self.greedy)
+        return Plan(slots, positions, out.scores, tuple(offsets), self.generator, drafts)
+
+    def _draw(self, scores: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.sample(scores, exclude=self.model.mask_token_id)
 
     def _apply_eos(self, result: InfillResult) -> InfillResult:
         """Cut the answer at the earliest EOS: truncate its slot, drop every slot after it."""

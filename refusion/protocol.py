@@ -25,6 +25,8 @@ from typing import Literal, Sequence
 import attrs
 import torch
 
+from refusion.scores import Scores
+
 
 @attrs.frozen(eq=False)
 class KVSegment:
@@ -147,19 +149,26 @@ class Epoch:
 class ExtendOutput:
     """The model's answer to one :class:`Extend`.
 
-    ``logits`` has shape ``(q, vocab)``: row ``i`` is the model's output at fed
-    token ``i``. ``kv`` holds the fed tokens' keys and values; it can be read
-    (or a branch extended with it) until the sequence's next model call, after
-    which the engine may reuse the memory.
+    ``scores`` (a :class:`~refusion.scores.Scores` of ``q`` rows) is the
+    model's output at each fed token: ``scores.greedy()`` for the argmax and
+    its probability, ``scores.probability(tokens)``, or ``logits`` (shape
+    ``(q, vocab)``, materialised on first use). ``kv`` holds the fed tokens'
+    keys and values; it can be read (or a branch extended with it) until the
+    sequence's next model call, after which the engine may reuse the memory.
     """
 
     extend: Extend
-    logits: torch.Tensor
+    scores: Scores = attrs.field(converter=Scores.of)
     _layers: Sequence[tuple[torch.Tensor, torch.Tensor]] = attrs.field(repr=False)
     _batch: int = attrs.field(repr=False)
     _start: int = attrs.field(repr=False)
     _epoch: Epoch | None = attrs.field(default=None, repr=False)
     _issued: int = attrs.field(default=0, repr=False)
+
+    @property
+    def logits(self) -> torch.Tensor:
+        """Full logits at the fed tokens, shape ``(q, vocab)``."""
+        return self.scores.logits
 
     @functools.cached_property
     def kv(self) -> KVSegment:

@@ -6,6 +6,11 @@ A sampler is a small callable, in the spirit of transformers' LogitsProcessor:
 ``torch.Generator``, and returns ``(tokens, confidence)``, both of shape
 ``(n,)``, where ``confidence`` is the probability of the chosen token under the
 distribution it was drawn from. It must not modify the logits in place.
+
+A sampler whose ``accepts_scores`` attribute is true receives a
+:class:`~refusion.scores.Scores` instead and may avoid the full logits (the
+greedy sampler takes the fused argmax path); others get ``scores.logits``.
+Confidences are float32 at least (float64 for float64 models).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import attrs
 import torch
 
 from refusion.errors import bad_value
+from refusion.scores import Scores
 
 
 class Sampler(Protocol):
@@ -25,25 +31,35 @@ class Sampler(Protocol):
 
 
 def greedy(
-    logits: torch.Tensor, exclude: int | None = None, generator: torch.Generator | None = None
+    logits: "torch.Tensor | Scores", exclude: int | None = None, generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Argmax token (never ``exclude``) and its softmax probability (the reference's rule at temperature 0).
 
-    Runs the fused Triton kernel on CUDA tensors, the torch reference elsewhere
-    (:func:`refusion_kernels.confidence`).
+    Given :class:`~refusion.scores.Scores` it never materialises the logits
+    (the fused LM-head path, :func:`refusion_kernels.lm_head_stats`).
     """
-    from refusion_kernels import confidence
-
-    return confidence(logits, 1.0, exclude)
+    return Scores.of(logits).greedy(exclude)
 
 
-def token_probability(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """Softmax probability of ``tokens`` (shape ``(n,)``) under ``logits`` (shape ``(n, vocab)``).
+greedy.accepts_scores = True
 
-    Computed in the logits' own dtype, as the reference decoder does, so that
-    threshold decisions on bf16 models match it.
-    """
-    return torch.softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+def token_probability(logits: "torch.Tensor | Scores", tokens: torch.Tensor) -> torch.Tensor:
+    """Softmax probability of ``tokens`` (shape ``(n,)``) under ``logits`` (shape ``(n, vocab)``), float32 at least."""
+    return Scores.of(logits).probability(tokens)
+
+
+def is_greedy(sampler: Sampler) -> bool:
+    """True for samplers that always take the argmax (no random draws): drafts may then be computed lazily."""
+    return sampler is greedy or (isinstance(sampler, Sampling) and sampler.temperature < 1e-4)
+
+
+def apply_sampler(sampler: Sampler, scores: "torch.Tensor | Scores", exclude: int | None,
+                  generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Call ``sampler`` with what it accepts: Scores if it says so, else full logits."""
+    if getattr(sampler, "accepts_scores", False):
+        return sampler(Scores.of(scores), exclude=exclude, generator=generator)
+    return sampler(scores.logits if isinstance(scores, Scores) else scores, exclude=exclude, generator=generator)
 
 
 def _temperature(instance, attribute, value):
@@ -79,9 +95,13 @@ class Sampling:
     top_k: int | None = attrs.field(default=None, validator=_top_k)
     top_p: float | None = attrs.field(default=None, validator=_top_p)
 
+    accepts_scores = True
+
     def __call__(self, logits, exclude=None, generator=None):
         if self.temperature < 1e-4:
             return greedy(logits, exclude)
+        if isinstance(logits, Scores):
+            logits = logits.logits
         x = logits.float() / self.temperature
         if exclude is not None:
             x = x.index_fill(-1, torch.tensor([exclude], device=x.device), float("-inf"))
@@ -100,4 +120,4 @@ class Sampling:
         tokens = tokens.squeeze(-1).clamp_max(probs.shape[-1] - 1)
         # a zero-probability token can only be hit on a cdf plateau's edge: step to the next kept token
         tokens = torch.where(probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) > 0, tokens, probs.argmax(-1))
-        return tokens, probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).to(logits.dtype)
+        return tokens, probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

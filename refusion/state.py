@@ -9,12 +9,13 @@ Position ids are absolute (prompt tokens come first, from 0); a slot's
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import attrs
 import torch
 
 from refusion.protocol import KVSegment
+from refusion.scores import Scores
 
 
 @attrs.frozen
@@ -51,47 +52,145 @@ class Partition:
     blocks: tuple[tuple[int, ...], ...]
 
 
+class Drafts:
+    """Draft tokens and confidences of a plan's rows, drawn on first read (a plan's private memo).
+
+    ``draw(scores)`` turns Scores of some rows into ``(tokens, confidence)``.
+    With ``lazy`` (greedy drafting) a row is projected to the vocabulary only
+    when someone reads it; otherwise every row is drawn at once, so that a
+    sampler's random draws happen in one fixed order.
+    """
+
+    def __init__(self, scores: Scores | None, draw: Callable[[Scores], tuple[torch.Tensor, torch.Tensor]] | None,
+                 n: int, lazy: bool):
+        self.scores, self.draw = scores, draw
+        self.tokens = torch.zeros(n, dtype=torch.long)
+        self.confidence: torch.Tensor | None = None
+        self.known = torch.zeros(n, dtype=torch.bool)
+        self.complete = False
+        if scores is not None and not lazy:
+            self.rows(slice(None))
+
+    def rows(self, index: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(tokens, confidence)`` of ``index`` (a slice or index tensor), drawing the rows not known yet."""
+        if self.scores is None:
+            raise RuntimeError("this plan was not drafted: its selector reads no scores and its infiller asked for no "
+                               "drafts (see SlotSelector.reads_scores and Infiller.needs_drafts)")
+        if not self.complete:
+            wanted = torch.zeros_like(self.known)
+            wanted[index] = True
+            missing = (wanted & ~self.known).nonzero().flatten()
+            if len(missing):
+                full = len(missing) == len(self.known)
+                tokens, confidence = self.draw(self.scores if full else self.scores[missing])
+                if self.confidence is None:
+                    self.confidence = torch.zeros(len(self.known), dtype=confidence.dtype)
+                self.tokens[missing] = tokens.cpu()
+                self.confidence[missing] = confidence.cpu().to(self.confidence.dtype)
+                self.known[missing] = True
+                self.complete = bool(self.known.all())
+        return self.tokens[index], self.confidence[index]
+
+
 @attrs.frozen(eq=False)
 class Plan:
     """The diffusion step's drafts for the still-masked slots of the current block.
 
     ``slots`` (k slots, position order) are laid out one after another in the
     flat tensors: slot ``i`` occupies rows ``offsets[i]:offsets[i+1]``.
-    ``positions``, ``tokens`` (draft ids) and ``confidence`` (probability of
-    each draft token) have shape ``(n,)``; ``logits`` has shape ``(n, vocab)``.
+    ``positions`` has shape ``(n,)``; ``scores`` (n rows,
+    :class:`~refusion.scores.Scores`) is the model's output there.
+    ``tokens`` (draft ids) and ``confidence`` (probability of each draft token)
+    have shape ``(n,)`` and ``logits`` shape ``(n, vocab)``; all three are
+    computed when first read, and :meth:`slot_tokens`, :meth:`first_confidence`
+    compute only the rows they need. A plan drafts only the slots its selector
+    may pick (:meth:`~refusion.strategies.base.SlotSelector.candidates`).
     ``generator`` is the prompt's random generator (seeded by the decoder's
     ``seed``), for selectors that draw at random.
     """
 
     slots: tuple[Slot, ...]
     positions: torch.Tensor
-    logits: torch.Tensor
-    tokens: torch.Tensor
-    confidence: torch.Tensor
+    scores: Scores | None
     offsets: tuple[int, ...]
     generator: torch.Generator | None = None
+    _drafts: Drafts | None = attrs.field(default=None, repr=False)
 
     def __len__(self) -> int:
         return len(self.slots)
+
+    @classmethod
+    def from_logits(cls, slots: tuple[Slot, ...], positions: torch.Tensor, logits: torch.Tensor,
+                    generator: torch.Generator | None = None) -> "Plan":
+        """A plan with greedy drafts from full logits ``(n, vocab)`` (for tests and hand-made plans)."""
+        from refusion.sampling import greedy
+
+        offsets = [0]
+        for slot in slots:
+            offsets.append(offsets[-1] + slot.length)
+        scores = Scores(logits=logits)
+        return cls(slots, positions, scores, tuple(offsets), generator, Drafts(scores, greedy, len(positions), lazy=False))
 
     def rows(self, i: int) -> slice:
         """Rows of slot ``i`` in the flat tensors."""
         return slice(self.offsets[i], self.offsets[i + 1])
 
+    @property
+    def drafted(self) -> bool:
+        """False when the decoder skipped the plan's forward (nobody needed its scores)."""
+        return self.scores is not None
+
+    def _table(self) -> Drafts:
+        if self._drafts is None:
+            raise RuntimeError("this plan has no drafts")
+        return self._drafts
+
+    @property
+    def logits(self) -> torch.Tensor:
+        """Full logits at every planned position, shape ``(n, vocab)`` (materialised on first use)."""
+        if self.scores is None:
+            self._table().rows(slice(0, 0))  # raises the explanation
+        return self.scores.logits
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        """Draft token at every planned position, shape ``(n,)``."""
+        return self._table().rows(slice(None))[0]
+
+    @property
+    def confidence(self) -> torch.Tensor:
+        """Probability of each draft token, shape ``(n,)``."""
+        return self._table().rows(slice(None))[1]
+
+    def slot_tokens(self, i: int) -> torch.Tensor:
+        """Draft tokens of slot ``i`` (computing only its rows)."""
+        return self._table().rows(self.rows(i))[0]
+
+    def slot_confidence(self, i: int) -> torch.Tensor:
+        """Confidences of slot ``i``'s draft tokens (computing only its rows)."""
+        return self._table().rows(self.rows(i))[1]
+
     @functools.cached_property
     def first_rows(self) -> torch.Tensor:
         """Row of each slot's first token, shape ``(k,)``."""
-        return torch.tensor(self.offsets[:-1], dtype=torch.long, device=self.tokens.device)
+        return torch.as_tensor(self.offsets[:-1], dtype=torch.long)
+
+    @functools.cached_property
+    def first_tokens(self) -> torch.Tensor:
+        """Draft of each slot's first token, shape ``(k,)``."""
+        return self._table().rows(self.first_rows)[0]
 
     @functools.cached_property
     def first_confidence(self) -> torch.Tensor:
         """Probability of each slot's first draft token (the paper's slot score), shape ``(k,)``."""
-        return self.confidence[self.first_rows]
+        return self._table().rows(self.first_rows)[1]
 
     @functools.cached_property
     def first_probs(self) -> torch.Tensor:
         """Softmax over the vocabulary at each slot's first token, shape ``(k, vocab)``."""
-        return torch.softmax(self.logits[self.first_rows].float(), dim=-1)
+        if self.scores is None:
+            self._table().rows(slice(0, 0))
+        return torch.softmax(self.scores[self.first_rows].logits.float(), dim=-1)
 
     @functools.cached_property
     def first_margin(self) -> torch.Tensor:
@@ -129,13 +228,13 @@ class Commit:
 class InfillResult:
     """What an infiller returns: the slots it finished, in commit order.
 
-    ``next_logits`` (shape ``(vocab,)``) are the logits at the last committed
-    token in commit order, when the infiller has them; with a causal model they
-    predict the token after it.
+    ``next_logits`` is the model's output at the last committed token in commit
+    order (logits of shape ``(vocab,)`` or one-row :class:`~refusion.scores.Scores`),
+    when the infiller has it; with a causal model it predicts the token after it.
     """
 
     commits: tuple[Commit, ...] = attrs.field(converter=tuple)
-    next_logits: torch.Tensor | None = None
+    next_logits: "torch.Tensor | Scores | None" = None
 
 
 @attrs.frozen

@@ -43,7 +43,7 @@ def test_context_extend_prefills_pending_and_crops_back(setup):
     assert cache.encoded == 4 and len(cache.store) == 4
     ref = full_logits(adapter, [1, 2, 3, 4, 5, 6], [0, 1, 2, 3, 9, 7])
     torch.testing.assert_close(out.logits, ref[4:])
-    torch.testing.assert_close(cache.last_logits, ref[3])
+    torch.testing.assert_close(cache.last_scores.logits[0], ref[3])
     assert len(out.kv) == 2 and out.kv.data.shape[:2] == (2, 2)
 
 

@@ -148,7 +148,7 @@ class BadCommits(Infiller):
      ("mask", "invalid token ids"), ("positions", "wrong position ids"), ("junk", "expected an InfillResult")],
 )
 def test_malformed_commits_name_the_infiller(model, mode, message):
-    decoder = paper(selector="leftmost", infiller=BadCommits(mode))
+    decoder = paper(selector="topk", infiller=BadCommits(mode))  # plans every slot: another one exists
     with pytest.raises(PluginError, match=f"infiller 'bad-commits'.*{message}"):
         decoder.decode(model, [1, 2], 4)
 

@@ -93,13 +93,13 @@ def test_dream_style_shift_reads_the_previous_positions_logits():
 def test_fast_dllm_caches_feed_less_after_each_block_start(reorderer):
     model = tiny_bidirectional(vocab_size=16, seed=2, logit_scale=4.0)
     lengths = []
-    forward = model.forward
+    scores = model.scores
 
     def recording(input_ids, *args, **kwargs):
         lengths.append(input_ids.shape[1])
-        return forward(input_ids, *args, **kwargs)
+        return scores(input_ids, *args, **kwargs)
 
-    model.forward = recording
+    model.scores = recording
     decoder = Decoder.from_names(partitioner="semi-ar", selector="topk", infiller="draft", reorderer=reorderer,
                                  block_length=4)
     result = decoder.decode(model, [1, 3, 5], 12)

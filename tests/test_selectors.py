@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from refusion.errors import ConfigError
-from refusion.sampling import greedy
 from refusion.state import Plan, Slot
 from refusion.strategies.selectors.entropy import LowestEntropy
 from refusion.strategies.selectors.leftmost import Leftmost
@@ -22,8 +21,7 @@ def plan_from(first_token_probs, slot_size=2, vocab=4):
     logits = torch.zeros(k * slot_size, vocab, dtype=torch.float64)
     for i, probs in enumerate(first_token_probs):
         logits[i * slot_size] = torch.log(torch.tensor(probs, dtype=torch.float64))
-    tokens, conf = greedy(logits)
-    return Plan(slots, torch.arange(k * slot_size) + 10, logits, tokens, conf, tuple(range(0, k * slot_size + 1, slot_size)))
+    return Plan.from_logits(slots, torch.arange(k * slot_size) + 10, logits)
 
 
 PLAN = plan_from(

@@ -28,6 +28,16 @@ import attrs
 import torch
 
 from refusion.protocol import KVSegment
+from refusion.scores import Scores
+
+
+def _one_row(value: "Scores | torch.Tensor | None") -> "Scores | None":
+    """One-row Scores from ``(vocab,)`` logits, one-row Scores or a single-row slice of Scores."""
+    if value is None:
+        return None
+    if isinstance(value, Scores):
+        return value[None] if value.shape == () else value
+    return Scores(logits=value.reshape(1, -1))
 
 
 @attrs.frozen
@@ -53,8 +63,9 @@ class SequenceCache:
         self.positions = torch.as_tensor(positions, dtype=torch.long).flatten()
         self.encoded = 0
         self.chunks: list[Chunk] = []
-        #: logits at the last entry in cache order (they predict the token after it), when known.
-        self.last_logits: torch.Tensor | None = None
+        #: the model's output at the last entry in cache order (it predicts the token after it), when known:
+        #: a one-row :class:`~refusion.scores.Scores`.
+        self.last_scores: Scores | None = None
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -78,7 +89,7 @@ class SequenceCache:
         *,
         anchor: int | None = None,
         continues: bool = False,
-        last_logits: torch.Tensor | None = None,
+        last_logits: "torch.Tensor | Scores | None" = None,
     ) -> None:
         """Append tokens in cache order.
 
@@ -88,7 +99,7 @@ class SequenceCache:
         (default: the current length, i.e. plain causal); ``continues`` says
         they were computed after the previously appended run, as one chain
         (e.g. drafts verified concatenated). ``last_logits`` are
-        the logits at the last appended token, if the caller has them.
+        the model's output (logits or one-row Scores) at the last appended token, if the caller has them.
         """
         tokens = torch.as_tensor(tokens, dtype=torch.long).flatten()
         positions = torch.as_tensor(positions, dtype=torch.long).flatten()
@@ -105,7 +116,7 @@ class SequenceCache:
             self._record(start, start + covered, start if anchor is None else anchor, continues)
         self.tokens = torch.cat((self.tokens, tokens.to(self.tokens.device)))
         self.positions = torch.cat((self.positions, positions.to(self.positions.device)))
-        self.last_logits = last_logits if covered == n else None
+        self.last_scores = _one_row(last_logits) if covered == n else None
 
     def invalidate(self, start: int = 0) -> None:
         """Drop keys/values from entry ``start`` on; those entries become pending."""
@@ -115,15 +126,19 @@ class SequenceCache:
             self.store.truncate(start)
             self.encoded = start
             self.chunks = [c if c.stop <= start else Chunk(c.start, start, c.anchor) for c in self.chunks if c.start < start]
-        self.last_logits = None
+        self.last_scores = None
 
     # -- used by engines -------------------------------------------------------
-    def mark_encoded(self, last_logits: torch.Tensor | None) -> None:
-        """Record that the pending entries were just encoded causally (the engine put them in the store)."""
+    def mark_encoded(self, last_scores: "Scores | torch.Tensor | None") -> None:
+        """Record that the pending entries were just encoded causally (the engine put them in the store).
+
+        ``last_scores``: the model's output at the last entry (logits of shape
+        ``(vocab,)`` or one-row Scores).
+        """
         if self.pending:
             self._record(self.encoded, len(self), self.encoded)
             self.encoded = len(self)
-        self.last_logits = last_logits
+        self.last_scores = _one_row(last_scores)
 
     def _record(self, start: int, stop: int, anchor: int, continues: bool = False) -> None:
         last = self.chunks[-1] if self.chunks else None
@@ -184,7 +199,7 @@ class CacheEditor:
         return self._cache.last_position
 
     def append(self, tokens, positions, kv: KVSegment | None = None, *, anchor: int | None = None,
-               continues: bool = False, last_logits: torch.Tensor | None = None) -> None:
+               continues: bool = False, last_logits: "torch.Tensor | Scores | None" = None) -> None:
         """See :meth:`SequenceCache.append`."""
         self._cache.append(tokens, positions, kv, anchor=anchor, continues=continues, last_logits=last_logits)
 

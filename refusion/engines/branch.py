@@ -220,7 +220,7 @@ class BranchEngine(Engine):
                     m[a:b, p0 : p0 + len(e.parent)] = True
 
         scratch = _ScratchCache(buf.data, rows, query_at, q_max)
-        logits = self.model.forward(ids.to(device), pos.to(device), self._mask_for_model(mask.to(device)), scratch)
+        scores = self.model.scores(ids.to(device), pos.to(device), self._mask_for_model(mask.to(device)), scratch)
         fed = {state: plans[row][5] for row, state in enumerate(states)}
         self.served(fed, padded=rows * q_max - sum(fed.values()))
         for row, state in enumerate(states):  # the model's in-place writes of the fed tokens
@@ -234,9 +234,9 @@ class BranchEngine(Engine):
                 moved = buf.data[:, :, row, :, query_at : query_at + pending].clone()
                 buf.write(row, lengths[row], moved, state.counters)
                 buf.lengths[row] = lengths[row] + pending
-                cache.mark_encoded(logits[row, pending - 1])
+                cache.mark_encoded(scores[row, pending - 1])
             outputs[state] = tuple(
-                ExtendOutput(e, logits[row, a:b], layers, row, query_at + a, self.epoch, self.epoch.value)
+                ExtendOutput(e, scores[row, a:b], layers, row, query_at + a, self.epoch, self.epoch.value)
                 for e, (a, b) in zip(calls[state].extends, spans)
             )
         return outputs

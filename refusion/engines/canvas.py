@@ -114,9 +114,9 @@ class CanvasEngine(Engine):
         device = self.model.device
         past = cache_obj.get_seq_length() if cache_obj is not None else 0
         mask = torch.ones(1, past + ids.shape[0], dtype=torch.long, device=device)
-        logits = self.model.forward(ids[None].to(device), positions[None].to(device), mask, cache_obj)[0]
+        scores = self.model.scores(ids[None].to(device), positions[None].to(device), mask, cache_obj)[0]
         self.served({state: ids.shape[0]})
-        return logits
+        return scores
 
     def _full(self, state, extend, canvas, block, wanted) -> ExtendOutput:
         positions = torch.arange(canvas.shape[0])
@@ -133,7 +133,7 @@ class CanvasEngine(Engine):
                                    dim=2)
                 kept.append((keys, values))
             block.kept, block.stale = kept, False
-        return ExtendOutput(extend, logits[wanted.to(logits.device)], [], 0, 0, self.epoch, self.epoch.value)
+        return ExtendOutput(extend, logits[wanted], [], 0, 0, self.epoch, self.epoch.value)
 
     def _approximate(self, state, extend, canvas, block, wanted) -> ExtendOutput:
         from transformers import DynamicCache
@@ -141,8 +141,7 @@ class CanvasEngine(Engine):
         store = DynamicCache(list(block.kept))  # update() concatenates into new tensors: the snapshot stays intact
         positions = torch.arange(block.prefix_end, block.suffix_start)
         logits = self._forward(state, canvas[block.prefix_end : block.suffix_start], positions, store)
-        return ExtendOutput(extend, logits[(wanted - block.prefix_end).to(logits.device)], [], 0, 0, self.epoch,
-                            self.epoch.value)
+        return ExtendOutput(extend, logits[wanted - block.prefix_end], [], 0, 0, self.epoch, self.epoch.value)
 
 
 class _NoStore:

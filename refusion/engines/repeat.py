@@ -76,10 +76,10 @@ class RepeatEngine(Engine):
         pos = cache.positions[cache.encoded :].to(device)
         mask = torch.ones(1, len(cache), dtype=torch.long, device=device)
         fed = cache.pending
-        logits = self.model.forward(ids[None], pos[None], mask, cache.store.cache, logits_to_keep=1)
+        scores = self.model.scores(ids[None], pos[None], mask, cache.store.cache)
         self.served({state: fed})
         self._copied(state, cache.encoded, fed)
-        cache.mark_encoded(logits[0, -1])
+        cache.mark_encoded(scores[0, -1])
 
     def _extend_context(self, state: SequenceState, extend: Extend) -> ExtendOutput:
         cache = state.context
@@ -91,16 +91,15 @@ class RepeatEngine(Engine):
         pos = torch.cat((cache.positions[cache.encoded :].to(device), extend.positions.to(device)))
         start = cache.encoded + pending
         mask = torch.ones(1, start + q, dtype=torch.long, device=device)
-        keep = q + 1 if pending else 0
-        logits = self.model.forward(ids[None], pos[None], mask, dynamic, logits_to_keep=keep)[0]
+        scores = self.model.scores(ids[None], pos[None], mask, dynamic)[0]
         self.served({state: pending + q})
         self._copied(state, cache.encoded, pending + q)  # DynamicCache.update concatenates: all of it is copied
         layers = [(layer.keys, layer.values) for layer in dynamic.layers]
         dynamic.crop(-q)
         if pending:
-            cache.mark_encoded(logits[0])
-            logits = logits[1:]
-        return ExtendOutput(extend, logits, layers, 0, start, self.epoch, self.epoch.value)
+            cache.mark_encoded(scores[pending - 1])
+            scores = scores[pending:]
+        return ExtendOutput(extend, scores, layers, 0, start, self.epoch, self.epoch.value)
 
     def _extend_branches(self, state: SequenceState, extends: tuple[Extend, ...]) -> tuple[ExtendOutput, ...]:
         from transformers import DynamicCache
@@ -137,12 +136,12 @@ class RepeatEngine(Engine):
                 keys, values = keys.contiguous(), values.contiguous()
             layers.append((keys, values))
         batch_cache = DynamicCache(layers)
-        logits = self.model.forward(ids, pos, mask, batch_cache)
+        scores = self.model.scores(ids, pos, mask, batch_cache)
         self.served({state: sum(query_lens)}, padded=k * width_q - sum(query_lens))
         self._copied(state, k * (2 * context + width_b), k * (width_b + width_q))  # the repeat, then the cat
         out_layers = [(layer.keys, layer.values) for layer in batch_cache.layers]
         return tuple(
-            ExtendOutput(e, logits[row, : query_lens[row]], out_layers, row, context + width_b, self.epoch,
+            ExtendOutput(e, scores[row, : query_lens[row]], out_layers, row, context + width_b, self.epoch,
                          self.epoch.value)
             for row, e in enumerate(extends)
         )

@@ -14,6 +14,8 @@ from typing import Any, ClassVar
 import attrs
 import torch
 
+from refusion.scores import Scores
+
 
 @attrs.frozen
 class ModelCapabilities:
@@ -80,3 +82,13 @@ class ModelAdapter(ABC):
         ``(batch, q, vocab)`` (or the last ``logits_to_keep`` rows when > 0).
         Must increment ``forwards`` by one.
         """
+
+    def scores(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: Any, cache: Any) -> Scores:
+        """Run the network like :meth:`forward`; the output at every fed position as :class:`~refusion.scores.Scores`.
+
+        Engines call this. The default wraps :meth:`forward`'s full logits;
+        an adapter that can separate the LM head returns hidden states plus
+        the head, so that only the rows someone reads are projected to the
+        vocabulary. Must increment ``forwards`` by one.
+        """
+        return Scores(logits=self.forward(input_ids, position_ids, attention_mask, cache))

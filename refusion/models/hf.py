@@ -13,6 +13,7 @@ import torch
 from refusion.errors import ConfigError
 from refusion.models.base import ModelAdapter, ModelCapabilities
 from refusion.plugins import hookimpl
+from refusion.scores import Scores
 
 MASK_TOKEN_STRINGS = ("<|mask|>", "<mask>", "[MASK]")
 
@@ -153,17 +154,56 @@ class HFCausalLM(ModelAdapter):
         dtype = getattr(self.model, "dtype", None) or next(self.model.parameters()).dtype
         return config.num_hidden_layers, heads, dim, dtype
 
+    def _inputs(self, position_ids, attention_mask, cache) -> dict[str, Any]:
+        """Keyword arguments of a network call (besides ``input_ids``)."""
+        return {"position_ids": position_ids, "attention_mask": attention_mask, "cache": cache, "use_cache": True}
+
     def forward(self, input_ids, position_ids, attention_mask, cache, logits_to_keep=0):
         self.forwards += 1
-        out = self.model(
-            input_ids=input_ids,
-            position_ids=position_ids,
-            attention_mask=attention_mask,
-            cache=cache,
-            use_cache=True,
-            logits_to_keep=logits_to_keep,
-        )
-        return out.logits
+        out = self.model(input_ids=input_ids, logits_to_keep=logits_to_keep,
+                         **self._inputs(position_ids, attention_mask, cache))
+        logits = out.logits if hasattr(out, "logits") else out[0]
+        return logits[:, -logits_to_keep:] if logits_to_keep and logits.shape[1] > logits_to_keep else logits
+
+    @property
+    def head(self):
+        """``(backbone, LMHead)`` when the network's logits are a plain projection of its backbone's output, else None.
+
+        Found once (:func:`refusion.models.head.find_head`) and checked against
+        the network's own logits on a two-token input.
+        """
+        if not hasattr(self, "_head"):
+            self._head = self._find_head()
+        return self._head
+
+    def _find_head(self):
+        from refusion.models.head import find_head
+
+        found = find_head(self.model)
+        if found is None:
+            return None
+        backbone, head = found
+        device = self.device
+        ids = torch.tensor([[0, min(1, self.vocab_size - 1)]], device=device)
+        pos = torch.arange(2, device=device)[None]
+        mask = torch.ones(1, 2, dtype=torch.long, device=device)
+        with torch.no_grad():
+            want = self.model(input_ids=ids, **self._inputs(pos, mask, None)).logits
+            hidden = backbone(input_ids=ids, **self._inputs(pos, mask, None)).last_hidden_state
+            got = head.logits(hidden)
+        tolerance = 1e-3 if want.dtype in (torch.float16, torch.bfloat16) else 1e-5
+        if got.shape != want.shape or not torch.allclose(got.float(), want.float(), atol=tolerance, rtol=tolerance):
+            return None
+        return found
+
+    def scores(self, input_ids, position_ids, attention_mask, cache):
+        found = self.head
+        if found is None:
+            return super().scores(input_ids, position_ids, attention_mask, cache)
+        backbone, head = found
+        self.forwards += 1
+        out = backbone(input_ids=input_ids, **self._inputs(position_ids, attention_mask, cache))
+        return Scores(hidden=out.last_hidden_state, head=head)
 
 
 @hookimpl

@@ -48,13 +48,16 @@ class HFMaskedDiffusionLM(HFCausalLM):
         self._cache_kw = next((k for k in ("cache", "past_key_values") if k in accepted), None)
         self.capabilities = ModelCapabilities(causal=False, logit_shift=logit_shift, kv_cache=self._cache_kw is not None)
 
-    def forward(self, input_ids, position_ids, attention_mask, cache, logits_to_keep=0):
-        self.forwards += 1
+    def _inputs(self, position_ids, attention_mask, cache):
         kwargs = {"position_ids": position_ids, "attention_mask": attention_mask, "use_cache": cache is not None}
         kwargs = {k: v for k, v in kwargs.items() if k in self._takes}
         if self._cache_kw is not None and cache is not None:
             kwargs[self._cache_kw] = cache
-        out = self.model(input_ids=input_ids, **kwargs)
+        return kwargs
+
+    def forward(self, input_ids, position_ids, attention_mask, cache, logits_to_keep=0):
+        self.forwards += 1
+        out = self.model(input_ids=input_ids, **self._inputs(position_ids, attention_mask, cache))
         logits = out.logits if hasattr(out, "logits") else out[0]
         return logits[:, -logits_to_keep:] if logits_to_keep else logits
 

@@ -24,6 +24,7 @@ import torch
 from refusion.protocol import BlockReuse, Branch, Extend, ExtendOutput, ModelCall
 from refusion.cache.sequence import CacheEditor
 from refusion.sampling import Sampler, greedy
+from refusion.scores import Scores
 from refusion.state import Commit, InfillResult, Partition, Plan, Slot
 
 InfillGenerator = Generator[ModelCall, "tuple[ExtendOutput, ...]", InfillResult]
@@ -63,6 +64,10 @@ class SlotSelector(Part):
 
     kind = "selector"
 
+    #: False when :meth:`select` never reads the plan's scores, tokens or confidences (then the
+    #: decoder may skip the plan's forward when the infiller needs no drafts either).
+    reads_scores: ClassVar[bool] = True
+
     @abstractmethod
     def select(self, plan: Plan) -> Sequence[int]:
         """Receive the plan of the current block; return indices into ``plan.slots``.
@@ -72,27 +77,48 @@ class SlotSelector(Part):
         the plan's tensors.
         """
 
+    def candidates(self, remaining: int) -> int:
+        """How many of the block's ``remaining`` masked slots, leftmost first, :meth:`select` may pick.
+
+        The plan drafts only those (a plan's logits at a slot do not depend on
+        the masked slots after it, so this changes no draft). Default: all;
+        ``leftmost``: 1. Must return an integer in ``[1, remaining]``.
+        """
+        return remaining
+
 
 @attrs.frozen(eq=False)
 class InfillContext:
     """What an infiller may use besides the plan.
 
-    ``last_logits`` (shape ``(vocab,)``) are the logits at the last context
-    token in cache order, whose position id is ``last_position``; with a
-    causal model they predict position ``last_position + 1``. ``None`` when
-    unknown. ``sampler`` is the decoder's sampler; use :meth:`sample`, which
-    never drafts the mask token.
+    ``last_scores`` (one-row :class:`~refusion.scores.Scores`) is the model's
+    output at the last context token in cache order, whose position id is
+    ``last_position``; with a causal model it predicts position
+    ``last_position + 1``. ``None`` when unknown (e.g. that token was committed
+    without keys/values and is re-encoded by the next call); ``last_logits``
+    is the same as a ``(vocab,)`` logits tensor. ``sampler`` is the decoder's
+    sampler; use :meth:`sample`, which never drafts the mask token.
+    ``memory`` is a dict kept for this sequence across iterations, for
+    infillers that adapt (e.g. a speculation window); key it by your part's
+    name. ``region_start`` is the position id of the generation region's
+    first token (a slot's positions start at ``region_start + slot.offset``).
     """
 
     mask_token_id: int
     eos_token_ids: frozenset[int]
-    last_logits: torch.Tensor | None
+    last_scores: Scores | None
     last_position: int
     context_length: int
     sampler: Sampler = greedy
+    memory: dict = attrs.field(factory=dict)
+    region_start: int = 0
 
-    def sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draft tokens and their probabilities from logits of shape ``(n, vocab)``."""
+    @property
+    def last_logits(self) -> torch.Tensor | None:
+        return None if self.last_scores is None else self.last_scores.logits[0]
+
+    def sample(self, logits: "torch.Tensor | Scores") -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft tokens and their probabilities from Scores (or logits of shape ``(n, vocab)``)."""
         return self.sampler(logits, exclude=self.mask_token_id)
 
     @property
@@ -127,6 +153,14 @@ class Infiller(Part):
         the slot's own positions. May not touch the context cache; the number
         of model calls it may make is bounded by the decoder.
         """
+
+    def needs_drafts(self, ctx: InfillContext, slots: tuple[Slot, ...]) -> bool:
+        """Whether :meth:`infill` will read the plan's drafts for these candidate ``slots``; default: yes.
+
+        When neither this nor the selector (``reads_scores``) needs the plan,
+        the decoder skips the plan's forward and passes an undrafted plan.
+        """
+        return True
 
 
 class CacheReorderer(Part):

@@ -25,8 +25,7 @@ class AcceptDraft(Infiller):
         yield from ()
         commits = []
         for i in chosen:
-            rows = plan.rows(i)
-            commits.append(Commit(plan.slots[i], plan.tokens[rows], plan.positions[rows], kv=None, chain=i))
+            commits.append(Commit(plan.slots[i], plan.slot_tokens(i), plan.positions[plan.rows(i)], kv=None, chain=i))
         return InfillResult(commits)
 
 

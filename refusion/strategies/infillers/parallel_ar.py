@@ -68,14 +68,15 @@ class ParallelAR(Infiller):
     def infill(self, ctx: InfillContext, plan: Plan, chosen: tuple[int, ...]) -> InfillGenerator:
         rows = [plan.rows(i) for i in chosen]
         lengths = [r.stop - r.start for r in rows]
-        tokens = torch.cat([plan.tokens[r] for r in rows])
+        tokens = torch.cat([plan.slot_tokens(i) for i in chosen]) if len(chosen) > 1 else plan.slot_tokens(chosen[0])
         starts = torch.tensor([0] + lengths[:-1], device=tokens.device).cumsum(0)
-        positions = torch.cat([plan.positions[r] for r in rows])
+        positions = torch.cat([plan.positions[r] for r in rows]) if len(chosen) > 1 else plan.positions[rows[0]]
 
         (out,) = yield ModelCall.of(ctx.extend(tokens, positions))
-        score = torch.empty(tokens.shape[0], dtype=plan.confidence.dtype, device=tokens.device)
-        score[1:] = token_probability(out.logits[:-1], tokens[1:])
-        score[starts] = plan.confidence[plan.first_rows[list(chosen)]]
+        first = plan.first_confidence[list(chosen)]
+        score = torch.empty(tokens.shape[0], dtype=first.dtype)
+        score[1:] = token_probability(out.scores[:-1], tokens[1:]).cpu()
+        score[starts] = first
         accept = score > self.token_threshold
         accept[starts] = True
         prefix = int(accept.long().cumprod(0).sum())
@@ -102,7 +103,7 @@ class ParallelAR(Infiller):
             stop = min(start + length, cut)
             commits.append(Commit(plan.slots[i], tokens[start:stop], positions[start:stop], out.kv[start:stop], chain=0))
             start += length
-        return InfillResult(commits, next_logits=out.logits[cut - 1])
+        return InfillResult(commits, next_logits=out.scores[cut - 1])
 
     def _parallel(self, ctx, plan, chosen, branches: list[_Branch]) -> InfillGenerator:
         done: dict[int, tuple[Commit, torch.Tensor]] = {}
@@ -112,8 +113,8 @@ class ParallelAR(Infiller):
             if drafting:
                 outs = yield ModelCall(ctx.extend(self._masked(ctx, b), b.positions[b.kv_len :], b.branch) for b in drafting)
                 for b, o in zip(drafting, outs):
-                    proposal, _ = ctx.sample(o.logits)
-                    b.tokens[b.accepted :] = proposal[b.accepted - b.kv_len :]
+                    proposal, _ = ctx.sample(o.scores[b.accepted - b.kv_len :])
+                    b.tokens[b.accepted :] = proposal.cpu()
 
             outs = yield ModelCall(ctx.extend(b.tokens[b.kv_len :], b.positions[b.kv_len :], b.branch) for b in active)
             cutoff, still_active = None, []
@@ -129,7 +130,7 @@ class ParallelAR(Infiller):
                 stop = b.length if eos is None else eos + 1
                 kv = b.branch.extended(o, stop - b.kv_len).kv
                 commit = Commit(plan.slots[chosen[b.order]], b.tokens[:stop], b.positions[:stop], kv, chain=b.order)
-                done[b.order] = (commit, o.logits[stop - 1 - b.kv_len])
+                done[b.order] = (commit, o.scores[stop - 1 - b.kv_len])
                 if eos is not None:
                     cutoff = b.order
             if cutoff is not None:
@@ -151,7 +152,7 @@ class ParallelAR(Infiller):
         if nxt < b.length:
             window = b.tokens[b.kv_len :]
             # token at index j (>= nxt) is scored by the logits one step earlier.
-            p = token_probability(out.logits[nxt - 1 - b.kv_len : b.length - 1 - b.kv_len], window[nxt - b.kv_len :])
+            p = token_probability(out.scores[nxt - 1 - b.kv_len : b.length - 1 - b.kv_len], window[nxt - b.kv_len :])
             nxt += int((p > self.token_threshold).long().cumprod(0).sum())
         b.accepted = nxt
 

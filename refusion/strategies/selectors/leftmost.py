@@ -16,6 +16,10 @@ class Leftmost(SlotSelector):
     """Always the leftmost still-masked slot. With a lossless infiller this is AR decoding."""
 
     name = "leftmost"
+    reads_scores = False
+
+    def candidates(self, remaining: int) -> int:
+        return 1
 
     def select(self, plan: Plan) -> Sequence[int]:
         return [0]

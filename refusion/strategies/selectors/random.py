@@ -23,6 +23,7 @@ class RandomSlots(SlotSelector):
     """
 
     name = "random"
+    reads_scores = False
 
     k: int = attrs.field(default=1, validator=positive_int)
 

@@ -1,0 +1,96 @@
+"""Fused LM head: per row, argmax token, its logit and the log-sum-exp, without the ``(n, vocab)`` logits.
+
+``lm_head_stats(hidden, weight, bias=None, exclude=None, temperature=1.0)``
+receives ``hidden`` of shape ``(n, d)`` and the output projection ``weight``
+``(vocab, d)`` (optionally ``bias`` ``(vocab,)``) and returns three ``(n,)``
+tensors: ``tokens``, the argmax of ``logits = hidden @ weight.T + bias`` over
+the vocabulary skipping the id ``exclude``; ``best``, ``logits[token] /
+temperature``; ``lse``, ``logsumexp(logits / temperature)`` over the whole
+vocabulary. The greedy confidence is ``exp(best - lse)``; the probability of
+any token ``t`` is ``exp(hidden @ weight[t] / temperature - lse)``.
+
+The logits are computed in the weight's dtype (as the model's own head
+would) and reduced in float32 (float64 for float64 weights). The torch path
+walks the vocabulary in chunks, so at most ``n x chunk`` logits exist at a
+time; the Triton kernel (CUDA) keeps a block of rows in registers and never
+writes logits to memory. Ties go to the lowest id.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from refusion_kernels.backend import choose
+
+
+def _reduce_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def lm_head_stats_reference(hidden, weight, bias=None, exclude=None, temperature=1.0, *, chunk: int | None = None):
+    """The torch path (chunked over the vocabulary); same contract as :func:`lm_head_stats`."""
+    n, vocab = hidden.shape[0], weight.shape[0]
+    red = _reduce_dtype(weight.dtype)
+    if chunk is None:
+        chunk = max(1024, (1 << 21) // max(n, 1))  # about 2M logits at a time
+    run_max = torch.full((n,), float("-inf"), dtype=red, device=hidden.device)
+    run_sum = torch.zeros(n, dtype=red, device=hidden.device)
+    best = torch.full((n,), float("-inf"), dtype=red, device=hidden.device)
+    tokens = torch.zeros(n, dtype=torch.long, device=hidden.device)
+    h = hidden.to(weight.dtype)
+    inv = 1.0 / temperature
+    for start in range(0, vocab, chunk):
+        stop = min(vocab, start + chunk)
+        logits = torch.nn.functional.linear(h, weight[start:stop], None if bias is None else bias[start:stop])
+        x = logits.to(red)
+        if inv != 1.0:
+            x = x * inv
+        block_max = x.max(dim=-1).values
+        new_max = torch.maximum(run_max, block_max)
+        shift = torch.where(torch.isfinite(new_max), new_max, torch.zeros_like(new_max))
+        run_sum = run_sum * torch.exp(run_max - shift) + torch.exp(x - shift[:, None]).sum(-1)
+        run_max = new_max
+        if exclude is not None and start <= exclude < stop:
+            x = x.clone()
+            x[:, exclude - start] = float("-inf")
+        value, index = x.max(dim=-1)
+        better = value > best
+        best = torch.where(better, value, best)
+        tokens = torch.where(better, index + start, tokens)
+    lse = torch.where(run_sum > 0, run_max + torch.log(run_sum), torch.full_like(run_sum, float("-inf")))
+    return tokens, best, lse
+
+
+def lm_head_stats(hidden, weight, bias=None, exclude=None, temperature=1.0, *, backend: str | None = None):
+    """Argmax token, its tempered logit and the tempered log-sum-exp per row; see the module docstring."""
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"`hidden` (n, d) and `weight` (vocab, d) must agree; got {tuple(hidden.shape)} and "
+                         f"{tuple(weight.shape)}.")
+    if not temperature > 0:
+        raise ValueError(f"`temperature` must be > 0; got {temperature!r}.")
+    if choose(weight, backend) == "torch" or hidden.shape[0] == 0:
+        return lm_head_stats_reference(hidden, weight, bias, exclude, temperature)
+    return _lm_head_triton(hidden, weight, bias, exclude, temperature)
+
+
+def _lm_head_triton(hidden, weight, bias, exclude, temperature, block_m: int = 16, block_v: int = 64,
+                    block_d: int = 64):
+    import triton
+
+    from refusion_kernels._triton import lm_head_kernel
+
+    n, d = hidden.shape
+    vocab = weight.shape[0]
+    h = hidden.to(weight.dtype)
+    tokens = torch.empty(n, dtype=torch.long, device=hidden.device)
+    best = torch.empty(n, dtype=torch.float32, device=hidden.device)
+    lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
+    block_d = min(block_d, max(16, triton.next_power_of_2(d)))
+    lm_head_kernel[(triton.cdiv(n, block_m),)](
+        h, weight, bias if bias is not None else weight, tokens, best, lse,
+        n, vocab, d, h.stride(0), h.stride(1), weight.stride(0), weight.stride(1),
+        1.0 / temperature, -1 if exclude is None else int(exclude), bias is not None,
+        BLOCK_M=block_m, BLOCK_V=block_v, BLOCK_D=block_d,
+    )
+    red = _reduce_dtype(weight.dtype)
+    return tokens, best.to(red), lse.to(red)

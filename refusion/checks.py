@@ -134,6 +134,13 @@ def checked_call(infiller: Any, call: Any, vocab_size: int, max_positions: int |
         raise plugin_error(infiller, f"asked the model for token ids outside [0, {vocab_size}).")
     if p_min < 0 or (max_positions is not None and p_max >= max_positions):
         raise plugin_error(infiller, f"asked the model for position ids outside [0, {max_positions}).")
+    for e in call.extends:
+        if e.reads is not None:
+            try:
+                torch.arange(len(e.tokens))[e.reads]
+            except (IndexError, TypeError, RuntimeError) as exc:
+                raise plugin_error(infiller, f"declared `reads` {e.reads!r} that do not index its {len(e.tokens)} "
+                                   f"fed tokens ({exc}).") from None
     return call
 
 

@@ -26,7 +26,7 @@ from refusion.checks import (bounded, call_part, check_length, check_prompt, che
                              checked_selection, plugin_error)
 from refusion.errors import ConfigError
 from refusion.models.base import ModelAdapter
-from refusion.protocol import BlockReuse, Branch, Extend, ModelCall
+from refusion.protocol import BlockReuse, Branch, Extend, ModelCall, Projection
 from refusion.sampling import Sampler, apply_sampler, greedy, is_greedy
 from refusion.state import Commit, DecodeResult, Drafts, InfillResult, Partition, Plan, StepRecord
 from refusion.strategies.base import CacheReorderer, InfillContext, Infiller, SlotPartitioner, SlotSelector
@@ -318,6 +318,9 @@ class DecodeSession:
                 if drafted:  # the plan's forward encoded pending entries: what precedes the region is known now
                     ctx = attrs.evolve(ctx, last_scores=self.cache.last_scores)
                 chosen = checked_selection(d.selector, plan, call_part(d.selector, d.selector.select, plan))
+                if drafted and self.greedy:  # the chosen slots' drafts, projected with the other sequences'
+                    rows = torch.cat([torch.arange(plan.offsets[i], plan.offsets[i + 1]) for i in chosen])
+                    yield Projection(plan.scores, rows)
                 budget = d.calls_per_token * sum(plan.slots[i].length for i in chosen) + 8
                 program = call_part(d.infiller, d.infiller.infill, ctx, plan, chosen)
                 result = yield from bounded(d.infiller, program, budget, self.model.vocab_size, self.model.max_positions)
@@ -351,7 +354,8 @@ class DecodeSession:
         if not drafted:
             return Plan(slots, positions, None, tuple(offsets), self.generator)
         masks = torch.full_like(positions, self.model.mask_token_id)
-        (out,) = yield ModelCall.of(Extend(Branch(), masks, positions))
+        reads = torch.as_tensor(offsets[:-1]) if self.decoder.selector.reads_scores else None  # the slot scores
+        (out,) = yield ModelCall.of(Extend(Branch(), masks, positions, reads))
         drafts = Drafts(out.scores, self._draw, len(positions), lazy=self.greedy)
         return Plan(slots, positions, out.scores, tuple(offsets), self.generator, drafts)
 

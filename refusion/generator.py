@@ -53,7 +53,8 @@ class Progress:
     committed; ``prefix_tokens`` the tokens that extend the contiguous
     committed prefix of the answer, which is now ``prefix_length`` long.
     The last event of a request has ``finished=True`` and carries its
-    ``result`` (``None`` if it was cancelled, then ``cancelled=True``).
+    ``result`` (``None`` if it was cancelled, then ``cancelled=True``, or if
+    it failed, then ``error`` holds the exception, e.g. a plugin's).
     """
 
     request: "Request"
@@ -64,13 +65,14 @@ class Progress:
     finished: bool = False
     cancelled: bool = False
     result: DecodeResult | None = None
+    error: BaseException | None = None
 
 
 class Request:
     """A submitted prompt: its state, its events and, once finished, its result.
 
-    ``status`` is ``"waiting"``, ``"running"``, ``"finished"`` or
-    ``"cancelled"``. Iterate it for its :class:`Progress` events as they
+    ``status`` is ``"waiting"``, ``"running"``, ``"finished"``,
+    ``"cancelled"`` or ``"failed"`` (then ``error`` holds the exception). Iterate it for its :class:`Progress` events as they
     happen; :meth:`wait` returns the :class:`~refusion.state.DecodeResult`.
     """
 
@@ -83,6 +85,7 @@ class Request:
         self.on_event = on_event
         self.status = "waiting"
         self.result: DecodeResult | None = None
+        self.error: BaseException | None = None
         self.session: DecodeSession | None = None
         self.prefix = 0  # contiguous committed positions reported so far
         self.ended = False  # the prefix reached an EOS: nothing more to stream
@@ -101,7 +104,7 @@ class Request:
 
     @property
     def done(self) -> bool:
-        return self.status in ("finished", "cancelled")
+        return self.status in ("finished", "cancelled", "failed")
 
     def cancel(self) -> None:
         """Stop this request at the next step and free its row (no effect once it is done)."""
@@ -126,13 +129,15 @@ class Request:
                 self.generator.step()
 
     def wait(self, timeout: float | None = None) -> DecodeResult | None:
-        """Block until the request is done; its result (``None`` if cancelled)."""
+        """Block until the request is done; its result (``None`` if cancelled); re-raises a failure."""
         if self.generator._thread is None:
             while not self.done:
                 self.generator.step()
-            return self.result
-        with self._changed:
-            self._changed.wait_for(lambda: self.done, timeout=timeout)
+        else:
+            with self._changed:
+                self._changed.wait_for(lambda: self.done, timeout=timeout)
+        if self.error is not None:
+            raise self.error
         return self.result
 
     def _emit(self, event: Progress) -> None:
@@ -258,9 +263,19 @@ class Generator:
                 finished = self._runner.step()
                 for session, result in finished:
                     self._report(self._running.pop(id(session)), events, result)
+                self._failed(events)
                 for request in self._running.values():
                     self._report(request, events, None)
             return events
+
+    def _failed(self, events: list[Progress]) -> None:
+        for session, error in self._runner.failures:
+            request = self._running.pop(id(session))
+            request.status, request.error, request.session = "failed", error, None
+            event = Progress(request, None, (), (), request.prefix, finished=True, error=error)
+            request._emit(event)
+            events.append(event)
+        self._runner.failures.clear()
 
     def run_until_idle(self) -> None:
         """Step until no request is waiting or live."""
@@ -287,6 +302,7 @@ class Generator:
             done = self._runner.add(session)
             if done is not None:
                 self._report(self._running.pop(id(session)), events, done)
+            self._failed(events)
 
     def _cancel_requested(self, events: list[Progress]) -> None:
         with self._lock:
@@ -344,7 +360,8 @@ class Generator:
         return tuple(new)
 
     def _final(self, request: Request, result: DecodeResult | None) -> Progress:
-        event = Progress(request, None, (), (), request.prefix, finished=True, cancelled=result is None, result=result)
+        event = Progress(request, None, (), (), request.prefix, finished=True, cancelled=result is None,
+                         result=result)
         request._emit(event)
         return event
 

@@ -108,11 +108,19 @@ class Branch:
 
 @attrs.frozen(eq=False)
 class Extend:
-    """Feed ``tokens`` at ``positions`` (both shape ``(q,)``) after ``parent``."""
+    """Feed ``tokens`` at ``positions`` (both shape ``(q,)``) after ``parent``.
+
+    ``reads`` (optional: a slice or index tensor over the fed tokens) names
+    the rows whose argmax statistics the caller will read (``scores.greedy()``,
+    ``scores.probability(...)``); they are then projected to the vocabulary
+    together with the other sequences' rows in one LM-head pass. Rows not
+    named are still available, computed on demand.
+    """
 
     parent: Branch
     tokens: torch.Tensor = attrs.field(converter=lambda v: _as_long_1d("tokens", v))
     positions: torch.Tensor = attrs.field(converter=lambda v: _as_long_1d("positions", v))
+    reads: "slice | torch.Tensor | None" = None
 
     def __attrs_post_init__(self):
         if self.tokens.shape != self.positions.shape:
@@ -182,6 +190,19 @@ class ExtendOutput:
         return KVSegment.from_layers(self._layers, self._batch, self._start, self._start + len(self.extend.tokens))
 
 
+@attrs.frozen(eq=False)
+class Projection:
+    """A request, yielded by the decoder's program, to project ``rows`` of ``scores`` to the vocabulary.
+
+    The driver collects the requests of all live sequences and resolves them in
+    one fused LM-head pass (:func:`refusion.scores.project`), then resumes each
+    program with ``None``; the statistics are cached on ``scores``.
+    """
+
+    scores: Scores
+    rows: "slice | torch.Tensor"
+
+
 @attrs.frozen
 class BlockReuse:
     """A cache reorderer's request for one block: reuse keys/values computed outside it.
@@ -197,4 +218,4 @@ class BlockReuse:
     mode: Literal["prefix", "dual"] = attrs.field(validator=attrs.validators.in_(("prefix", "dual")))
 
 
-__all__ = ["BlockReuse", "Branch", "Epoch", "Extend", "ExtendOutput", "KVSegment", "ModelCall"]
+__all__ = ["BlockReuse", "Branch", "Epoch", "Extend", "ExtendOutput", "KVSegment", "ModelCall", "Projection"]

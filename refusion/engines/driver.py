@@ -4,6 +4,9 @@ A :class:`Runner` holds the live programs of one engine. :meth:`Runner.step`
 answers one pending call of every live program with a single
 :meth:`Engine.run <refusion.engines.base.Engine.run>` and sends each its
 outputs; a program that returns has finished and its sequence is released.
+Rows the extends declare they will read (``Extend.reads``), and the
+:class:`~refusion.protocol.Projection` s programs yield, are projected to the
+vocabulary for all sequences together, one LM-head pass each time.
 Programs may be added between steps (continuous batching) and cancelled.
 :func:`drive` runs a fixed set of sessions to the end; the
 :class:`~refusion.generator.Generator` adds requests as they arrive.
@@ -16,7 +19,8 @@ from typing import Any, Iterable
 import torch
 
 from refusion.engines.base import Engine, SequenceState
-from refusion.protocol import ModelCall
+from refusion.protocol import ModelCall, Projection
+from refusion.scores import project
 from refusion.state import DecodeResult
 
 
@@ -27,6 +31,8 @@ class Runner:
         self.engine = engine
         self._calls: dict[SequenceState, ModelCall] = {}
         self._live: dict[SequenceState, tuple[Any, Any]] = {}  # state -> (session, program)
+        #: sessions whose program raised, with the exception (they have left the runner)
+        self.failures: list[tuple[Any, BaseException]] = []
 
     def __len__(self) -> int:
         return len(self._live)
@@ -38,35 +44,56 @@ class Runner:
     def add(self, session: Any) -> DecodeResult | None:
         """Start ``session``'s program; returns its result at once if it needs no model call."""
         program = session.program()
-        with torch.no_grad():
-            try:
-                call = next(program)
-            except StopIteration as stop:
-                return self._finish(session, stop.value)
-        self._calls[session.state] = call
         self._live[session.state] = (session, program)
-        return None
+        finished: list = []
+        with torch.no_grad():
+            self._advance({session.state: None}, finished, start=True)
+        return finished[0][1] if finished else None
 
     def step(self) -> list[tuple[Any, DecodeResult]]:
         """One engine run for every live session; returns the sessions that finished, with their results."""
         if not self._calls:
             return []
-        finished = []
+        finished: list = []
         with torch.no_grad():
-            outputs = self.engine.run(self._calls)
-            following: dict[SequenceState, ModelCall] = {}
-            for state, out in outputs.items():
+            try:
+                outputs = self.engine.run(self._calls)
+                project([(o.scores, o.extend.reads) for outs in outputs.values() for o in outs
+                         if o.extend.reads is not None], self.engine.model.mask_token_id)
+            except BaseException:
+                self._abort_all()
+                raise
+            self._calls = {}
+            self._advance(outputs, finished)
+        return finished
+
+    def _advance(self, sends: dict, finished: list, start: bool = False) -> None:
+        """Send each program its value; resolve the Projections they yield in batches until each waits on a call."""
+        mask = self.engine.model.mask_token_id
+        while sends:
+            projections: dict[SequenceState, Projection] = {}
+            for state, value in sends.items():
                 session, program = self._live[state]
                 try:
-                    following[state] = program.send(out)
+                    item = next(program) if start else program.send(value)
                 except StopIteration as stop:
                     del self._live[state]
                     finished.append((session, self._finish(session, stop.value)))
-                except BaseException:
-                    self._abort_all()
-                    raise
-        self._calls = following
-        return finished
+                    continue
+                except Exception as exc:  # this program failed (e.g. a plugin raised): it alone leaves
+                    del self._live[state]
+                    program.close()
+                    self.engine.release(state)
+                    self.failures.append((session, exc))
+                    continue
+                if isinstance(item, Projection):
+                    projections[state] = item
+                else:
+                    self._calls[state] = item
+            start = False
+            if projections:
+                project([(p.scores, p.rows) for p in projections.values()], mask)
+            sends = {state: None for state in projections}
 
     def cancel(self, session: Any) -> bool:
         """Stop ``session``'s program and free its sequence; False if it was not live."""
@@ -102,14 +129,25 @@ def drive(engine: Engine, sessions: Iterable[Any]) -> list[DecodeResult]:
     runner = Runner(engine)
     results: dict[int, DecodeResult] = {}
     index = {id(s): i for i, s in enumerate(sessions)}
-    for i, session in enumerate(sessions):
-        done = runner.add(session)
-        if done is not None:
-            results[i] = done
-    while len(runner):
-        for session, result in runner.step():
-            results[index[id(session)]] = result
+    try:
+        for i, session in enumerate(sessions):
+            done = runner.add(session)
+            if done is not None:
+                results[i] = done
+            _raise_failure(runner)
+        while len(runner):
+            for session, result in runner.step():
+                results[index[id(session)]] = result
+            _raise_failure(runner)
+    except BaseException:
+        runner._abort_all()
+        raise
     totals = engine.counters.as_dict()
     for result in results.values():
         result.extra["engine_counters"] = totals
     return [results[i] for i in range(len(sessions))]
+
+
+def _raise_failure(runner: Runner) -> None:
+    if runner.failures:
+        raise runner.failures[0][1]

@@ -126,9 +126,9 @@ class InfillContext:
         """The empty branch: extends from it see the committed context only."""
         return Branch()
 
-    def extend(self, tokens, positions, parent: Branch | None = None) -> Extend:
-        """An :class:`Extend` of ``parent`` (default: the committed context)."""
-        return Extend(parent if parent is not None else Branch(), tokens, positions)
+    def extend(self, tokens, positions, parent: Branch | None = None, *, reads=None) -> Extend:
+        """An :class:`Extend` of ``parent`` (default: the committed context); ``reads``: see :class:`Extend`."""
+        return Extend(parent if parent is not None else Branch(), tokens, positions, reads)
 
     def is_eos(self, tokens: torch.Tensor) -> torch.Tensor:
         """Boolean tensor, True where ``tokens`` is an EOS id."""

@@ -114,12 +114,15 @@ class GreedyVerify(Infiller):
         done: dict[int, tuple[Commit, object]] = {}
         active = work
         while active:
-            windows = []
+            windows, extends = [], []
             for s in active:
                 fed_from = len(s.branch)
                 fed_to = min(s.length, s.accepted + spec) if s.accepted < s.length else s.length
                 windows.append((fed_from, fed_to))
-            outs = yield ModelCall(ctx.extend(s.tokens[a:b], s.positions[a:b], s.branch) for s, (a, b) in zip(active, windows))
+                reads = slice(s.accepted - 1 - fed_from, None) if s.accepted < s.length else slice(-1, None)
+                extends.append(ctx.extend(s.tokens[fed_from:fed_to], s.positions[fed_from:fed_to], s.branch,
+                                          reads=reads))
+            outs = yield ModelCall(extends)
             still, cutoff, fed_spec, agreed_spec = [], None, 0, 0
             for s, o, (fed_from, fed_to) in zip(active, outs, windows):
                 lo = s.accepted - 1 - fed_from  # the row that predicts the first unverified token

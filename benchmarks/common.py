@@ -1,0 +1,298 @@
+"""Shared machinery of the benchmarks: random models, the two AR baselines, interleaved timing.
+
+Rules every benchmark here follows (the machines are shared, absolute times swing):
+
+* competitors run **interleaved**, round by round, in one process (their
+  order rotates every round), after a warm-up round;
+* each run reports CPU time (``time.process_time``) and wall time; a row's
+  figure is the **median over rounds**, with the spread (min-max) beside it;
+* a ratio to a baseline is taken **within each round** (baseline and method
+  measured minutes apart at most), then the median of those ratios;
+* 1 torch thread unless asked otherwise;
+* hardware-independent counts come with every row: forwards, tokens fed per
+  forward, tokens generated per forward, bytes of keys/values copied, peak
+  resident memory rise, and the time spent outside the network per sequence
+  and forward.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import statistics
+import threading
+import time
+from typing import Any, Callable
+
+import attrs
+import torch
+
+
+# -- models -------------------------------------------------------------------------
+SIZES = {
+    # name: (hidden, layers, heads, kv heads, intermediate factor, vocab)
+    "20m": (256, 8, 8, 4, 3, 32000),
+    "100m": (640, 12, 10, 5, 3, 32000),
+}
+
+
+def random_qwen3(size: str, *, seed: int = 0, dtype: torch.dtype = torch.float32, max_positions: int = 4096):
+    """A randomly initialised Qwen3 causal LM of about ``size`` parameters (``"20m"`` or ``"100m"``), no EOS."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    hidden, layers, heads, kv, factor, vocab = SIZES[size]
+    config = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=factor * hidden,
+                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
+                         head_dim=hidden // heads, max_position_embeddings=max_positions, tie_word_embeddings=False,
+                         eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    config.mask_token_id = vocab - 1
+    config._attn_implementation = "sdpa"
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        model = Qwen3ForCausalLM(config)
+    finally:
+        torch.random.set_rng_state(state)
+    return model.to(dtype).eval()
+
+
+def parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+# -- the AR baselines -------------------------------------------------------------------
+def hf_generate(model, prompts: torch.Tensor, new_tokens: int, mask_id: int | None = None,
+                eos: list[int] | None = None) -> list[list[int]]:
+    """transformers ``generate``: greedy, its KV cache, exactly ``new_tokens`` per row unless ``eos`` stops it."""
+    kwargs = dict(max_new_tokens=new_tokens, do_sample=False, pad_token_id=0 if mask_id is None else mask_id)
+    if eos:
+        kwargs["eos_token_id"] = eos
+    else:
+        kwargs["min_new_tokens"] = new_tokens
+    if mask_id is not None:
+        kwargs["suppress_tokens"] = [mask_id]
+    out = model.generate(prompts, attention_mask=torch.ones_like(prompts), **kwargs)
+    return out[:, prompts.shape[1]:].tolist()
+
+
+def greedy_loop(model, prompts: torch.Tensor, new_tokens: int, mask_id: int | None = None,
+                eos: list[int] | None = None) -> list[list[int]]:
+    """A hand-written greedy loop with a ``DynamicCache``: the least a Python AR decoder can do per token."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    logits = model(input_ids=prompts, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+    rows = []
+    done = torch.zeros(prompts.shape[0], dtype=torch.bool)
+    eos_t = torch.tensor(eos or [], dtype=torch.long)
+    for _ in range(new_tokens):
+        if mask_id is not None:
+            logits[:, mask_id] = float("-inf")
+        token = logits.argmax(-1)
+        rows.append(token)
+        if eos:
+            done |= torch.isin(token, eos_t)
+            if bool(done.all()):
+                break
+        logits = model(input_ids=token[:, None], cache=cache, use_cache=True).logits[:, -1]
+    out = torch.stack(rows, 1).tolist()
+    if eos:
+        out = [_cut(row, set(eos)) for row in out]
+    return out
+
+
+def _cut(row: list[int], eos: set[int]) -> list[int]:
+    for i, t in enumerate(row):
+        if t in eos:
+            return row[: i + 1]
+    return row
+
+
+# -- measuring ---------------------------------------------------------------------------
+class NetworkClock:
+    """CPU time spent inside the network (backbone forwards and LM-head projections), while active.
+
+    Wraps the backbone with forward hooks and refusion's head functions, so
+    that every competitor's "network time" is measured the same way; what is
+    left of a run's time is the decoder's own work.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.seconds = 0.0
+        self.forwards = 0
+        self._start: list[float] = []
+        self._handles: list[Any] = []
+        self._patched: list[tuple[Any, str, Any]] = []
+
+    def __enter__(self) -> "NetworkClock":
+        top = self.model
+        backbone = getattr(top, "base_model", top)
+        head = top.get_output_embeddings() if hasattr(top, "get_output_embeddings") else None
+        for module in {backbone, head} - {None}:
+            self._handles.append(module.register_forward_pre_hook(self._enter))
+            self._handles.append(module.register_forward_hook(self._exit))
+        import refusion.models.head as head_module
+        import refusion_kernels as kernel_module
+
+        for owner, name in ((kernel_module, "lm_head_stats"), (head_module.LMHead, "logits"),
+                            (head_module.LMHead, "token_logits")):
+            original = getattr(owner, name)
+            self._patched.append((owner, name, original))
+            setattr(owner, name, self._timed(original))
+        return self
+
+    def _timed(self, fn):
+        clock = self
+
+        def wrapper(*args, **kwargs):
+            start = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                clock.seconds += time.process_time() - start
+
+        return wrapper
+
+    def _enter(self, module, args):
+        if module is getattr(self.model, "base_model", self.model):
+            self.forwards += 1
+        self._start.append(time.process_time())
+
+    def _exit(self, module, args, output):
+        self.seconds += time.process_time() - self._start.pop()
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        for owner, name, original in self._patched:
+            setattr(owner, name, original)
+
+
+class PeakRSS:
+    """Peak resident-memory rise during a block, sampled every millisecond from /proc/self/statm."""
+
+    def __init__(self):
+        self.page = os.sysconf("SC_PAGE_SIZE")
+        self.rise = 0
+        self._stop = threading.Event()
+
+    def _rss(self) -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * self.page
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            self.rise = max(self.rise, self._rss() - self.base)
+            time.sleep(0.001)
+
+    def __enter__(self) -> "PeakRSS":
+        gc.collect()
+        self.base = self._rss()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.rise = max(self.rise, self._rss() - self.base)
+
+
+@attrs.define
+class Run:
+    """One timed run of one competitor."""
+
+    cpu: float
+    wall: float
+    network_cpu: float
+    network_forwards: int
+    rss_rise: int
+    counts: dict[str, Any]
+
+
+@attrs.define
+class Row:
+    """A competitor's runs over all rounds, and its per-round ratios to the baseline."""
+
+    name: str
+    runs: list[Run] = attrs.field(factory=list)
+    ratios: list[float] = attrs.field(factory=list)
+
+    def median(self, field: str) -> float:
+        return statistics.median(getattr(r, field) for r in self.runs)
+
+    def spread(self, field: str) -> tuple[float, float]:
+        values = [getattr(r, field) for r in self.runs]
+        return min(values), max(values)
+
+    @property
+    def counts(self) -> dict[str, Any]:
+        return self.runs[-1].counts
+
+
+def interleave(competitors: dict[str, Callable[[], dict]], model: torch.nn.Module, *, rounds: int = 3,
+               baseline: str | None = None, warmup: bool = True, memory: bool = True) -> list[Row]:
+    """Run every competitor once per round, rotating their order; ratios are ``baseline cpu / method cpu``.
+
+    Each callable decodes and returns its counts (``tokens``, ``forwards`` ...).
+    """
+    names = list(competitors)
+    baseline = baseline or names[0]
+    rows = {name: Row(name) for name in names}
+    if warmup:
+        for fn in competitors.values():
+            fn()
+    for r in range(rounds):
+        order = names[r % len(names):] + names[: r % len(names)]
+        this_round = {}
+        for name in order:
+            gc.collect()
+            clock = NetworkClock(model)
+            rss = PeakRSS() if memory else None
+            with torch.no_grad(), clock:
+                if rss:
+                    rss.__enter__()
+                cpu0, wall0 = time.process_time(), time.perf_counter()
+                counts = competitors[name]()
+                cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+                if rss:
+                    rss.__exit__()
+            run = Run(cpu, wall, clock.seconds, clock.forwards, rss.rise if rss else 0, counts)
+            rows[name].runs.append(run)
+            this_round[name] = run
+        for name in names:
+            rows[name].ratios.append(this_round[baseline].cpu / this_round[name].cpu)
+    return [rows[n] for n in names]
+
+
+def fmt_spread(row: Row, field: str, scale: float = 1.0, digits: int = 2) -> str:
+    lo, hi = row.spread(field)
+    return f"{row.median(field) * scale:.{digits}f} [{lo * scale:.{digits}f}-{hi * scale:.{digits}f}]"
+
+
+def fmt_ratio(row: Row) -> str:
+    return f"{statistics.median(row.ratios):.2f}x [{min(row.ratios):.2f}-{max(row.ratios):.2f}]"
+
+
+def header() -> str:
+    import platform
+
+    import transformers
+
+    return (f"# torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} torch "
+            f"thread(s), {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs")
+
+
+def refusion_counts(results: list[Any]) -> dict[str, Any]:
+    """Counts of one ``decode_batch``: tokens, network forwards, fed tokens, KV bytes (engine totals)."""
+    totals = results[0].extra["engine_counters"]
+    return {"tokens": sum(len(r.tokens) for r in results), "forwards": totals["forwards"],
+            "fed": totals["fed_tokens"], "padded": totals["padded_tokens"],
+            "kv_context": totals["kv_bytes"]["context"], "kv_new": totals["kv_bytes"]["new"],
+            "rows": [r.tokens.tolist() for r in results]}
+
+
+def ar_counts(rows: list[list[int]], forwards: int, fed: int) -> dict[str, Any]:
+    return {"tokens": sum(len(r) for r in rows), "forwards": forwards, "fed": fed, "padded": 0,
+            "kv_context": None, "kv_new": None, "rows": rows}

@@ -160,3 +160,20 @@ def test_a_plugin_engine_runs_the_same_decodes(settings, seed, eos, prompts):
     branch = decoder.decode_batch(adapter, prompts, gen_length)
     assert [r.tokens.tolist() for r in recomputed] == [r.tokens.tolist() for r in branch]
     assert recomputed[0].extra["engine"] == "recompute"
+
+
+@given(settings=SETTINGS, seed=st.integers(0, 5000), eos=st.sampled_from([None, 2]),
+       prompts=st.lists(st.lists(st.integers(0, 14), min_size=1, max_size=9), min_size=1, max_size=4))
+def test_packed_and_padded_forwards_give_the_same_decodes(settings, seed, eos, prompts):
+    adapter = tiny(vocab=16, seed=seed, scale=8.0, eos=eos)
+    decoder = decoder_from(settings)
+    gen_length = settings["slot_size"] * settings["serial_num_blocks"] * 2
+    packed, padded = BranchEngine(adapter), BranchEngine(adapter, packed=False)
+    assert packed.packed and not padded.packed
+    a = decoder.decode_batch(adapter, prompts, gen_length, engine=packed)
+    b = decoder.decode_batch(adapter, prompts, gen_length, engine=padded)
+    assert [r.tokens.tolist() for r in a] == [r.tokens.tolist() for r in b]
+    assert a[0].extra["engine_counters"]["padded_tokens"] == 0
+    # each row's scratch follows its own context: the buffer holds what the contexts need
+    need = max(len(p) for p in prompts) + a[0].partition.gen_length
+    assert packed.buffer.capacity <= need + 1

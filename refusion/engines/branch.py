@@ -4,12 +4,19 @@ Each :meth:`BranchEngine.run` is one model forward serving one pending
 :class:`~refusion.protocol.ModelCall` of every given sequence. Each sequence
 owns a row of a :class:`~refusion.cache.stores.PreallocatedKV`: its encoded
 context sits in slots ``0:len`` and is never copied. For the call, every row
-packs its queries - pending context tokens, then the tokens of each extend -
-and the keys/values of the branches those extends continue are written once
-into a scratch area after the longest context. A 4-D boolean mask lets each
-query see its own context, the pending tokens, its branch's scratch span and,
-causally, the tokens of its own extend: branches of one sequence share the
-cached prefix instead of repeating it.
+lays out its queries - pending context tokens, then the tokens of each
+extend - and the keys/values of the branches those extends continue are
+written once into scratch columns. A boolean mask lets each query see its own
+context, the pending tokens, its branch's scratch span and, causally, the
+tokens of its own extend: branches of one sequence share the cached prefix
+instead of repeating it.
+
+On transformers models the forward is *packed* (:mod:`refusion.engines.ragged`):
+all rows' queries form one row of tokens, so no sequence is padded to another
+(a verify call is never padded to another row's plan); each row's scratch
+sits right after its own context, so the buffer holds what the contexts need.
+Other adapters get rows padded to the widest with a 4-D mask, the scratch
+after the longest context.
 
 Writes are O(new tokens): the model writes the fed tokens' keys/values into the
 scratch slots in place; committing copies only the committed tokens
@@ -73,11 +80,20 @@ class BranchEngine(Engine):
     name = "branch"
     priority = 20
 
-    def __init__(self, model: Any, *, rows: int = 1):
+    def __init__(self, model: Any, *, rows: int = 1, packed: bool | None = None):
         super().__init__(model)
+        from refusion.engines.ragged import supports
+
         self.initial_rows = max(1, int(rows))
         self.buffer: PreallocatedKV | None = None
         self.by_row: dict[int, BranchSequence] = {}
+        reason = supports(model)
+        if packed and reason:
+            from refusion.errors import ConfigError
+
+            raise ConfigError(f"`packed` forwards cannot run on {type(model).__name__}: {reason}.")
+        #: packed forwards (no padding; HF models with attention functions) or padded rows with a 4-D mask
+        self.packed = reason is None if packed is None else packed
 
     @classmethod
     def unsupported(cls, model: Any) -> str | None:
@@ -157,87 +173,124 @@ class BranchEngine(Engine):
         self.epoch.value += 1
         states: list[BranchSequence] = sorted(calls, key=lambda s: s.store.row)
         self._place(states)
-        device = self.model.device
+        rows = [_Row.of(state, calls[state]) for state in states]
+        if self.packed:
+            return self._run_packed(rows)
+        return self._run_padded(rows)
+
+    def _write_parents(self, rows: list["_Row"], column_of) -> None:
+        """Scatter every row's parent branches' keys/values into its scratch columns (one kernel call)."""
+        src, row_idx, col_idx = [], [], []
         buf = self.buffer
-        rows = len(states)
-        caches = [s.context for s in states]
-        lengths = [c.encoded for c in caches]
-        start = max(lengths)
-
-        # Lay out each row: unique parent branches (keys/values written to scratch), then the queries.
-        plans = []
-        for cache, state in zip(caches, states):
-            parents, parent_at, width = [], {}, 0
-            for e in calls[state].extends:
-                if len(e.parent) and id(e.parent) not in parent_at:
-                    parent_at[id(e.parent)] = width
-                    parents.append(e.parent)
-                    width += len(e.parent)
-            pending = cache.pending
-            spans, q = [], pending
-            for e in calls[state].extends:
-                spans.append((q, q + len(e.tokens)))
-                q += len(e.tokens)
-            plans.append((parents, parent_at, width, pending, spans, q))
-        width = max(p[2] for p in plans)
-        q_max = max(p[5] for p in plans)
-        query_at = start + width
-        buf.ensure_capacity(query_at + q_max)
-
-        parent_src, parent_rows, parent_cols = [], [], []
-        for row, (parents, parent_at, *_rest) in enumerate(plans):
-            for parent in parents:
+        for r, row in enumerate(rows):
+            for parent in row.parents:
                 n = len(parent)
-                parent_src.append(parent.kv.data)
-                parent_rows.append(torch.full((n,), row, dtype=torch.long))
-                parent_cols.append(torch.arange(n) + start + parent_at[id(parent)])
-                states[row].counters.copied(new=n * buf.token_bytes)
-        if parent_src:
+                src.append(parent.kv.data)
+                row_idx.append(torch.full((n,), r, dtype=torch.long))
+                col_idx.append(torch.arange(n) + column_of(row) + row.parent_at[id(parent)])
+                row.state.counters.copied(new=n * buf.token_bytes)
+        if src:
             from refusion_kernels import scatter_kv
 
-            scatter_kv(buf.data, torch.cat(parent_src, dim=3), torch.cat(parent_rows), torch.cat(parent_cols))
+            scatter_kv(buf.data, torch.cat(src, dim=3), torch.cat(row_idx), torch.cat(col_idx))
 
-        ids = torch.full((rows, q_max), self.model.mask_token_id, dtype=torch.long)
-        pos = torch.zeros((rows, q_max), dtype=torch.long)
-        mask = torch.zeros((rows, 1, q_max, query_at + q_max), dtype=torch.bool)
+    def _run_packed(self, rows: list["_Row"]) -> dict[SequenceState, tuple[ExtendOutput, ...]]:
+        """Every row's queries packed into one row of tokens; each row's keys after its own context."""
+        from refusion.engines.ragged import RaggedCache, RaggedLayout, switched
+
+        buf = self.buffer
+        device = self.model.device
+        n_rows = len(rows)
+        buf.ensure_capacity(max(row.context + row.width + row.n for row in rows))
+        self._write_parents(rows, lambda row: row.context)
+        n_max = max(row.n for row in rows)
+        keys = max(row.context + row.width + row.n for row in rows)
+
+        ids = torch.cat([row.ids() for row in rows])
+        pos = torch.cat([row.pos() for row in rows])
+        row_of = torch.cat([torch.full((row.n,), r, dtype=torch.long) for r, row in enumerate(rows)])
+        local = torch.cat([torch.arange(row.n) for row in rows])
+        q0 = torch.tensor([row.context + row.width for row in rows])
+        col_of = q0[row_of] + local
+        plain = n_rows == 1 and rows[0].width == 0 and len(rows[0].call.extends) == 1
+        mask = None if plain else _packed_mask(rows, row_of, local, q0, n_max, keys).to(device)
+        layout = RaggedLayout(n_rows, n_max, (row_of * n_max + local).to(device), row_of.to(device),
+                              col_of.to(device), mask, keys, "")
+        network = self.model.model
+        with switched(network.config):
+            scores = self.model.scores(ids[None].to(device), pos[None].to(device),
+                                       {"full_attention": layout, "sliding_attention": layout},
+                                       RaggedCache(buf.data, layout))[0]
+        self.served({row.state: row.n for row in rows})
+        layers = [(buf.data[layer, 0], buf.data[layer, 1]) for layer in range(buf.data.shape[0])]
+        outputs: dict[SequenceState, tuple[ExtendOutput, ...]] = {}
+        start = 0
+        for r, row in enumerate(rows):
+            state, cache = row.state, row.state.context
+            state.counters.copied(new=row.n * buf.token_bytes)  # the model's in-place writes of the fed tokens
+            base = row.context + row.width
+            if row.pending:
+                if row.width:  # the pending entries go right after the context, before the parents' scratch
+                    moved = buf.data[:, :, r, :, base : base + row.pending].clone()
+                    buf.write(r, row.context, moved, state.counters)
+                buf.lengths[r] = row.context + row.pending
+                cache.mark_encoded(scores[start + row.pending - 1])
+            outputs[state] = tuple(
+                ExtendOutput(e, scores[start + a : start + b], layers, r, base + a, self.epoch, self.epoch.value)
+                for e, (a, b) in zip(row.call.extends, row.spans)
+            )
+            start += row.n
+        return outputs
+
+    def _run_padded(self, rows: list["_Row"]) -> dict[SequenceState, tuple[ExtendOutput, ...]]:
+        """Adapters without attention functions: rows padded to the widest, one 4-D mask, scratch after the longest context."""
+        buf = self.buffer
+        device = self.model.device
+        n_rows = len(rows)
+        start = max(row.context for row in rows)
+        width = max(row.width for row in rows)
+        q_max = max(row.n for row in rows)
+        query_at = start + width
+        buf.ensure_capacity(query_at + q_max)
+        self._write_parents(rows, lambda row: start)
+
+        ids = torch.full((n_rows, q_max), self.model.mask_token_id, dtype=torch.long)
+        pos = torch.zeros((n_rows, q_max), dtype=torch.long)
+        mask = torch.zeros((n_rows, 1, q_max, query_at + q_max), dtype=torch.bool)
         causal = torch.tril(torch.ones(q_max, q_max, dtype=torch.bool))
-        for row, (cache, state) in enumerate(zip(caches, states)):
-            parents, parent_at, _w, pending, spans, q = plans[row]
-            m = mask[row, 0]
-            m[:q, : lengths[row]] = True  # the encoded context
+        for r, row in enumerate(rows):
+            m = mask[r, 0]
+            m[: row.n, : row.context] = True  # the encoded context
             m[:, query_at : query_at + q_max] = torch.eye(q_max, dtype=torch.bool)  # padding rows see themselves
-            if pending:
-                ids[row, :pending] = cache.tokens[cache.encoded :]
-                pos[row, :pending] = cache.positions[cache.encoded :]
-                m[:pending, query_at : query_at + pending] = causal[:pending, :pending]
-                m[pending:q, query_at : query_at + pending] = True
-            for e, (a, b) in zip(calls[state].extends, spans):
-                ids[row, a:b] = e.tokens.cpu()
-                pos[row, a:b] = e.positions.cpu()
+            ids[r, : row.n] = row.ids()
+            pos[r, : row.n] = row.pos()
+            p = row.pending
+            if p:
+                m[:p, query_at : query_at + p] = causal[:p, :p]
+                m[p : row.n, query_at : query_at + p] = True
+            for e, (a, b) in zip(row.call.extends, row.spans):
                 m[a:b, query_at + a : query_at + b] = causal[: b - a, : b - a]
                 if len(e.parent):
-                    p0 = start + parent_at[id(e.parent)]
+                    p0 = start + row.parent_at[id(e.parent)]
                     m[a:b, p0 : p0 + len(e.parent)] = True
 
-        scratch = _ScratchCache(buf.data, rows, query_at, q_max)
+        scratch = _ScratchCache(buf.data, n_rows, query_at, q_max)
         scores = self.model.scores(ids.to(device), pos.to(device), self._mask_for_model(mask.to(device)), scratch)
-        fed = {state: plans[row][5] for row, state in enumerate(states)}
-        self.served(fed, padded=rows * q_max - sum(fed.values()))
-        for row, state in enumerate(states):  # the model's in-place writes of the fed tokens
-            state.counters.copied(new=plans[row][5] * buf.token_bytes)
-
+        fed = {row.state: row.n for row in rows}
+        self.served(fed, padded=n_rows * q_max - sum(fed.values()))
+        layers = [(buf.data[layer, 0, :n_rows], buf.data[layer, 1, :n_rows]) for layer in range(buf.data.shape[0])]
         outputs: dict[SequenceState, tuple[ExtendOutput, ...]] = {}
-        layers = [(buf.data[layer, 0, :rows], buf.data[layer, 1, :rows]) for layer in range(buf.data.shape[0])]
-        for row, (cache, state) in enumerate(zip(caches, states)):
-            parents, parent_at, _w, pending, spans, q = plans[row]
-            if pending:
-                moved = buf.data[:, :, row, :, query_at : query_at + pending].clone()
-                buf.write(row, lengths[row], moved, state.counters)
-                buf.lengths[row] = lengths[row] + pending
-                cache.mark_encoded(scores[row, pending - 1])
+        for r, row in enumerate(rows):
+            state, cache = row.state, row.state.context
+            state.counters.copied(new=row.n * buf.token_bytes)
+            if row.pending:
+                moved = buf.data[:, :, r, :, query_at : query_at + row.pending].clone()
+                buf.write(r, row.context, moved, state.counters)
+                buf.lengths[r] = row.context + row.pending
+                cache.mark_encoded(scores[r, row.pending - 1])
             outputs[state] = tuple(
-                ExtendOutput(e, scores[row, a:b], layers, row, query_at + a, self.epoch, self.epoch.value)
-                for e, (a, b) in zip(calls[state].extends, spans)
+                ExtendOutput(e, scores[r, a:b], layers, r, query_at + a, self.epoch, self.epoch.value)
+                for e, (a, b) in zip(row.call.extends, row.spans)
             )
         return outputs
 
@@ -247,6 +300,77 @@ class BranchEngine(Engine):
             dtype = self.buffer.data.dtype
             return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
         return mask
+
+
+class _Row:
+    """One sequence's part of a forward: its parents' scratch span, then its queries (pending tokens first)."""
+
+    __slots__ = ("state", "call", "context", "pending", "parents", "parent_at", "width", "spans", "n")
+
+    @classmethod
+    def of(cls, state: BranchSequence, call: ModelCall) -> "_Row":
+        row = cls()
+        row.state, row.call = state, call
+        cache = state.context
+        row.context, row.pending = cache.encoded, cache.pending
+        row.parents, row.parent_at, row.width = [], {}, 0
+        for e in call.extends:
+            if len(e.parent) and id(e.parent) not in row.parent_at:
+                row.parent_at[id(e.parent)] = row.width
+                row.parents.append(e.parent)
+                row.width += len(e.parent)
+        row.spans, q = [], row.pending
+        for e in call.extends:
+            row.spans.append((q, q + len(e.tokens)))
+            q += len(e.tokens)
+        row.n = q
+        return row
+
+    def ids(self) -> torch.Tensor:
+        cache = self.state.context
+        parts = [cache.tokens[cache.encoded :]] if self.pending else []
+        parts += [e.tokens.cpu() for e in self.call.extends]
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+    def pos(self) -> torch.Tensor:
+        cache = self.state.context
+        parts = [cache.positions[cache.encoded :]] if self.pending else []
+        parts += [e.positions.cpu() for e in self.call.extends]
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
+def _packed_mask(rows: list[_Row], row_of, local, q0, n_max: int, keys: int) -> torch.Tensor:
+    """``(rows, 1, n_max, keys)``: context, pending, parent span and causal self-span of each packed query.
+
+    Built from four column intervals per query token, compared against the
+    key columns at once; padding queries see column 0 only.
+    """
+    span_lo, par_lo, par_hi, pend_hi = [], [], [], []
+    for row in rows:
+        if row.pending:  # pending tokens: context plus themselves, causally
+            span_lo.append(torch.zeros(row.pending, dtype=torch.long))
+            par_lo.append(torch.zeros(row.pending, dtype=torch.long))
+            par_hi.append(torch.zeros(row.pending, dtype=torch.long))
+            pend_hi.append(torch.zeros(row.pending, dtype=torch.long))
+        for e, (a, b) in zip(row.call.extends, row.spans):
+            q = b - a
+            span_lo.append(torch.full((q,), a, dtype=torch.long))
+            at = row.context + row.parent_at[id(e.parent)] if len(e.parent) else 0
+            par_lo.append(torch.full((q,), at, dtype=torch.long))
+            par_hi.append(torch.full((q,), at + len(e.parent), dtype=torch.long))
+            pend_hi.append(torch.full((q,), row.pending, dtype=torch.long))
+    span_lo, par_lo, par_hi, pend_hi = (torch.cat(x) for x in (span_lo, par_lo, par_hi, pend_hi))
+    context = torch.tensor([row.context for row in rows])[row_of]
+    base = q0[row_of]
+    cols = torch.arange(keys)[None, :]
+    visible = (cols < context[:, None])
+    visible |= (cols >= base[:, None]) & (cols < (base + pend_hi)[:, None])
+    visible |= (cols >= par_lo[:, None]) & (cols < par_hi[:, None])
+    visible |= (cols >= (base + span_lo)[:, None]) & (cols <= (base + local)[:, None])
+    mask = torch.zeros(len(rows) * n_max, keys, dtype=torch.bool)
+    mask[:, 0] = True
+    mask[row_of * n_max + local] = visible
+    return mask.view(len(rows), 1, n_max, keys)
 
 
 @hookimpl

@@ -1,0 +1,135 @@
+"""Packed ("ragged") forwards for the branch engine: no sequence is padded to another's width.
+
+The query tokens of all sequences of a forward are packed into one row of
+``T`` tokens, so embeddings, projections, MLPs and the LM head see exactly the
+tokens fed. Only attention needs the rows apart: a transformers attention
+function registered here (``refusion-ragged``) scatters the packed queries
+into ``(rows, n_max)``, attends each row to its own keys in the preallocated
+buffer under a boolean mask, and packs the result back. The keys/values of
+the fed tokens are written by :class:`RaggedCache` straight into their row, at
+the columns the layout gives them.
+
+The model's attention implementation is switched to ``refusion-ragged`` only
+for the duration of the engine's forward (and the function falls back to
+the model's own implementation when called without a layout).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any
+
+import attrs
+import torch
+import torch.nn.functional as F
+
+NAME = "refusion-ragged"
+
+
+@attrs.frozen(eq=False)
+class RaggedLayout:
+    """Where each packed query token belongs and what it may attend to.
+
+    ``rows``: number of sequences; ``n_max``: most queries of one row;
+    ``dest`` ``(T,)``: flat index ``row * n_max + i`` of each packed token;
+    ``row_of`` / ``col_of`` ``(T,)``: its row and buffer column; ``mask``
+    ``(rows, 1, n_max, keys)`` boolean, or ``None`` for one row whose queries
+    see everything before them (bottom-right causal); ``keys``: key columns
+    used; ``inner``: the model's own attention implementation.
+    """
+
+    rows: int
+    n_max: int
+    dest: torch.Tensor
+    row_of: torch.Tensor
+    col_of: torch.Tensor
+    mask: torch.Tensor | None
+    keys: int
+    inner: str
+
+
+class RaggedCache:
+    """The cache object the network sees: writes each fed token's keys/values at its (row, column)."""
+
+    def __init__(self, data: torch.Tensor, layout: RaggedLayout):
+        self.data, self.layout = data, layout
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        layout = self.layout
+        keys = self.data[layer_idx, 0]
+        values = self.data[layer_idx, 1]
+        keys[layout.row_of, :, layout.col_of] = key_states[0].transpose(0, 1).to(keys.dtype)
+        values[layout.row_of, :, layout.col_of] = value_states[0].transpose(0, 1).to(values.dtype)
+        return keys[: layout.rows, :, : layout.keys], values[: layout.rows, :, : layout.keys]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0
+
+
+def ragged_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Attention for packed queries ``(1, heads, T, dim)`` against per-row keys ``(rows, kv_heads, keys, dim)``."""
+    layout = attention_mask
+    if not isinstance(layout, RaggedLayout):  # an ordinary call of the model while switched: its own attention
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+        from transformers.models.llama.modeling_llama import eager_attention_forward
+
+        inner = getattr(module.config, "_refusion_inner_attention", "sdpa")
+        fn = ALL_ATTENTION_FUNCTIONS.get_interface(inner, eager_attention_forward)
+        return fn(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    heads, dim = query.shape[1], query.shape[3]
+    gqa = key.shape[1] != heads
+    if layout.rows == 1:
+        q = query
+    else:
+        flat = query.new_zeros(layout.rows * layout.n_max, heads, dim)
+        flat[layout.dest] = query[0].transpose(0, 1)
+        q = flat.view(layout.rows, layout.n_max, heads, dim).transpose(1, 2)
+    mask = layout.mask
+    if mask is None:
+        from torch.nn.attention.bias import causal_lower_right
+
+        mask = causal_lower_right(q.shape[2], key.shape[2]) if q.shape[2] > 1 else None
+    out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling, enable_gqa=gqa)
+    if layout.rows == 1:
+        return out.transpose(1, 2), None
+    packed = out.transpose(1, 2).reshape(layout.rows * layout.n_max, heads, dim)[layout.dest]
+    return packed[None], None
+
+
+_registered = False
+
+
+def register() -> None:
+    """Register the attention function with transformers (once per process)."""
+    global _registered
+    if not _registered:
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(NAME, ragged_attention)
+        _registered = True
+
+
+@contextmanager
+def switched(config: Any):
+    """The model's attention implementation is ``refusion-ragged`` inside this block, its own again after."""
+    register()
+    inner = config._attn_implementation
+    config._refusion_inner_attention = inner
+    config._attn_implementation_internal = NAME
+    try:
+        yield inner
+    finally:
+        config._attn_implementation_internal = inner
+
+
+def supports(model: Any) -> str | None:
+    """Why packed forwards cannot run on ``model`` (an HF adapter), or ``None``."""
+    network = getattr(model, "model", None)
+    config = getattr(network, "config", None)
+    if config is None or not getattr(network, "_supports_attention_backend", False):
+        return "the network does not take custom attention functions (transformers' attention interface)"
+    if getattr(config, "use_sliding_window", False) or "sliding_attention" in (getattr(config, "layer_types", None) or []):
+        return "sliding-window attention layers are not supported"
+    if getattr(model, "head", None) is None:
+        return "the network's LM head could not be separated from its backbone"
+    return None

@@ -33,6 +33,15 @@ def lm_head_stats_reference(hidden, weight, bias=None, exclude=None, temperature
     red = _reduce_dtype(weight.dtype)
     if chunk is None:
         chunk = max(1024, (1 << 21) // max(n, 1))  # about 2M logits at a time
+    if vocab <= chunk:  # one pass
+        x = torch.nn.functional.linear(hidden.to(weight.dtype), weight, bias).to(red)
+        if temperature != 1.0:
+            x = x / temperature
+        lse = torch.logsumexp(x, dim=-1)
+        if exclude is not None and 0 <= exclude < vocab:
+            x[:, exclude] = float("-inf")
+        best, tokens = x.max(dim=-1)
+        return tokens, best, lse
     run_max = torch.full((n,), float("-inf"), dtype=red, device=hidden.device)
     run_sum = torch.zeros(n, dtype=red, device=hidden.device)
     best = torch.full((n,), float("-inf"), dtype=red, device=hidden.device)

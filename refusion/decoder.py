@@ -356,7 +356,7 @@ class DecodeSession:
         masks = torch.full_like(positions, self.model.mask_token_id)
         reads = torch.as_tensor(offsets[:-1]) if self.decoder.selector.reads_scores else None  # the slot scores
         (out,) = yield ModelCall.of(Extend(Branch(), masks, positions, reads))
-        drafts = Drafts(out.scores, self._draw, len(positions), lazy=self.greedy)
+        drafts = Drafts(out.scores, self._draw, len(positions), lazy=self.greedy, exclude=self.model.mask_token_id)
         return Plan(slots, positions, out.scores, tuple(offsets), self.generator, drafts)
 
     def _draw(self, scores: Any) -> tuple[torch.Tensor, torch.Tensor]:

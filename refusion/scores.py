@@ -106,8 +106,7 @@ class Scores:
     def greedy(self, exclude: int | None = None, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
         """Argmax token (never ``exclude``) and its probability under ``softmax(logits / temperature)``."""
         tokens, best, lse = self.stats(exclude, temperature)
-        probs = torch.where(torch.isfinite(lse) & torch.isfinite(best), torch.exp(best - lse), torch.zeros_like(lse))
-        return tokens, probs
+        return tokens, torch.exp(best - lse).nan_to_num_(0.0)
 
     def probability(self, tokens: torch.Tensor) -> torch.Tensor:
         """Softmax probability of ``tokens[i]`` at row ``i`` (shape ``(n,)``)."""

@@ -9,7 +9,7 @@ Position ids are absolute (prompt tokens come first, from 0); a slot's
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import attrs
 import torch
@@ -53,43 +53,41 @@ class Partition:
 
 
 class Drafts:
-    """Draft tokens and confidences of a plan's rows, drawn on first read (a plan's private memo).
+    """Draft tokens and confidences of a plan's rows (a plan's private memo).
 
-    ``draw(scores)`` turns Scores of some rows into ``(tokens, confidence)``.
-    With ``lazy`` (greedy drafting) a row is projected to the vocabulary only
-    when someone reads it; otherwise every row is drawn at once, so that a
-    sampler's random draws happen in one fixed order.
+    With ``lazy`` (greedy drafting on Scores that hold hidden states) a row is
+    projected to the vocabulary only when someone reads it, and rows read
+    together are projected together; the statistics live in the Scores'
+    cache (:func:`refusion.scores.project`), so rows projected in a batch
+    with other sequences cost nothing more here. Otherwise ``draw(scores)``
+    turns all rows into ``(tokens, confidence)`` at once, so that a sampler's
+    random draws happen in one fixed order.
     """
 
     def __init__(self, scores: Scores | None, draw: Callable[[Scores], tuple[torch.Tensor, torch.Tensor]] | None,
-                 n: int, lazy: bool):
-        self.scores, self.draw = scores, draw
-        self.tokens = torch.zeros(n, dtype=torch.long)
-        self.confidence: torch.Tensor | None = None
-        self.known = torch.zeros(n, dtype=torch.bool)
-        self.complete = False
-        if scores is not None and not lazy:
-            self.rows(slice(None))
+                 n: int, lazy: bool, exclude: int | None = None):
+        self.scores, self.exclude = scores, exclude
+        self.lazy = lazy and scores is not None and scores.batchable
+        self.tokens = self.confidence = None
+        if scores is not None and not self.lazy:
+            tokens, confidence = draw(scores)
+            self.tokens, self.confidence = tokens.cpu(), confidence.cpu()
 
     def rows(self, index: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(tokens, confidence)`` of ``index`` (a slice or index tensor), drawing the rows not known yet."""
+        """``(tokens, confidence)`` of ``index`` (a slice or index tensor), projecting the rows not known yet."""
         if self.scores is None:
             raise RuntimeError("this plan was not drafted: its selector reads no scores and its infiller asked for no "
                                "drafts (see SlotSelector.reads_scores and Infiller.needs_drafts)")
-        if not self.complete:
-            wanted = torch.zeros_like(self.known)
-            wanted[index] = True
-            missing = (wanted & ~self.known).nonzero().flatten()
-            if len(missing):
-                full = len(missing) == len(self.known)
-                tokens, confidence = self.draw(self.scores if full else self.scores[missing])
-                if self.confidence is None:
-                    self.confidence = torch.zeros(len(self.known), dtype=confidence.dtype)
-                self.tokens[missing] = tokens.cpu()
-                self.confidence[missing] = confidence.cpu().to(self.confidence.dtype)
-                self.known[missing] = True
-                self.complete = bool(self.known.all())
-        return self.tokens[index], self.confidence[index]
+        if not self.lazy:
+            return self.tokens[index], self.confidence[index]
+        cache = self.scores._cache
+        if cache is None or cache.exclude != self.exclude or not bool(cache.known[index].all()):
+            from refusion.scores import project
+
+            project([(self.scores, index)], self.exclude)
+            cache = self.scores._cache
+        confidence = torch.exp(cache.best[index] - cache.lse[index]).nan_to_num_(0.0)
+        return cache.tokens[index].cpu(), confidence.cpu()
 
 
 @attrs.frozen(eq=False)
@@ -129,7 +127,8 @@ class Plan:
         for slot in slots:
             offsets.append(offsets[-1] + slot.length)
         scores = Scores(logits=logits)
-        return cls(slots, positions, scores, tuple(offsets), generator, Drafts(scores, greedy, len(positions), lazy=False))
+        return cls(slots, positions, scores, tuple(offsets), generator,
+                   Drafts(scores, greedy, len(positions), lazy=False))
 
     def rows(self, i: int) -> slice:
         """Rows of slot ``i`` in the flat tensors."""
@@ -165,6 +164,13 @@ class Plan:
     def slot_tokens(self, i: int) -> torch.Tensor:
         """Draft tokens of slot ``i`` (computing only its rows)."""
         return self._table().rows(self.rows(i))[0]
+
+    def slots_tokens(self, indices: Sequence[int]) -> torch.Tensor:
+        """Draft tokens of the slots ``indices``, concatenated in that order (one projection for all)."""
+        if len(indices) == 1:
+            return self.slot_tokens(indices[0])
+        rows = torch.cat([torch.arange(self.offsets[i], self.offsets[i + 1]) for i in indices])
+        return self._table().rows(rows)[0]
 
     def slot_confidence(self, i: int) -> torch.Tensor:
         """Confidences of slot ``i``'s draft tokens (computing only its rows)."""

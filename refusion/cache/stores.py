@@ -99,9 +99,14 @@ class PreallocatedKV:
         self.free_rows = list(range(rows - 1, old_rows - 1, -1)) + self.free_rows
 
     def ensure_capacity(self, needed: int) -> None:
-        """Grow the buffer (one copy) if ``needed`` slots per row do not fit."""
+        """Grow the buffer (one copy) if ``needed`` slots per row do not fit.
+
+        While nothing is cached the buffer grows to exactly ``needed`` (nothing
+        to copy); afterwards by at least a quarter, so growth stays amortised.
+        """
         if needed > self.capacity:
-            self._grow(self.rows, max(needed, self.capacity + self.capacity // 4))
+            empty = not any(self.lengths)
+            self._grow(self.rows, needed if empty else max(needed, self.capacity + self.capacity // 4))
 
     def allocate(self, needed: int) -> int:
         """A free row with room for ``needed`` slots (the buffer grows if there is none)."""

@@ -212,10 +212,15 @@ class BranchEngine(Engine):
         local = torch.cat([torch.arange(row.n) for row in rows])
         q0 = torch.tensor([row.context + row.width for row in rows])
         col_of = q0[row_of] + local
-        plain = n_rows == 1 and rows[0].width == 0 and len(rows[0].call.extends) == 1
-        mask = None if plain else _packed_mask(rows, row_of, local, q0, n_max, keys).to(device)
+        single = n_rows == 1
+        if single and rows[0].width == 0 and len(rows[0].call.extends) == 1:  # plain causal: context, then in order
+            n = rows[0].n
+            mask = None if n == 1 else torch.ones(n, keys, dtype=torch.bool, device=device).tril(keys - n)[None, None]
+        else:
+            mask = _packed_mask(rows, row_of, local, q0, n_max, keys).to(device)
+        span = (rows[0].context + rows[0].width, keys) if single else None
         layout = RaggedLayout(n_rows, n_max, (row_of * n_max + local).to(device), row_of.to(device),
-                              col_of.to(device), mask, keys, "")
+                              col_of.to(device), mask, keys, span)
         network = self.model.model
         with switched(network.config):
             scores = self.model.scores(ids[None].to(device), pos[None].to(device),

@@ -33,9 +33,10 @@ class RaggedLayout:
     ``rows``: number of sequences; ``n_max``: most queries of one row;
     ``dest`` ``(T,)``: flat index ``row * n_max + i`` of each packed token;
     ``row_of`` / ``col_of`` ``(T,)``: its row and buffer column; ``mask``
-    ``(rows, 1, n_max, keys)`` boolean, or ``None`` for one row whose queries
-    see everything before them (bottom-right causal); ``keys``: key columns
-    used; ``inner``: the model's own attention implementation.
+    ``(rows, 1, n_max, keys)`` boolean, or ``None`` when a single query sees
+    every key; ``keys``: key columns used. ``span``: for one row whose fed
+    tokens take consecutive columns, ``(start, stop)`` (written with one
+    slice instead of an indexed scatter).
     """
 
     rows: int
@@ -45,7 +46,7 @@ class RaggedLayout:
     col_of: torch.Tensor
     mask: torch.Tensor | None
     keys: int
-    inner: str
+    span: tuple[int, int] | None = None
 
 
 class RaggedCache:
@@ -58,8 +59,13 @@ class RaggedCache:
         layout = self.layout
         keys = self.data[layer_idx, 0]
         values = self.data[layer_idx, 1]
-        keys[layout.row_of, :, layout.col_of] = key_states[0].transpose(0, 1).to(keys.dtype)
-        values[layout.row_of, :, layout.col_of] = value_states[0].transpose(0, 1).to(values.dtype)
+        if layout.span is not None:
+            start, stop = layout.span
+            keys[0, :, start:stop] = key_states[0]
+            values[0, :, start:stop] = value_states[0]
+        else:
+            keys[layout.row_of, :, layout.col_of] = key_states[0].transpose(0, 1).to(keys.dtype)
+            values[layout.row_of, :, layout.col_of] = value_states[0].transpose(0, 1).to(values.dtype)
         return keys[: layout.rows, :, : layout.keys], values[: layout.rows, :, : layout.keys]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -84,12 +90,7 @@ def ragged_attention(module, query, key, value, attention_mask, scaling=None, dr
         flat = query.new_zeros(layout.rows * layout.n_max, heads, dim)
         flat[layout.dest] = query[0].transpose(0, 1)
         q = flat.view(layout.rows, layout.n_max, heads, dim).transpose(1, 2)
-    mask = layout.mask
-    if mask is None:
-        from torch.nn.attention.bias import causal_lower_right
-
-        mask = causal_lower_right(q.shape[2], key.shape[2]) if q.shape[2] > 1 else None
-    out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling, enable_gqa=gqa)
+    out = F.scaled_dot_product_attention(q, key, value, attn_mask=layout.mask, scale=scaling, enable_gqa=gqa)
     if layout.rows == 1:
         return out.transpose(1, 2), None
     packed = out.transpose(1, 2).reshape(layout.rows * layout.n_max, heads, dim)[layout.dest]

@@ -68,7 +68,7 @@ class ParallelAR(Infiller):
     def infill(self, ctx: InfillContext, plan: Plan, chosen: tuple[int, ...]) -> InfillGenerator:
         rows = [plan.rows(i) for i in chosen]
         lengths = [r.stop - r.start for r in rows]
-        tokens = torch.cat([plan.slot_tokens(i) for i in chosen]) if len(chosen) > 1 else plan.slot_tokens(chosen[0])
+        tokens = plan.slots_tokens(chosen)
         starts = torch.tensor([0] + lengths[:-1], device=tokens.device).cumsum(0)
         positions = torch.cat([plan.positions[r] for r in rows]) if len(chosen) > 1 else plan.positions[rows[0]]
 

@@ -30,6 +30,8 @@ class Row:
     tokens: int
     seconds: float
     per_task: dict[str, float] = attrs.field(factory=dict)
+    #: estimated seconds on a GPU (``--cost-model``), when asked for
+    gpu_seconds: float | None = None
 
     @property
     def accuracy(self) -> float:
@@ -70,8 +72,23 @@ def _cut_at_eos(ids: list[int], eos: frozenset[int]) -> list[int]:
     return ids
 
 
-def ar_method(adapter: Any, gen_length: int) -> Callable[[list[int]], list[int]]:
+class Method:
+    """A way to decode one prompt, callable as ``method(prompt) -> tokens``; ``shapes`` logs its forwards
+    for the GPU cost model when ``recording`` is on."""
+
+    def __init__(self, run: Callable[[list[int]], list[int]]):
+        self.run = run
+        self.recording = False
+        self.shapes: Any = None
+
+    def __call__(self, prompt: list[int]) -> list[int]:
+        return self.run(prompt)
+
+
+def ar_method(adapter: Any, gen_length: int) -> Method:
     """Greedy AR with transformers' ``generate`` and its KV cache (mask token suppressed)."""
+    from refusion.costmodel import ShapeLog, autoregressive
+
     eos = sorted(adapter.eos_token_ids)
 
     def run(prompt: list[int]) -> list[int]:
@@ -80,18 +97,39 @@ def ar_method(adapter: Any, gen_length: int) -> Callable[[list[int]], list[int]]
             ids, attention_mask=torch.ones_like(ids), max_new_tokens=gen_length, do_sample=False,
             eos_token_id=eos or None, pad_token_id=adapter.mask_token_id, suppress_tokens=[adapter.mask_token_id],
         )
-        return _cut_at_eos(out[0, len(prompt):].tolist(), adapter.eos_token_ids)
+        tokens = _cut_at_eos(out[0, len(prompt):].tolist(), adapter.eos_token_ids)
+        if method.recording:
+            forwards, heads = autoregressive([len(prompt)], len(tokens))
+            method.shapes.forwards += forwards
+            method.shapes.head_passes += heads
+        return tokens
 
-    return run
+    method = Method(run)
+    method.shapes = ShapeLog()
+    return method
 
 
-def decoder_method(decoder: Any, adapter: Any, gen_length: int) -> Callable[[list[int]], list[int]]:
-    """refusion's decoder with the given parts."""
+def decoder_method(decoder: Any, adapter: Any, gen_length: int) -> Method:
+    """refusion's decoder with the given parts, on one engine kept for all prompts."""
+    from refusion.costmodel import recording
+    from refusion.engines import open_engine
+
+    engine = open_engine(adapter, decoder)
 
     def run(prompt: list[int]) -> list[int]:
-        return decoder.decode(adapter, prompt, gen_length).tokens.tolist()
+        if method.recording:
+            with recording(engine) as log:
+                tokens = decoder.decode(adapter, prompt, gen_length, engine=engine).tokens.tolist()
+            method.shapes.forwards += log.forwards
+            method.shapes.head_passes += log.head_passes
+            return tokens
+        return decoder.decode(adapter, prompt, gen_length, engine=engine).tokens.tolist()
 
-    return run
+    method = Method(run)
+    from refusion.costmodel import ShapeLog
+
+    method.shapes = ShapeLog()
+    return method
 
 
 def measure(
@@ -102,14 +140,21 @@ def measure(
     *,
     warmup: int = 3,
     progress: bool = False,
+    cost_model: str | None = None,
 ) -> Row:
-    """Decode every example with ``method``; return accuracy, forwards, tokens and seconds."""
+    """Decode every example with ``method``; return accuracy, forwards, tokens and seconds.
+
+    ``cost_model`` (e.g. ``"qwen3-8b@h100"``) also estimates the time the same
+    forwards would take on that GPU at that model size (:mod:`refusion.costmodel`).
+    """
     tokenizer = adapter.tokenizer
     prompts = [tokenizer(e.prompt, add_special_tokens=False)["input_ids"] for e in examples]
     for prompt in prompts[:warmup]:
         method(prompt)
     correct, tokens, seconds = 0, 0, 0.0
     per_task: dict[str, list[int]] = {}
+    if cost_model is not None and isinstance(method, Method):
+        method.recording = True
     with ForwardCounter(adapter.model) as counter, torch.no_grad():
         from tqdm.auto import tqdm
 
@@ -121,18 +166,27 @@ def measure(
             ok = is_correct(example, tokenizer.decode(out, skip_special_tokens=True))
             correct += ok
             per_task.setdefault(example.task, []).append(ok)
+    gpu = None
+    if cost_model is not None and isinstance(method, Method):
+        from refusion.costmodel import parse
+
+        method.recording = False
+        gpu = method.shapes.seconds(*parse(cost_model))
     return Row(name, len(examples), correct, counter.count, tokens, seconds,
-               {task: sum(v) / len(v) for task, v in per_task.items()})
+               {task: sum(v) / len(v) for task, v in per_task.items()}, gpu)
 
 
-def table(rows: Sequence[Row], baseline: str) -> str:
-    """A plain-text table with wall-time and forward ratios to ``baseline``."""
+def table(rows: Sequence[Row], baseline: str, cost_model: str | None = None) -> str:
+    """A plain-text table with wall-time and forward ratios to ``baseline`` (and estimated GPU tokens/s)."""
     base = next(r for r in rows if r.method == baseline)
     head = f"{'method':<44} {'acc':>6} {'forwards':>9} {'tok/fwd':>8} {'wall s':>8} {'speed-up':>9} {'fwd ratio':>9}"
+    if cost_model:
+        head += f" {'est. tok/s ' + cost_model:>26} {'est. speed-up':>13}"
     lines = [head, "-" * len(head)]
     for r in rows:
-        lines.append(
-            f"{r.method:<44} {r.accuracy:>6.1%} {r.forwards:>9d} {r.tokens_per_forward:>8.2f} {r.seconds:>8.2f} "
-            f"{base.seconds / r.seconds:>8.2f}x {base.forwards / r.forwards:>8.2f}x"
-        )
+        line = (f"{r.method:<44} {r.accuracy:>6.1%} {r.forwards:>9d} {r.tokens_per_forward:>8.2f} {r.seconds:>8.2f} "
+                f"{base.seconds / r.seconds:>8.2f}x {base.forwards / r.forwards:>8.2f}x")
+        if cost_model and r.gpu_seconds:
+            line += f" {r.tokens / r.gpu_seconds:>26.0f} {base.gpu_seconds / r.gpu_seconds:>12.2f}x"
+        lines.append(line)
     return "\n".join(lines)

@@ -168,6 +168,10 @@ def _bench(args: argparse.Namespace) -> int:
     from refusion.decoder import Decoder
     from refusion.training.tasks import held_out
 
+    if args.cost_model is not None:
+        from refusion.costmodel import parse
+
+        parse(args.cost_model)  # before any work
     model = _load(args)
     if model.tokenizer is None:
         raise ConfigError("`refusion bench` needs a model with a tokenizer (it decodes the synthetic tasks' text).")
@@ -176,18 +180,18 @@ def _bench(args: argparse.Namespace) -> int:
     rows = []
     if model.capabilities.causal:
         rows.append(measure("AR: transformers generate", ar_method(model, args.gen_length), model, examples,
-                            progress=not args.json))
+                            progress=not args.json, cost_model=args.cost_model))
     for name in names:
         chosen = model.preset if name == "model" and getattr(model, "preset", None) else get_preset(
             "paper" if name == "model" else name)
         decoder = Decoder.from_names(**chosen.parts(), **dict(chosen.params))
         rows.append(measure(name, decoder_method(decoder, model, args.gen_length), model,
-                            examples, progress=not args.json))
+                            examples, progress=not args.json, cost_model=args.cost_model))
     if args.json:
         print(json.dumps([{**attrs.asdict(r), "accuracy": r.accuracy, "tokens_per_forward": r.tokens_per_forward}
                           for r in rows]))
     else:
-        print(table(rows, rows[0].method))
+        print(table(rows, rows[0].method, args.cost_model))
     return 0
 
 
@@ -270,6 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a preset to measure (repeatable; default: model, ar, fast-dllm)")
     bench.add_argument("--gen-length", type=int, default=32, help="tokens to generate per prompt (default 32)")
     bench.add_argument("--json", action="store_true", help="print the rows as JSON")
+    bench.add_argument("--cost-model", default=None, metavar="MODEL@GPU",
+                       help="also estimate tokens/s of the same forwards on a GPU at a model size, e.g. qwen3-8b@h100 "
+                       "(roofline; see refusion/costmodel.py)")
     _model_options(bench)
     bench.set_defaults(func=_bench)
 

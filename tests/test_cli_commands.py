@@ -38,6 +38,16 @@ def test_bench_command_prints_rows(capsys):
     assert all(r["examples"] == 6 and r["forwards"] > 0 for r in rows)
 
 
+def test_bench_estimates_gpu_throughput_with_a_cost_model(capsys):
+    assert main(["bench", "--per-task", "1", "--method", "model", "--cost-model", "qwen3-8b@h100"]) == 0
+    out = capsys.readouterr().out
+    assert "est. tok/s qwen3-8b@h100" in out
+    model_row = next(line for line in out.splitlines() if line.startswith("model "))
+    assert model_row.split()[-1].endswith("x") and float(model_row.split()[-1][:-1]) > 1.0  # fewer forwards, faster
+    assert main(["bench", "--cost-model", "qwen3-8b@tpu"]) == 2
+    assert "Unknown cost-model GPU 'tpu'" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("command", ["generate", "visualize", "bench", "eval", "train", "plugins"])
 def test_every_command_explains_its_options(command, capsys):
     with pytest.raises(SystemExit) as done:

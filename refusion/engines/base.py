@@ -85,6 +85,8 @@ class Engine(ABC):
         #: the engine's totals; each sequence's counters report their bytes here too
         self.counters = Counters()
         self.epoch = Epoch()
+        #: when set (see :func:`refusion.costmodel.recording`), every forward's shape is appended here
+        self.shape_log = None
 
     @classmethod
     @abstractmethod
@@ -113,14 +115,23 @@ class Engine(ABC):
         state.released = True
 
     # -- counting ----------------------------------------------------------------
-    def served(self, fed: Mapping[SequenceState, int], padded: int = 0) -> None:
-        """Count one network forward that fed ``fed[state]`` query tokens of each sequence, plus padding."""
+    def served(self, fed: Mapping[SequenceState, int], padded: int = 0, *, pairs: int = 0, keys: int = 0) -> None:
+        """Count one network forward that fed ``fed[state]`` query tokens of each sequence, plus padding.
+
+        ``pairs`` (query-key pairs attended) and ``keys`` (cached key/value
+        tokens read) describe the forward's shape for the GPU cost model.
+        """
+        total = sum(fed.values())
         self.counters.forwards += 1
-        self.counters.fed_tokens += sum(fed.values())
+        self.counters.fed_tokens += total
         self.counters.padded_tokens += padded
         for state, n in fed.items():
             state.counters.forwards += 1
             state.counters.fed_tokens += n
+        if self.shape_log is not None:
+            from refusion.costmodel import ForwardShape
+
+            self.shape_log.forwards.append(ForwardShape(len(fed), total + padded, pairs, keys))
 
     def new_counters(self) -> Counters:
         """Counters for a new sequence, reporting into the engine's totals."""

@@ -226,7 +226,8 @@ class BranchEngine(Engine):
             scores = self.model.scores(ids[None].to(device), pos[None].to(device),
                                        {"full_attention": layout, "sliding_attention": layout},
                                        RaggedCache(buf.data, layout))[0]
-        self.served({row.state: row.n for row in rows})
+        self.served({row.state: row.n for row in rows}, pairs=sum(row.n * (row.context + row.width + row.n) for row in rows),
+                    keys=sum(row.context + row.width for row in rows))
         layers = [(buf.data[layer, 0], buf.data[layer, 1]) for layer in range(buf.data.shape[0])]
         outputs: dict[SequenceState, tuple[ExtendOutput, ...]] = {}
         start = 0
@@ -282,7 +283,8 @@ class BranchEngine(Engine):
         scratch = _ScratchCache(buf.data, n_rows, query_at, q_max)
         scores = self.model.scores(ids.to(device), pos.to(device), self._mask_for_model(mask.to(device)), scratch)
         fed = {row.state: row.n for row in rows}
-        self.served(fed, padded=n_rows * q_max - sum(fed.values()))
+        self.served(fed, padded=n_rows * q_max - sum(fed.values()), pairs=n_rows * q_max * (query_at + q_max),
+                    keys=n_rows * query_at)
         layers = [(buf.data[layer, 0, :n_rows], buf.data[layer, 1, :n_rows]) for layer in range(buf.data.shape[0])]
         outputs: dict[SequenceState, tuple[ExtendOutput, ...]] = {}
         for r, row in enumerate(rows):

@@ -115,7 +115,8 @@ class CanvasEngine(Engine):
         past = cache_obj.get_seq_length() if cache_obj is not None else 0
         mask = torch.ones(1, past + ids.shape[0], dtype=torch.long, device=device)
         scores = self.model.scores(ids[None].to(device), positions[None].to(device), mask, cache_obj)[0]
-        self.served({state: ids.shape[0]})
+        n = ids.shape[0]
+        self.served({state: n}, pairs=n * (past + n), keys=past)  # bidirectional: every query sees every key
         return scores
 
     def _full(self, state, extend, canvas, block, wanted) -> ExtendOutput:

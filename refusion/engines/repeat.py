@@ -77,7 +77,7 @@ class RepeatEngine(Engine):
         mask = torch.ones(1, len(cache), dtype=torch.long, device=device)
         fed = cache.pending
         scores = self.model.scores(ids[None], pos[None], mask, cache.store.cache)
-        self.served({state: fed})
+        self.served({state: fed}, pairs=fed * len(cache), keys=cache.encoded)
         self._copied(state, cache.encoded, fed)
         cache.mark_encoded(scores[0, -1])
 
@@ -92,7 +92,7 @@ class RepeatEngine(Engine):
         start = cache.encoded + pending
         mask = torch.ones(1, start + q, dtype=torch.long, device=device)
         scores = self.model.scores(ids[None], pos[None], mask, dynamic)[0]
-        self.served({state: pending + q})
+        self.served({state: pending + q}, pairs=(pending + q) * (start + q), keys=cache.encoded)
         self._copied(state, cache.encoded, pending + q)  # DynamicCache.update concatenates: all of it is copied
         layers = [(layer.keys, layer.values) for layer in dynamic.layers]
         dynamic.crop(-q)
@@ -137,7 +137,8 @@ class RepeatEngine(Engine):
             layers.append((keys, values))
         batch_cache = DynamicCache(layers)
         scores = self.model.scores(ids, pos, mask, batch_cache)
-        self.served({state: sum(query_lens)}, padded=k * width_q - sum(query_lens))
+        self.served({state: sum(query_lens)}, padded=k * width_q - sum(query_lens),
+                    pairs=k * width_q * (context + width_b + width_q), keys=k * (context + width_b))
         self._copied(state, k * (2 * context + width_b), k * (width_b + width_q))  # the repeat, then the cat
         out_layers = [(layer.keys, layer.values) for layer in batch_cache.layers]
         return tuple(

@@ -29,6 +29,8 @@ class LMHead:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         self.weight = weight
         self.bias = bias
+        #: when set (:func:`refusion.costmodel.recording`), the rows of every pass are appended here
+        self.shape_log = None
 
     @property
     def vocab_size(self) -> int:
@@ -41,12 +43,16 @@ class LMHead:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits of shape ``(*hidden.shape[:-1], vocab)``, as the model's own head computes them."""
+        if self.shape_log is not None:
+            self.shape_log.head_passes.append(hidden.numel() // hidden.shape[-1])
         return torch.nn.functional.linear(hidden.to(self.weight.dtype), self.weight, self.bias)
 
     def stats(self, hidden: torch.Tensor, exclude: int | None = None, temperature: float = 1.0):
         """``(tokens, best, lse)`` per row of ``hidden`` ``(n, d)``: argmax id (never ``exclude``), its tempered logit, log-sum-exp."""
         from refusion_kernels import lm_head_stats
 
+        if self.shape_log is not None:
+            self.shape_log.head_passes.append(hidden.shape[0])
         return lm_head_stats(hidden, self.weight, self.bias, exclude, temperature)
 
     def token_logits(self, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

@@ -1,38 +1,43 @@
-"""AR vs ReFusion decoding on the shipped model and its held-out synthetic tasks.
+"""AR vs ReFusion decoding on the shipped model and its held-out synthetic tasks, interleaved.
 
-Run:  python benchmarks/ar_vs_refusion.py [--per-task 30] [--model DIR]
+Run:  python benchmarks/ar_vs_refusion.py [--per-task 30] [--rounds 3] [--threads 1] [--json out.json]
 
-Prints, measured in one run on the same weights and examples (batch 1, after a
-warm-up): exact-match accuracy, model forwards, tokens per forward, wall time
-and the wall-time ratio to transformers' greedy AR ``generate`` (KV cache).
+Same weights, same held-out prompts (never seen in training), batch 1,
+``gen_length`` 32. The competitors - transformers ``generate``, a hand-written
+greedy loop with a ``DynamicCache``, and refusion's decoders - run interleaved
+round by round (order rotating), after a warm-up round; each reports CPU time
+and wall time (median [min-max] over rounds), the ratio to ``generate`` and to
+the hand loop measured within each round, accuracy, forwards, tokens fed and
+generated per forward, and the time spent outside the network per forward.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
+import statistics
 import sys
+from pathlib import Path
 
-import attrs
 import torch
 
-from refusion.api import load_model
-from refusion.bench import ar_method, decoder_method, measure, table
-from refusion.decoder import Decoder
-from refusion.training.tasks import held_out
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import fmt_ratio, fmt_spread, greedy_loop, header, hf_generate, interleave  # noqa: E402
+
+from refusion.api import load_model  # noqa: E402
+from refusion.decoder import Decoder  # noqa: E402
+from refusion.engines import open_engine  # noqa: E402
+from refusion.training.tasks import held_out, is_correct  # noqa: E402
 
 GEN_LENGTH = 32
 
 CONFIGS = {
-    "refusion paper s=8 slot_t=0.9 tok_t=0.9": dict(slot_size=8, serial_num_blocks=1, slot_threshold=0.9, token_threshold=0.9),
-    "refusion paper s=8 slot_t=0.7 tok_t=0.5": dict(slot_size=8, serial_num_blocks=1, slot_threshold=0.7, token_threshold=0.5),
-    "refusion paper s=4 slot_t=0.9 tok_t=0.9": dict(slot_size=4, serial_num_blocks=1, slot_threshold=0.9, token_threshold=0.9),
-    "refusion paper s=4 slot_t=0.7 tok_t=0.5": dict(slot_size=4, serial_num_blocks=1, slot_threshold=0.7, token_threshold=0.5),
-    "refusion paper s=4 slot_t=0.5 tok_t=0.3": dict(slot_size=4, serial_num_blocks=1, slot_threshold=0.5, token_threshold=0.3),
-    "refusion lossless (leftmost, greedy-verify) s=8": dict(
-        selector="leftmost", infiller="greedy-verify", slot_size=8, serial_num_blocks=1
-    ),
+    "ReFusion slot 4, 0.7/0.5 (the model's preset)": dict(slot_size=4, slot_threshold=0.7, token_threshold=0.5),
+    "ReFusion slot 8, 0.7/0.5": dict(slot_size=8, slot_threshold=0.7, token_threshold=0.5),
+    "ReFusion slot 8, 0.9/0.9": dict(slot_size=8, slot_threshold=0.9, token_threshold=0.9),
+    "ReFusion slot 4, 0.9/0.9": dict(slot_size=4, slot_threshold=0.9, token_threshold=0.9),
+    "lossless (leftmost, greedy-verify), slot 8": dict(selector="leftmost", infiller="greedy-verify", slot_size=8),
 }
 
 
@@ -40,30 +45,63 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="checkpoint directory (default: the shipped model)")
     parser.add_argument("--per-task", type=int, default=30, help="held-out examples per task")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
 
-    torch.manual_seed(0)
     adapter = load_model(args.model, dtype=torch.float32)
+    tok = adapter.tokenizer
     examples = held_out(args.per_task)
-    print(f"# {len(examples)} held-out examples, gen_length {GEN_LENGTH}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads, {platform.processor() or platform.machine()}", flush=True)
-    rows = [measure("AR: transformers generate (greedy, KV cache)", ar_method(adapter, GEN_LENGTH), adapter, examples)]
+    prompts = [tok(e.prompt, add_special_tokens=False)["input_ids"] for e in examples]
+    eos, mask = sorted(adapter.eos_token_ids), adapter.mask_token_id
+
+    def scored(outputs, forwards=None, fed=None):
+        correct = sum(is_correct(e, tok.decode(o, skip_special_tokens=True)) for e, o in zip(examples, outputs))
+        return {"tokens": sum(len(o) for o in outputs), "correct": correct, "forwards": forwards, "fed": fed}
+
+    def ar(fn):
+        def run():
+            outs = [fn(adapter.model, torch.tensor([p]), GEN_LENGTH, mask, eos)[0] for p in prompts]
+            fed = sum(len(p) + len(o) - 1 for p, o in zip(prompts, outs))
+            return scored(outs, fed=fed)
+        return run
+
+    def ours(decoder):
+        engine = open_engine(adapter, decoder)
+
+        def run():
+            results = [decoder.decode(adapter, p, GEN_LENGTH, engine=engine) for p in prompts]
+            return scored([r.tokens.tolist() for r in results], fed=sum(r.extra["fed_tokens"] for r in results))
+        return run
+
+    competitors = {"AR: transformers generate": ar(hf_generate), "AR: hand-written greedy loop": ar(greedy_loop)}
     for name, params in CONFIGS.items():
-        params = dict(params)
-        decoder = Decoder.from_names(**params)
-        rows.append(measure(name, decoder_method(decoder, adapter, GEN_LENGTH), adapter, examples))
-        print(f"  done: {name}", file=sys.stderr, flush=True)
-    print(table(rows, rows[0].method))
-    print("\nper-task accuracy:")
-    tasks = list(rows[0].per_task)
-    print(f"{'method':<44} " + " ".join(f"{t:>8}" for t in tasks))
-    for r in rows:
-        print(f"{r.method:<44} " + " ".join(f"{r.per_task[t]:>8.1%}" for t in tasks))
+        competitors[name] = ours(Decoder.from_names(serial_num_blocks=1, **params))
+    print(header())
+    print(f"# {len(examples)} held-out examples, gen_length {GEN_LENGTH}, batch 1, {args.rounds} rounds interleaved")
+    rows = interleave(competitors, adapter.model, rounds=args.rounds, memory=False)
+    loop = next(r for r in rows if r.name.startswith("AR: hand"))
+    print(f"{'method':<46} {'acc':>6} {'CPU s [spread]':>20} {'wall s':>7} {'vs generate':>19} {'vs hand loop':>8} "
+          f"{'fwd':>5} {'tok/fwd':>7} {'fed/fwd':>7} {'outside ms/fwd':>14}")
+    records = []
+    for row in rows:
+        c = row.counts
+        forwards = row.runs[-1].network_forwards
+        outside = statistics.median((r.cpu - r.network_cpu) / max(1, r.network_forwards) for r in row.runs)
+        vs_loop = statistics.median(lr.cpu / r.cpu for lr, r in zip(loop.runs, row.runs))
+        print(f"{row.name:<46} {c['correct'] / len(examples):>6.1%} {fmt_spread(row, 'cpu'):>20} "
+              f"{row.median('wall'):>7.2f} {fmt_ratio(row):>19} {vs_loop:>7.2f}x {forwards:>5} "
+              f"{c['tokens'] / forwards:>7.2f} {c['fed'] / forwards:>7.1f} {1e3 * outside:>14.2f}")
+        records.append({"method": row.name, "accuracy": c["correct"] / len(examples), "cpu": row.median("cpu"),
+                        "cpu_spread": row.spread("cpu"), "wall": row.median("wall"),
+                        "vs_generate": statistics.median(row.ratios), "vs_generate_spread": (min(row.ratios),
+                                                                                             max(row.ratios)),
+                        "vs_hand_loop": vs_loop, "forwards": forwards, "tokens_per_forward": c["tokens"] / forwards,
+                        "fed_per_forward": c["fed"] / forwards, "outside_ms_per_forward": 1e3 * outside})
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump([{**attrs.asdict(r), "accuracy": r.accuracy, "tokens_per_forward": r.tokens_per_forward} for r in rows],
-                      f, indent=2)
+        Path(args.json).write_text(json.dumps(records, indent=1))
     return 0
 
 

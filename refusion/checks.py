@@ -127,20 +127,24 @@ def checked_selection(selector: Any, plan: Plan, chosen: Any) -> tuple[int, ...]
 def checked_call(infiller: Any, call: Any, vocab_size: int, max_positions: int | None) -> ModelCall:
     if not isinstance(call, ModelCall):
         raise plugin_error(infiller, f"yielded {type(call).__name__}; an infiller must yield ModelCall objects.")
-    tokens = torch.cat([e.tokens for e in call.extends])
-    positions = torch.cat([e.positions for e in call.extends])
+    if len(call.extends) == 1:
+        tokens, positions = call.extends[0].tokens, call.extends[0].positions
+    else:
+        tokens = torch.cat([e.tokens for e in call.extends])
+        positions = torch.cat([e.positions for e in call.extends])
     t_min, t_max, p_min, p_max = torch.stack((*torch.aminmax(tokens), *torch.aminmax(positions))).tolist()
     if t_min < 0 or t_max >= vocab_size:
         raise plugin_error(infiller, f"asked the model for token ids outside [0, {vocab_size}).")
     if p_min < 0 or (max_positions is not None and p_max >= max_positions):
         raise plugin_error(infiller, f"asked the model for position ids outside [0, {max_positions}).")
     for e in call.extends:
-        if e.reads is not None:
-            try:
-                torch.arange(len(e.tokens))[e.reads]
-            except (IndexError, TypeError, RuntimeError) as exc:
-                raise plugin_error(infiller, f"declared `reads` {e.reads!r} that do not index its {len(e.tokens)} "
-                                   f"fed tokens ({exc}).") from None
+        if e.reads is not None and not isinstance(e.reads, slice):
+            reads = e.reads
+            ok = isinstance(reads, torch.Tensor) and reads.dim() == 1 and not reads.is_floating_point() and (
+                not len(reads) or (int(reads.min()) >= -len(e.tokens) and int(reads.max()) < len(e.tokens)))
+            if not ok:
+                raise plugin_error(infiller, f"declared `reads` {reads!r} that do not index its {len(e.tokens)} "
+                                   "fed tokens (a slice or a 1-D tensor of row indices).")
     return call
 
 
@@ -192,8 +196,12 @@ def checked_result(
         rows = plan.rows(allowed[slot.index])
         if positions.shape != tokens.shape or not torch.equal(positions.cpu(), plan.positions[rows][:m].cpu()):
             raise plugin_error(infiller, f"committed slot {slot.index} at wrong position ids.")
-        if int(tokens.min()) < 0 or int(tokens.max()) >= vocab or bool((tokens == mask_id).any()):
-            raise plugin_error(infiller, f"committed invalid token ids for slot {slot.index} (out of range or mask).")
         if commit.kv is not None and (not isinstance(commit.kv, KVSegment) or len(commit.kv) > m):
             raise plugin_error(infiller, f"committed keys/values for more tokens than slot {slot.index} holds.")
+    every = torch.cat([c.tokens for c in result.commits]) if len(result.commits) > 1 else result.commits[0].tokens
+    low, high = torch.aminmax(every)
+    if int(low) < 0 or int(high) >= vocab or bool((every == mask_id).any()):
+        bad = next(c for c in result.commits
+                   if int(c.tokens.min()) < 0 or int(c.tokens.max()) >= vocab or bool((c.tokens == mask_id).any()))
+        raise plugin_error(infiller, f"committed invalid token ids for slot {bad.slot.index} (out of range or mask).")
     return result

@@ -261,6 +261,7 @@ class DecodeSession:
         self.memory: dict = {}
         #: drafts are argmaxes: a plan's rows are projected only when read
         self.greedy = is_greedy(decoder.sample)
+        self._eos_ids = torch.tensor(sorted(model.eos_token_ids), dtype=torch.long)
 
     @property
     def cache(self):
@@ -367,14 +368,17 @@ class DecodeSession:
         eos = self.model.eos_token_ids
         if not eos or not self.decoder.stop_at_eos:
             return result
-        first = None
-        for c in result.commits:
-            hits = torch.isin(c.tokens.cpu(), torch.tensor(sorted(eos))).nonzero()
-            if len(hits):
-                offset = c.slot.offset + int(hits[0])
-                first = offset if first is None else min(first, offset)
-        if first is None:
+        every = torch.cat([c.tokens for c in result.commits]) if len(result.commits) > 1 else result.commits[0].tokens
+        hits = torch.isin(every.cpu(), self._eos_ids)
+        if not bool(hits.any()):
             return result
+        first, start = None, 0
+        for c in result.commits:
+            found = hits[start : start + len(c.tokens)].nonzero()
+            start += len(c.tokens)
+            if len(found):
+                offset = c.slot.offset + int(found[0])
+                first = offset if first is None else min(first, offset)
         self.eos_offset = first if self.eos_offset is None else min(self.eos_offset, first)
         self.state.end_at(self.prompt_len + self.eos_offset)
         for slot in self.partition.slots:

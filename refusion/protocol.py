@@ -167,7 +167,9 @@ class ExtendOutput:
 
     extend: Extend
     scores: Scores = attrs.field(converter=Scores.of)
-    _layers: Sequence[tuple[torch.Tensor, torch.Tensor]] = attrs.field(repr=False)
+    #: per-layer ``(keys, values)`` of shape (rows, heads, length, dim), or one buffer tensor of shape
+    #: (layers, 2, rows, heads, capacity, dim)
+    _layers: "Sequence[tuple[torch.Tensor, torch.Tensor]] | torch.Tensor" = attrs.field(repr=False)
     _batch: int = attrs.field(repr=False)
     _start: int = attrs.field(repr=False)
     _epoch: Epoch | None = attrs.field(default=None, repr=False)
@@ -180,14 +182,17 @@ class ExtendOutput:
 
     @functools.cached_property
     def kv(self) -> KVSegment:
-        if not self._layers:
+        if not isinstance(self._layers, torch.Tensor) and not self._layers:
             raise RuntimeError("this model call produced no reusable keys/values (bidirectional model)")
         if self._epoch is not None and self._epoch.value != self._issued:
             raise RuntimeError(
                 "ExtendOutput.kv was read after a later model call; take the keys/values you need "
                 "(e.g. branch.extended(output, n)) before yielding the next ModelCall."
             )
-        return KVSegment.from_layers(self._layers, self._batch, self._start, self._start + len(self.extend.tokens))
+        stop = self._start + len(self.extend.tokens)
+        if isinstance(self._layers, torch.Tensor):  # an engine's buffer (layers, 2, rows, heads, capacity, dim)
+            return KVSegment(self._layers[:, :, self._batch, :, self._start : stop].clone())
+        return KVSegment.from_layers(self._layers, self._batch, self._start, stop)
 
 
 @attrs.frozen(eq=False)

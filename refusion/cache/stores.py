@@ -133,13 +133,10 @@ class PreallocatedKV:
         self.free(source)
 
     def write(self, row: int, start: int, kv: torch.Tensor, counters: Counters | None = None) -> None:
-        """Write ``kv`` of shape ``(layers, 2, heads, n, dim)`` into row ``row`` at slots ``start:start+n``."""
-        from refusion_kernels import scatter_kv
-
+        """Write ``kv`` of shape ``(layers, 2, heads, n, dim)`` into row ``row`` at slots ``start:start+n`` (one copy)."""
         n = kv.shape[3]
         self.ensure_capacity(start + n)
-        cols = torch.arange(start, start + n, device=self.data.device)
-        scatter_kv(self.data, kv, torch.full_like(cols, row), cols)
+        self.data[:, :, row, :, start : start + n] = kv
         (counters or self.counters).copied(new=n * self.token_bytes)
 
     def row(self, index: int, counters: Counters | None = None) -> "RowStore":

@@ -206,21 +206,25 @@ class BranchEngine(Engine):
         n_max = max(row.n for row in rows)
         keys = max(row.context + row.width + row.n for row in rows)
 
-        ids = torch.cat([row.ids() for row in rows])
-        pos = torch.cat([row.pos() for row in rows])
-        row_of = torch.cat([torch.full((row.n,), r, dtype=torch.long) for r, row in enumerate(rows)])
-        local = torch.cat([torch.arange(row.n) for row in rows])
-        q0 = torch.tensor([row.context + row.width for row in rows])
-        col_of = q0[row_of] + local
-        single = n_rows == 1
-        if single and rows[0].width == 0 and len(rows[0].call.extends) == 1:  # plain causal: context, then in order
-            n = rows[0].n
-            mask = None if n == 1 else torch.ones(n, keys, dtype=torch.bool, device=device).tril(keys - n)[None, None]
+        ids = torch.cat([row.ids() for row in rows]) if n_rows > 1 else rows[0].ids()
+        pos = torch.cat([row.pos() for row in rows]) if n_rows > 1 else rows[0].pos()
+        if n_rows == 1:  # one row: its tokens take consecutive columns; a causal mask unless branches are involved
+            row = rows[0]
+            if row.width == 0 and len(row.call.extends) == 1:
+                mask = None if row.n == 1 else torch.ones(row.n, keys, dtype=torch.bool, device=device).tril(
+                    keys - row.n)[None, None]
+            else:
+                local = torch.arange(row.n)
+                mask = _packed_mask(rows, torch.zeros_like(local), local, torch.tensor([row.context + row.width]),
+                                    n_max, keys).to(device)
+            layout = RaggedLayout(1, n_max, None, None, None, mask, keys, (row.context + row.width, keys))
         else:
+            row_of = torch.cat([torch.full((row.n,), r, dtype=torch.long) for r, row in enumerate(rows)])
+            local = torch.cat([torch.arange(row.n) for row in rows])
+            q0 = torch.tensor([row.context + row.width for row in rows])
             mask = _packed_mask(rows, row_of, local, q0, n_max, keys).to(device)
-        span = (rows[0].context + rows[0].width, keys) if single else None
-        layout = RaggedLayout(n_rows, n_max, (row_of * n_max + local).to(device), row_of.to(device),
-                              col_of.to(device), mask, keys, span)
+            layout = RaggedLayout(n_rows, n_max, (row_of * n_max + local).to(device), row_of.to(device),
+                                  (q0[row_of] + local).to(device), mask, keys)
         network = self.model.model
         with switched(network.config):
             scores = self.model.scores(ids[None].to(device), pos[None].to(device),
@@ -228,7 +232,7 @@ class BranchEngine(Engine):
                                        RaggedCache(buf.data, layout))[0]
         self.served({row.state: row.n for row in rows}, pairs=sum(row.n * (row.context + row.width + row.n) for row in rows),
                     keys=sum(row.context + row.width for row in rows))
-        layers = [(buf.data[layer, 0], buf.data[layer, 1]) for layer in range(buf.data.shape[0])]
+        layers = buf.data
         outputs: dict[SequenceState, tuple[ExtendOutput, ...]] = {}
         start = 0
         for r, row in enumerate(rows):
@@ -285,7 +289,7 @@ class BranchEngine(Engine):
         fed = {row.state: row.n for row in rows}
         self.served(fed, padded=n_rows * q_max - sum(fed.values()), pairs=n_rows * q_max * (query_at + q_max),
                     keys=n_rows * query_at)
-        layers = [(buf.data[layer, 0, :n_rows], buf.data[layer, 1, :n_rows]) for layer in range(buf.data.shape[0])]
+        layers = buf.data
         outputs: dict[SequenceState, tuple[ExtendOutput, ...]] = {}
         for r, row in enumerate(rows):
             state, cache = row.state, row.state.context

@@ -41,9 +41,9 @@ class RaggedLayout:
 
     rows: int
     n_max: int
-    dest: torch.Tensor
-    row_of: torch.Tensor
-    col_of: torch.Tensor
+    dest: torch.Tensor | None
+    row_of: torch.Tensor | None
+    col_of: torch.Tensor | None
     mask: torch.Tensor | None
     keys: int
     span: tuple[int, int] | None = None

@@ -114,3 +114,29 @@ def test_eos_truncates_the_slot_and_drops_later_slots():
     assert result.tokens.tolist() == [3, eos]
     assert result.stopped_at_eos
     assert result.commit_step.tolist() == [0, 0, -1, -1]
+
+
+def test_leftmost_plans_draft_only_the_slot_it_can_pick():
+    model = scripted(lambda seen, p: (DRAFT.get(p, 1), 0.6), lambda p, t: (DRAFT.get(p + 1, 5), 0.8))
+    decoder = Decoder.from_names(selector="leftmost", infiller="greedy-verify", slot_size=2, serial_num_blocks=1,
+                                 adaptive=False)
+    decoder.decode(model, [0], 4)
+    plans = [call for call in model.calls if all(t == MASK for _, tokens in call for t in tokens)]
+    assert plans and all(len(positions) == 2 for call in plans for positions, _ in call)  # one slot of 2, not 2 slots
+
+
+def test_adaptive_greedy_verify_falls_back_to_ar_steps_and_skips_unread_plans():
+    # Drafts are always wrong: after the first slot the infiller feeds no drafts, so the plans are skipped.
+    model = scripted(lambda seen, p: (9, 0.6), lambda p, t: (ar_next(p, t), 0.8))
+    adaptive = Decoder.from_names(selector="leftmost", infiller="greedy-verify", slot_size=4, serial_num_blocks=1)
+    jacobi = Decoder.from_names(selector="leftmost", infiller="greedy-verify", slot_size=4, serial_num_blocks=1,
+                                adaptive=False)
+    fast, plain = adaptive.decode(model, [0], 16), jacobi.decode(model, [0], 16)
+    expected, token = [], 0
+    for position in range(16):
+        token = ar_next(position, token)
+        expected.append(token)
+    assert fast.tokens.tolist() == plain.tokens.tolist() == expected  # lossless either way
+    assert fast.extra["fed_tokens"] < plain.extra["fed_tokens"]
+    assert fast.forwards <= 16 + 2  # about one AR step per token, plus the first slot's plan and probe
+    assert fast.forwards <= plain.forwards + 2  # the same steps, without re-feeding wrong drafts

@@ -15,11 +15,12 @@ first token is the plan's draft (nothing better is known at that position).
 ``adaptive`` (default) sizes the speculation like a speculative decoder: the
 first slot feeds all its drafts; afterwards the number of drafts fed per
 round follows how many were accepted (doubling after a round that accepted
-all, shrinking to what was accepted otherwise), kept across iterations in the
-sequence's memory. When drafts keep failing it feeds none: each round is then
-one AR step, the plan's forward is skipped (nothing reads it), and every few
-slots one draft is tried again. ``adaptive=False`` always feeds every
-unverified draft (plain Jacobi).
+all, shrinking to what was accepted otherwise; when the plan's drafts failed,
+one Jacobi guess is still tried before giving up), kept across iterations in
+the sequence's memory. When guesses keep failing it feeds none: each round is
+then one AR step, the plan's forward is skipped (nothing reads it), and every
+``probe_every`` slots one draft is tried again. ``adaptive=False`` always
+feeds every unverified draft (plain Jacobi).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class _Slot:
     positions: torch.Tensor
     branch: Branch = attrs.field(factory=Branch)
     accepted: int = 1
+    refined: bool = False  # the tokens after `accepted` are Jacobi guesses of an earlier round (not plan drafts)
 
     @property
     def length(self) -> int:
@@ -123,7 +125,7 @@ class GreedyVerify(Infiller):
                 extends.append(ctx.extend(s.tokens[fed_from:fed_to], s.positions[fed_from:fed_to], s.branch,
                                           reads=reads))
             outs = yield ModelCall(extends)
-            still, cutoff, fed_spec, agreed_spec = [], None, 0, 0
+            still, cutoff, fed_spec, agreed_spec, from_plan = [], None, 0, 0, False
             for s, o, (fed_from, fed_to) in zip(active, outs, windows):
                 lo = s.accepted - 1 - fed_from  # the row that predicts the first unverified token
                 if s.accepted >= s.length:  # only re-fed for keys/values and the next token's logits
@@ -136,6 +138,7 @@ class GreedyVerify(Infiller):
                     agreed = int(match.long().cumprod(0).sum())
                     fed_spec += len(drafts)
                     agreed_spec += agreed
+                    from_plan |= bool(len(drafts)) and not s.refined
                     known = s.accepted + agreed  # tokens[:known] verified; guess[agreed] is the AR token at `known`
                     s.branch = s.branch.extended(o, known - fed_from)
                     last = o.scores[known - 1 - fed_from] if known == fed_to else None
@@ -144,6 +147,7 @@ class GreedyVerify(Infiller):
                         refined = guess[agreed + 1 :]  # Jacobi: later guesses, conditioned on this round's drafts
                         stop = min(s.length, known + 1 + len(refined))
                         s.tokens[known + 1 : stop] = refined[: stop - known - 1]
+                        s.refined = stop > known + 1
                         s.accepted = known + 1
                         last = None
                     else:
@@ -162,7 +166,12 @@ class GreedyVerify(Infiller):
                 else:
                     still.append(s)
             if self.adaptive and fed_spec:
-                spec = min(limit, 2 * spec) if agreed_spec == fed_spec else agreed_spec // max(1, len(active))
+                if agreed_spec == fed_spec:
+                    spec = min(limit, max(1, 2 * spec))
+                else:  # plan drafts failed: still try one Jacobi guess before giving up on speculation
+                    spec = agreed_spec // max(1, len(active))
+                    if from_plan:
+                        spec = max(1, spec)
             if cutoff is not None:
                 done = {k: v for k, v in done.items() if k <= cutoff}
                 still = [s for s in still if s.order < cutoff]

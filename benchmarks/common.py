@@ -38,22 +38,11 @@ SIZES = {
 
 def random_qwen3(size: str, *, seed: int = 0, dtype: torch.dtype = torch.float32, max_positions: int = 4096):
     """A randomly initialised Qwen3 causal LM of about ``size`` parameters (``"20m"`` or ``"100m"``), no EOS."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from refusion.models.tiny import tiny_qwen3
 
     hidden, layers, heads, kv, factor, vocab = SIZES[size]
-    config = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=factor * hidden,
-                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
-                         head_dim=hidden // heads, max_position_embeddings=max_positions, tie_word_embeddings=False,
-                         eos_token_id=None, bos_token_id=None, pad_token_id=None)
-    config.mask_token_id = vocab - 1
-    config._attn_implementation = "sdpa"
-    state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
-        model = Qwen3ForCausalLM(config)
-    finally:
-        torch.random.set_rng_state(state)
-    return model.to(dtype).eval()
+    return tiny_qwen3(vocab_size=vocab, hidden_size=hidden, num_layers=layers, num_heads=heads, num_kv_heads=kv,
+                      intermediate_size=factor * hidden, max_positions=max_positions, seed=seed, dtype=dtype)
 
 
 def parameters(model: torch.nn.Module) -> int:

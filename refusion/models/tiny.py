@@ -19,18 +19,20 @@ def tiny_qwen3(
     mask_token_id: int | None = None,
     eos_token_id: int | None = None,
     attn_implementation: str = "sdpa",
+    intermediate_size: int | None = None,
 ):
     """A randomly initialised ``Qwen3ForCausalLM`` whose config names a mask (and EOS) token.
 
     ``logit_scale`` multiplies the LM head so that distributions are peaked
-    enough for thresholds to matter. The mask token defaults to the last id.
+    enough for thresholds to matter. The mask token defaults to the last id;
+    ``intermediate_size`` (the MLP width) defaults to twice ``hidden_size``.
     """
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     config = Qwen3Config(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
+        intermediate_size=2 * hidden_size if intermediate_size is None else intermediate_size,
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads,

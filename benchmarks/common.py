@@ -11,12 +11,13 @@ Rules every benchmark here follows (the machines are shared, absolute times swin
 * 1 torch thread unless asked otherwise;
 * hardware-independent counts come with every row: forwards, tokens fed per
   forward, tokens generated per forward, bytes of keys/values copied, peak
-  resident memory rise, and the time spent outside the network per sequence
+  memory rise (live C-heap bytes), and the time spent outside the network per sequence
   and forward.
 """
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
 import statistics
@@ -158,26 +159,59 @@ class NetworkClock:
             setattr(owner, name, original)
 
 
-class PeakRSS:
-    """Peak resident-memory rise during a block, sampled every millisecond from /proc/self/statm."""
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                      "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def _heap_reader() -> Callable[[], int] | None:
+    """Bytes the C heap holds for live allocations (glibc ``mallinfo2``: in-use arena + mmapped blocks), if available."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallinfo2 = libc.mallinfo2
+    except (OSError, AttributeError):
+        return None
+    mallinfo2.restype = _MallInfo2
+
+    def read() -> int:
+        info = mallinfo2()
+        return info.uordblks + info.hblkhd
+    return read
+
+
+_read_heap = _heap_reader()
+
+
+class PeakMemory:
+    """Peak memory rise during a block, sampled every millisecond.
+
+    ``rise`` is the peak of the C heap's live bytes (glibc ``mallinfo2``) above
+    its level at entry: tensors freed by an earlier competitor do not hide a
+    later one's allocations, as they do for the resident set size. Where
+    ``mallinfo2`` is missing it falls back to the resident set size
+    (``/proc/self/statm``), which only shows growth past the earlier peak.
+    """
+
 
     def __init__(self):
         self.page = os.sysconf("SC_PAGE_SIZE")
         self.rise = 0
         self._stop = threading.Event()
 
-    def _rss(self) -> int:
+    def _read(self) -> int:
+        if _read_heap is not None:
+            return _read_heap()
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * self.page
 
     def _watch(self) -> None:
         while not self._stop.is_set():
-            self.rise = max(self.rise, self._rss() - self.base)
+            self.rise = max(self.rise, self._read() - self.base)
             time.sleep(0.001)
 
-    def __enter__(self) -> "PeakRSS":
+    def __enter__(self) -> "PeakMemory":
         gc.collect()
-        self.base = self._rss()
+        self.base = self._read()
         self._thread = threading.Thread(target=self._watch, daemon=True)
         self._thread.start()
         return self
@@ -185,7 +219,39 @@ class PeakRSS:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
-        self.rise = max(self.rise, self._rss() - self.base)
+        self.rise = max(self.rise, self._read() - self.base)
+
+
+class KVBufferPeak:
+    """Largest preallocated key/value buffer (``PreallocatedKV.data``, bytes) created or grown while active."""
+
+    def __init__(self):
+        self.peak = 0
+        self._saved: list[tuple[str, Any]] = []
+
+    def __enter__(self) -> "KVBufferPeak":
+        from refusion.cache.stores import PreallocatedKV
+
+        probe = self
+
+        def note(buffer) -> None:
+            probe.peak = max(probe.peak, buffer.data.numel() * buffer.data.element_size())
+
+        for name in ("__init__", "_grow"):
+            original = getattr(PreallocatedKV, name)
+            self._saved.append((name, original))
+
+            def wrapped(buffer, *args, _original=original, **kwargs):
+                _original(buffer, *args, **kwargs)
+                note(buffer)
+            setattr(PreallocatedKV, name, wrapped)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        from refusion.cache.stores import PreallocatedKV
+
+        for name, original in self._saved:
+            setattr(PreallocatedKV, name, original)
 
 
 @attrs.define
@@ -198,6 +264,7 @@ class Run:
     network_forwards: int
     rss_rise: int
     counts: dict[str, Any]
+    kv_buffer: int = 0
 
 
 @attrs.define
@@ -238,8 +305,8 @@ def interleave(competitors: dict[str, Callable[[], dict]], model: torch.nn.Modul
         for name in order:
             gc.collect()
             clock = NetworkClock(model)
-            rss = PeakRSS() if memory else None
-            with torch.no_grad(), clock:
+            rss = PeakMemory() if memory else None
+            with torch.no_grad(), clock, KVBufferPeak() as kv:
                 if rss:
                     rss.__enter__()
                 cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -247,7 +314,7 @@ def interleave(competitors: dict[str, Callable[[], dict]], model: torch.nn.Modul
                 cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
                 if rss:
                     rss.__exit__()
-            run = Run(cpu, wall, clock.seconds, clock.forwards, rss.rise if rss else 0, counts)
+            run = Run(cpu, wall, clock.seconds, clock.forwards, rss.rise if rss else 0, counts, kv.peak)
             rows[name].runs.append(run)
             this_round[name] = run
         for name in names:

@@ -82,9 +82,10 @@ def competitors(model, adapter, gen: int, batch: int, methods, engines):
     return out
 
 
-def table(rows, batch: int, gen: int) -> list[dict]:
+def table(rows, batch: int, gen: int, token_bytes: int) -> list[dict]:
+    need = batch * (PROMPT + gen) * token_bytes  # keys/values of every row's prompt and answer
     print(f"{'method':<22} {'CPU s [spread]':>22} {'wall s':>8} {'vs generate':>20} {'ms/token':>9} "
-          f"{'fwd':>6} {'fed/fwd':>8} {'tok/fwd':>8} {'outside ms/seq/fwd':>19} {'KV ctx MB':>10} {'RSS MB':>7}")
+          f"{'fwd':>6} {'fed/fwd':>8} {'tok/fwd':>8} {'outside ms/seq/fwd':>19} {'KV ctx MB':>10} {'KV buf/need':>11} {'peak MB':>7}")
     records = []
     for row in rows:
         c = row.counts
@@ -92,16 +93,19 @@ def table(rows, batch: int, gen: int) -> list[dict]:
         cpu = row.median("cpu")
         outside = statistics.median((r.cpu - r.network_cpu) / max(1, r.network_forwards) / batch for r in row.runs)
         kv = "-" if c["kv_context"] is None else f"{c['kv_context'] / 1e6:.1f}"
+        buffer = row.runs[-1].kv_buffer
+        buf = f"{buffer / need:.2f}" if buffer else "-"
         print(f"{row.name:<22} {fmt_spread(row, 'cpu'):>22} {row.median('wall'):>8.2f} {fmt_ratio(row):>20} "
               f"{1e3 * cpu / tokens:>9.2f} {forwards:>6} {c['fed'] / forwards:>8.1f} {tokens / forwards:>8.2f} "
-              f"{1e3 * outside:>19.2f} {kv:>10} {row.median('rss_rise') / 2**20:>7.1f}")
+              f"{1e3 * outside:>19.2f} {kv:>10} {buf:>11} {row.median('rss_rise') / 2**20:>7.1f}")
         records.append({"method": row.name, "gen": gen, "batch": batch, "cpu": cpu, "cpu_spread": row.spread("cpu"),
                         "wall": row.median("wall"), "ratio": statistics.median(row.ratios),
                         "ratio_spread": (min(row.ratios), max(row.ratios)), "ms_per_token": 1e3 * cpu / tokens,
                         "forwards": forwards, "fed_per_forward": c["fed"] / forwards,
                         "tokens_per_forward": tokens / forwards, "outside_ms_per_seq_forward": 1e3 * outside,
                         "kv_context_bytes": c["kv_context"], "kv_new_bytes": c["kv_new"],
-                        "rss_rise_mb": row.median("rss_rise") / 2**20})
+                        "kv_buffer_bytes": buffer, "kv_needed_bytes": need,
+                        "peak_memory_rise_mb": row.median("rss_rise") / 2**20})
     return records
 
 
@@ -142,7 +146,9 @@ def main(argv=None) -> int:
                 rows = interleave(competitors(model, adapter, gen, batch, args.methods.split(","),
                                               args.engines.split(",")), model, rounds=args.rounds)
                 check_lossless(rows)
-                for record in table(rows, batch, gen):
+                layers, heads, dim, dtype = adapter.kv_shape()
+                token_bytes = layers * 2 * heads * dim * torch.finfo(dtype).bits // 8
+                for record in table(rows, batch, gen, token_bytes):
                     records.append({"model": size, **record})
         if args.reference:
             from reference_runner import compare_with_reference

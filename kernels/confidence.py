@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from refusion_kernels.backend import choose
+from refusion_kernels.underflow import floor_for_exp
 
 
 def confidence_reference(
@@ -24,7 +25,7 @@ def confidence_reference(
     x = (logits if logits.dtype in (torch.float32, torch.float64) else logits.float()) / temperature
     ranked = x if exclude is None else x.index_fill(-1, torch.tensor([exclude], device=x.device), float("-inf"))
     tokens = ranked.argmax(dim=-1)
-    lse = torch.logsumexp(x, dim=-1)
+    lse = torch.logsumexp(floor_for_exp(x), dim=-1)
     best = x.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     probs = torch.where(torch.isfinite(lse) & torch.isfinite(best), torch.exp(best - lse), torch.zeros_like(lse))
     return tokens, probs.to(logits.dtype)

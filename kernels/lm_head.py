@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from refusion_kernels.backend import choose
+from refusion_kernels.underflow import FLOOR, floor_for_exp
 
 
 def _reduce_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -34,13 +35,19 @@ def lm_head_stats_reference(hidden, weight, bias=None, exclude=None, temperature
     if chunk is None:
         chunk = max(1024, (1 << 21) // max(n, 1))  # about 2M logits at a time
     if vocab <= chunk:  # one pass
-        x = torch.nn.functional.linear(hidden.to(weight.dtype), weight, bias).to(red)
+        x = torch.nn.functional.linear(hidden.to(weight.dtype), weight, bias).to(red)  # owned: edited in place
         if temperature != 1.0:
             x = x / temperature
-        lse = torch.logsumexp(x, dim=-1)
         if exclude is not None and 0 <= exclude < vocab:
+            excluded = x[:, exclude].clone()
             x[:, exclude] = float("-inf")
-        best, tokens = x.max(dim=-1)
+            best, tokens = x.max(dim=-1)
+            x[:, exclude] = excluded
+            row_max = torch.maximum(best, excluded)
+        else:
+            best, tokens = x.max(dim=-1)
+            row_max = best
+        lse = torch.logsumexp(floor_for_exp(x, row_max, inplace=True), dim=-1)
         return tokens, best, lse
     run_max = torch.full((n,), float("-inf"), dtype=red, device=hidden.device)
     run_sum = torch.zeros(n, dtype=red, device=hidden.device)
@@ -57,7 +64,10 @@ def lm_head_stats_reference(hidden, weight, bias=None, exclude=None, temperature
         block_max = x.max(dim=-1).values
         new_max = torch.maximum(run_max, block_max)
         shift = torch.where(torch.isfinite(new_max), new_max, torch.zeros_like(new_max))
-        run_sum = run_sum * torch.exp(run_max - shift) + torch.exp(x - shift[:, None]).sum(-1)
+        shifted = x - shift[:, None]
+        if red != torch.float64:  # see refusion_kernels.underflow
+            shifted.clamp_(min=-FLOOR)
+        run_sum = run_sum * torch.exp(run_max - shift) + torch.exp(shifted).sum(-1)
         run_max = new_max
         if exclude is not None and start <= exclude < stop:
             x = x.clone()

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from refusion_kernels.underflow import floor_for_exp
+
 
 def _reduce_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
@@ -98,7 +100,7 @@ class Scores:
         x = self._logits.to(_reduce_dtype(self._logits.dtype))
         if temperature != 1.0:
             x = x / temperature
-        lse = torch.logsumexp(x, dim=-1)
+        lse = torch.logsumexp(floor_for_exp(x), dim=-1)
         ranked = x if exclude is None else x.index_fill(-1, torch.tensor([exclude], device=x.device), float("-inf"))
         best, tokens = ranked.max(dim=-1)
         return tokens, best, lse
@@ -118,7 +120,7 @@ class Scores:
                 _, _, lse = self.head.stats(self.hidden)
             picked = self.head.token_logits(self.hidden, tokens).to(lse.dtype)
             return torch.exp(picked - lse)
-        x = self._logits.to(_reduce_dtype(self._logits.dtype))
+        x = floor_for_exp(self._logits.to(_reduce_dtype(self._logits.dtype)))
         return torch.softmax(x, dim=-1).gather(-1, tokens.to(x.device).unsqueeze(-1)).squeeze(-1)
 
 

@@ -98,3 +98,29 @@ def test_heads_that_post_process_logits_are_not_separated():
     model.model.config.final_logit_softcapping = 30.0
     assert find_head(model.model) is None
     assert model.head is None  # the adapter falls back to the network's own logits
+
+
+def test_logits_far_below_the_maximum_leave_the_statistics_unchanged():
+    """Raising logits more than 80 below a row's maximum (to keep float32 exp fast) changes no argmax or lse."""
+    from refusion_kernels.underflow import floor_for_exp
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 5000, generator=g) * 60  # spreads of hundreds, as a trained head's logits have
+    x[0, 7] = float("-inf")
+    x[1] = float("-inf")  # a row that is all -inf stays so
+    floored = floor_for_exp(x)
+    assert torch.equal(floored.argmax(-1), x.argmax(-1))
+    assert torch.equal(floored.amax(-1), x.amax(-1))
+    assert torch.equal(torch.logsumexp(floored, -1), torch.logsumexp(x, -1))
+    assert floor_for_exp(x.double()) is not None and torch.equal(floor_for_exp(x.double()), x.double())
+    w = torch.randn(5000, 16, generator=g) * 8
+    h = torch.randn(5, 16, generator=g) * 8
+    logits = h @ w.T
+    for exclude in (None, int(logits[0].argmax())):
+        tokens, best, lse = lm_head_stats_reference(h, w, exclude=exclude)
+        ranked = logits if exclude is None else logits.index_fill(-1, torch.tensor([exclude]), float("-inf"))
+        assert torch.equal(tokens, ranked.argmax(-1))
+        torch.testing.assert_close(lse, torch.logsumexp(logits, -1), rtol=1e-6, atol=1e-5)
+        chunked = lm_head_stats_reference(h, w, exclude=exclude, chunk=1024)
+        assert torch.equal(chunked[0], tokens)
+        torch.testing.assert_close(chunked[2], lse, rtol=1e-6, atol=1e-5)

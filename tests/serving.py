@@ -10,8 +10,19 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """The offline references decode with 1 torch thread (2 spin-waiting threads on a shared machine are slow)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def free_port() -> int:

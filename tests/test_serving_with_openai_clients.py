@@ -8,7 +8,9 @@ import pytest
 
 import refusion
 from refusion.api import load_model
-from tests.serving import ServerProcess, metric
+from tests.serving import metric, one_torch_thread  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 MODEL = "refusion-default"
 
@@ -25,10 +27,8 @@ PROMPTS = ["rev helloworld=", "copy abcdefghij=", "add 591+925=", "sort wdw="]
 
 
 @pytest.fixture(scope="module")
-def server():
-    process = ServerProcess().start()
-    yield process
-    process.stop()
+def server(serve_process):
+    return serve_process
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """Serving: the live ``refusion serve`` under N concurrent clients, and continuous vs static batching.
 
-Run:  python benchmarks/serving.py [--clients 32] [--rounds 3] [--max-rows 16] [--requests 64] [--gap-ms 4]
+Run:  python benchmarks/serving.py [--clients 32] [--rounds 3] [--max-rows 32] [--requests 64] [--gap-ms 4]
 
 Part 1, the live server (a subprocess of ``refusion serve`` on the shipped
 model, 1 torch thread, ``--max-rows`` rows) against ``--clients`` clients
@@ -253,7 +253,7 @@ def part2(count, gap_ms, batch, rounds, preset):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=32)
-    parser.add_argument("--max-rows", type=int, default=16)
+    parser.add_argument("--max-rows", type=int, default=32, help="the server's rows (default 32: all clients at once, as the offline batch)")
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--gap-ms", type=float, default=4.0)
     parser.add_argument("--batch", type=int, default=16)

@@ -257,7 +257,7 @@ class Generator:
     @property
     def reserved_tokens(self) -> int:
         """Positions (prompt plus generation region) reserved by the live requests."""
-        return sum(r.prompt_length + r.region_length for r in self._running.values())
+        return sum(r.prompt_length + r.region_length for r in list(self._running.values()))
 
     @property
     def closing(self) -> bool:
@@ -320,7 +320,14 @@ class Generator:
                 request.status = "cancelled"
                 events.append(self._final(request, None))
                 continue
-            session = request.decoder.start(self.model, self.engine, request.prepared)
+            try:
+                session = request.decoder.start(self.model, self.engine, request.prepared)
+            except Exception as error:  # e.g. no room for its cache: this request alone fails
+                request.status, request.error = "failed", error
+                event = Progress(request, None, (), (), 0, finished=True, error=error)
+                request._emit(event)
+                events.append(event)
+                continue
             request.session, request.status = session, "running"
             self._running[id(session)] = request
             done = self._runner.add(session)

@@ -61,3 +61,21 @@ def test_an_engine_error_fails_the_live_requests_and_the_generator_goes_on():
     assert waiting.wait(timeout=30).tokens.tolist() == decoder.decode(model, [3, 4], 6).tokens.tolist()
     generator.close()
     assert generator.live_rows == 0 and generator.reserved_tokens == 0
+
+
+def test_a_request_that_cannot_start_fails_alone(monkeypatch):
+    model = tiny(vocab=16, seed=4, scale=8.0)
+    decoder = Decoder.from_names(slot_size=2, serial_num_blocks=1)
+    generator = Generator(model, decoder, gen_length=4)
+    doomed, fine = generator.submit([1, 2]), generator.submit([2, 3])
+    start = type(decoder).start
+
+    def no_room(self, model, engine, prepared):
+        if prepared is doomed.prepared:
+            raise MemoryError("no room for its cache")
+        return start(self, model, engine, prepared)
+
+    monkeypatch.setattr(Decoder, "start", no_room)
+    generator.run_until_idle()
+    assert doomed.status == "failed" and isinstance(doomed.error, MemoryError)
+    assert fine.result.tokens.tolist() == decoder.decode(model, [2, 3], 4).tokens.tolist()

@@ -117,3 +117,23 @@ def test_shutdown_lets_a_live_stream_finish(model):
     assert not thread.is_alive() and lines[-1] == "data: [DONE]"
     assert json.loads(lines[-2][6:])["choices"][0]["finish_reason"] in ("stop", "length")
     assert generator.closing and not generator.running
+
+
+def test_a_client_gone_before_its_answer_cancels_the_request_and_frees_its_row(model):
+    import asyncio
+
+    from refusion.serve.options import Plan
+    from refusion.serve.session import LiveRequest, pieces
+
+    generator = Generator(model, max_rows=1)
+    plan = Plan(model.tokenizer("rev abc=", add_special_tokens=False)["input_ids"], None, 32, None, (), {})
+
+    async def abandoned():
+        live = LiveRequest(generator, plan, asyncio.get_running_loop())
+        generator.step()  # admitted: it holds the row
+        got = [p async for p in pieces(live, poll=0, disconnected=lambda: asyncio.sleep(0, True))]
+        return live, got
+
+    live, got = asyncio.run(abandoned())
+    generator.step()
+    assert got == [] and live.request.status == "cancelled" and generator.live_rows == 0

@@ -45,7 +45,10 @@ class LiveRequest:
         self.plan = plan
 
         def on_event(event: Progress) -> None:
-            loop.call_soon_threadsafe(self.queue.put_nowait, event)
+            try:
+                loop.call_soon_threadsafe(self.queue.put_nowait, event)
+            except RuntimeError:  # the event loop is closed: nobody listens any more
+                pass
 
         self.request: Request = generator.submit(plan.prompt_ids, decoder=plan.decoder, gen_length=plan.gen_length,
                                                  seed=plan.seed, on_event=on_event)
@@ -60,18 +63,22 @@ class LiveRequest:
 async def pieces(live: LiveRequest, *, poll: float = 0.5, disconnected: Any = None) -> AsyncIterator[Piece]:
     """The request's pieces until it ends; cancels it on a stop string, a disconnect or when abandoned.
 
-    ``disconnected`` (an async callable) is asked every ``poll`` seconds while
-    no event arrives; when it says True the request is cancelled.
+    ``disconnected`` (an async callable) is asked about every ``poll``
+    seconds; when it says True the request is cancelled.
     """
-    text = live.text
+    text, checked = live.text, time.perf_counter()
     try:
         while True:
             try:
                 event = await asyncio.wait_for(live.queue.get(), poll)
             except asyncio.TimeoutError:
-                if disconnected is not None and await disconnected():
+                event = None
+            if disconnected is not None and time.perf_counter() - checked >= poll:
+                checked = time.perf_counter()
+                if await disconnected():
                     live.cancel()
                     return
+            if event is None:
                 continue
             commits = tuple({"slot": c.slot, "offset": c.offset, "tokens": list(c.tokens)} for c in event.commits)
             if event.finished:

@@ -93,10 +93,12 @@ async def pieces(live: LiveRequest, *, poll: float = 0.5, disconnected: Any = No
                             forwards=event.result.forwards, prefix_length=event.prefix_length)
                 return
             delta = text.feed(event.prefix_tokens)
-            if text.done:
-                live.cancel()  # the answer is complete for the client (stop string or max_tokens)
+            if text.done:  # the answer is complete for the client (EOS, stop string or max_tokens)
+                session = live.request.session
+                forwards = session.forwards if session is not None else None
+                live.cancel()
                 yield Piece(delta, commits, event.step.iteration if event.step else None, event.prefix_length,
-                            text.finish_reason, tokens=tuple(text.tokens))
+                            text.finish_reason, tokens=tuple(text.tokens), forwards=forwards)
                 return
             yield Piece(delta, commits, event.step.iteration if event.step else None, event.prefix_length)
     finally:

@@ -22,6 +22,10 @@ class UnknownNameError(ConfigError, LookupError):
     """A strategy, preset or model-adapter name that is not registered."""
 
 
+class QueueFull(RefusionError):
+    """A :class:`~refusion.generator.Generator`'s queue holds ``max_queue`` requests already: retry later."""
+
+
 class PluginError(RefusionError):
     """A plugin (a registered part) misbehaved: it raised or returned malformed data.
 

@@ -31,7 +31,7 @@ import attrs
 
 from refusion.decoder import Decoder, DecodeSession, Prepared, with_text
 from refusion.engines import Runner, engine_class, open_engine
-from refusion.errors import ConfigError
+from refusion.errors import ConfigError, QueueFull
 from refusion.state import DecodeResult, StepRecord
 
 
@@ -159,11 +159,15 @@ class Generator:
     model). At most ``max_rows`` requests are live at once and, if given,
     their prompts plus generation regions reserve at most ``max_tokens``
     positions; others wait in the queue (a single request larger than
-    ``max_tokens`` is refused at submit).
+    ``max_tokens`` is refused at submit). With ``max_queue`` set, a submit
+    that finds that many requests waiting raises
+    :class:`~refusion.errors.QueueFull`. If an engine step raises, the
+    requests it was running fail with that error and the generator goes on.
     """
 
     def __init__(self, model: Any = None, decoder: Decoder | None = None, *, engine: Any = None, max_rows: int = 16,
-                 max_tokens: int | None = None, gen_length: int | None = None, preset: str | None = None,
+                 max_tokens: int | None = None, max_queue: int | None = None, gen_length: int | None = None,
+                 preset: str | None = None,
                  tokenizer: Any = None, chat: bool | None = None, **params: Any):
         from refusion.api import build_decoder, load_model
 
@@ -171,6 +175,9 @@ class Generator:
             raise ConfigError(f"`max_rows` must be an integer >= 1; got {max_rows!r}.")
         if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
             raise ConfigError(f"`max_tokens` must be None or an integer >= 1; got {max_tokens!r}.")
+        if max_queue is not None and (isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1):
+            raise ConfigError(f"`max_queue` must be None or an integer >= 1; got {max_queue!r}.")
+        self.max_queue = max_queue
         self.model = load_model(model, tokenizer=tokenizer)
         if decoder is None:
             decoder, default_length = build_decoder(self.model, preset=preset, **params)
@@ -226,6 +233,8 @@ class Generator:
                               f"({self.max_tokens}); use a shorter prompt or gen_length.")
         request = Request(self, next(self._ids), decoder, prepared, on_event)
         with self._lock:
+            if self.max_queue is not None and len(self._waiting) >= self.max_queue:
+                raise QueueFull(f"The queue holds `max_queue` ({self.max_queue}) waiting requests; retry later.")
             self._waiting.append(request)
             self._work.notify_all()
         return request
@@ -248,7 +257,17 @@ class Generator:
     @property
     def reserved_tokens(self) -> int:
         """Positions (prompt plus generation region) reserved by the live requests."""
-        return sum(r.prompt_length + r.region_length for r in self._running.values())
+        return sum(r.prompt_length + r.region_length for r in list(self._running.values()))
+
+    @property
+    def closing(self) -> bool:
+        """True once :meth:`close` was called: no new requests are taken."""
+        return self._closing
+
+    @property
+    def running(self) -> bool:
+        """True while a background thread steps the generator."""
+        return self._thread is not None and self._thread.is_alive()
 
     def idle(self) -> bool:
         return not self._running and not self._waiting
@@ -260,7 +279,12 @@ class Generator:
             self._cancel_requested(events)
             self._admit(events)
             if self._runner:
-                finished = self._runner.step()
+                try:
+                    finished = self._runner.step()
+                except Exception as error:  # the runner freed every live sequence: fail their requests only
+                    self._runner.failures.extend((r.session, error) for r in self._running.values())
+                    self._failed(events)
+                    return events
                 for session, result in finished:
                     self._report(self._running.pop(id(session)), events, result)
                 self._failed(events)
@@ -296,7 +320,14 @@ class Generator:
                 request.status = "cancelled"
                 events.append(self._final(request, None))
                 continue
-            session = request.decoder.start(self.model, self.engine, request.prepared)
+            try:
+                session = request.decoder.start(self.model, self.engine, request.prepared)
+            except Exception as error:  # e.g. no room for its cache: this request alone fails
+                request.status, request.error = "failed", error
+                event = Progress(request, None, (), (), 0, finished=True, error=error)
+                request._emit(event)
+                events.append(event)
+                continue
             request.session, request.status = session, "running"
             self._running[id(session)] = request
             done = self._runner.add(session)

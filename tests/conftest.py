@@ -25,3 +25,13 @@ def builtin_registry():
     reset_registry(Registry(make_plugin_manager(entry_points=False)))
     yield
     reset_registry(None)
+
+
+@pytest.fixture(scope="session")
+def serve_process():
+    """One ``refusion serve`` of the shipped model on a free loopback port, shared by the serving tests."""
+    from tests.serving import ServerProcess
+
+    process = ServerProcess("--max-rows", "16").start()
+    yield process
+    process.stop()

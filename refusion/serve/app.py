@@ -1,0 +1,171 @@
+"""The FastAPI application: OpenAI's completions and chat completions on a running :class:`Generator`.
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (plain or
+``stream: true`` server-sent events), ``GET /v1/models``, ``GET /health``,
+``GET /metrics``. Every error is an OpenAI error body. The app starts the
+generator's thread when it starts and, when it stops, cancels what uvicorn's
+graceful shutdown left unfinished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from refusion.errors import ConfigError, QueueFull
+from refusion.generator import Generator
+from refusion.serve import responses
+from refusion.serve.errors import APIError, validation_error
+from refusion.serve.metrics import ServerMetrics
+from refusion.serve.options import ServeDefaults, plan_request
+from refusion.serve.schema import ChatCompletionRequest, CompletionRequest
+from refusion.serve.session import LiveRequest, pieces
+
+OUTCOMES = {"stop": "stop", "length": "length", "abort": "cancelled", "error": "error", None: "cancelled"}
+
+
+def create_app(generator: Generator, *, model_name: str = "refusion", defaults: ServeDefaults | None = None,
+               retry_after: int = 1, manage_generator: bool = True) -> FastAPI:
+    """An app serving ``generator`` under the name ``model_name``.
+
+    ``defaults`` are the decoding defaults of every request; a full queue
+    answers 503 with ``Retry-After: retry_after``. With ``manage_generator``
+    the app starts the generator's thread on start-up and closes it on
+    shutdown (leave it off to drive the generator yourself in tests).
+    """
+    defaults = defaults or ServeDefaults()
+    metrics = ServerMetrics(generator)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if manage_generator:
+            generator.start()
+        yield
+        if manage_generator:
+            await asyncio.to_thread(generator.close, drain=False, timeout=30)
+
+    app = FastAPI(title="refusion", lifespan=lifespan)
+    app.state.generator, app.state.metrics = generator, metrics
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, error: APIError) -> JSONResponse:
+        return error.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
+        return validation_error(error).response()
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, error: HTTPException) -> JSONResponse:
+        kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+        return APIError(error.status_code, str(error.detail), type=kind).response()
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        body = {"status": "closing" if generator.closing else "ok", "live_rows": generator.live_rows,
+                "waiting": generator.waiting}
+        return JSONResponse(body, status_code=503 if generator.closing or not generator.running else 200)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "refusion"}]}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Any:
+        return await _answer(body, request, "completions")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+        return await _answer(body, request, "chat")
+
+    async def _answer(body: Any, request: Request, endpoint: str) -> Any:
+        if body.model != model_name:
+            raise APIError(404, f"`model` {body.model!r} is not served here; this server serves {model_name!r}.",
+                           type="not_found_error", param="model", code="model_not_found")
+        if generator.closing:
+            raise _unavailable("The server is shutting down; it takes no new requests.", "shutting_down", retry_after)
+        plan = plan_request(body, generator, defaults)
+        try:
+            live = LiveRequest(generator, plan, asyncio.get_running_loop())
+        except QueueFull as exc:
+            metrics.requests.labels(endpoint, "rejected").inc()
+            raise _unavailable(str(exc), "queue_full", retry_after) from None
+        except ConfigError as exc:
+            if generator.closing:
+                raise _unavailable(str(exc), "shutting_down", retry_after) from None
+            raise plan.config_error(exc) from None
+        metrics.prompt_tokens.inc(len(plan.prompt_ids))
+        if body.stream:
+            return StreamingResponse(_stream(live, body, endpoint), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return await _whole(live, body, request, endpoint)
+
+    async def _whole(live: LiveRequest, body: Any, request: Request, endpoint: str) -> JSONResponse:
+        chat, text, last = endpoint == "chat", [], None
+        try:
+            async for piece in pieces(live, disconnected=request.is_disconnected):
+                if piece.text and not text:
+                    metrics.first_token.labels(endpoint).observe(time.perf_counter() - live.started)
+                text.append(piece.text)
+                last = piece
+        finally:
+            reason = last.finish_reason if last is not None else None
+            metrics.finished(endpoint, OUTCOMES[reason], len(live.text.tokens), time.perf_counter() - live.started)
+        if last is None or last.finish_reason == "abort":
+            raise _unavailable("The request was cancelled (the server is shutting down).", "cancelled", retry_after)
+        if last.error is not None:
+            raise APIError(500, f"Decoding failed: {last.error}", type="server_error", code="decode_failed")
+        return JSONResponse(responses.completion(responses.new_id(chat), model_name, chat, "".join(text),
+                                                 last.finish_reason, len(live.plan.prompt_ids), last.tokens,
+                                                 last.forwards))
+
+    async def _stream(live: LiveRequest, body: Any, endpoint: str):
+        chat, ident, reason, sent_text = endpoint == "chat", responses.new_id(endpoint == "chat"), None, False
+        try:
+            if chat:
+                yield responses.sse(responses.chunk(ident, model_name, chat, None, first=True))
+            async for piece in pieces(live):
+                if piece.error is not None:
+                    reason = "error"
+                    yield responses.sse(APIError(500, f"Decoding failed: {piece.error}", type="server_error",
+                                                 code="decode_failed").body())
+                    break
+                steps = {"refusion": {"step": piece.step, "commits": list(piece.commits),
+                                      "prefix_length": piece.prefix_length}} if body.stream_steps else None
+                if piece.text and not sent_text:
+                    sent_text = True
+                    metrics.first_token.labels(endpoint).observe(time.perf_counter() - live.started)
+                if piece.finish_reason is None:
+                    if piece.text or (steps and piece.commits):
+                        yield responses.sse(responses.chunk(ident, model_name, chat, piece.text, extra=steps))
+                    continue
+                reason = piece.finish_reason
+                if piece.text or steps:
+                    yield responses.sse(responses.chunk(ident, model_name, chat, piece.text, extra=steps))
+                final = {"refusion": responses.refusion_info(piece.tokens, piece.forwards)}
+                yield responses.sse(responses.chunk(ident, model_name, chat, None, reason, extra=final))
+                if body.stream_options is not None and body.stream_options.include_usage:
+                    yield responses.sse(responses.usage_chunk(ident, model_name, chat, len(live.plan.prompt_ids),
+                                                              len(piece.tokens)))
+            yield responses.sse("[DONE]")
+        finally:
+            live.cancel()
+            metrics.finished(endpoint, OUTCOMES[reason], len(live.text.tokens), time.perf_counter() - live.started)
+
+    return app
+
+
+def _unavailable(message: str, code: str, retry_after: int) -> APIError:
+    return APIError(503, message, type="server_overloaded" if code == "queue_full" else "service_unavailable",
+                    code=code, headers={"Retry-After": str(retry_after)})

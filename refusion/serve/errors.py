@@ -1,0 +1,75 @@
+"""OpenAI-style error responses: ``{"error": {"message", "type", "param", "code"}}``, with the HTTP status."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import attrs
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from refusion.errors import ConfigError
+
+
+@attrs.frozen
+class APIError(Exception):
+    """An error to send to the client: ``status``, a message, OpenAI's ``type``, the request field and a code."""
+
+    status: int
+    message: str
+    type: str = "invalid_request_error"
+    param: str | None = None
+    code: str | None = None
+    headers: dict[str, str] | None = None
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+#: decoder-side names that a request spells differently
+REQUEST_FIELDS = {"gen_length": "max_tokens", "prompt_ids": "prompt"}
+
+
+def bad_request(error: ConfigError, *, prompt_field: str = "prompt", params: Any = ()) -> APIError:
+    """A 400 for a :class:`ConfigError`, naming the request field from the first backticked name in its message.
+
+    A part parameter sent in ``params`` is named ``params.<key>``; the prompt
+    is ``prompt_field`` (``messages`` for chat).
+    """
+    message = str(error)
+    found = re.search(r"`([^`]+)`", message)
+    name = found.group(1) if found else None
+    if name is not None:
+        if name in REQUEST_FIELDS:
+            name = REQUEST_FIELDS[name]
+            message = message.replace("`gen_length`", "`max_tokens`").replace("gen_length <=", "max_tokens <=")
+        if name == "prompt":
+            name = prompt_field
+        elif name in params:
+            name = f"params.{name}"
+    return APIError(400, message, param=name, code="invalid_value")
+
+
+def validation_error(error: RequestValidationError) -> APIError:
+    """A 400 for pydantic's first complaint, naming the field as ``messages[0].content``."""
+    first = error.errors()[0]
+    loc = [part for part in first.get("loc", ()) if part != "body"]
+    param = ""
+    for part in loc:
+        if isinstance(part, int):
+            param += f"[{part}]"
+        elif not (param and part in ("str", "list", "int", "float", "bool")) and "[" not in str(part):
+            param += f".{part}" if param else str(part)
+    if first.get("type") == "json_invalid":
+        return APIError(400, f"The body is not valid JSON: {first.get('msg')}.", code="invalid_json")
+    if first.get("type") == "missing":
+        return APIError(400, f"`{param}` is required.", param=param or None, code="missing")
+    if first.get("type") == "extra_forbidden":
+        return APIError(400, f"`{param}` is not a field of this endpoint (see docs/serving.md for the fields).",
+                        param=param or None, code="unknown_field")
+    got = first.get("input")
+    return APIError(400, f"`{param}`: {first.get('msg')}; got {got!r}.", param=param or None, code="invalid_type")

@@ -1,0 +1,68 @@
+"""Prometheus metrics of one server, in a registry of its own (two apps in one process never clash).
+
+Counters: requests by endpoint and outcome, prompt and generated tokens,
+the engine's forwards. Gauges: queue depth, live rows, reserved positions,
+generated tokens per forward. Histograms: request latency and time to the
+first streamed text. Plus the process's memory and CPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class _EngineCollector:
+    """Reads the engine's forward count when scraped, and generated tokens per forward."""
+
+    def __init__(self, generator: Any, tokens: Any):
+        self.generator = generator
+        self.tokens = tokens  # a callable: generated tokens so far
+
+    def collect(self):
+        forwards = self.generator.engine.counters.forwards
+        yield CounterMetricFamily("refusion_forwards", "Model forwards run by the engine (prefills included).",
+                                  value=forwards)
+        tokens = self.tokens()
+        yield GaugeMetricFamily("refusion_tokens_per_forward", "Generated tokens per model forward, since start.",
+                                value=tokens / forwards if forwards else 0.0)
+
+
+class ServerMetrics:
+    """The metrics of a server on ``generator``; :meth:`render` gives the Prometheus text format."""
+
+    content_type = "text/plain; version=0.0.4; charset=utf-8"
+
+    def __init__(self, generator: Any):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("refusion_requests", "Requests by endpoint and outcome (stop, length, cancelled, "
+                                "error, rejected).", ("endpoint", "outcome"), registry=r)
+        self.prompt_tokens = Counter("refusion_prompt_tokens", "Prompt tokens of admitted requests.", registry=r)
+        self.generated_tokens = Counter("refusion_generated_tokens", "Tokens sent to clients.", registry=r)
+        self.latency = Histogram("refusion_request_latency_seconds", "Submit to last token.", ("endpoint",),
+                                 buckets=LATENCY_BUCKETS, registry=r)
+        self.first_token = Histogram("refusion_time_to_first_token_seconds", "Submit to the first text sent.",
+                                     ("endpoint",), buckets=LATENCY_BUCKETS, registry=r)
+        Gauge("refusion_queue_depth", "Requests waiting for a row.", registry=r).set_function(
+            lambda: generator.waiting)
+        Gauge("refusion_live_rows", "Requests decoding now.", registry=r).set_function(lambda: generator.live_rows)
+        Gauge("refusion_reserved_tokens", "Positions reserved by live requests.", registry=r).set_function(
+            lambda: generator.reserved_tokens)
+        self.tokens_sent = 0
+        r.register(_EngineCollector(generator, lambda: self.tokens_sent))
+        ProcessCollector(registry=r)
+
+    def finished(self, endpoint: str, outcome: str, tokens: int, latency: float) -> None:
+        """Record one request's end: its outcome, the tokens sent and its latency."""
+        self.requests.labels(endpoint, outcome).inc()
+        self.generated_tokens.inc(tokens)
+        self.tokens_sent += tokens
+        self.latency.labels(endpoint).observe(latency)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

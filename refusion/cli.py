@@ -224,6 +224,8 @@ def _eval(args: argparse.Namespace) -> int:
                        limit=args.limit)
     scores = results["results"]
     print(json.dumps(scores, indent=None if args.json else 2, default=str))
+    if args.record:
+        write_record(results["refusion_record"], args.record, False)
     return 0
 
 
@@ -324,6 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--include-path", default=None, help="directory with extra task YAML files")
     ev.add_argument("--limit", type=int, default=None, help="examples per task")
     ev.add_argument("--json", action="store_true", help="compact JSON")
+    ev.add_argument("--record", default=None, metavar="FILE",
+                    help="write the run's reproducible record (environment, decoder spec, settings) to FILE")
     ev.set_defaults(func=_eval)
 
     rep = sub.add_parser("reproduce", help="re-run a bench or eval record and compare numbers and tokens",

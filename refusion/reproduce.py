@@ -66,6 +66,11 @@ def _lookup(env: Mapping[str, Any], dotted: str) -> Any:
     return value
 
 
+def _same(a: Any, b: Any) -> bool:
+    """Equal, counting NaN equal to NaN (lm-eval reports NaN standard errors for one example)."""
+    return a == b or (isinstance(a, float) and isinstance(b, float) and a != a and b != b)
+
+
 def environment_changes(recorded: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
     """``"key: recorded -> now"`` for each :data:`WATCHED` entry that differs."""
     return [f"{key}: {_lookup(recorded, key)} -> {_lookup(now, key)}" for key in WATCHED
@@ -130,11 +135,12 @@ def _bench(record: Mapping[str, Any], progress: bool) -> Reproduction:
 
 
 def _eval(record: Mapping[str, Any], progress: bool) -> Reproduction:
-    from refusion.evaluation import evaluate_with_record
+    from refusion.evaluation import EVAL_SEEDS, evaluate_with_record
 
     settings = record["settings"]
+    seeds = {k: settings[k] for k in EVAL_SEEDS if k in settings}
     _, again = evaluate_with_record(settings["tasks"], model_args=settings["model_args"],
-                                    include_path=settings.get("include_path"), limit=settings.get("limit"))
+                                    include_path=settings.get("include_path"), limit=settings.get("limit"), **seeds)
     differences = []
     for task, metrics in record["results"].items():
         now = again["results"].get(task)
@@ -142,7 +148,7 @@ def _eval(record: Mapping[str, Any], progress: bool) -> Reproduction:
             differences.append(f"{task}: no result now")
             continue
         for metric, value in metrics.items():
-            if now.get(metric) != value:
+            if not _same(now.get(metric), value):
                 differences.append(f"{task}: {metric} {value} -> {now.get(metric)}")
     if record.get("outputs_sha256") != again["outputs_sha256"]:
         differences.append(f"generated texts differ (sha256 {str(record.get('outputs_sha256'))[:12]} -> "

@@ -147,12 +147,28 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _visualize(args: argparse.Namespace) -> int:
     from refusion.visualize import render_gif, render_png
+    from refusion.visualize_html import render_html
 
-    model = _load(args)
-    (result,) = _decode(args, _prompts(args)[:1], model)
-    written = [str(render_png(result, args.out, tokenizer=model.tokenizer))]
+    if (args.from_trace is None) == (args.prompt is None):
+        raise ConfigError("`refusion visualize` takes either a PROMPT or `--from-trace FILE`, not both or neither.")
+    if args.from_trace is not None:
+        from refusion.trace import read_trace
+
+        results, tokenizer = read_trace(args.from_trace), None
+        if not 0 <= args.sequence < len(results):
+            raise ConfigError(f"`--sequence` must be in [0, {len(results)}) for this trace; got {args.sequence}.")
+        result = results[args.sequence]
+    else:
+        model = _load(args)
+        args.prompt = [args.prompt]
+        (result,) = _decode(args, _prompts(args), model)
+        tokenizer = model.tokenizer
+    out = args.out or (None if args.gif or args.html else "trace.png")
+    written = [str(render_png(result, out, tokenizer=tokenizer))] if out else []
     if args.gif:
-        written.append(str(render_gif(result, args.gif, tokenizer=model.tokenizer)))
+        written.append(str(render_gif(result, args.gif, tokenizer=tokenizer)))
+    if args.html:
+        written.append(str(render_html(result, args.html, tokenizer=tokenizer)))
     if args.json:
         print(json.dumps({"files": written, **_result_json(result)}))
     else:
@@ -290,11 +306,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     vis = sub.add_parser("visualize", help="draw when each position of an answer was committed",
                          description="Decode one prompt and draw its generation region, each token coloured by the "
-                         "iteration that committed it (PNG), optionally animated (GIF).")
-    vis.add_argument("prompt", nargs=1, help="prompt text (or token ids with --ids)")
+                         "iteration that committed it (PNG), optionally animated (GIF) or as one HTML page; or draw a "
+                         "decode read from a trace file (--from-trace).")
+    vis.add_argument("prompt", nargs="?", default=None, help="prompt text (or token ids with --ids)")
+    vis.add_argument("--from-trace", default=None, metavar="FILE",
+                     help="draw a decode read from a trace file (generate --trace) instead of decoding a prompt")
+    vis.add_argument("--sequence", type=int, default=0, help="with --from-trace: which sequence of a batch (default 0)")
     vis.add_argument("--ids", action="store_true", help="the prompt is comma-separated token ids")
-    vis.add_argument("--out", default="trace.png", help="PNG file to write (default: trace.png)")
+    vis.add_argument("--out", default=None, help="PNG file to write (default: trace.png unless --gif/--html is given)")
     vis.add_argument("--gif", default=None, help="also write an animated GIF, one frame per iteration")
+    vis.add_argument("--html", default=None, metavar="FILE",
+                     help="also write one self-contained HTML page: the grid, a slider over iterations, the trace table")
+    vis.add_argument("--trace", default=None, metavar="FILE", help="also write the decode's JSON Lines trace to FILE")
     vis.add_argument("--json", action="store_true", help="print the written files and the trace as JSON")
     _model_options(vis)
     _decoding_options(vis)

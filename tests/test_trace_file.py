@@ -111,3 +111,27 @@ def test_a_malformed_trace_is_refused_naming_the_line_and_field(tmp_path, edit, 
 def test_an_unreadable_trace_file_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="could not be read"):
         read_trace(tmp_path / "missing.jsonl")
+
+
+def test_every_schema_field_is_documented():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "trace.md").read_text()
+    names = set()
+
+    def walk(node, prefix=""):
+        if isinstance(node, dict):
+            for key, sub in node.get("properties", {}).items():
+                names.add(prefix + key)
+                walk(sub, prefix + key + "." if key == "cache" else prefix)
+            for value in node.values():
+                if isinstance(value, (dict, list)) and value is not node.get("properties"):
+                    walk(value, prefix)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item, prefix)
+
+    walk(schema())
+    leaves = {n for n in names if not any(other.startswith(n + ".") for other in names)}
+    missing = sorted(n for n in leaves if f"`{n}`" not in doc)
+    assert not missing and "cache.encoded" in names

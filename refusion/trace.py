@@ -16,6 +16,7 @@ file against the schema and rebuilds the :class:`~refusion.state.DecodeResult` s
 
 from __future__ import annotations
 
+import functools
 import json
 from importlib import resources
 from pathlib import Path
@@ -31,15 +32,19 @@ SCHEMA_VERSION = 1
 
 
 def schema() -> dict:
-    """The trace's JSON schema (draft 2020-12), as shipped in the package."""
+    """The trace's JSON schema (draft 2020-12), as shipped in the package (a fresh copy each call)."""
     text = resources.files("refusion").joinpath("schemas/trace.schema.json").read_text(encoding="utf-8")
     return json.loads(text)
 
 
-def _validator():
+@functools.lru_cache(maxsize=None)
+def _validators() -> dict[str, Any]:
+    """One validator per record kind, built once."""
     import jsonschema
 
-    return jsonschema.Draft202012Validator(schema())
+    defs = schema()["$defs"]
+    return {kind: jsonschema.Draft202012Validator({"$ref": f"#/$defs/{kind}", "$defs": defs})
+            for kind in ("header", "step", "end")}
 
 
 def _all_tokens(result: DecodeResult) -> list[int]:
@@ -131,7 +136,6 @@ def load_records(path: str | Path) -> list[dict]:
         lines = source.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"`trace` file {str(source)!r} could not be read: {exc}") from exc
-    validator = _validator()
     out = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -140,19 +144,19 @@ def load_records(path: str | Path) -> list[dict]:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{source}:{number}: not a JSON object ({exc.msg} at column {exc.colno}).") from None
-        _check_record(validator, record, source, number)
+        _check_record(record, source, number)
         out.append(record)
     if not out:
         raise ConfigError(f"{source}: the trace is empty; expected a header, step records and an end record.")
     return out
 
 
-def _check_record(validator: Any, record: Any, source: Path, number: int) -> None:
+def _check_record(record: Any, source: Path, number: int) -> None:
     kind = record.get("record") if isinstance(record, dict) else None
     if kind not in ("header", "step", "end"):
         raise ConfigError(f"{source}:{number}: field `record` must be 'header', 'step' or 'end'; got {kind!r}.")
-    sub = validator.evolve(schema={"$ref": f"#/$defs/{kind}", "$defs": validator.schema["$defs"]})
-    error = next(iter(sorted(sub.iter_errors(record), key=lambda e: list(e.absolute_path))), None)
+    errors = list(_validators()[kind].iter_errors(record))
+    error = min(errors, key=lambda e: [str(p) for p in e.absolute_path]) if errors else None
     if error is not None:
         where = ".".join(str(p) for p in error.absolute_path) or "(record)"
         raise ConfigError(f"{source}:{number}: {kind} record, field `{where}`: {error.message}.")

@@ -135,3 +135,17 @@ def test_every_schema_field_is_documented():
     leaves = {n for n in names if not any(other.startswith(n + ".") for other in names)}
     missing = sorted(n for n in leaves if f"`{n}`" not in doc)
     assert not missing and "cache.encoded" in names
+
+
+@pytest.mark.parametrize("preset", ["llada", "fast-dllm", "fast-dllm-dual"])
+def test_canvas_decodes_of_bidirectional_models_add_up_too(tmp_path, preset):
+    from refusion.config import PRESETS
+    from refusion.models.mdm import tiny_bidirectional
+
+    chosen = PRESETS[preset]
+    decoder = Decoder.from_names(**chosen.parts(), **{**dict(chosen.params), "block_length": 8})
+    result = decoder.decode(tiny_bidirectional(vocab_size=16, seed=1), [3, 4, 5], 16)
+    assert result.extra["engine"] == "canvas"
+    _check_sums(result)
+    (back,) = read_trace(write_trace(result, tmp_path / "canvas.jsonl"))
+    assert back.steps == result.steps and [s.fed_tokens for s in back.steps] == [s.fed_tokens for s in result.steps]

@@ -20,7 +20,7 @@ import functools
 import json
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -229,9 +229,3 @@ def _result(source: Path, parts: dict[str, Any]) -> DecodeResult:
         stopped_at_eos=end["stopped_at_eos"], text=end.get("text"), extra=extra,
     )
 
-
-def iter_sums(results: Iterable[DecodeResult]) -> list[dict[str, int]]:
-    """Per result, the steps' counters summed: ``forwards``, ``fed_tokens``, ``kv_context``, ``kv_new``."""
-    return [{"forwards": sum(s.forwards for s in r.steps), "fed_tokens": sum(sum(s.fed_tokens) for s in r.steps),
-             "kv_context": sum(s.kv_copied_bytes for s in r.steps), "kv_new": sum(s.kv_written_bytes for s in r.steps)}
-            for r in results]

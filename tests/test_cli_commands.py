@@ -48,7 +48,7 @@ def test_bench_estimates_gpu_throughput_with_a_cost_model(capsys):
     assert "Unknown cost-model GPU 'tpu'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("command", ["generate", "visualize", "bench", "eval", "train", "plugins"])
+@pytest.mark.parametrize("command", ["generate", "visualize", "bench", "eval", "reproduce", "train", "plugins"])
 def test_every_command_explains_its_options(command, capsys):
     with pytest.raises(SystemExit) as done:
         build_parser().parse_args([command, "--help"])

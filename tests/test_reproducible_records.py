@@ -117,7 +117,7 @@ def test_reproduce_refuses_unreadable_and_non_json_files(tmp_path, capsys):
     assert "not JSON" in capsys.readouterr().err
 
 
-def test_an_eval_record_carries_the_environment_and_reproduces(tmp_path, capsys, monkeypatch):
+def test_an_eval_record_carries_the_environment_decoder_and_settings(tmp_path, capsys, monkeypatch):
     pytest.importorskip("lm_eval")
     from tests.test_evaluation import TASK
     from refusion.training.tasks import held_out
@@ -137,5 +137,25 @@ def test_an_eval_record_carries_the_environment_and_reproduces(tmp_path, capsys,
     assert record["kind"] == "eval" and record["generations"] == 2 and record["decoder"]["selector"]["params"] == {"k": 2}
     assert record["environment"]["engine"] == "branch" and record["settings"]["torch_random_seed"] == 1234
     assert record["results"]["refusion_synthetic"]["exact_match,none"] == 1.0
-    assert main(["reproduce", str(path)]) == 0
-    assert "reproduced" in capsys.readouterr().out
+
+
+def test_reproducing_an_eval_record_compares_every_metric_and_the_texts(monkeypatch):
+    import refusion.evaluation as evaluation
+    from refusion.reproduce import reproduce
+
+    env = {"refusion": "0.1.0", "torch": "2.13.0", "torch_threads": 1}
+    record = {"schema": "refusion-record", "version": 1, "kind": "eval", "environment": env, "decoder": None,
+              "settings": {"tasks": ["t"], "model_args": "k=2", "limit": None, "torch_random_seed": 7},
+              "results": {"t": {"exact_match,none": 1.0, "exact_match_stderr,none": float("nan")}},
+              "outputs_sha256": "a" * 64, "generations": 2}
+    calls = []
+
+    def rerun(tasks, **kwargs):  # what the re-run gives: the same metrics, the texts changed, a newer torch
+        calls.append((tasks, kwargs))
+        return {}, {**record, "environment": {**env, "torch": "2.14.0"}, "outputs_sha256": "b" * 64}
+
+    monkeypatch.setattr(evaluation, "evaluate_with_record", rerun)
+    outcome = reproduce(record)
+    assert calls == [(["t"], {"model_args": "k=2", "include_path": None, "limit": None, "torch_random_seed": 7})]
+    assert not outcome.matches and outcome.differences == ("generated texts differ (sha256 aaaaaaaaaaaa -> bbbbbbbbbbbb)",)
+    assert outcome.environment_changes == ("torch: 2.13.0 -> 2.14.0",)  # NaN stderr counts as equal

@@ -102,6 +102,7 @@ def generate(
     infiller: Any = None,
     reorderer: Any = None,
     seeds: Any = None,
+    trace: Any = None,
     **params: Any,
 ) -> Any:
     """Decode ``prompt`` (text or token ids) with ReFusion's plan-and-infill algorithm.
@@ -113,7 +114,8 @@ def generate(
     explicit part specs, ``gen_length`` and ``params`` (e.g. ``slot_size=16``,
     ``token_threshold=0.5``, ``temperature=0.7``, ``"selector.k"=2``) override
     it. Returns :class:`~refusion.state.DecodeResult` (s) with ``text`` when a
-    tokenizer is known.
+    tokenizer is known. ``trace`` (a path) also writes the standard JSON Lines
+    trace of the decode(s) there (:mod:`refusion.trace`, ``docs/trace.md``).
     """
     adapter = load_model(model, tokenizer=tokenizer)
     decoder, default_length = build_decoder(
@@ -123,10 +125,16 @@ def generate(
     length = default_length if gen_length is None else gen_length
     if is_batch(prompt):
         ids = [encode_prompt(p, adapter.tokenizer, chat) for p in prompt]
-        return decoder.decode_batch(adapter, ids, length, seeds=seeds)
-    if seeds is not None:
-        raise ConfigError("`seeds` is for a list of prompts; for one prompt pass `seed=`.")
-    return decoder.decode(adapter, encode_prompt(prompt, adapter.tokenizer, chat), length)
+        results = decoder.decode_batch(adapter, ids, length, seeds=seeds)
+    else:
+        if seeds is not None:
+            raise ConfigError("`seeds` is for a list of prompts; for one prompt pass `seed=`.")
+        results = decoder.decode(adapter, encode_prompt(prompt, adapter.tokenizer, chat), length)
+    if trace is not None:
+        from refusion.trace import write_trace
+
+        write_trace(results, trace, tokenizer=adapter.tokenizer, decoder=decoder)
+    return results
 
 
 def is_batch(prompt: Any) -> bool:

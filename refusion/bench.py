@@ -32,6 +32,8 @@ class Row:
     per_task: dict[str, float] = attrs.field(factory=dict)
     #: estimated seconds on a GPU (``--cost-model``), when asked for
     gpu_seconds: float | None = None
+    #: each example's generated token ids, in example order (what ``refusion reproduce`` compares)
+    outputs: tuple[tuple[int, ...], ...] = attrs.field(default=(), repr=False)
 
     @property
     def accuracy(self) -> float:
@@ -152,6 +154,7 @@ def measure(
     for prompt in prompts[:warmup]:
         method(prompt)
     correct, tokens, seconds = 0, 0, 0.0
+    outputs: list[tuple[int, ...]] = []
     per_task: dict[str, list[int]] = {}
     if cost_model is not None and isinstance(method, Method):
         method.recording = True
@@ -163,6 +166,7 @@ def measure(
             out = method(prompt)
             seconds += time.perf_counter() - start
             tokens += len(out)
+            outputs.append(tuple(int(t) for t in out))
             ok = is_correct(example, tokenizer.decode(out, skip_special_tokens=True))
             correct += ok
             per_task.setdefault(example.task, []).append(ok)
@@ -173,7 +177,21 @@ def measure(
         method.recording = False
         gpu = method.shapes.seconds(*parse(cost_model))
     return Row(name, len(examples), correct, counter.count, tokens, seconds,
-               {task: sum(v) / len(v) for task, v in per_task.items()}, gpu)
+               {task: sum(v) / len(v) for task, v in per_task.items()}, gpu, tuple(outputs))
+
+
+AR_METHOD = "AR: transformers generate"
+
+
+def run_bench(adapter: Any, examples: Sequence[Example], methods: Sequence[tuple[str, Any]], gen_length: int, *,
+              progress: bool = False, cost_model: str | None = None) -> list[Row]:
+    """Measure each ``(name, decoder)`` of ``methods`` on ``examples``, in order; a ``None`` decoder is the AR
+    baseline (:func:`ar_method`). Returns one :class:`Row` per method."""
+    rows = []
+    for name, decoder in methods:
+        method = ar_method(adapter, gen_length) if decoder is None else decoder_method(decoder, adapter, gen_length)
+        rows.append(measure(name, method, adapter, examples, progress=progress, cost_model=cost_model))
+    return rows
 
 
 def table(rows: Sequence[Row], baseline: str, cost_model: str | None = None) -> str:

@@ -106,7 +106,7 @@ def _decode(args: argparse.Namespace, prompts: list[Any], model: Any) -> list[An
             params[key] = getattr(args, flag)
     return generate(prompts, model, gen_length=args.gen_length, preset=args.preset, chat=args.chat,
                     partitioner=args.partitioner, selector=args.selector, infiller=args.infiller,
-                    reorderer=args.reorderer, **params)
+                    reorderer=args.reorderer, trace=getattr(args, "trace", None), **params)
 
 
 def _prompts(args: argparse.Namespace) -> list[Any]:
@@ -147,12 +147,28 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _visualize(args: argparse.Namespace) -> int:
     from refusion.visualize import render_gif, render_png
+    from refusion.visualize_html import render_html
 
-    model = _load(args)
-    (result,) = _decode(args, _prompts(args)[:1], model)
-    written = [str(render_png(result, args.out, tokenizer=model.tokenizer))]
+    if (args.from_trace is None) == (args.prompt is None):
+        raise ConfigError("`refusion visualize` takes either a PROMPT or `--from-trace FILE`, not both or neither.")
+    if args.from_trace is not None:
+        from refusion.trace import read_trace
+
+        results, tokenizer = read_trace(args.from_trace), None
+        if not 0 <= args.sequence < len(results):
+            raise ConfigError(f"`--sequence` must be in [0, {len(results)}) for this trace; got {args.sequence}.")
+        result = results[args.sequence]
+    else:
+        model = _load(args)
+        args.prompt = [args.prompt]
+        (result,) = _decode(args, _prompts(args), model)
+        tokenizer = model.tokenizer
+    out = args.out or (None if args.gif or args.html else "trace.png")
+    written = [str(render_png(result, out, tokenizer=tokenizer))] if out else []
     if args.gif:
-        written.append(str(render_gif(result, args.gif, tokenizer=model.tokenizer)))
+        written.append(str(render_gif(result, args.gif, tokenizer=tokenizer)))
+    if args.html:
+        written.append(str(render_html(result, args.html, tokenizer=tokenizer)))
     if args.json:
         print(json.dumps({"files": written, **_result_json(result)}))
     else:
@@ -161,9 +177,7 @@ def _visualize(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    import attrs
-
-    from refusion.bench import ar_method, decoder_method, measure, table
+    from refusion.bench import AR_METHOD, run_bench, table
     from refusion.config import preset as get_preset
     from refusion.decoder import Decoder
     from refusion.training.tasks import held_out
@@ -177,22 +191,46 @@ def _bench(args: argparse.Namespace) -> int:
         raise ConfigError("`refusion bench` needs a model with a tokenizer (it decodes the synthetic tasks' text).")
     examples = held_out(args.per_task)
     names = args.method or ["model", "ar", "fast-dllm"]
-    rows = []
-    if model.capabilities.causal:
-        rows.append(measure("AR: transformers generate", ar_method(model, args.gen_length), model, examples,
-                            progress=not args.json, cost_model=args.cost_model))
+    methods: list[tuple[str, Any]] = [(AR_METHOD, None)] if model.capabilities.causal else []
     for name in names:
         chosen = model.preset if name == "model" and getattr(model, "preset", None) else get_preset(
             "paper" if name == "model" else name)
-        decoder = Decoder.from_names(**chosen.parts(), **dict(chosen.params))
-        rows.append(measure(name, decoder_method(decoder, model, args.gen_length), model,
-                            examples, progress=not args.json, cost_model=args.cost_model))
-    if args.json:
-        print(json.dumps([{**attrs.asdict(r), "accuracy": r.accuracy, "tokens_per_forward": r.tokens_per_forward}
-                          for r in rows]))
-    else:
+        methods.append((name, Decoder.from_names(**chosen.parts(), **dict(chosen.params))))
+    rows = run_bench(model, examples, methods, args.gen_length, progress=not args.json, cost_model=args.cost_model)
+    if args.json or args.record:
+        from refusion.records import bench_record, environment
+
+        settings = {"per_task": args.per_task, "gen_length": args.gen_length, "methods": names,
+                    "cost_model": args.cost_model, "model": model_settings(args)}
+        from refusion.engines import choose_engine
+
+        engines = [None if d is None else choose_engine(model, d).name for _, d in methods]
+        record = bench_record(rows, [d for _, d in methods], settings, environment(model), engines)
+        write_record(record, args.record, args.json)
+    if not args.json:
         print(table(rows, rows[0].method, args.cost_model))
     return 0
+
+
+MODEL_FLAGS = ("model", "device", "dtype", "mask_token_id", "eos_token_id", "adapter", "logit_shift")
+
+
+def model_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The model options of a command, as a record stores them (``refusion reproduce`` loads the model from them)."""
+    return {flag: getattr(args, flag) for flag in MODEL_FLAGS}
+
+
+def write_record(record: dict, path: str | None, to_stdout: bool) -> None:
+    """Print ``record`` as JSON and/or write it to ``path``."""
+    text = json.dumps(record)
+    if to_stdout:
+        print(text)
+    if path:
+        try:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text + "\n")
+        except OSError as exc:
+            raise ConfigError(f"`--record` file {path!r} could not be written: {exc}") from exc
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -202,7 +240,18 @@ def _eval(args: argparse.Namespace) -> int:
                        limit=args.limit)
     scores = results["results"]
     print(json.dumps(scores, indent=None if args.json else 2, default=str))
+    if args.record:
+        write_record(results["refusion_record"], args.record, False)
     return 0
+
+
+def _reproduce(args: argparse.Namespace) -> int:
+    from refusion.records import load_record
+    from refusion.reproduce import reproduce
+
+    outcome = reproduce(load_record(args.record), progress=not args.json)
+    print(json.dumps(outcome.as_dict()) if args.json else outcome.report())
+    return 0 if outcome.matches else 1
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -298,17 +347,26 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt", nargs="+", help="prompt text (or token ids with --ids)")
     gen.add_argument("--ids", action="store_true", help="the prompts are comma-separated token ids, not text")
     gen.add_argument("--json", action="store_true", help="print one JSON object per prompt (text, tokens, trace)")
+    gen.add_argument("--trace", default=None, metavar="FILE",
+                     help="write the standard JSON Lines trace (one record per iteration; docs/trace.md) to FILE")
     _model_options(gen)
     _decoding_options(gen)
     gen.set_defaults(func=_generate)
 
     vis = sub.add_parser("visualize", help="draw when each position of an answer was committed",
                          description="Decode one prompt and draw its generation region, each token coloured by the "
-                         "iteration that committed it (PNG), optionally animated (GIF).")
-    vis.add_argument("prompt", nargs=1, help="prompt text (or token ids with --ids)")
+                         "iteration that committed it (PNG), optionally animated (GIF) or as one HTML page; or draw a "
+                         "decode read from a trace file (--from-trace).")
+    vis.add_argument("prompt", nargs="?", default=None, help="prompt text (or token ids with --ids)")
+    vis.add_argument("--from-trace", default=None, metavar="FILE",
+                     help="draw a decode read from a trace file (generate --trace) instead of decoding a prompt")
+    vis.add_argument("--sequence", type=int, default=0, help="with --from-trace: which sequence of a batch (default 0)")
     vis.add_argument("--ids", action="store_true", help="the prompt is comma-separated token ids")
-    vis.add_argument("--out", default="trace.png", help="PNG file to write (default: trace.png)")
+    vis.add_argument("--out", default=None, help="PNG file to write (default: trace.png unless --gif/--html is given)")
     vis.add_argument("--gif", default=None, help="also write an animated GIF, one frame per iteration")
+    vis.add_argument("--html", default=None, metavar="FILE",
+                     help="also write one self-contained HTML page: the grid, a slider over iterations, the trace table")
+    vis.add_argument("--trace", default=None, metavar="FILE", help="also write the decode's JSON Lines trace to FILE")
     vis.add_argument("--json", action="store_true", help="print the written files and the trace as JSON")
     _model_options(vis)
     _decoding_options(vis)
@@ -322,7 +380,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--method", action="append", default=None, metavar="PRESET",
                        help="a preset to measure (repeatable; default: model, ar, fast-dllm)")
     bench.add_argument("--gen-length", type=int, default=32, help="tokens to generate per prompt (default 32)")
-    bench.add_argument("--json", action="store_true", help="print the rows as JSON")
+    bench.add_argument("--json", action="store_true",
+                       help="print a reproducible record as JSON: rows, outputs, environment, decoder specs")
+    bench.add_argument("--record", default=None, metavar="FILE",
+                       help="also write the record to FILE (re-run it with `refusion reproduce FILE`)")
     bench.add_argument("--cost-model", default=None, metavar="MODEL@GPU",
                        help="also estimate tokens/s of the same forwards on a GPU at a model size, e.g. qwen3-8b@h100 "
                        "(roofline; see refusion/costmodel.py)")
@@ -337,7 +398,17 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--include-path", default=None, help="directory with extra task YAML files")
     ev.add_argument("--limit", type=int, default=None, help="examples per task")
     ev.add_argument("--json", action="store_true", help="compact JSON")
+    ev.add_argument("--record", default=None, metavar="FILE",
+                    help="write the run's reproducible record (environment, decoder spec, settings) to FILE")
     ev.set_defaults(func=_eval)
+
+    rep = sub.add_parser("reproduce", help="re-run a bench or eval record and compare numbers and tokens",
+                         description="Re-run the run a record describes (`bench --record FILE`, `eval --record FILE`) "
+                         "with its decoder specs, settings and thread count; report what differs and what changed in "
+                         "the environment. Exit status 0 when every number and token matches, 1 otherwise.")
+    rep.add_argument("record", help="record file (JSON)")
+    rep.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    rep.set_defaults(func=_reproduce)
 
     train = sub.add_parser(
         "train", help="train a small ReFusion model on the synthetic tasks (CPU)",

@@ -31,6 +31,15 @@ class Counters:
     kv_context_bytes: int = 0
     kv_new_bytes: int = 0
     parent: "Counters | None" = attrs.field(default=None, repr=False)
+    #: query tokens of each forward, in order (a sequence's counters keep it; the decoder's trace reads it)
+    fed_log: list[int] = attrs.field(factory=list, repr=False)
+
+    def forward(self, fed: int, *, log: bool = False) -> None:
+        """Count one forward that fed ``fed`` query tokens (``log``: also append ``fed`` to :attr:`fed_log`)."""
+        self.forwards += 1
+        self.fed_tokens += fed
+        if log:
+            self.fed_log.append(fed)
 
     def copied(self, context: int = 0, new: int = 0) -> None:
         """Count ``context`` bytes of cached keys/values re-copied and ``new`` bytes written."""

@@ -16,6 +16,7 @@ a running engine.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Generator, Sequence
 
 import attrs
@@ -298,7 +299,7 @@ class DecodeSession:
                 remaining = [i for i in block if self.open[i]]
                 if not remaining:
                     break
-                forwards_before = self.forwards
+                before = self._snapshot()
                 width = call_part(d.selector, d.selector.candidates, len(remaining))
                 if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= len(remaining):
                     raise plugin_error(d.selector, f"candidates({len(remaining)}) returned {width!r}; expected an "
@@ -329,17 +330,9 @@ class DecodeSession:
                     d.infiller, result, plan, chosen, self.model.eos_token_ids, self.model.mask_token_id, self.model.vocab_size
                 )
                 result = self._apply_eos(result)
-                self._reorder(result)
-                self.steps.append(
-                    StepRecord(
-                        iteration=len(self.steps),
-                        block=block_index,
-                        planned=tuple(remaining),
-                        selected=tuple(plan.slots[i].index for i in chosen),
-                        committed=tuple((c.slot.index, c.tokens.shape[0]) for c in result.commits),
-                        forwards=self.forwards - forwards_before,
-                    )
-                )
+                encoded = self.cache.encoded
+                editor = self._reorder(result)
+                self.steps.append(self._step_record(block_index, remaining, plan, chosen, result, before, encoded, editor))
         return self._result()
 
     def _plan(self, slots: tuple, drafted: bool) -> Generator[ModelCall, Any, Plan]:
@@ -396,10 +389,41 @@ class DecodeSession:
         same = len(kept) == len(result.commits) and all(a is b for a, b in zip(kept, result.commits))
         return result if same else InfillResult(kept, next_logits=None)
 
-    def _reorder(self, result: InfillResult) -> None:
+    def _snapshot(self) -> tuple:
+        """What an iteration's record is measured from: counters, encoded entries and the clock at its start."""
+        c = self.state.counters
+        return (time.perf_counter(), c.forwards, len(c.fed_log), c.kv_context_bytes, c.kv_new_bytes, self.cache.encoded)
+
+    def _step_record(self, block: int, remaining: list, plan: Plan, chosen: Sequence[int], result: InfillResult,
+                     before: tuple, encoded: int, editor: CacheEditor) -> StepRecord:
+        """The iteration's :class:`StepRecord`: its decisions and what it cost since ``before`` (:meth:`_snapshot`)."""
+        start, forwards, logged, copied, written, encoded_before = before
+        c = self.state.counters
+        scored = plan.drafted and self.decoder.selector.reads_scores
+        return StepRecord(
+            iteration=len(self.steps),
+            block=block,
+            planned=tuple(remaining),
+            selected=tuple(plan.slots[i].index for i in chosen),
+            committed=tuple((m.slot.index, m.tokens.shape[0]) for m in result.commits),
+            forwards=c.forwards - forwards,
+            drafted=tuple(s.index for s in plan.slots) if plan.drafted else (),
+            confidence=tuple(plan.first_confidence.tolist()) if scored else (),
+            fed_tokens=tuple(c.fed_log[logged:]),
+            kv_appended=editor.appended_kv,
+            kv_pending=editor.appended - editor.appended_kv,
+            kv_encoded=encoded - encoded_before,
+            kv_invalidated=editor.invalidated,
+            kv_copied_bytes=c.kv_context_bytes - copied,
+            kv_written_bytes=c.kv_new_bytes - written,
+            seconds=time.perf_counter() - start,
+        )
+
+    def _reorder(self, result: InfillResult) -> CacheEditor:
         d = self.decoder
         expected = len(self.cache) + sum(c.tokens.shape[0] for c in result.commits)
-        call_part(d.reorderer, d.reorderer.reorder, CacheEditor(self.cache), result)
+        editor = CacheEditor(self.cache)
+        call_part(d.reorderer, d.reorderer.reorder, editor, result)
         if len(self.cache) != expected:
             raise plugin_error(d.reorderer, f"left the cache with {len(self.cache)} entries; expected {expected}.")
         added = self.cache.positions[expected - sum(c.tokens.shape[0] for c in result.commits) :]
@@ -412,6 +436,7 @@ class DecodeSession:
             self.tokens[offset : offset + c.tokens.shape[0]] = c.tokens.cpu()
             self.commit_step[offset : offset + c.tokens.shape[0]] = len(self.steps)
             self.open[c.slot.index] = False
+        return editor
 
     def _result(self) -> DecodeResult:
         if self.eos_offset is None and self.model.eos_token_ids:  # stop_at_eos off: cut at the first EOS now

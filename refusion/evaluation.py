@@ -57,6 +57,8 @@ class RefusionLM(LM):
         self.gen_length = None if gen_length is None else int(gen_length)
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 1
         self.chat = chat
+        #: every generated text, in request order (a record hashes them)
+        self.outputs: list[str] = []
 
     def generate_until(self, requests) -> list[str]:
         """Decode the requests in batches; cut each text at the first of its ``until`` strings.
@@ -86,6 +88,7 @@ class RefusionLM(LM):
                             text = text[: text.index(stop)]
                     out[job[1]] = text
                     self.cache_hook.add_partial("generate_until", (job[2], job[3]), text)
+        self.outputs.extend(out)
         return out
 
     def _require_causal(self) -> None:
@@ -131,10 +134,37 @@ class RefusionLM(LM):
 
 def evaluate(tasks: Sequence[str], *, model_args: str = "", include_path: str | None = None, limit: int | None = None,
              **kwargs: Any) -> dict:
-    """Run lm-evaluation-harness ``tasks`` with the ``refusion`` model type; return its results dict."""
+    """Run lm-evaluation-harness ``tasks`` with the ``refusion`` model type; return its results dict.
+
+    The dict also holds ``"refusion_record"``: the reproducible record of the
+    run (:func:`evaluate_with_record`).
+    """
+    results, record = evaluate_with_record(tasks, model_args=model_args, include_path=include_path, limit=limit,
+                                           **kwargs)
+    results["refusion_record"] = record
+    return results
+
+
+#: lm-eval's seeds, recorded with every eval run (its own defaults unless given)
+EVAL_SEEDS = {"random_seed": 0, "numpy_random_seed": 1234, "torch_random_seed": 1234, "fewshot_random_seed": 1234}
+
+
+def evaluate_with_record(tasks: Sequence[str], *, model_args: str = "", include_path: str | None = None,
+                         limit: int | None = None, **kwargs: Any) -> tuple[dict, dict]:
+    """:func:`evaluate`'s lm-eval results and the run's record (:func:`refusion.records.eval_record`):
+    environment, decoder spec, settings and a sha256 of every generated text, for ``refusion reproduce``."""
     import lm_eval
+    from lm_eval.api.registry import get_model
     from lm_eval.tasks import TaskManager
 
+    from refusion.engines import choose_engine
+    from refusion.records import environment, eval_record
+
+    seeds = {**EVAL_SEEDS, **{k: kwargs.pop(k) for k in EVAL_SEEDS if k in kwargs}}
     manager = TaskManager(include_path=include_path) if include_path else None
-    return lm_eval.simple_evaluate(model="refusion", model_args=model_args, tasks=list(tasks), limit=limit,
-                                   task_manager=manager, **kwargs)
+    lm = get_model("refusion").create_from_arg_string(model_args, {})
+    results = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), limit=limit, task_manager=manager, **seeds, **kwargs)
+    settings = {"tasks": list(tasks), "model_args": model_args, "include_path": include_path, "limit": limit, **seeds}
+    env = environment(lm.model, engine=choose_engine(lm.model, lm.decoder).name, seeds=[lm.decoder.seed])
+    record = eval_record(results["results"], lm.decoder, settings, env, lm.outputs)
+    return results, record

@@ -243,12 +243,32 @@ class InfillResult:
     next_logits: "torch.Tensor | Scores | None" = None
 
 
+def _measured(default: Any) -> Any:
+    """A measurement: kept out of equality, so two decodes with the same decisions compare equal."""
+    return attrs.field(default=default, eq=False)
+
+
 @attrs.frozen
 class StepRecord:
-    """One decoder iteration: which slots were planned, selected and committed.
+    """One decoder iteration: which slots were planned, selected and committed, and what it cost.
 
-    ``committed`` holds ``(slot index, tokens kept)`` pairs in commit order;
-    ``forwards`` counts the model forwards of this iteration.
+    ``planned`` are the open slots of the block, ``drafted`` those the plan
+    drafted (the selector's candidates; empty when no plan forward ran),
+    ``selected`` the selector's choice, ``committed`` ``(slot index, tokens
+    kept)`` pairs in commit order. ``forwards`` counts the model forwards of
+    this iteration (the first iteration's includes the prompt prefill).
+
+    Measured, not compared by ``==``: ``confidence`` (first-token confidence
+    of each drafted slot, when the selector read them; else empty),
+    ``fed_tokens`` (query tokens of each forward), the cache entries
+    committed with keys/values (``kv_appended``) and without (``kv_pending``,
+    encoded by a later forward), pending entries this iteration's forwards
+    encoded (``kv_encoded``: the prompt in the first iteration, re-encodes
+    later), entries whose keys/values the reorderer dropped
+    (``kv_invalidated``), bytes of cached keys/values copied again
+    (``kv_copied_bytes``) and of new ones written (``kv_written_bytes``), and
+    the iteration's wall time in ``seconds`` (in a batch, waits for the other
+    sequences' calls included).
     """
 
     iteration: int
@@ -257,6 +277,16 @@ class StepRecord:
     selected: tuple[int, ...]
     committed: tuple[tuple[int, int], ...]
     forwards: int
+    drafted: tuple[int, ...] = ()
+    confidence: tuple[float, ...] = _measured(())
+    fed_tokens: tuple[int, ...] = _measured(())
+    kv_appended: int = _measured(0)
+    kv_pending: int = _measured(0)
+    kv_encoded: int = _measured(0)
+    kv_invalidated: int = _measured(0)
+    kv_copied_bytes: int = _measured(0)
+    kv_written_bytes: int = _measured(0)
+    seconds: float = _measured(0.0)
 
 
 @attrs.frozen(eq=False)

@@ -4,7 +4,11 @@
 each cell shows its token and is coloured by the iteration that committed it,
 like the figure that explains ReFusion. ``render_gif(result, path)`` animates
 the same, one frame per iteration (committed cells appear, masks stay grey).
-Needs matplotlib and Pillow (``pip install refusion[viz]``).
+Both need matplotlib and Pillow (``pip install refusion[viz]``).
+``render_html(result, path)`` (:mod:`refusion.visualize_html`, no extra
+dependency) writes one self-contained page with the same grid, a slider over
+the iterations and the per-iteration trace. A result read from a trace file
+(:func:`refusion.trace.read_trace`) draws like a fresh one.
 """
 
 from __future__ import annotations
@@ -17,7 +21,10 @@ from refusion.state import DecodeResult
 
 
 def _labels(result: DecodeResult, tokenizer: Any) -> list[str]:
+    """Each position's label: its token's text (``tokenizer``, else the trace's ``pieces``, else the id)."""
     g = result.partition.gen_length
+    pieces = result.extra.get("pieces") or {}
+    eos = int(result.tokens[-1]) if result.stopped_at_eos and len(result.tokens) else None
     labels = []
     for i in range(g):
         if result.commit_step[i] < 0:
@@ -26,8 +33,12 @@ def _labels(result: DecodeResult, tokenizer: Any) -> list[str]:
         token = int(_all_tokens(result)[i])
         if tokenizer is not None and token == getattr(tokenizer, "eos_token_id", None):
             text = "EOS"
+        elif tokenizer is not None:
+            text = tokenizer.decode([token])
+        elif token == eos:
+            text = "EOS"
         else:
-            text = tokenizer.decode([token]) if tokenizer is not None else str(token)
+            text = pieces.get(i, str(token))
         labels.append({" ": "␣", "": "∅"}.get(text, text)[:4])
     return labels
 

@@ -33,7 +33,7 @@ def test_visualize_command(tmp_path, capsys):
 
 def test_bench_command_prints_rows(capsys):
     assert main(["bench", "--per-task", "1", "--method", "model", "--method", "llada", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
+    rows = json.loads(capsys.readouterr().out)["rows"]  # a reproducible record (tests/test_reproducible_records.py)
     assert [r["method"] for r in rows] == ["AR: transformers generate", "model", "llada"]
     assert all(r["examples"] == 6 and r["forwards"] > 0 for r in rows)
 
@@ -48,7 +48,7 @@ def test_bench_estimates_gpu_throughput_with_a_cost_model(capsys):
     assert "Unknown cost-model GPU 'tpu'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("command", ["generate", "visualize", "bench", "eval", "train", "plugins"])
+@pytest.mark.parametrize("command", ["generate", "visualize", "bench", "eval", "reproduce", "train", "plugins"])
 def test_every_command_explains_its_options(command, capsys):
     with pytest.raises(SystemExit) as done:
         build_parser().parse_args([command, "--help"])

@@ -168,12 +168,16 @@ class CacheEditor:
     ``last_position``) see the underlying :class:`SequenceCache`; the only
     writes are :meth:`append` (each committed token exactly once) and
     :meth:`invalidate` (drop keys/values so the next call re-encodes them).
+    It counts what was done through it: ``appended`` entries, of which
+    ``appended_kv`` came with their keys/values, and ``invalidated`` entries
+    whose keys/values were dropped (read by the decoder's trace).
     """
 
-    __slots__ = ("_cache",)
+    __slots__ = ("_cache", "appended", "appended_kv", "invalidated")
 
     def __init__(self, cache: SequenceCache):
         self._cache = cache
+        self.appended = self.appended_kv = self.invalidated = 0
 
     def __len__(self) -> int:
         return len(self._cache)
@@ -201,8 +205,13 @@ class CacheEditor:
     def append(self, tokens, positions, kv: KVSegment | None = None, *, anchor: int | None = None,
                continues: bool = False, last_logits: "torch.Tensor | Scores | None" = None) -> None:
         """See :meth:`SequenceCache.append`."""
+        length, encoded = len(self._cache), self._cache.encoded
         self._cache.append(tokens, positions, kv, anchor=anchor, continues=continues, last_logits=last_logits)
+        self.appended += len(self._cache) - length
+        self.appended_kv += self._cache.encoded - encoded
 
     def invalidate(self, start: int = 0) -> None:
         """See :meth:`SequenceCache.invalidate`."""
+        encoded = self._cache.encoded
         self._cache.invalidate(start)
+        self.invalidated += encoded - self._cache.encoded

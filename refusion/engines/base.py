@@ -126,8 +126,7 @@ class Engine(ABC):
         self.counters.fed_tokens += total
         self.counters.padded_tokens += padded
         for state, n in fed.items():
-            state.counters.forwards += 1
-            state.counters.fed_tokens += n
+            state.counters.forward(n, log=True)
         if self.shape_log is not None:
             from refusion.costmodel import ForwardShape
 

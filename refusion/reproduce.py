@@ -1,0 +1,156 @@
+"""``refusion reproduce RECORD``: re-run a bench or eval record and say whether it still holds.
+
+The record (:mod:`refusion.records`) says how the run was made: the model
+options, the decoder specs, the task settings and the torch thread count.
+:func:`reproduce` runs it again in this process and compares what must be
+equal (accuracy, forwards, tokens and every example's generated tokens for
+bench; every metric and a hash of the generated texts for eval), lists what
+changed in the environment (versions, device, model hash), and reports wall
+times side by side without comparing them (they never repeat exactly).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Mapping
+
+import attrs
+
+from refusion.errors import ConfigError
+from refusion.records import check_record, decoder_from_spec, environment
+
+#: environment entries whose change is reported (dotted paths into the environment)
+WATCHED = ("refusion", "torch", "transformers", "python", "device", "dtype", "torch_threads", "model.sha256",
+           "model.git_revision")
+#: the bench numbers that must repeat exactly
+BENCH_FIELDS = ("examples", "correct", "forwards", "tokens", "per_task")
+
+
+@attrs.frozen
+class Reproduction:
+    """The outcome of re-running a record.
+
+    ``differences``: what did not repeat (empty = reproduced);
+    ``environment_changes``: ``"torch: 2.13.0 -> 2.14.0"``-style lines;
+    ``timings``: ``(method, recorded seconds, seconds now)`` per bench row.
+    """
+
+    kind: str
+    differences: tuple[str, ...]
+    environment_changes: tuple[str, ...]
+    timings: tuple[tuple[str, float, float], ...] = ()
+
+    @property
+    def matches(self) -> bool:
+        return not self.differences
+
+    def report(self) -> str:
+        """A short human-readable report."""
+        lines = [f"{self.kind} record: " + ("reproduced: every number and token matches" if self.matches
+                                             else f"NOT reproduced: {len(self.differences)} difference(s)")]
+        lines += [f"  differs: {d}" for d in self.differences]
+        lines += [f"  environment: {c}" for c in self.environment_changes] or ["  environment: unchanged"]
+        lines += [f"  wall time {m}: {a:.2f} s recorded, {b:.2f} s now" for m, a, b in self.timings]
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "matches": self.matches, "differences": list(self.differences),
+                "environment_changes": list(self.environment_changes),
+                "timings": [{"method": m, "recorded_seconds": a, "seconds": b} for m, a, b in self.timings]}
+
+
+def _lookup(env: Mapping[str, Any], dotted: str) -> Any:
+    value: Any = env
+    for key in dotted.split("."):
+        value = value.get(key) if isinstance(value, Mapping) else None
+    return value
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, counting NaN equal to NaN (lm-eval reports NaN standard errors for one example)."""
+    return a == b or (isinstance(a, float) and isinstance(b, float) and a != a and b != b)
+
+
+def environment_changes(recorded: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """``"key: recorded -> now"`` for each :data:`WATCHED` entry that differs."""
+    return [f"{key}: {_lookup(recorded, key)} -> {_lookup(now, key)}" for key in WATCHED
+            if _lookup(recorded, key) != _lookup(now, key)]
+
+
+def load_model_from(settings: Mapping[str, Any]) -> Any:
+    """The model a record's ``settings.model`` options describe (the same loading as the command line)."""
+    from refusion.cli import MODEL_FLAGS, _load
+
+    options = settings.get("model") or {}
+    if not isinstance(options, Mapping):
+        raise ConfigError(f"field `settings.model` must be an object of model options; got {options!r:.80}.")
+    unknown = sorted(set(options) - set(MODEL_FLAGS))
+    if unknown:
+        raise ConfigError(f"field `settings.model.{unknown[0]}` is not a model option; known: {', '.join(MODEL_FLAGS)}.")
+    defaults = {"model": None, "device": None, "dtype": "auto", "mask_token_id": None, "eos_token_id": None,
+                "adapter": "hf-causal", "logit_shift": 0}
+    return _load(argparse.Namespace(**{**defaults, **options}))
+
+
+def reproduce(record: Mapping[str, Any], *, progress: bool = False) -> Reproduction:
+    """Re-run ``record`` (a checked bench or eval record) and compare; see the module docstring.
+
+    Runs with the recorded torch thread count and restores the current one afterwards.
+    """
+    import torch
+
+    check_record(record)
+    threads = torch.get_num_threads()
+    wanted = record["environment"].get("torch_threads")
+    if isinstance(wanted, int) and wanted >= 1:
+        torch.set_num_threads(wanted)
+    try:
+        return (_bench if record["kind"] == "bench" else _eval)(record, progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _bench(record: Mapping[str, Any], progress: bool) -> Reproduction:
+    from refusion.bench import run_bench
+    from refusion.training.tasks import held_out
+
+    settings = record["settings"]
+    model = load_model_from(settings)
+    methods = [(row["method"], None if row["decoder"] is None else decoder_from_spec(row["decoder"], where=f"rows[{i}].decoder"))
+               for i, row in enumerate(record["rows"])]
+    rows = run_bench(model, held_out(settings["per_task"]), methods, settings["gen_length"], progress=progress,
+                     cost_model=settings.get("cost_model"))
+    differences = []
+    for old, new in zip(record["rows"], rows):
+        for field in BENCH_FIELDS:
+            if old.get(field) != getattr(new, field):
+                differences.append(f"{old['method']}: {field} {old.get(field)} -> {getattr(new, field)}")
+        outputs = [list(o) for o in new.outputs]
+        if old["outputs"] != outputs:
+            changed = [i for i, (a, b) in enumerate(zip(old["outputs"], outputs)) if a != b]
+            changed += list(range(min(len(old["outputs"]), len(outputs)), max(len(old["outputs"]), len(outputs))))
+            differences.append(f"{old['method']}: tokens of {len(changed)} example(s) differ (first: example {changed[0]})")
+    return Reproduction("bench", tuple(differences), tuple(environment_changes(record["environment"], environment(model))),
+                        tuple((old["method"], float(old["seconds"]), new.seconds) for old, new in zip(record["rows"], rows)))
+
+
+def _eval(record: Mapping[str, Any], progress: bool) -> Reproduction:
+    from refusion.evaluation import EVAL_SEEDS, evaluate_with_record
+
+    settings = record["settings"]
+    seeds = {k: settings[k] for k in EVAL_SEEDS if k in settings}
+    _, again = evaluate_with_record(settings["tasks"], model_args=settings["model_args"],
+                                    include_path=settings.get("include_path"), limit=settings.get("limit"), **seeds)
+    differences = []
+    for task, metrics in record["results"].items():
+        now = again["results"].get(task)
+        if now is None:
+            differences.append(f"{task}: no result now")
+            continue
+        for metric, value in metrics.items():
+            if not _same(now.get(metric), value):
+                differences.append(f"{task}: {metric} {value} -> {now.get(metric)}")
+    if record.get("outputs_sha256") != again["outputs_sha256"]:
+        differences.append(f"generated texts differ (sha256 {str(record.get('outputs_sha256'))[:12]} -> "
+                           f"{again['outputs_sha256'][:12]})")
+    return Reproduction("eval", tuple(differences), tuple(environment_changes(record["environment"], again["environment"])))

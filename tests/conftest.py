@@ -2,8 +2,11 @@ import os
 
 # The Triton kernels are tested on the CPU through Triton's interpreter; it must be on before triton loads.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# The tests' models are tiny: extra torch threads only add synchronisation (CI has 2 cores). Subprocesses inherit this.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
+import torch
 from hypothesis import HealthCheck, settings
 
 from refusion.plugins import make_plugin_manager
@@ -17,6 +20,7 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.load_profile("ci")
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture(autouse=True)

@@ -76,9 +76,14 @@ def write_front_png(path: Path, records: Sequence[TrialRecord], front: Sequence[
     fig, ax = plt.subplots(figsize=(8, 5.5))
     ax.scatter([r[speed] for r in records], [r["accuracy"] for r in records], color="0.75", s=18, label="trials")
     ax.plot([r[speed] for r in front], [r["accuracy"] for r in front], "o-", color="tab:blue", label="Pareto front")
-    for r in front:
-        ax.annotate(describe_point(r.point), (r[speed], r["accuracy"]), fontsize=7, xytext=(4, 4),
-                    textcoords="offset points")
+    same: dict[tuple[float, float], list[str]] = {}
+    for r in front:  # points at the same place share one label
+        same.setdefault((round(r[speed], 9), round(r["accuracy"], 9)), []).append(describe_point(r.point))
+    for (x, y), labels in same.items():
+        text = labels[0] + (f" (+{len(labels) - 1} more)" if len(labels) > 1 else "")
+        ax.annotate(text, (x, y), fontsize=7, xytext=(4, 4), textcoords="offset points", ha="right" if
+                    x >= max(p[0] for p in same) else "left")
+    ax.margins(x=0.15, y=0.1)
     ax.scatter([1.0], [ar_accuracy], marker="s", color="tab:red", zorder=3, label="AR")
     if chosen is not None:
         ax.scatter([chosen[speed]], [chosen["accuracy"]], s=160, facecolors="none", edgecolors="tab:green",

@@ -261,7 +261,15 @@ def _plugins(args: argparse.Namespace) -> int:
 def _sweep(args: argparse.Namespace) -> int:
     from refusion.search import sweep
 
-    result = sweep(args.space, args.tasks, model=_load(args), preset=args.preset, space_file=args.space_file,
+    tasks: Any = args.tasks
+    options = {k: getattr(args, k) for k in ("limit", "include_path", "metric") if getattr(args, k) is not None}
+    if tasks.startswith("lm-eval:"):
+        from refusion.search.harness import parse_harness
+
+        tasks = parse_harness(tasks, **options)
+    elif options:
+        raise ConfigError(f"`--{next(iter(options)).replace('_', '-')}` is for --tasks lm-eval:TASK; got --tasks {tasks}.")
+    result = sweep(args.space, tasks, model=_load(args), preset=args.preset, space_file=args.space_file,
                    mode=args.mode, trials=args.trials, minutes=args.minutes, objective=args.objective, out=args.out,
                    storage=args.storage, study=args.study, gen_length=args.gen_length, seed=args.seed,
                    max_accuracy_drop=args.max_accuracy_drop, progress=not args.json, plot=not args.no_plot)
@@ -301,7 +309,11 @@ def _sweep_parser(sub: Any) -> None:
                     "LOW:HIGH[:STEP] (slot_threshold=0.5:0.9:0.1); repeatable")
     sw.add_argument("--space-file", default=None, metavar="FILE", help="a YAML or TOML file with a `space` table")
     sw.add_argument("--tasks", default="held-out",
-                    help="held-out, held-out:N (N per shipped task) or a .jsonl file of prompt/answer objects")
+                    help="held-out, held-out:N (N per shipped task), a .jsonl file of prompt/answer objects, or "
+                    "lm-eval:TASK[,TASK] (lm-evaluation-harness tasks; needs refusion[eval])")
+    sw.add_argument("--limit", type=int, default=None, help="with lm-eval tasks: examples per task")
+    sw.add_argument("--include-path", default=None, help="with lm-eval tasks: a directory of task YAML files")
+    sw.add_argument("--metric", default=None, help="with lm-eval tasks: the metric to maximise (default: the first)")
     sw.add_argument("--preset", default=None, choices=["model", *sorted(PRESETS)],
                     help="the preset the space varies (default: the checkpoint's refusion.json)")
     sw.add_argument("--gen-length", type=int, default=None, help="tokens to generate (default: the preset's)")

@@ -102,3 +102,25 @@ def test_cli_sweep_from_a_space_file_and_generate_with_its_preset(model, tasks, 
     assert report["trials"] == 2 and report["chosen"]["point"]["slot_size"] == 4
     assert main(["generate", "rev abcde=", "--preset-file", str(out / "preset.json"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["text"] == "edcba"
+
+
+def test_a_sweep_on_a_local_lm_eval_task_scores_with_the_task_metric(model, tmp_path, monkeypatch):
+    pytest.importorskip("lm_eval")
+    from refusion.search.harness import HarnessTasks
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps({"prompt": p, "answer": a}) + "\n" for p, a in PAIRS))
+    (tmp_path / "pairs_task.yaml").write_text(
+        f"task: pairs_task\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n"
+        'output_type: generate_until\ndoc_to_text: "{{prompt}}"\ndoc_to_target: "{{answer}}"\n'
+        'generation_kwargs:\n  until: ["\\n"]\n  max_gen_toks: 32\n'
+        "metric_list:\n  - metric: exact_match\n    aggregation: mean\n    higher_is_better: true\n")
+    tasks = HarnessTasks(("pairs_task",), include_path=str(tmp_path), metric="exact_match")
+    result = sweep(["slot_threshold=0.5,0.9"], tasks, model=model, out=tmp_path / "out", progress=False, plot=False)
+    assert result.ar["examples"] == 3 and result.ar["accuracy"] == 1.0 and result.ar["tokens"] > 0
+    assert len(result.records) == 2
+    for r in result.records:
+        assert r["accuracy"] == 1.0 and 0 < r["forwards"] < result.ar["forwards"]

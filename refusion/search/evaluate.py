@@ -23,10 +23,12 @@ class Metrics:
     forwards: int
     tokens: int
     seconds: float
+    #: the task's own score (lm-evaluation-harness metrics), when it is not exact matches / examples
+    score: float | None = None
 
     @property
     def accuracy(self) -> float:
-        return self.correct / max(self.examples, 1)
+        return self.score if self.score is not None else self.correct / max(self.examples, 1)
 
     @property
     def tokens_per_forward(self) -> float:

@@ -97,7 +97,8 @@ def sweep(
     ``space`` is a list of dimension specs (``"selector=threshold,topk"``,
     ``"slot_threshold=0.5:0.9:0.1"``) and/or ``space_file`` a YAML/TOML file;
     they vary ``preset`` (default: the model's ``refusion.json``). ``tasks`` is
-    ``"held-out[:N]"`` or a ``.jsonl`` file. ``mode`` is ``grid``, ``optuna``
+    ``"held-out[:N]"``, a ``.jsonl`` file or ``"lm-eval:TASK[,TASK]"`` /
+    a :class:`~refusion.search.harness.HarnessTasks`. ``mode`` is ``grid``, ``optuna``
     or ``auto`` (grid up to 64 points). ``trials`` bounds the trials in the
     study (earlier runs included), ``minutes`` this run's time; ``objective``
     is what optuna minimises besides maximising accuracy: ``forwards`` or
@@ -139,9 +140,10 @@ def sweep(
                  "objective": objective, "mode": mode}
     db = Path(storage) if storage is not None else out / "sweep.db"
     the_study = open_study(db, study, signature)
-    measure = evaluate or (lambda a, p, t: evaluate_preset(a, p, t, warmup=warmup))
+    measure, measure_ar = _measures(taskset, warmup)
+    measure = evaluate or measure
 
-    ar = evaluate_ar(adapter, taskset, length, warmup=warmup)
+    ar = measure_ar(adapter, taskset, length)
     new, interrupted = 0, False
     try:
         new = _search(the_study, space, points, mode, adapter, taskset, length, ar, measure, objective,
@@ -149,6 +151,24 @@ def sweep(
     except KeyboardInterrupt:
         interrupted = True
     return _finish(the_study, db, space, length, ar, mode, objective, out, max_accuracy_drop, plot, new, interrupted)
+
+
+def _measures(taskset: Any, warmup: int) -> tuple[Callable, Callable]:
+    """How a point and AR are measured on ``taskset``: held-out/JSONL examples, or lm-evaluation-harness tasks."""
+    from refusion.search.harness import HarnessTasks, evaluate_harness
+
+    if not isinstance(taskset, HarnessTasks):
+        return (lambda a, p, t: evaluate_preset(a, p, t, warmup=warmup),
+                lambda a, t, n: evaluate_ar(a, t, n, warmup=warmup))
+    from refusion.decoder import Decoder
+
+    task_dict = taskset.task_dict()
+
+    def point(adapter: Any, preset: Preset, tasks: Any) -> Metrics:
+        decoder = Decoder.from_names(**preset.parts(), **dict(preset.params))
+        return evaluate_harness(adapter, tasks, task_dict, decoder, preset.gen_length)
+
+    return point, lambda a, t, n: evaluate_harness(a, t, task_dict, None, n)
 
 
 def _search(study: Any, space: Space, points: list | None, mode: str, adapter: Any, taskset: TaskSet, length: int,

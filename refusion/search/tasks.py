@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -30,10 +31,15 @@ class TaskSet:
             raise ConfigError(f"`tasks` {self.name!r} holds no examples.")
 
 
-def load_tasks(spec: str | TaskSet) -> TaskSet:
-    """``"held-out"`` / ``"held-out:N"`` (N held-out examples per shipped task, default 10) or a ``.jsonl`` path."""
-    if isinstance(spec, TaskSet):
+def load_tasks(spec: Any) -> Any:
+    """``"held-out"`` / ``"held-out:N"`` (N held-out examples per shipped task, default 10), a ``.jsonl`` path,
+    or ``"lm-eval:TASK[,TASK]"`` (a :class:`~refusion.search.harness.HarnessTasks`); task-set objects pass through."""
+    if not isinstance(spec, str):
         return spec
+    if spec.startswith("lm-eval:"):
+        from refusion.search.harness import parse_harness
+
+        return parse_harness(spec)
     if spec == HELD_OUT or spec.startswith(HELD_OUT + ":"):
         count = spec.partition(":")[2] or "10"
         if not count.isdigit() or int(count) < 1:
@@ -41,7 +47,8 @@ def load_tasks(spec: str | TaskSet) -> TaskSet:
         return TaskSet(spec, tuple(held_out(int(count))))
     if spec.endswith(".jsonl"):
         return TaskSet(spec, read_jsonl(spec))
-    raise ConfigError(f"`tasks` must be held-out, held-out:N or a .jsonl file of prompt/answer pairs; got {spec!r}.")
+    raise ConfigError(f"`tasks` must be held-out, held-out:N, a .jsonl file of prompt/answer pairs or "
+                      f"lm-eval:TASK[,TASK]; got {spec!r}.")
 
 
 def read_jsonl(path: str | Path) -> tuple[Example, ...]:

@@ -84,6 +84,7 @@ def draw(rows: list[dict], args: argparse.Namespace, ar_accuracy: float, path: P
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.colors import TwoSlopeNorm
     from matplotlib.patches import Rectangle
 
     sizes, blocks = args.slot_sizes, args.serial_blocks
@@ -92,26 +93,29 @@ def draw(rows: list[dict], args: argparse.Namespace, ar_accuracy: float, path: P
     fig, axes = plt.subplots(2 * len(blocks), len(sizes), figsize=(3.2 * len(sizes), 2.9 * 2 * len(blocks)),
                              squeeze=False)
     accs = [r["accuracy"] for r in rows]
+    speeds = [r["speedup"] for r in rows]
+    # colours diverge at AR: green is better than AR, red worse
+    norms = {"accuracy": TwoSlopeNorm(ar_accuracy, min(min(accs), ar_accuracy - 0.05), max(max(accs), ar_accuracy + 0.05)),
+             "speedup": TwoSlopeNorm(1.0, min(min(speeds), 0.5), max(max(speeds), 1.5))}
     for b, nblocks in enumerate(blocks):
         for c, size in enumerate(sizes):
-            for k, (metric, cmap, vmin, vmax, fmt) in enumerate((
-                    ("accuracy", "viridis", min(accs), max(accs), "{:.0%}"),
-                    ("speedup", "magma", 0.0, max(r["speedup"] for r in rows), "{:.2f}x"))):
+            for k, metric in enumerate(("accuracy", "speedup")):
                 ax = axes[2 * b + k][c]
                 grid = np.array([[index[(size, nblocks, y, x)][metric] for x in xs] for y in ys])
-                ax.imshow(grid, cmap=cmap, vmin=vmin, vmax=vmax, origin="lower", aspect="auto")
+                ax.imshow(grid, cmap="RdYlGn", norm=norms[metric], origin="lower", aspect="auto")
                 for i, y in enumerate(ys):
                     for j, x in enumerate(xs):
                         row = index[(size, nblocks, y, x)]
-                        light = vmax > vmin and row[metric] > (vmin + vmax) / 2
-                        ax.text(j, i, fmt.format(row[metric]), ha="center", va="center", fontsize=7,
-                                color="black" if light else "white")
+                        text = (f"{row['accuracy']:.1%}" if metric == "accuracy" else
+                                f"{row['speedup']:.2f}x\n({row['forward_ratio']:.2f}x fwd)")
+                        ax.text(j, i, text, ha="center", va="center", fontsize=6.5)
                         if row["accuracy"] >= ar_accuracy - 1e-12 and row["speedup"] > 1.0:
                             ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="tab:cyan",
                                                    linewidth=2.2))
                 ax.set_xticks(range(len(xs)), [f"{x:g}" for x in xs], fontsize=7)
                 ax.set_yticks(range(len(ys)), [f"{y:g}" for y in ys], fontsize=7)
-                ax.set_title(f"{'accuracy' if k == 0 else 'speed-up over AR'}: slot {size}, {nblocks} block(s)",
+                ax.set_title(f"{'accuracy' if k == 0 else 'wall speed-up (forward ratio)'}: slot {size}, "
+                             f"{nblocks} block{'s' if nblocks > 1 else ''}",
                              fontsize=8)
                 if c == 0:
                     ax.set_ylabel("slot threshold", fontsize=8)
@@ -138,8 +142,14 @@ def main(argv=None) -> int:
     parser.add_argument("--png", type=Path, default=ROOT / "docs" / "hyperparameters.png")
     parser.add_argument("--csv", type=Path, default=ROOT / "benchmarks" / "results" / "hyperparameters.csv")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument("--replot", action="store_true", help="redraw the PNG from the CSV of an earlier run")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.replot:
+        rows = [{k: float(v) if "." in v else int(v) for k, v in r.items()} for r in csv.DictReader(args.csv.open())]
+        draw(rows, args, rows[0]["ar_accuracy"], args.png)
+        print(f"redrew {args.png} from {args.csv}")
+        return 0
 
     start = time.perf_counter()
     points, ars = run_rounds(args)

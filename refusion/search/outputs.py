@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import textwrap
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -79,11 +80,15 @@ def write_front_png(path: Path, records: Sequence[TrialRecord], front: Sequence[
     same: dict[tuple[float, float], list[str]] = {}
     for r in front:  # points at the same place share one label
         same.setdefault((round(r[speed], 9), round(r["accuracy"], 9)), []).append(describe_point(r.point))
+    middle = (min([1.0, *(x for x, _ in same)]) + max(x for x, _ in same)) / 2
+    top = max(y for _, y in same)
     for (x, y), labels in same.items():
-        text = labels[0] + (f" (+{len(labels) - 1} more)" if len(labels) > 1 else "")
-        ax.annotate(text, (x, y), fontsize=7, xytext=(4, 4), textcoords="offset points", ha="right" if
-                    x >= max(p[0] for p in same) else "left")
-    ax.margins(x=0.15, y=0.1)
+        text = labels[0] + (f" (+{len(labels) - 1} alike)" if len(labels) > 1 else "")
+        right, high = x > middle, y >= top and len(same) > 1
+        ax.annotate(textwrap.fill(text, 34, break_on_hyphens=False), (x, y), fontsize=6.5,
+                    xytext=(-8 if right else 8, -8 if high else 8), textcoords="offset points",
+                    ha="right" if right else "left", va="top" if high else "bottom")
+    ax.margins(x=0.15, y=0.12)
     ax.scatter([1.0], [ar_accuracy], marker="s", color="tab:red", zorder=3, label="AR")
     if chosen is not None:
         ax.scatter([chosen[speed]], [chosen["accuracy"]], s=160, facecolors="none", edgecolors="tab:green",
@@ -92,9 +97,9 @@ def write_front_png(path: Path, records: Sequence[TrialRecord], front: Sequence[
     ax.set_ylabel("accuracy (exact match)")
     ax.set_title(f"refusion sweep: {len(records)} trials, {len(front)} on the front")
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower left", fontsize=8)
+    ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path
 

@@ -244,7 +244,7 @@ def point_key(point: Mapping[str, Any]) -> tuple:
 
 def describe_point(point: Mapping[str, Any]) -> str:
     """``"selector=topk k=2"``: a short label of a point."""
-    return " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in point.items())
+    return " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in point.items())
 
 
 def build_space(base: Preset, specs: Iterable[str | Dimension], registry: Any = None) -> Space:

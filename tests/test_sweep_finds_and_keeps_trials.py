@@ -124,3 +124,13 @@ def test_a_sweep_on_a_local_lm_eval_task_scores_with_the_task_metric(model, tmp_
     assert len(result.records) == 2
     for r in result.records:
         assert r["accuracy"] == 1.0 and 0 < r["forwards"] < result.ar["forwards"]
+
+
+def test_bench_measures_a_preset_file_next_to_ar(tmp_path, capsys):
+    path = tmp_path / "preset.json"
+    path.write_text(json.dumps({"gen_length": 32, "selector": "topk", "params": {"slot_size": 4, "k": 2,
+                                                                                  "serial_num_blocks": 1}}))
+    assert main(["bench", "--per-task", "1", "--preset-file", str(path), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["method"] for r in rows] == ["AR: transformers generate", f"file {path}"]
+    assert rows[1]["forwards"] < rows[0]["forwards"] and rows[1]["examples"] == 6

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from refusion.config import PART_KINDS, preset as get_preset
+from refusion.config import PART_KINDS, Preset, preset as get_preset
 from refusion.decoder import Decoder
 from refusion.errors import ConfigError
 from refusion.models.base import ModelAdapter
@@ -63,7 +63,7 @@ def encode_prompt(prompt: Any, tokenizer: Any, chat: bool | None) -> list[int]:
 def build_decoder(
     adapter: ModelAdapter,
     *,
-    preset: str | None = None,
+    preset: str | Preset | None = None,
     partitioner: Any = None,
     selector: Any = None,
     infiller: Any = None,
@@ -72,11 +72,14 @@ def build_decoder(
 ) -> tuple[Decoder, int]:
     """The decoder :func:`generate` would use, and the preset's generation length.
 
-    ``preset`` defaults to the checkpoint's own ``refusion.json``, else ``"paper"``;
+    ``preset`` (a name or a :class:`Preset`, e.g. from :func:`refusion.load_preset`) defaults to
+    the checkpoint's own ``refusion.json``, else ``"paper"``;
     explicit parts and ``params`` override the preset (a preset parameter is
     dropped when the part it belongs to is replaced).
     """
-    if preset is not None:
+    if isinstance(preset, Preset):
+        chosen = preset
+    elif preset is not None:
         chosen = get_preset(preset)
     else:
         chosen = getattr(adapter, "preset", None) or get_preset("paper")
@@ -95,7 +98,7 @@ def generate(
     *,
     tokenizer: Any = None,
     gen_length: int | None = None,
-    preset: str | None = None,
+    preset: str | Preset | None = None,
     chat: bool | None = None,
     partitioner: Any = None,
     selector: Any = None,

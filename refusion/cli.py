@@ -1,4 +1,4 @@
-"""The ``refusion`` command line: generate, visualize, bench, eval, train, plugins, serve.
+"""The ``refusion`` command line: generate, visualize, bench, eval, sweep, reproduce, train, plugins, serve.
 
 Every subcommand explains its options in ``--help``; ``--json`` prints
 machine-readable output; long work shows a progress bar on stderr.
@@ -41,6 +41,8 @@ def _decoding_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("decoding (see `refusion plugins` for every part and parameter)")
     group.add_argument("--preset", default=None, choices=sorted(PRESETS),
                        help="named configuration (default: the checkpoint's refusion.json, else paper)")
+    group.add_argument("--preset-file", default=None, metavar="FILE",
+                       help="a preset JSON file, e.g. the preset.json `refusion sweep` writes (instead of --preset)")
     group.add_argument("--gen-length", type=int, default=None, help="tokens to generate (rounded up to whole slots)")
     group.add_argument("--partitioner", default=None, help="partitioner name, e.g. fixed, semi-ar")
     group.add_argument("--selector", default=None, help="slot selector name, e.g. threshold, topk, factor")
@@ -104,9 +106,20 @@ def _decode(args: argparse.Namespace, prompts: list[Any], model: Any) -> list[An
             if key in params:
                 raise ConfigError(f"`{key}` is given twice (as an option and as -p {key}=...); keep one.")
             params[key] = getattr(args, flag)
-    return generate(prompts, model, gen_length=args.gen_length, preset=args.preset, chat=args.chat,
+    return generate(prompts, model, gen_length=args.gen_length, preset=_chosen_preset(args), chat=args.chat,
                     partitioner=args.partitioner, selector=args.selector, infiller=args.infiller,
                     reorderer=args.reorderer, trace=getattr(args, "trace", None), **params)
+
+
+def _chosen_preset(args: argparse.Namespace) -> Any:
+    """``--preset NAME`` or the preset read from ``--preset-file FILE`` (not both)."""
+    if getattr(args, "preset_file", None) is None:
+        return args.preset
+    if args.preset is not None:
+        raise ConfigError("Give either `--preset` or `--preset-file`, not both.")
+    from refusion.config import load_preset
+
+    return load_preset(args.preset_file)
 
 
 def _prompts(args: argparse.Namespace) -> list[Any]:
@@ -178,7 +191,7 @@ def _visualize(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     from refusion.bench import AR_METHOD, run_bench, table
-    from refusion.config import preset as get_preset
+    from refusion.config import load_preset, preset as get_preset
     from refusion.decoder import Decoder
     from refusion.training.tasks import held_out
 
@@ -190,18 +203,22 @@ def _bench(args: argparse.Namespace) -> int:
     if model.tokenizer is None:
         raise ConfigError("`refusion bench` needs a model with a tokenizer (it decodes the synthetic tasks' text).")
     examples = held_out(args.per_task)
-    names = args.method or ["model", "ar", "fast-dllm"]
+    files = [load_preset(f) for f in args.preset_file or ()]
+    names = args.method or ([] if files else ["model", "ar", "fast-dllm"])
     methods: list[tuple[str, Any]] = [(AR_METHOD, None)] if model.capabilities.causal else []
     for name in names:
         chosen = model.preset if name == "model" and getattr(model, "preset", None) else get_preset(
             "paper" if name == "model" else name)
         methods.append((name, Decoder.from_names(**chosen.parts(), **dict(chosen.params))))
+    for file, chosen in zip(args.preset_file or (), files):
+        methods.append((f"file {file}", Decoder.from_names(**chosen.parts(), **dict(chosen.params))))
     rows = run_bench(model, examples, methods, args.gen_length, progress=not args.json, cost_model=args.cost_model)
     if args.json or args.record:
         from refusion.records import bench_record, environment
 
         settings = {"per_task": args.per_task, "gen_length": args.gen_length, "methods": names,
-                    "cost_model": args.cost_model, "model": model_settings(args)}
+                    "preset_files": list(args.preset_file or ()), "cost_model": args.cost_model,
+                    "model": model_settings(args)}
         from refusion.engines import choose_engine
 
         engines = [None if d is None else choose_engine(model, d).name for _, d in methods]
@@ -338,6 +355,83 @@ def _serve_parser(sub: Any) -> None:
     serve.set_defaults(func=_serve)
 
 
+def _sweep(args: argparse.Namespace) -> int:
+    from refusion.search import sweep
+
+    tasks: Any = args.tasks
+    options = {k: getattr(args, k) for k in ("limit", "include_path", "metric") if getattr(args, k) is not None}
+    if tasks.startswith("lm-eval:"):
+        from refusion.search.harness import parse_harness
+
+        tasks = parse_harness(tasks, **options)
+    elif options:
+        raise ConfigError(f"`--{next(iter(options)).replace('_', '-')}` is for --tasks lm-eval:TASK; got --tasks {tasks}.")
+    result = sweep(args.space, tasks, model=_load(args), preset=args.preset, space_file=args.space_file,
+                   mode=args.mode, trials=args.trials, minutes=args.minutes, objective=args.objective, out=args.out,
+                   storage=args.storage, study=args.study, gen_length=args.gen_length, seed=args.seed,
+                   max_accuracy_drop=args.max_accuracy_drop, progress=not args.json, plot=not args.no_plot)
+    from refusion.search.outputs import describe_point
+
+    if args.json:
+        row = lambda r: {"trial": r.number, "point": r.point, **r.metrics}  # noqa: E731
+        print(json.dumps({"mode": result.mode, "trials": len(result.records), "new_trials": result.new_trials,
+                          "interrupted": result.interrupted, "ar": result.ar, "front": [row(r) for r in result.front],
+                          "chosen": row(result.chosen) if result.chosen else None,
+                          "files": {k: str(v) for k, v in result.files.items()}}))
+    else:
+        print(f"{result.mode} sweep: {len(result.records)} trials in the study ({result.new_trials} new); AR accuracy "
+              f"{result.ar['accuracy']:.1%}, {result.ar['forwards']} forwards")
+        print(f"{'trial':>5} {'acc':>6} {'forwards':>8} {'tok/fwd':>7} {'fwd ratio':>9} {'speed-up':>8}  point (Pareto front)")
+        for r in result.front:
+            mark = "*" if r is result.chosen else " "
+            print(f"{r.number:>5} {r['accuracy']:>6.1%} {r['forwards']:>8} {r['tokens_per_forward']:>7.2f} "
+                  f"{r['forward_ratio']:>8.2f}x {r['speedup']:>7.2f}x {mark}{describe_point(r.point)}")
+        print("wrote " + ", ".join(str(v) for v in result.files.values()), file=sys.stderr)
+    if result.interrupted:
+        print("refusion: interrupted; every finished trial is kept in the storage (run again to resume).",
+              file=sys.stderr)
+        return 130
+    return 0
+
+
+def _sweep_parser(sub: Any) -> None:
+    sw = sub.add_parser("sweep", help="search a space of decoders for the best accuracy/speed trade-offs",
+                        description="Evaluate a space of decoders (part names and parameter ranges) on a task set "
+                        "against AR on the same prompts; grid search for small spaces, optuna multi-objective search "
+                        "(accuracy up, forwards or wall time down) for large ones. Every trial is kept in an SQLite "
+                        "file (run again to resume); writes trials.csv, pareto.png and preset.json (use it with "
+                        "--preset-file). Needs `pip install refusion[research]`.")
+    sw.add_argument("-s", "--space", action="append", default=[], metavar="NAME=VALUES",
+                    help="a dimension: part names (selector=threshold,topk), values (slot_size=4,8) or a range "
+                    "LOW:HIGH[:STEP] (slot_threshold=0.5:0.9:0.1); repeatable")
+    sw.add_argument("--space-file", default=None, metavar="FILE", help="a YAML or TOML file with a `space` table")
+    sw.add_argument("--tasks", default="held-out",
+                    help="held-out, held-out:N (N per shipped task), a .jsonl file of prompt/answer objects, or "
+                    "lm-eval:TASK[,TASK] (lm-evaluation-harness tasks; needs refusion[eval])")
+    sw.add_argument("--limit", type=int, default=None, help="with lm-eval tasks: examples per task")
+    sw.add_argument("--include-path", default=None, help="with lm-eval tasks: a directory of task YAML files")
+    sw.add_argument("--metric", default=None, help="with lm-eval tasks: the metric to maximise (default: the first)")
+    sw.add_argument("--preset", default=None, choices=["model", *sorted(PRESETS)],
+                    help="the preset the space varies (default: the checkpoint's refusion.json)")
+    sw.add_argument("--gen-length", type=int, default=None, help="tokens to generate (default: the preset's)")
+    sw.add_argument("--mode", default="auto", choices=("auto", "grid", "optuna"),
+                    help="grid, optuna, or auto (grid up to 64 points)")
+    sw.add_argument("--trials", type=int, default=None, help="trials in the study, earlier runs included")
+    sw.add_argument("--minutes", type=float, default=None, help="time budget of this run")
+    sw.add_argument("--objective", default="forwards", choices=("forwards", "wall"),
+                    help="what to minimise besides maximising accuracy (wall = seconds per token)")
+    sw.add_argument("--out", default="sweep-out", help="output directory (default sweep-out)")
+    sw.add_argument("--storage", default=None, help="SQLite file of the trials (default OUT/sweep.db)")
+    sw.add_argument("--study", default="refusion-sweep", help="study name inside the storage")
+    sw.add_argument("--seed", type=int, default=0, help="seed of optuna's sampler")
+    sw.add_argument("--max-accuracy-drop", type=float, default=0.0,
+                    help="the chosen preset is the fastest front point within this much of AR's accuracy")
+    sw.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    sw.add_argument("--json", action="store_true", help="print the front, the chosen point and the files as JSON")
+    _model_options(sw)
+    sw.set_defaults(func=_sweep)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="refusion", description="Plan-and-infill decoding for diffusion LMs (ReFusion).")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -379,6 +473,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--per-task", type=int, default=10, help="held-out examples per task (default 10)")
     bench.add_argument("--method", action="append", default=None, metavar="PRESET",
                        help="a preset to measure (repeatable; default: model, ar, fast-dllm)")
+    bench.add_argument("--preset-file", action="append", default=None, metavar="FILE",
+                       help="also measure the preset in this JSON file, e.g. a sweep's preset.json (repeatable)")
     bench.add_argument("--gen-length", type=int, default=32, help="tokens to generate per prompt (default 32)")
     bench.add_argument("--json", action="store_true",
                        help="print a reproducible record as JSON: rows, outputs, environment, decoder specs")
@@ -421,6 +517,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--threads", type=int, default=None, help="torch threads (weights are reproducible per count)")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     train.set_defaults(func=_train)
+
+    _sweep_parser(sub)
 
     plugins = sub.add_parser("plugins", help="list registered strategies and model adapters",
                              description="List every registered part: kind, name, source (built-in or package), "

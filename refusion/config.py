@@ -139,3 +139,39 @@ def build_parts(*, params: Mapping[str, Any] | None = None, registry: Any = None
             regs[kind] = Registration(kind, getattr(cls, "name", cls.__name__), cls, "local", "local")
     routed = route_params(regs, params or {})
     return {kind: reg.build(kind, specs[kind], **routed[kind]) for kind in PART_KINDS}
+
+
+PRESET_FIELDS = ("description", "gen_length", "params", *PART_KINDS)
+
+
+def load_preset(path: Any) -> Preset:
+    """A :class:`Preset` from a JSON file: the format of a checkpoint's ``refusion.json`` and of the
+    ``preset.json`` that ``refusion sweep`` writes (``gen_length``, ``params``, optional part names and
+    ``description``). Errors name the file and the field."""
+    import json
+    from pathlib import Path
+
+    file = Path(path)
+    try:
+        data = json.loads(file.read_text())
+    except OSError as exc:
+        raise ConfigError(f"`preset file` {str(file)!r} cannot be read: {exc.strerror}.") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"`preset file` {str(file)!r} is not valid JSON (line {exc.lineno}: {exc.msg}).") from None
+    where = f"`preset file` {str(file)!r}"
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must hold a JSON object with `gen_length` and `params`.")
+    unknown = sorted(set(data) - set(PRESET_FIELDS))
+    if unknown:
+        raise ConfigError(f"{where}: unknown field(s) {', '.join(unknown)}; fields are {', '.join(PRESET_FIELDS)}.")
+    length = data.get("gen_length")
+    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        raise ConfigError(f"{where}: field `gen_length` must be an integer >= 1; got {length!r}.")
+    params = data.get("params", {})
+    if not isinstance(params, dict):
+        raise ConfigError(f"{where}: field `params` must be an object of name: value; got {params!r}.")
+    for kind in PART_KINDS:
+        if kind in data and not isinstance(data[kind], str):
+            raise ConfigError(f"{where}: field `{kind}` must be a part name; got {data[kind]!r}.")
+    return Preset(description=str(data.get("description", f"from {file}")), gen_length=length, params=dict(params),
+                  **{k: data[k] for k in PART_KINDS if k in data})

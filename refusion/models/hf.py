@@ -31,18 +31,14 @@ PRESET_FILE = "refusion.json"
 
 def read_model_preset(path: str) -> Any:
     """The decoding preset a checkpoint recommends (``refusion.json`` next to its weights), or ``None``."""
-    import json
     from pathlib import Path
 
-    from refusion.config import Preset
+    from refusion.config import load_preset
 
     file = Path(path) / PRESET_FILE
     if not file.is_file():
         return None
-    data = json.loads(file.read_text())
-    return Preset(description=data.get("description", f"recommended by {path}"), gen_length=int(data["gen_length"]),
-                  params=dict(data.get("params", {})),
-                  **{k: data[k] for k in ("partitioner", "selector", "infiller", "reorderer") if k in data})
+    return load_preset(file)
 
 
 def find_mask_token_id(model: Any, tokenizer: Any | None) -> int | None:

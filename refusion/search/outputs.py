@@ -1,0 +1,115 @@
+"""What a sweep writes: the trials as CSV, the Pareto front as a PNG, the chosen point as a preset JSON.
+
+The front is taken over (accuracy, up) and the objective's cost (forwards or
+wall seconds per token, down); speed-ups are ratios to the AR baseline
+measured in the run that evaluated the point.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import textwrap
+from pathlib import Path
+from typing import Any, Sequence
+
+from refusion.config import Preset
+from refusion.search.space import describe_point
+from refusion.search.study import OBJECTIVES, TrialRecord
+
+METRICS = ("accuracy", "correct", "examples", "forwards", "tokens", "tokens_per_forward", "seconds",
+           "seconds_per_token", "speedup", "forward_ratio", "ar_accuracy", "ar_forwards", "ar_seconds_per_token")
+
+#: the x axis of the front for each objective: the ratio to AR it is measured by
+SPEED = {"forwards": "forward_ratio", "wall": "speedup"}
+
+
+def pareto_front(records: Sequence[TrialRecord], objective: str) -> list[TrialRecord]:
+    """The records no other record beats on both accuracy (higher) and cost (lower), fastest first."""
+    cost = OBJECTIVES[objective]
+
+    def dominated(r: TrialRecord) -> bool:
+        return any(o["accuracy"] >= r["accuracy"] and o[cost] <= r[cost]
+                   and (o["accuracy"] > r["accuracy"] or o[cost] < r[cost]) for o in records)
+
+    front = [r for r in records if not dominated(r)]
+    return sorted(front, key=lambda r: (r[cost], -r["accuracy"], r.number))
+
+
+def choose(front: Sequence[TrialRecord], ar_accuracy: float, objective: str, max_accuracy_drop: float = 0.0) -> TrialRecord:
+    """The fastest front point whose accuracy is at least AR's minus ``max_accuracy_drop``, else the most accurate."""
+    cost = OBJECTIVES[objective]
+    good = [r for r in front if r["accuracy"] >= ar_accuracy - max_accuracy_drop - 1e-12]
+    if good:
+        return min(good, key=lambda r: (r[cost], -r["accuracy"], r.number))
+    return max(front, key=lambda r: (r["accuracy"], -r[cost], -r.number))
+
+
+def write_csv(path: Path, records: Sequence[TrialRecord], front: Sequence[TrialRecord], ar: dict[str, Any]) -> Path:
+    """One row for AR, then one per trial: the point's values, every metric, whether it is on the front."""
+    names: list[str] = []
+    for r in records:
+        names += [k for k in r.point if k not in names]
+    on_front = {r.number for r in front}
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["trial", "label", *names, *METRICS, "pareto"])
+        writer.writerow(["", "AR: transformers generate", *[""] * len(names), *[_fmt(ar.get(m, "")) for m in METRICS], ""])
+        for r in records:
+            writer.writerow([r.number, describe_point(r.point), *[r.point.get(n, "") for n in names],
+                             *[_fmt(r.metrics.get(m, "")) for m in METRICS], r.number in on_front])
+    return path
+
+
+def _fmt(value: Any) -> Any:
+    return f"{value:.6g}" if isinstance(value, float) else value
+
+
+def write_front_png(path: Path, records: Sequence[TrialRecord], front: Sequence[TrialRecord], chosen: TrialRecord | None,
+                    ar_accuracy: float, objective: str) -> Path:
+    """Accuracy against speed-up over AR: every trial grey, the front joined and labelled, the chosen point ringed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    speed = SPEED[objective]
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    ax.scatter([r[speed] for r in records], [r["accuracy"] for r in records], color="0.75", s=18, label="trials")
+    ax.plot([r[speed] for r in front], [r["accuracy"] for r in front], "o-", color="tab:blue", label="Pareto front")
+    same: dict[tuple[float, float], list[str]] = {}
+    for r in front:  # points at the same place share one label
+        same.setdefault((round(r[speed], 9), round(r["accuracy"], 9)), []).append(describe_point(r.point))
+    middle = (min([1.0, *(x for x, _ in same)]) + max(x for x, _ in same)) / 2
+    top = max(y for _, y in same)
+    for (x, y), labels in same.items():
+        text = labels[0] + (f" (+{len(labels) - 1} alike)" if len(labels) > 1 else "")
+        right, high = x > middle, y >= top and len(same) > 1
+        ax.annotate(textwrap.fill(text, 34, break_on_hyphens=False), (x, y), fontsize=6.5,
+                    xytext=(-8 if right else 8, -8 if high else 8), textcoords="offset points",
+                    ha="right" if right else "left", va="top" if high else "bottom")
+    ax.margins(x=0.15, y=0.12)
+    ax.scatter([1.0], [ar_accuracy], marker="s", color="tab:red", zorder=3, label="AR")
+    if chosen is not None:
+        ax.scatter([chosen[speed]], [chosen["accuracy"]], s=160, facecolors="none", edgecolors="tab:green",
+                   linewidths=2, zorder=4, label="chosen preset")
+    ax.set_xlabel("speed-up over AR (" + ("forward ratio" if objective == "forwards" else "wall time per token") + ")")
+    ax.set_ylabel("accuracy (exact match)")
+    ax.set_title(f"refusion sweep: {len(records)} trials, {len(front)} on the front")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def preset_json(preset: Preset) -> dict[str, Any]:
+    """The JSON form of a preset, as ``refusion.json`` and ``--preset-file`` read it."""
+    return {"description": preset.description, "gen_length": preset.gen_length, **preset.parts(),
+            "params": dict(preset.params)}
+
+
+def write_preset(path: Path, preset: Preset) -> Path:
+    path.write_text(json.dumps(preset_json(preset), indent=2) + "\n")
+    return path

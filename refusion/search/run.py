@@ -1,0 +1,260 @@
+"""``refusion.sweep``: evaluate a space of decoders on a task set, keep every trial, find the Pareto front.
+
+Grid search tries every point of a small space; optuna's multi-objective
+sampler (TPE) searches a large one within a budget of trials or minutes. Both
+write each trial to the SQLite storage when it finishes, so Ctrl-C (or a
+crash) loses at most the trial under way, and running the same sweep again
+resumes it: grid points already evaluated are skipped, and a trial budget
+counts the trials already in the study.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import attrs
+
+from refusion.config import Preset, preset as get_preset
+from refusion.errors import ConfigError, RefusionError
+from refusion.search import outputs
+from refusion.search.evaluate import Metrics, evaluate_ar, evaluate_preset
+from refusion.search.space import Space, build_space, point_key
+from refusion.search.spacefile import load_space_file
+from refusion.search.study import OBJECTIVES, TrialRecord, completed, open_study
+from refusion.search.tasks import TaskSet, load_tasks
+
+MODES = ("auto", "grid", "optuna")
+#: ``auto`` runs a grid search up to this many points, optuna beyond
+GRID_LIMIT = 64
+#: optuna proposals of already-evaluated points in a row after which the space counts as exhausted
+MAX_REPEATS = 50
+
+
+@attrs.frozen
+class SweepResult:
+    """What a sweep found: every completed trial, the Pareto front, the chosen point and its preset, the files written.
+
+    ``ar`` holds the AR baseline of this run; ``interrupted`` is true when Ctrl-C stopped the run.
+    """
+
+    records: tuple[TrialRecord, ...]
+    front: tuple[TrialRecord, ...]
+    chosen: TrialRecord | None
+    preset: Preset | None
+    ar: dict[str, Any]
+    mode: str
+    files: dict[str, Path]
+    new_trials: int
+    interrupted: bool = False
+
+
+def _base_preset(adapter: Any, name: str | None) -> Preset:
+    if name is None or name == "model":
+        return getattr(adapter, "preset", None) or get_preset("paper")
+    return get_preset(name)
+
+
+def _ar_metrics(ar: Metrics) -> dict[str, Any]:
+    return {"accuracy": ar.accuracy, "correct": ar.correct, "examples": ar.examples, "forwards": ar.forwards,
+            "tokens": ar.tokens, "tokens_per_forward": ar.tokens_per_forward, "seconds": ar.seconds,
+            "seconds_per_token": ar.seconds_per_token, "speedup": 1.0, "forward_ratio": 1.0}
+
+
+def _trial_metrics(m: Metrics, ar: Metrics) -> dict[str, Any]:
+    return {"accuracy": m.accuracy, "correct": m.correct, "examples": m.examples, "forwards": m.forwards,
+            "tokens": m.tokens, "tokens_per_forward": m.tokens_per_forward, "seconds": m.seconds,
+            "seconds_per_token": m.seconds_per_token, **m.relative_to(ar), "ar_accuracy": ar.accuracy,
+            "ar_forwards": ar.forwards, "ar_seconds_per_token": ar.seconds_per_token}
+
+
+def sweep(
+    space: Sequence[str] | Space = (),
+    tasks: str | TaskSet = "held-out",
+    *,
+    model: Any = None,
+    preset: str | None = None,
+    space_file: str | Path | None = None,
+    mode: str = "auto",
+    trials: int | None = None,
+    minutes: float | None = None,
+    objective: str = "forwards",
+    out: str | Path = "sweep-out",
+    storage: str | Path | None = None,
+    study: str = "refusion-sweep",
+    gen_length: int | None = None,
+    seed: int = 0,
+    max_accuracy_drop: float = 0.0,
+    warmup: int = 1,
+    progress: bool = True,
+    plot: bool = True,
+    evaluate: Callable[[Any, Preset, TaskSet], Metrics] | None = None,
+) -> SweepResult:
+    """Evaluate a space of decoders on ``tasks`` and write ``trials.csv``, ``pareto.png`` and ``preset.json`` to ``out``.
+
+    ``space`` is a list of dimension specs (``"selector=threshold,topk"``,
+    ``"slot_threshold=0.5:0.9:0.1"``) and/or ``space_file`` a YAML/TOML file;
+    they vary ``preset`` (default: the model's ``refusion.json``). ``tasks`` is
+    ``"held-out[:N]"``, a ``.jsonl`` file or ``"lm-eval:TASK[,TASK]"`` /
+    a :class:`~refusion.search.harness.HarnessTasks`. ``mode`` is ``grid``, ``optuna``
+    or ``auto`` (grid up to 64 points). ``trials`` bounds the trials in the
+    study (earlier runs included), ``minutes`` this run's time; ``objective``
+    is what optuna minimises besides maximising accuracy: ``forwards`` or
+    ``wall`` (seconds per token). ``storage`` (default ``out/sweep.db``) keeps
+    every trial; the same storage and ``study`` resume a sweep. The chosen
+    point is the fastest Pareto point within ``max_accuracy_drop`` of AR's
+    accuracy (else the most accurate). ``evaluate`` replaces the measurement
+    (for tests). Never touches the model's weights.
+    """
+    from refusion.api import load_model
+
+    if mode not in MODES:
+        raise ConfigError(f"`mode` must be one of {', '.join(MODES)}; got {mode!r}.")
+    if objective not in OBJECTIVES:
+        raise ConfigError(f"`objective` must be one of {', '.join(OBJECTIVES)}; got {objective!r}.")
+    for name, value in (("trials", trials), ("minutes", minutes)):
+        if value is not None and (isinstance(value, bool) or not value > 0):
+            raise ConfigError(f"`{name}` must be a positive number; got {value!r}.")
+    adapter = load_model(model)
+    if adapter.tokenizer is None:
+        raise ConfigError("`refusion sweep` needs a model with a tokenizer (it scores decoded text).")
+    if not isinstance(space, Space):
+        file = load_space_file(space_file) if space_file is not None else None
+        base = _base_preset(adapter, preset or (file.preset if file else None))
+        space = build_space(base, [*(file.dimensions if file else ()), *space])
+        gen_length = gen_length or (file.gen_length if file else None)
+    length = gen_length or space.base.gen_length
+    taskset = load_tasks(tasks)
+    size = space.grid_size()
+    if mode == "auto":
+        mode = "grid" if size is not None and size <= GRID_LIMIT else "optuna"
+    points = space.grid() if mode == "grid" else None
+    if mode == "optuna" and trials is None and minutes is None:
+        trials = 30
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    signature = {"space": space.describe(), "base": outputs.preset_json(attrs.evolve(space.base, description="")),
+                 "tasks": taskset.name, "examples": len(taskset.examples), "gen_length": length,
+                 "objective": objective, "mode": mode}
+    db = Path(storage) if storage is not None else out / "sweep.db"
+    the_study = open_study(db, study, signature)
+    measure, measure_ar = _measures(taskset, warmup)
+    measure = evaluate or measure
+
+    ar = measure_ar(adapter, taskset, length)
+    new, interrupted = 0, False
+    try:
+        new = _search(the_study, space, points, mode, adapter, taskset, length, ar, measure, objective,
+                      trials, minutes, seed, progress)
+    except KeyboardInterrupt:
+        interrupted = True
+    return _finish(the_study, db, space, length, ar, mode, objective, out, max_accuracy_drop, plot, new, interrupted)
+
+
+def _measures(taskset: Any, warmup: int) -> tuple[Callable, Callable]:
+    """How a point and AR are measured on ``taskset``: held-out/JSONL examples, or lm-evaluation-harness tasks."""
+    from refusion.search.harness import HarnessTasks, evaluate_harness
+
+    if not isinstance(taskset, HarnessTasks):
+        return (lambda a, p, t: evaluate_preset(a, p, t, warmup=warmup),
+                lambda a, t, n: evaluate_ar(a, t, n, warmup=warmup))
+    from refusion.decoder import Decoder
+
+    task_dict = taskset.task_dict()
+
+    def point(adapter: Any, preset: Preset, tasks: Any) -> Metrics:
+        decoder = Decoder.from_names(**preset.parts(), **dict(preset.params))
+        return evaluate_harness(adapter, tasks, task_dict, decoder, preset.gen_length)
+
+    return point, lambda a, t, n: evaluate_harness(a, t, task_dict, None, n)
+
+
+def _search(study: Any, space: Space, points: list | None, mode: str, adapter: Any, taskset: TaskSet, length: int,
+            ar: Metrics, measure: Callable, objective: str, trials: int | None, minutes: float | None, seed: int,
+            progress: bool) -> int:
+    import optuna
+    from tqdm.auto import tqdm
+
+    done = {point_key(r.point) for r in completed(study)}
+    start = time.monotonic()
+    if mode == "grid":
+        todo = [p for p in points if point_key(p) not in done]
+        total = len(todo) if trials is None else max(0, min(len(todo), trials - len(done)))
+    else:
+        total = None if trials is None else max(0, trials - len(done))
+        sampler = optuna.samplers.TPESampler(seed=seed + len(study.trials))
+        study.sampler = sampler
+    size = space.grid_size()
+    new, repeats = 0, 0
+    bar = tqdm(total=total, desc="sweep", unit="trial", disable=not progress, leave=False)
+    try:
+        while total is None or new < total:
+            if minutes is not None and time.monotonic() - start > 60 * minutes:
+                break
+            if size is not None and len(done) >= size:
+                break
+            if mode == "grid":
+                with warnings.catch_warnings():  # PartialFixedSampler is marked experimental
+                    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                    study.sampler = optuna.samplers.PartialFixedSampler(todo[new], optuna.samplers.RandomSampler(seed))
+                trial = study.ask()
+                point = space.suggest(trial, grid=True)
+            else:
+                trial = study.ask()
+                point = space.suggest(trial)
+                if point_key(point) in done:
+                    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                    repeats += 1
+                    if repeats >= MAX_REPEATS:
+                        break
+                    continue
+            repeats = 0
+            trial.set_user_attr("point", point)
+            try:
+                metrics = measure(adapter, space.preset(point, length), taskset)
+            except RefusionError as exc:
+                trial.set_user_attr("error", f"{type(exc).__name__}: {exc}")
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                done.add(point_key(point))
+                new += 1
+                bar.update()
+                continue
+            except BaseException:
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                raise
+            values = _trial_metrics(metrics, ar)
+            for key, value in values.items():
+                trial.set_user_attr(key, value)
+            study.tell(trial, [values["accuracy"], values[OBJECTIVES[objective]]])
+            done.add(point_key(point))
+            new += 1
+            bar.update()
+            bar.set_postfix_str(f"acc {values['accuracy']:.0%} x{values[outputs.SPEED[objective]]:.2f}")
+    finally:
+        bar.close()
+    return new
+
+
+def _finish(study: Any, db: Path, space: Space, length: int, ar: Metrics, mode: str, objective: str, out: Path,
+            max_accuracy_drop: float, plot: bool, new: int, interrupted: bool) -> SweepResult:
+    from refusion.search.space import describe_point
+
+    records = completed(study)
+    ar_row = _ar_metrics(ar)
+    files = {"storage": db}
+    files["csv"] = outputs.write_csv(out / "trials.csv", records, outputs.pareto_front(records, objective), ar_row)
+    if not records:
+        return SweepResult((), (), None, None, ar_row, mode, files, new, interrupted)
+    front = outputs.pareto_front(records, objective)
+    chosen = outputs.choose(front, ar.accuracy, objective, max_accuracy_drop)
+    preset = attrs.evolve(
+        space.preset(chosen.point, length),
+        description=f"chosen by refusion sweep ({describe_point(chosen.point)}): accuracy {chosen['accuracy']:.1%} "
+        f"(AR {ar.accuracy:.1%}), {chosen['forward_ratio']:.2f}x fewer forwards, {chosen['speedup']:.2f}x wall speed-up",
+    )
+    files["preset"] = outputs.write_preset(out / "preset.json", preset)
+    if plot:
+        files["png"] = outputs.write_front_png(out / "pareto.png", records, front, chosen, ar.accuracy, objective)
+    return SweepResult(tuple(records), tuple(front), chosen, preset, ar_row, mode, files, new, interrupted)

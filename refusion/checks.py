@@ -65,13 +65,13 @@ def check_prompt(prompt_ids: Any, model: Any) -> torch.Tensor:
 def check_length(model: Any, prompt_len: int, gen_length: int, decoder: Any = None, *, rounded: bool = True) -> None:
     """Refuse a prompt plus generation longer than the model's positions, naming the longest length that fits.
 
-    ``rounded`` says ``gen_length`` is already the partitioner's rounded length.
+    ``rounded`` is ignored (partitioners honour the length exactly); it stays for existing callers.
     """
     limit = model.max_positions
     if limit is not None and prompt_len + gen_length > limit:
         room, best = limit - prompt_len, None
         if decoder is not None:
-            for n in range(room, 0, -1):  # the longest request that still fits after the partitioner's rounding
+            for n in range(room, 0, -1):  # the longest length the partitioner accepts that still fits
                 try:
                     if decoder.partition(n).gen_length <= room:
                         best = n

@@ -115,7 +115,7 @@ class Decoder:
         return checked_partition(p, call_part(p, p.partition, gen_length), gen_length)
 
     def fit_length(self, gen_length: int) -> int:
-        """The smallest generation length >= ``gen_length`` the partitioner accepts, after its rounding."""
+        """The smallest generation length >= ``gen_length`` the partitioner accepts (for callers that may adjust it)."""
         for n in range(max(1, gen_length), max(1, gen_length) + 65536):
             try:
                 return self.partition(n).gen_length

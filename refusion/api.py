@@ -6,9 +6,9 @@ from typing import Any
 
 from refusion.config import PART_KINDS, Preset, preset as get_preset
 from refusion.decoder import Decoder
-from refusion.errors import ConfigError
+from refusion.errors import ConfigError, RefusionWarning
+from refusion.inputs import check_chat, check_device, check_known_characters, check_model_path, torch_dtype
 from refusion.models.base import ModelAdapter
-from refusion.state import DecodeResult
 
 
 def load_model(model: Any = None, *, tokenizer: Any = None, adapter: str = "hf-causal", **adapter_kwargs: Any) -> ModelAdapter:
@@ -33,9 +33,15 @@ def load_model(model: Any = None, *, tokenizer: Any = None, adapter: str = "hf-c
 
         model = str(default_model_path())
     if isinstance(model, str):
+        check_model_path(model)
+        if "dtype" in adapter_kwargs:
+            adapter_kwargs["dtype"] = torch_dtype(adapter_kwargs["dtype"])
+        check_device(adapter_kwargs.get("device"))
         try:
             loaded = adapter_cls.from_pretrained(model, **adapter_kwargs)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
+            if isinstance(exc, ConfigError):
+                raise
             raise ConfigError(f"`model` {model!r} could not be loaded as a checkpoint: {exc}") from exc
         if tokenizer is not None:
             loaded.tokenizer = tokenizer
@@ -52,6 +58,9 @@ def encode_prompt(prompt: Any, tokenizer: Any, chat: bool | None) -> list[int]:
     if tokenizer is None:
         raise ConfigError("`prompt` is text but the model has no tokenizer; pass `tokenizer=` or token ids.")
     use_chat = chat if chat is not None else bool(getattr(tokenizer, "chat_template", None))
+    if chat:
+        check_chat(tokenizer)
+    check_known_characters(prompt, tokenizer)
     if use_chat:
         ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding
@@ -116,28 +125,60 @@ def generate(
     the checkpoint's own ``refusion.json`` if it has one, else ``"paper"``);
     explicit part specs, ``gen_length`` and ``params`` (e.g. ``slot_size=16``,
     ``token_threshold=0.5``, ``temperature=0.7``, ``"selector.k"=2``) override
-    it. Returns :class:`~refusion.state.DecodeResult` (s) with ``text`` when a
-    tokenizer is known. ``trace`` (a path) also writes the standard JSON Lines
-    trace of the decode(s) there (:mod:`refusion.trace`, ``docs/trace.md``).
+    it. ``gen_length`` is honoured exactly (or refused, naming the nearest
+    lengths the partitioner accepts); when it is not given and the preset's
+    does not fit the model's positions, the longest length that fits is used,
+    announced with a :class:`~refusion.errors.RefusionWarning`. Returns
+    :class:`~refusion.state.DecodeResult` (s) with ``text`` when a tokenizer is
+    known. ``trace`` (a path) also writes the standard JSON Lines trace of the
+    decode(s) there (:mod:`refusion.trace`, ``docs/trace.md``).
     """
     adapter = load_model(model, tokenizer=tokenizer)
     decoder, default_length = build_decoder(
         adapter, preset=preset, partitioner=partitioner, selector=selector, infiller=infiller, reorderer=reorderer,
         **params,
     )
-    length = default_length if gen_length is None else gen_length
-    if is_batch(prompt):
-        ids = [encode_prompt(p, adapter.tokenizer, chat) for p in prompt]
-        results = decoder.decode_batch(adapter, ids, length, seeds=seeds)
-    else:
-        if seeds is not None:
-            raise ConfigError("`seeds` is for a list of prompts; for one prompt pass `seed=`.")
-        results = decoder.decode(adapter, encode_prompt(prompt, adapter.tokenizer, chat), length)
+    batch = is_batch(prompt)
+    if not batch and seeds is not None:
+        raise ConfigError("`seeds` is for a list of prompts; for one prompt pass `seed=`.")
+    ids = [encode_prompt(p, adapter.tokenizer, chat) for p in (prompt if batch else [prompt])]
+    length = gen_length if gen_length is not None else fit_default_length(decoder, adapter, ids, default_length)
+    results = decoder.decode_batch(adapter, ids, length, seeds=seeds) if batch else decoder.decode(
+        adapter, ids[0], length)
     if trace is not None:
         from refusion.trace import write_trace
 
         write_trace(results, trace, tokenizer=adapter.tokenizer, decoder=decoder)
     return results
+
+
+def fit_default_length(decoder: Decoder, adapter: ModelAdapter, prompts: list[Any], wanted: int) -> int:
+    """``wanted`` (a preset's default length), or the longest length that fits the model after the longest prompt.
+
+    Used only when the caller did not ask for a length; a fitted length is
+    announced with a :class:`~refusion.errors.RefusionWarning`. A prompt that
+    leaves no room is left to the decoder's own length check.
+    """
+    import warnings
+
+    limit = adapter.max_positions
+    try:
+        longest = max(len(p) for p in prompts)
+    except TypeError:
+        return wanted  # malformed prompts: the decoder's checks name them
+    if limit is None or longest + wanted <= limit or longest >= limit:
+        return wanted
+    for n in range(limit - longest, 0, -1):
+        try:
+            decoder.partition(n)
+        except ConfigError:
+            continue
+        warnings.warn(
+            f"`gen_length` not given: the preset's {wanted} tokens plus the {longest}-token prompt exceed the "
+            f"model's {limit} positions, so {n} tokens are generated; pass `gen_length` to choose.",
+            RefusionWarning, stacklevel=3)
+        return n
+    return wanted
 
 
 def is_batch(prompt: Any) -> bool:

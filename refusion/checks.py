@@ -55,19 +55,23 @@ def check_prompt(prompt_ids: Any, model: Any) -> torch.Tensor:
         raise ConfigError("`prompt_ids` must hold at least one token; got an empty prompt.")
     if int(prompt.min()) < 0 or int(prompt.max()) >= model.vocab_size:
         raise ConfigError(f"`prompt_ids` must be token ids in [0, {model.vocab_size}); got {prompt.min()}..{prompt.max()}.")
+    masked = (prompt == model.mask_token_id).nonzero().flatten().tolist()
+    if masked:
+        raise ConfigError(f"`prompt_ids` holds the mask token id {model.mask_token_id} at position(s) {masked[:8]}; "
+                          "a prompt must not contain the mask token (the decoder fills masks only in the answer).")
     return prompt
 
 
 def check_length(model: Any, prompt_len: int, gen_length: int, decoder: Any = None, *, rounded: bool = True) -> None:
     """Refuse a prompt plus generation longer than the model's positions, naming the longest length that fits.
 
-    ``rounded`` says ``gen_length`` is already the partitioner's rounded length.
+    ``rounded`` is ignored (partitioners honour the length exactly); it stays for existing callers.
     """
     limit = model.max_positions
     if limit is not None and prompt_len + gen_length > limit:
         room, best = limit - prompt_len, None
         if decoder is not None:
-            for n in range(room, 0, -1):  # the longest request that still fits after the partitioner's rounding
+            for n in range(room, 0, -1):  # the longest length the partitioner accepts that still fits
                 try:
                     if decoder.partition(n).gen_length <= room:
                         best = n
@@ -75,7 +79,7 @@ def check_length(model: Any, prompt_len: int, gen_length: int, decoder: Any = No
                 except ConfigError:
                     continue
         hint = f"use gen_length <= {best}" if best else "use a shorter prompt or a smaller slot/block size"
-        what = f"({gen_length} after rounding to whole slots/blocks)" if rounded else f"({gen_length})"
+        what = f"({gen_length})"
         raise ConfigError(
             f"`gen_length` {what} plus the prompt ({prompt_len} tokens) "
             f"exceeds the model's maximum of {limit} positions; {hint}."
@@ -86,8 +90,10 @@ def checked_partition(partitioner: Any, partition: Any, gen_length: int) -> Part
     """Slots numbered in order, contiguous from 0, covering the region once; each slot in exactly one block."""
     if not isinstance(partition, Partition):
         raise plugin_error(partitioner, f"returned {type(partition).__name__}; expected a Partition.")
-    if partition.gen_length < gen_length:
-        raise plugin_error(partitioner, f"returned a region of {partition.gen_length} < the requested {gen_length} tokens.")
+    if partition.gen_length != gen_length:
+        raise plugin_error(partitioner, f"returned a region of {partition.gen_length} tokens for the requested "
+                           f"{gen_length}; a partitioner must honour `gen_length` exactly (a shorter last slot) or "
+                           "raise a ConfigError naming the nearest lengths it accepts.")
     offset = 0
     for i, slot in enumerate(partition.slots):
         if slot.index != i or slot.offset != offset or slot.length < 1:

@@ -33,7 +33,7 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--eos-token-id", type=int, action="append", default=None, help="EOS id (repeatable)")
     group.add_argument("--adapter", default="hf-causal",
                        help="model adapter: hf-causal (ReFusion and other causal LMs) or hf-mdm (bidirectional MDMs)")
-    group.add_argument("--logit-shift", type=int, default=0, choices=(0, 1),
+    group.add_argument("--logit-shift", type=int, default=None, choices=(0, 1),
                        help="with --adapter hf-mdm: 0 = LLaDA-style, 1 = Dream-style (logits predict the next position)")
 
 
@@ -43,7 +43,10 @@ def _decoding_options(parser: argparse.ArgumentParser) -> None:
                        help="named configuration (default: the checkpoint's refusion.json, else paper)")
     group.add_argument("--preset-file", default=None, metavar="FILE",
                        help="a preset JSON file, e.g. the preset.json `refusion sweep` writes (instead of --preset)")
-    group.add_argument("--gen-length", type=int, default=None, help="tokens to generate (rounded up to whole slots)")
+    group.add_argument("--gen-length", type=int, default=None,
+                       help="tokens to generate, exactly (the last slot or block may be shorter; a length the "
+                       "partitioner cannot split is refused with the nearest allowed ones). Default: the preset's, "
+                       "shortened to fit the model's positions (the shipped model has 128) with a note")
     group.add_argument("--partitioner", default=None, help="partitioner name, e.g. fixed, semi-ar")
     group.add_argument("--selector", default=None, help="slot selector name, e.g. threshold, topk, factor")
     group.add_argument("--infiller", default=None, help="infiller name, e.g. parallel-ar, greedy-verify, draft")
@@ -85,7 +88,10 @@ def _load(args: argparse.Namespace):
         if getattr(args, flag) is not None:
             kwargs[key] = getattr(args, flag)
     if args.adapter == "hf-mdm":
-        kwargs["logit_shift"] = args.logit_shift
+        kwargs["logit_shift"] = args.logit_shift or 0
+    elif args.logit_shift is not None:
+        raise ConfigError(f"`--logit-shift` {args.logit_shift} applies only with `--adapter hf-mdm` (bidirectional "
+                          f"models); the adapter is {args.adapter!r}. Drop it or add `--adapter hf-mdm`.")
     return load_model(args.model, adapter=args.adapter, **kwargs)
 
 
@@ -145,6 +151,11 @@ def _result_json(result: Any) -> dict:
     }
 
 
+def _at_least(flag: str, value: int, low: int) -> None:
+    if value < low:
+        raise ConfigError(f"`{flag}` must be an integer >= {low}; got {value}.")
+
+
 # -- subcommands ----------------------------------------------------------------
 def _generate(args: argparse.Namespace) -> int:
     model = _load(args)
@@ -159,11 +170,16 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _visualize(args: argparse.Namespace) -> int:
-    from refusion.visualize import render_gif, render_png
+    from refusion.visualize import GIF_FORMATS, check_output_path, render_gif, render_png
     from refusion.visualize_html import render_html
 
     if (args.from_trace is None) == (args.prompt is None):
         raise ConfigError("`refusion visualize` takes either a PROMPT or `--from-trace FILE`, not both or neither.")
+    out = args.out or (None if args.gif or args.html else "trace.png")
+    if out:
+        check_output_path(out, "--out")  # before the model loads or anything is decoded
+    if args.gif:
+        check_output_path(args.gif, "--gif", GIF_FORMATS)
     if args.from_trace is not None:
         from refusion.trace import read_trace
 
@@ -176,7 +192,6 @@ def _visualize(args: argparse.Namespace) -> int:
         args.prompt = [args.prompt]
         (result,) = _decode(args, _prompts(args), model)
         tokenizer = model.tokenizer
-    out = args.out or (None if args.gif or args.html else "trace.png")
     written = [str(render_png(result, out, tokenizer=tokenizer))] if out else []
     if args.gif:
         written.append(str(render_gif(result, args.gif, tokenizer=tokenizer)))
@@ -199,28 +214,35 @@ def _bench(args: argparse.Namespace) -> int:
         from refusion.costmodel import parse
 
         parse(args.cost_model)  # before any work
+    _at_least("--per-task", args.per_task, 1)
+    _at_least("--gen-length", args.gen_length, 1)
+    files = [(f"file {f}", load_preset(f)) for f in args.preset_file or ()]  # bad files refused before any work
+    names = args.method or ([] if files else ["model", "ar", "fast-dllm"])
+    for name in names:  # unknown presets are refused before the model loads
+        if name != "model":
+            get_preset(name)
     model = _load(args)
     if model.tokenizer is None:
         raise ConfigError("`refusion bench` needs a model with a tokenizer (it decodes the synthetic tasks' text).")
-    examples = held_out(args.per_task)
-    files = [load_preset(f) for f in args.preset_file or ()]
-    names = args.method or ([] if files else ["model", "ar", "fast-dllm"])
     methods: list[tuple[str, Any]] = [(AR_METHOD, None)] if model.capabilities.causal else []
-    for name in names:
-        chosen = model.preset if name == "model" and getattr(model, "preset", None) else get_preset(
-            "paper" if name == "model" else name)
-        methods.append((name, Decoder.from_names(**chosen.parts(), **dict(chosen.params))))
-    for file, chosen in zip(args.preset_file or (), files):
-        methods.append((f"file {file}", Decoder.from_names(**chosen.parts(), **dict(chosen.params))))
+    chosen_presets = [(name, model.preset if name == "model" and getattr(model, "preset", None) else get_preset(
+        "paper" if name == "model" else name)) for name in names]
+    for name, chosen in chosen_presets + files:  # every method takes the same --gen-length, checked before AR runs
+        decoder = Decoder.from_names(**chosen.parts(), **dict(chosen.params))
+        try:
+            decoder.partition(args.gen_length)
+        except ConfigError as exc:
+            raise ConfigError(f"method {name!r} cannot decode `--gen-length` {args.gen_length}: {exc}") from None
+        methods.append((name, decoder))
+    examples = held_out(args.per_task)
     rows = run_bench(model, examples, methods, args.gen_length, progress=not args.json, cost_model=args.cost_model)
     if args.json or args.record:
+        from refusion.engines import choose_engine
         from refusion.records import bench_record, environment
 
         settings = {"per_task": args.per_task, "gen_length": args.gen_length, "methods": names,
                     "preset_files": list(args.preset_file or ()), "cost_model": args.cost_model,
                     "model": model_settings(args)}
-        from refusion.engines import choose_engine
-
         engines = [None if d is None else choose_engine(model, d).name for _, d in methods]
         record = bench_record(rows, [d for _, d in methods], settings, environment(model), engines)
         write_record(record, args.record, args.json)
@@ -251,10 +273,19 @@ def write_record(record: dict, path: str | None, to_stdout: bool) -> None:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from refusion.evaluation import evaluate
-
-    results = evaluate(args.tasks.split(","), model_args=args.model_args, include_path=args.include_path,
-                       limit=args.limit)
+    if args.limit is not None:
+        _at_least("--limit", args.limit, 1)
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if not tasks:
+        raise ConfigError(f"`--tasks` must name at least one task; got {args.tasks!r}.")
+    try:
+        from refusion.evaluation import evaluate
+    except ImportError as exc:
+        raise ConfigError(f"`refusion eval` needs lm-evaluation-harness: pip install 'refusion[eval]' ({exc}).") from None
+    try:
+        results = evaluate(tasks, model_args=args.model_args, include_path=args.include_path, limit=args.limit)
+    except KeyError as exc:  # lm-eval's "not a registered task" and friends
+        raise ConfigError(f"`--tasks` {args.tasks!r}: {exc.args[0] if exc.args else exc}") from None
     scores = results["results"]
     print(json.dumps(scores, indent=None if args.json else 2, default=str))
     if args.record:
@@ -275,9 +306,14 @@ def _train(args: argparse.Namespace) -> int:
     import attrs
     import torch
 
+    from refusion.inputs import check_output_dir
     from refusion.training.trainer import TrainConfig, train
 
-    if args.threads:
+    for flag, value in (("--threads", args.threads), ("--steps", args.steps), ("--batch-size", args.batch_size)):
+        if value is not None:
+            _at_least(flag, value, 1)
+    check_output_dir(args.out, "--out")  # before 30 minutes of training, not after
+    if args.threads is not None:
         torch.set_num_threads(args.threads)
     overrides = {k: v for k, v in (("steps", args.steps), ("batch_size", args.batch_size)) if v is not None}
     config = attrs.evolve(TrainConfig(seed=args.seed), **overrides)
@@ -434,6 +470,7 @@ def _sweep_parser(sub: Any) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="refusion", description="Plan-and-infill decoding for diffusion LMs (ReFusion).")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of a failure")
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="decode prompts", description="Decode prompts with ReFusion's algorithm "
@@ -526,16 +563,47 @@ def build_parser() -> argparse.ArgumentParser:
     plugins.add_argument("--json", action="store_true", help="print JSON")
     plugins.set_defaults(func=_plugins)
     _serve_parser(sub)
+    for command in sub.choices.values():  # `refusion generate ... --debug` works too
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                             help="show the traceback of a failure")
     return parser
 
 
+def _note(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings are printed as one line, ``refusion: note: ...`` (no file and line)."""
+    print(f"refusion: note: {message}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit status.
+
+    Bad input (argparse errors, :class:`RefusionError`, :class:`OSError`) gives
+    ``refusion: error: ...`` on stderr and status 2; any other failure status 1
+    with the exception's one-line summary. ``--debug`` re-raises instead, with
+    the traceback.
+    """
+    import warnings
+
     args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except RefusionError as exc:
-        print(f"refusion: error: {exc}", file=sys.stderr)
-        return 2
+    debug = getattr(args, "debug", False)
+    with warnings.catch_warnings():
+        if not debug:
+            warnings.showwarning = _note
+        try:
+            return args.func(args)
+        except KeyboardInterrupt:
+            print("refusion: interrupted", file=sys.stderr)
+            return 130
+        except (RefusionError, OSError) as exc:
+            if debug:
+                raise
+            print(f"refusion: error: {exc}", file=sys.stderr)
+            return 2
+        except Exception as exc:
+            if debug:
+                raise
+            print(f"refusion: error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", file=sys.stderr)
+            return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -116,7 +116,7 @@ class Decoder:
         return checked_partition(p, call_part(p, p.partition, gen_length), gen_length)
 
     def fit_length(self, gen_length: int) -> int:
-        """The smallest generation length >= ``gen_length`` the partitioner accepts, after its rounding."""
+        """The smallest generation length >= ``gen_length`` the partitioner accepts (for callers that may adjust it)."""
         for n in range(max(1, gen_length), max(1, gen_length) + 65536):
             try:
                 return self.partition(n).gen_length
@@ -197,7 +197,8 @@ class Decoder:
             raise ConfigError("`prompts` must be a non-empty list of token-id sequences.")
         if seeds is not None:
             seeds = list(seeds)
-            if len(seeds) != len(prompts) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seeds):
+            if len(seeds) != len(prompts) or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**64
+                                                     for x in seeds):
                 raise ConfigError(f"`seeds` must hold one integer >= 0 per prompt ({len(prompts)}); got {seeds!r}.")
         prepared = [self.prepare(model, p, gen_length, seed=None if seeds is None else seeds[i])
                     for i, p in enumerate(prompts)]
@@ -219,8 +220,8 @@ def _check_bool(name: str, value: Any) -> None:
 
 
 def _check_seed(value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"`seed` must be an integer >= 0; got {value!r}.")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64:
+        raise ConfigError(f"`seed` must be an integer in [0, 2**64); got {value!r}.")
 
 
 def _check_engine(value: Any) -> None:

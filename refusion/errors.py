@@ -39,6 +39,10 @@ class PluginError(RefusionError):
         self.source = source
 
 
+class RefusionWarning(UserWarning):
+    """Something refusion did for the user that they did not ask for (e.g. a default length fitted to the model)."""
+
+
 def bad_value(param: str, value: Any, allowed: str) -> ConfigError:
     """Return a :class:`ConfigError` for ``param`` in the house style.
 

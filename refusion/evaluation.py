@@ -24,6 +24,7 @@ from lm_eval.api.registry import register_model
 
 from refusion.api import build_decoder, encode_prompt, load_model
 from refusion.errors import ConfigError
+from refusion.inputs import torch_dtype
 from refusion.params import parse_value
 
 
@@ -47,7 +48,7 @@ class RefusionLM(LM):
         **options: Any,
     ):
         super().__init__()
-        kwargs: dict[str, Any] = {"dtype": dtype if dtype == "auto" else getattr(torch, str(dtype))}
+        kwargs: dict[str, Any] = {"dtype": torch_dtype(dtype)}
         if device:
             kwargs["device"] = device
         self.model = load_model(pretrained, **kwargs)
@@ -64,7 +65,7 @@ class RefusionLM(LM):
         """Decode the requests in batches; cut each text at the first of its ``until`` strings.
 
         The length is ``gen_length`` if given, else the task's ``max_gen_toks``
-        (else the preset's), rounded up to what the partitioner accepts.
+        (else the preset's), moved up to the nearest length the partitioner accepts.
         """
         jobs = []
         for index, request in enumerate(requests):

@@ -77,7 +77,29 @@ def make_plugin_manager(*, entry_points: bool = True, extra: tuple[object, ...] 
         pm.register(plugin)
     if entry_points:
         load_entry_points(pm)
+    check_hooks(pm)
     return pm
+
+
+def check_hooks(pm: PluginManager) -> None:
+    """Refuse a plugin that implements a hook refusion does not define (a misspelt ``register_*``).
+
+    pluggy's ``check_pending()`` finds them; the error names the plugin, where
+    it came from, the unknown hook and the hooks that exist.
+    """
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:
+        unknown = sorted(name for name in vars(pm.hook) if not name.startswith("_")
+                         and not getattr(pm.hook, name).has_spec()
+                         and any(i.plugin is exc.plugin for i in getattr(pm.hook, name).get_hookimpls()))
+        plugin = pm.get_name(exc.plugin) or repr(exc.plugin)
+        known = sorted(name for name in vars(pm.hook) if not name.startswith("_") and getattr(pm.hook, name).has_spec())
+        raise PluginError(
+            f"Plugin {plugin!r} ({pm.sources.get(plugin, 'local')}) implements unknown hook(s) {', '.join(unknown)}; "
+            f"refusion's hooks are: {', '.join(known)} (is the name misspelt?).",
+            plugin=plugin, source=pm.sources.get(plugin),
+        ) from exc
 
 
 def load_entry_points(pm: PluginManager, group: str = ENTRY_POINT_GROUP) -> int:

@@ -14,6 +14,7 @@ import attrs
 
 from refusion.errors import ConfigError, PluginError, RefusionError, unknown_name
 from refusion.plugins import PluginManager, make_plugin_manager
+from refusion.validators import finite_fields
 
 
 class RegistrationError(RefusionError):
@@ -161,6 +162,7 @@ class Registry:
         if isinstance(spec, interface):
             if params:
                 raise ConfigError(f"Parameters {sorted(params)} were given for a ready-made {kind} instance {spec!r}.")
+            finite_fields(spec, f"{kind}.")
             return spec
         if isinstance(spec, str):
             cls = _import_class(spec) if ":" in spec else self.get(kind, spec)
@@ -173,10 +175,12 @@ class Registry:
         if not inspect.isclass(cls) or not issubclass(cls, interface):
             raise ConfigError(f"`{kind}` {spec!r} is not a {interface.__name__}.")
         try:
-            return cls(**params)
+            part = cls(**params)
         except TypeError as exc:
             accepted = ", ".join(f"`{p}`" for p in Registration(kind, "", cls, "", "").parameters()) or "none"
             raise ConfigError(f"Bad parameters for {kind} {spec!r}: {exc}. It accepts: {accepted}.") from exc
+        finite_fields(part, f"{kind}.")
+        return part
 
     def _kind_name(self, kind: str) -> str:
         if kind not in self._entries:

@@ -20,8 +20,9 @@ from typing import Protocol
 import attrs
 import torch
 
-from refusion.errors import bad_value
+from refusion.errors import ConfigError, bad_value
 from refusion.scores import Scores
+from refusion.validators import is_number
 
 
 class Sampler(Protocol):
@@ -63,8 +64,8 @@ def apply_sampler(sampler: Sampler, scores: "torch.Tensor | Scores", exclude: in
 
 
 def _temperature(instance, attribute, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise bad_value(attribute.name, value, "a number >= 0 (0 = greedy)")
+    if not is_number(value) or value < 0:
+        raise bad_value(attribute.name, value, "a finite number >= 0 (0 = greedy)")
 
 
 def _top_k(instance, attribute, value):
@@ -73,7 +74,7 @@ def _top_k(instance, attribute, value):
 
 
 def _top_p(instance, attribute, value):
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1):
+    if value is not None and (not is_number(value) or not 0 < value <= 1):
         raise bad_value(attribute.name, value, "None or a number in (0, 1]")
 
 
@@ -96,6 +97,15 @@ class Sampling:
     top_p: float | None = attrs.field(default=None, validator=_top_p)
 
     accepts_scores = True
+
+    def __attrs_post_init__(self):
+        if self.temperature < 1e-4:
+            ignored = [name for name in ("top_k", "top_p") if getattr(self, name) is not None]
+            if ignored:
+                raise ConfigError(
+                    f"`{ignored[0]}` has no effect at `temperature` {self.temperature} (greedy decoding takes the "
+                    f"argmax); pass a `temperature` > 0 to sample, or drop `{ignored[0]}`."
+                )
 
     def __call__(self, logits, exclude=None, generator=None):
         if self.temperature < 1e-4:

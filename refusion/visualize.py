@@ -92,16 +92,50 @@ def _figure(result: DecodeResult, tokenizer: Any, upto: int | None, title: str |
     return fig
 
 
-def _check(result: Any, path: Any) -> Path:
+#: picture formats by file suffix (``render_png`` writes the one its path names)
+IMAGE_FORMATS = {".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg", ".svg": "svg", ".pdf": "pdf"}
+GIF_FORMATS = {".gif": "gif"}
+
+
+def check_output_path(path: Any, param: str = "path", formats: dict[str, str] = IMAGE_FORMATS) -> str:
+    """The format ``path``'s suffix names; a ConfigError for another suffix or a missing/unwritable directory.
+
+    Checks only; writes nothing (the CLI calls it before decoding).
+    """
+    import os
+
+    if not isinstance(path, (str, Path)) or not str(path):
+        raise ConfigError(f"`{param}` must be a file path; got {path!r}.")
+    out = Path(path)
+    fmt = formats.get(out.suffix.lower())
+    if fmt is None:
+        raise ConfigError(f"`{param}` {str(path)!r} must end in one of {', '.join(formats)} (the format is taken "
+                          "from the suffix).")
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir():
+        raise ConfigError(f"`{param}` {str(path)!r}: the directory {str(parent)!r} does not exist; create it first.")
+    if out.is_dir():
+        raise ConfigError(f"`{param}` {str(path)!r} is a directory; name a file in it.")
+    if not os.access(parent, os.W_OK):
+        raise ConfigError(f"`{param}` {str(path)!r}: the directory {str(parent)!r} is not writable.")
+    return fmt
+
+
+def _check(result: Any, path: Any, param: str, formats: dict[str, str]) -> tuple[Path, str]:
     if not isinstance(result, DecodeResult):
         raise ConfigError(f"`result` must be a DecodeResult; got {type(result).__name__}.")
-    return Path(path)
+    return Path(path), check_output_path(path, param, formats)
 
 
 def render_png(result: DecodeResult, path: str | Path, *, tokenizer: Any = None, title: str | None = None) -> Path:
-    """Write the commit picture of ``result`` to ``path`` (PNG); return the path."""
-    out = _check(result, path)
-    _figure(result, tokenizer, None, title).savefig(out, format="png")
+    """Write the commit picture of ``result`` to ``path`` and return it.
+
+    The format follows the suffix: PNG for ``.png`` (also JPEG, SVG or PDF for
+    ``.jpg``/``.jpeg``, ``.svg``, ``.pdf``); another suffix or a missing
+    directory is a ConfigError before anything is drawn.
+    """
+    out, fmt = _check(result, path, "path", IMAGE_FORMATS)
+    _figure(result, tokenizer, None, title).savefig(out, format=fmt)
     return out
 
 
@@ -111,7 +145,7 @@ def render_gif(result: DecodeResult, path: str | Path, *, tokenizer: Any = None,
 
     from PIL import Image
 
-    out = _check(result, path)
+    out, _ = _check(result, path, "path", GIF_FORMATS)
     frames = []
     for step in range(max(len(result.steps), 1)):
         buf = io.BytesIO()

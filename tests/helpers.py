@@ -47,7 +47,7 @@ def model_setups(draw, eos_choices=(None, 2)):
 
 @st.composite
 def layouts(draw):
-    """(slot_size, serial_num_blocks, gen_length) that fit together; gen_length may need rounding up."""
+    """(slot_size, serial_num_blocks, gen_length) that fit together; the last slot may be shorter."""
     slot = draw(st.integers(1, 5))
     blocks = draw(st.integers(1, 3))
     slots_per_block = draw(st.integers(1, 3))

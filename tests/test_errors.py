@@ -239,5 +239,5 @@ def test_gen_length_zero_is_not_replaced_by_the_preset(model):
 def test_a_missing_checkpoint_path_is_reported():
     import refusion
 
-    with pytest.raises(ConfigError, match="`model` '/no/such/dir' could not be loaded"):
+    with pytest.raises(ConfigError, match="`model` '/no/such/dir': no such directory"):
         refusion.load_model("/no/such/dir")

@@ -13,17 +13,25 @@ def test_slots_and_blocks():
     assert p.blocks == ((0, 1), (2, 3))
 
 
-def test_gen_length_is_rounded_up_to_whole_slots():
+def test_gen_length_is_honoured_with_a_shorter_last_slot():
     p = FixedSlots(slot_size=8, serial_num_blocks=1).partition(13)
-    assert p.gen_length == 16 and len(p.slots) == 2
+    assert p.gen_length == 13 and [(s.offset, s.length) for s in p.slots] == [(0, 8), (8, 5)]
+
+
+def test_semi_ar_honours_gen_length_with_a_shorter_last_block():
+    from refusion.strategies.partitioners.semi_ar import SemiAutoregressive
+
+    p = SemiAutoregressive(block_length=4, slot_size=2).partition(7)
+    assert p.gen_length == 7 and p.blocks == ((0, 1), (2, 3))
+    assert [(s.offset, s.length, s.block) for s in p.slots] == [(0, 2, 0), (2, 2, 0), (4, 2, 1), (6, 1, 1)]
 
 
 def test_blocks_must_divide_the_slots():
     with pytest.raises(ConfigError) as err:
         FixedSlots(slot_size=4, serial_num_blocks=3).partition(16)
     message = str(err.value)
-    assert "`serial_num_blocks` must divide the number of slots (4" in message
-    assert "Allowed: 1, 2, 4" in message
+    assert "`gen_length` 16 gives 4 slots" in message
+    assert "Nearest allowed `gen_length`: 12 or 21" in message and "`serial_num_blocks` in: 1, 2, 4" in message
 
 
 @pytest.mark.parametrize("field", ["slot_size", "serial_num_blocks"])
@@ -39,9 +47,10 @@ def test_gen_length_is_checked(bad):
         FixedSlots().partition(bad)
 
 
-def test_fit_length_rounds_to_what_the_partitioner_accepts():
+def test_fit_length_is_the_nearest_longer_length_the_partitioner_accepts():
     from refusion.decoder import Decoder
 
     decoder = Decoder.from_names(slot_size=8, serial_num_blocks=2)
-    assert decoder.fit_length(100) == 112
-    assert decoder.fit_length(1) == 16
+    assert decoder.fit_length(100) == 105  # 13 slots do not split into 2 blocks; 105 gives 14
+    assert decoder.fit_length(96) == 96
+    assert decoder.fit_length(1) == 9

@@ -11,6 +11,7 @@ from typing import Any, Iterable
 import torch
 
 from refusion.errors import ConfigError
+from refusion.inputs import check_token_ids
 from refusion.models.base import ModelAdapter, ModelCapabilities
 from refusion.plugins import hookimpl
 from refusion.scores import Scores
@@ -95,7 +96,13 @@ class HFCausalLM(ModelAdapter):
         if not 0 <= int(mask) < self.vocab_size:
             raise ConfigError(f"`mask_token_id` must be in [0, {self.vocab_size}); got {mask}.")
         self.mask_token_id = int(mask)
-        self.eos_token_ids = _ids(eos_token_id) if eos_token_id is not None else find_eos_token_ids(model, tokenizer)
+        if eos_token_id is not None:
+            try:
+                given = _ids(eos_token_id)
+            except (TypeError, ValueError):
+                raise ConfigError(f"`eos_token_id` must be a token id or a list of them; got {eos_token_id!r}.") from None
+            check_token_ids("eos_token_id", given, self.vocab_size)
+        self.eos_token_ids = given if eos_token_id is not None else find_eos_token_ids(model, tokenizer)
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
         self.forwards = 0
         #: decoding preset recommended by the checkpoint (``refusion.json``), used when no preset is named

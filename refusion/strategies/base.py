@@ -52,10 +52,11 @@ class SlotPartitioner(Part):
     def partition(self, gen_length: int) -> Partition:
         """Receive the requested generation length (>= 1); return a :class:`Partition`.
 
-        The partition may round ``gen_length`` up (report it in
-        ``Partition.gen_length``); its slots must cover ``0:gen_length`` once,
-        in position order. Raise :class:`~refusion.errors.ConfigError` for a
-        length that does not fit the part's parameters.
+        The partition must honour ``gen_length`` exactly
+        (``Partition.gen_length == gen_length``; a last slot or block may be
+        shorter); its slots must cover ``0:gen_length`` once, in position
+        order. Raise :class:`~refusion.errors.ConfigError` for a length that
+        does not fit the part's parameters, naming the nearest lengths that do.
         """
 
 

@@ -11,13 +11,27 @@ from refusion.strategies.base import SlotPartitioner
 from refusion.validators import positive_int
 
 
+def check_gen_length(gen_length: object) -> None:
+    """Refuse a ``gen_length`` that is not an integer >= 1."""
+    if isinstance(gen_length, bool) or not isinstance(gen_length, int) or gen_length < 1:
+        raise ConfigError(f"`gen_length` must be an integer >= 1; got {gen_length!r}.")
+
+
+def slots_of(offset: int, length: int, slot_size: int, first_index: int, block: int) -> list[Slot]:
+    """``length`` tokens from ``offset`` cut into slots of ``slot_size``; the last one may be shorter."""
+    return [Slot(first_index + i, offset + start, min(slot_size, length - start), block)
+            for i, start in enumerate(range(0, length, slot_size))]
+
+
 @attrs.frozen
 class FixedSlots(SlotPartitioner):
     """Slots of ``slot_size`` tokens in ``serial_num_blocks`` equal blocks (ReFusion, Sec. 3).
 
-    ``gen_length`` is rounded up to a multiple of ``slot_size`` (as the
-    reference decoder does); the resulting number of slots must be divisible
-    by ``serial_num_blocks``.
+    ``gen_length`` is honoured exactly: when it is not a multiple of
+    ``slot_size`` the last slot is shorter (the reference decoder rounds up
+    instead). The number of slots, ``ceil(gen_length / slot_size)``, must be
+    divisible by ``serial_num_blocks``; otherwise the error names the nearest
+    lengths that are.
     """
 
     name = "fixed"
@@ -26,19 +40,23 @@ class FixedSlots(SlotPartitioner):
     serial_num_blocks: int = attrs.field(default=2, validator=positive_int)
 
     def partition(self, gen_length: int) -> Partition:
-        if isinstance(gen_length, bool) or not isinstance(gen_length, int) or gen_length < 1:
-            raise ConfigError(f"`gen_length` must be an integer >= 1; got {gen_length!r}.")
-        num_slots = -(-gen_length // self.slot_size)
-        if num_slots % self.serial_num_blocks:
-            allowed = [d for d in range(1, num_slots + 1) if num_slots % d == 0]
+        check_gen_length(gen_length)
+        size, blocks = self.slot_size, self.serial_num_blocks
+        num_slots = -(-gen_length // size)
+        if num_slots % blocks:
+            below = (num_slots // blocks) * blocks * size  # the longest length with a whole number of slots per block
+            above = ((num_slots // blocks + 1) * blocks - 1) * size + 1  # the shortest longer one
+            nearest = " or ".join(str(n) for n in (below, above) if n >= 1)
+            allowed = [d for d in range(1, min(num_slots, 4096) + 1) if num_slots % d == 0]
             raise ConfigError(
-                f"`serial_num_blocks` must divide the number of slots ({num_slots} = ceil(gen_length {gen_length} / "
-                f"slot_size {self.slot_size})); got {self.serial_num_blocks}. Allowed: {', '.join(map(str, allowed))}."
+                f"`gen_length` {gen_length} gives {num_slots} slots of `slot_size` {size}, which `serial_num_blocks` "
+                f"{blocks} does not divide. Nearest allowed `gen_length`: {nearest}; or `serial_num_blocks` in: "
+                f"{', '.join(map(str, allowed))}."
             )
-        per_block = num_slots // self.serial_num_blocks
-        slots = tuple(Slot(i, i * self.slot_size, self.slot_size, i // per_block) for i in range(num_slots))
-        blocks = tuple(tuple(range(b * per_block, (b + 1) * per_block)) for b in range(self.serial_num_blocks))
-        return Partition(num_slots * self.slot_size, slots, blocks)
+        per_block = num_slots // blocks
+        slots = tuple(Slot(i, i * size, min(size, gen_length - i * size), i // per_block) for i in range(num_slots))
+        groups = tuple(tuple(range(b * per_block, (b + 1) * per_block)) for b in range(blocks))
+        return Partition(gen_length, slots, groups)
 
 
 @hookimpl

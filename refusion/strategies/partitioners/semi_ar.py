@@ -7,7 +7,7 @@ import attrs
 from refusion.plugins import hookimpl
 from refusion.state import Partition
 from refusion.strategies.base import SlotPartitioner
-from refusion.strategies.partitioners.fixed import FixedSlots
+from refusion.strategies.partitioners.fixed import check_gen_length, slots_of
 from refusion.validators import positive_int
 
 
@@ -16,8 +16,9 @@ class SemiAutoregressive(SlotPartitioner):
     """Blocks of ``block_length`` tokens decoded left to right, cut into slots of ``slot_size`` (default 1).
 
     LLaDA (Nie et al., arXiv 2502.09992, Sec. 2.4) and Fast-dLLM decode one
-    token per slot inside blocks of 32. ``gen_length`` is rounded up to whole
-    blocks; ``block_length`` must be a multiple of ``slot_size``.
+    token per slot inside blocks of 32. ``gen_length`` is honoured exactly: the
+    last block (and its last slot) may be shorter; ``block_length`` must be a
+    multiple of ``slot_size``.
     """
 
     name = "semi-ar"
@@ -34,9 +35,14 @@ class SemiAutoregressive(SlotPartitioner):
             )
 
     def partition(self, gen_length: int) -> Partition:
-        FixedSlots(slot_size=1, serial_num_blocks=1).partition(gen_length)  # the same check of gen_length
-        blocks = -(-gen_length // self.block_length)
-        return FixedSlots(slot_size=self.slot_size, serial_num_blocks=blocks).partition(blocks * self.block_length)
+        check_gen_length(gen_length)
+        slots: list = []
+        blocks: list = []
+        for b, offset in enumerate(range(0, gen_length, self.block_length)):
+            block = slots_of(offset, min(self.block_length, gen_length - offset), self.slot_size, len(slots), b)
+            blocks.append(tuple(s.index for s in block))
+            slots.extend(block)
+        return Partition(gen_length, tuple(slots), tuple(blocks))
 
 
 @hookimpl

@@ -10,13 +10,7 @@ import torch
 from refusion.plugins import hookimpl
 from refusion.state import Plan
 from refusion.strategies.base import SlotSelector
-
-
-def _positive(instance, attribute, value):
-    from refusion.errors import bad_value
-
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise bad_value(attribute.name, value, "a number > 0")
+from refusion.validators import positive_number
 
 
 @attrs.frozen
@@ -30,7 +24,7 @@ class FactorThreshold(SlotSelector):
 
     name = "factor"
 
-    factor: float = attrs.field(default=1.0, validator=_positive)
+    factor: float = attrs.field(default=1.0, validator=positive_number)
 
     def select(self, plan: Plan) -> Sequence[int]:
         conf = plan.first_confidence.double()

@@ -289,7 +289,7 @@ def _check_record(record: Any) -> dict:
             raise ConfigError(f"field `settings.{key}` is missing from the record.")
     if kind == "bench":
         if not record["rows"]:
-            raise ConfigError(f"field `rows` is empty; a bench record has at least one row.")
+            raise ConfigError("field `rows` is empty; a bench record has at least one row.")
         for i, row in enumerate(record["rows"]):
             for key, kind_type in _ROW.items():
                 _field(row, key, kind_type, f"rows[{i}]")

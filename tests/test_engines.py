@@ -2,11 +2,10 @@
 
 import attrs
 import pytest
-import torch
 from hypothesis import given, strategies as st
 
 from refusion.decoder import Decoder
-from refusion.engines import Engine, choose_engine, open_engine
+from refusion.engines import choose_engine, open_engine
 from refusion.engines.branch import BranchEngine
 from refusion.engines.canvas import CanvasEngine
 from refusion.engines.repeat import RepeatEngine

@@ -21,7 +21,6 @@ import refusion
 from refusion.cli import main
 from refusion.decoder import Decoder
 from refusion.errors import ConfigError, PluginError, UnknownNameError
-from tests.helpers import tiny
 
 NAN, INF = float("nan"), float("inf")
 

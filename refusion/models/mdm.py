@@ -11,7 +11,6 @@ from __future__ import annotations
 import inspect
 from typing import Any, Iterable
 
-import torch
 
 from refusion.errors import ConfigError
 from refusion.models.base import ModelCapabilities

@@ -85,7 +85,7 @@ def build_decoder(
         if spec is not None:
             specs[kind] = spec
     merged = {key: value for key, value in chosen.params.items() if _applies(key, specs, chosen)}
-    merged.update(params)
+    merged.update({chosen.aliases.get(key, key): value for key, value in params.items()})
     return Decoder.from_names(**specs, **merged), chosen.gen_length
 
 
@@ -137,9 +137,12 @@ def is_batch(prompt: Any) -> bool:
 
 
 def _applies(key: str, specs: dict[str, Any], chosen: Any) -> bool:
-    """A preset parameter applies only while the part it was meant for is still the preset's."""
+    """A preset parameter applies only while the part it was meant for is still the preset's (or is the decoder's)."""
+    from refusion.decoder import DECODER_OPTIONS
     from refusion.registry import registry
 
+    if key in DECODER_OPTIONS or key in ("sampler", "temperature", "top_k", "top_p"):
+        return True
     for kind in PART_KINDS:
         name = getattr(chosen, kind)
         if specs[kind] == name and key in registry().entry(kind, name).parameters():

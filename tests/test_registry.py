@@ -29,7 +29,8 @@ def with_plugins(*plugins):
 
 def test_builtins_are_registered_under_their_names():
     reg = registry()
-    assert set(reg.names("selector")) == {"threshold", "leftmost", "topk", "margin", "entropy", "random", "factor"}
+    assert set(reg.names("selector")) == {"threshold", "leftmost", "topk", "margin", "entropy", "random", "factor",
+                                         "llada-steps", "dream-steps"}
     assert set(reg.names("infiller")) == {"parallel-ar", "greedy-verify", "draft"}
     assert set(reg.names("reorderer")) == {"commit-order", "reencode", "no-cache", "prefix-cache", "dual-cache"}
     assert reg.names("partitioner") == ("fixed", "semi-ar")

@@ -40,9 +40,11 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "refusion.strategies.reorderers.no_cache",
     "refusion.models.hf",
     "refusion.models.mdm",
+    "refusion.models.block",
     "refusion.engines.repeat",
     "refusion.engines.branch",
     "refusion.engines.canvas",
+    "refusion.engines.block",
 )
 
 

@@ -87,6 +87,8 @@ class CanvasEngine(Engine):
     def unsupported(cls, model: Any) -> str | None:
         if model.capabilities.causal:
             return "it is for bidirectional models (causal ones use 'branch' or 'repeat')"
+        if model.capabilities.block_length:
+            return "it attends across the whole canvas; block-diffusion models use the 'block' engine"
         return None
 
     def admit(self, prompt: torch.Tensor, region_length: int) -> SequenceState:

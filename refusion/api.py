@@ -17,7 +17,7 @@ def load_model(model: Any = None, *, tokenizer: Any = None, adapter: str = "hf-c
     ``None`` means the default model shipped with refusion. ``adapter`` names
     the registered model adapter for paths and transformers models
     (``hf-causal``; ``hf-mdm`` for bidirectional LLaDA/Dream-style models, with
-    ``logit_shift=``); other keywords go to the adapter and to transformers'
+    ``logit_shift=``; ``hf-block`` for block-diffusion models, with ``block_length=``); other keywords go to the adapter and to transformers'
     ``from_pretrained`` (``dtype``, ``device``, ``device_map``, ...).
     """
     from refusion.registry import registry

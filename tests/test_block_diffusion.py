@@ -21,7 +21,7 @@ SELECTORS = {
 
 def block_decoder(selector, block_length, **extra):
     return Decoder.from_names(partitioner="semi-ar", selector=selector, infiller="draft", block_length=block_length,
-                              **SELECTORS[selector], **extra)
+                              **{**SELECTORS[selector], **extra})
 
 
 def recording(engine):

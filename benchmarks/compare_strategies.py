@@ -4,7 +4,8 @@ Run:  python benchmarks/compare_strategies.py [--per-task 30] [--out benchmarks/
 
 One run, same weights, same 180 held-out prompts, batch 1, warm-up first:
 greedy AR (transformers ``generate``), LLaDA-style masked diffusion (semi-AR
-blocks, fixed tokens per step, no cache), Fast-dLLM confidence-threshold and
+blocks, fixed tokens per step or LLaDA's step schedule, no cache), Dream's
+timestep schedule over one block, Fast-dLLM confidence-threshold and
 factor-based parallel decoding (exact prefix cache, since the model is
 causal), and ReFusion. Prints a table, writes ``compare_strategies.csv`` and
 ``compare_strategies.png`` (accuracy against wall-time speed-up over AR).
@@ -31,6 +32,13 @@ METHODS = {
     "LLaDA low-confidence, block 8, 1 tok/step, no cache": dict(MDM, selector="topk", k=1, block_length=8, reorderer="no-cache"),
     "LLaDA low-confidence, block 8, 2 tok/step, no cache": dict(MDM, selector="topk", k=2, block_length=8, reorderer="no-cache"),
     "LLaDA random, block 8, 1 tok/step, no cache": dict(MDM, selector="random", k=1, block_length=8, reorderer="no-cache"),
+    "LLaDA steps schedule, block 8, 16 steps (2 tok/step), no cache": dict(
+        MDM, selector="llada-steps", steps=16, block_length=8, reorderer="no-cache"),
+    "LLaDA steps schedule, block 8, 12 steps (3,3,2 tok/step), no cache": dict(
+        MDM, selector="llada-steps", steps=12, block_length=8, reorderer="no-cache"),
+    "Dream entropy schedule, 16 steps, one block, no cache": dict(
+        infiller="draft", partitioner="fixed", slot_size=1, serial_num_blocks=1, selector="dream-steps", steps=16,
+        alg="entropy", reorderer="no-cache"),
     "Fast-dLLM threshold 0.9, block 8, prefix cache": dict(MDM, selector="threshold", slot_threshold=0.9, block_length=8),
     "Fast-dLLM threshold 0.7, block 32, prefix cache": dict(MDM, selector="threshold", slot_threshold=0.7, block_length=32),
     "Fast-dLLM factor 1.0, block 8, prefix cache": dict(MDM, selector="factor", factor=1.0, block_length=8),

@@ -17,7 +17,7 @@ def load_model(model: Any = None, *, tokenizer: Any = None, adapter: str = "hf-c
     ``None`` means the default model shipped with refusion. ``adapter`` names
     the registered model adapter for paths and transformers models
     (``hf-causal``; ``hf-mdm`` for bidirectional LLaDA/Dream-style models, with
-    ``logit_shift=``); other keywords go to the adapter and to transformers'
+    ``logit_shift=``; ``hf-block`` for block-diffusion models, with ``block_length=``); other keywords go to the adapter and to transformers'
     ``from_pretrained`` (``dtype``, ``device``, ``device_map``, ...).
     """
     from refusion.registry import registry
@@ -97,7 +97,7 @@ def build_decoder(
         if spec is not None:
             specs[kind] = spec
     merged = {key: value for key, value in chosen.params.items() if _applies(key, specs, chosen)}
-    merged.update(params)
+    merged.update({chosen.aliases.get(key, key): value for key, value in params.items()})
     return Decoder.from_names(**specs, **merged), chosen.gen_length
 
 
@@ -189,9 +189,12 @@ def is_batch(prompt: Any) -> bool:
 
 
 def _applies(key: str, specs: dict[str, Any], chosen: Any) -> bool:
-    """A preset parameter applies only while the part it was meant for is still the preset's."""
+    """A preset parameter applies only while the part it was meant for is still the preset's (or is the decoder's)."""
+    from refusion.decoder import DECODER_OPTIONS
     from refusion.registry import registry
 
+    if key in DECODER_OPTIONS or key in ("sampler", "temperature", "top_k", "top_p"):
+        return True
     for kind in PART_KINDS:
         name = getattr(chosen, kind)
         if specs[kind] == name and key in registry().entry(kind, name).parameters():

@@ -20,7 +20,13 @@ PART_KINDS = ("partitioner", "selector", "infiller", "reorderer")
 
 @attrs.frozen
 class Preset:
-    """A named decoding configuration: part names, their parameters and a generation length."""
+    """A named decoding configuration: part names, their parameters and a generation length.
+
+    ``params`` may also hold the decoder's own options (``stop_at_eos``,
+    ``sampler``, ``temperature``, ``cfg_scale``, ...). ``aliases`` maps a
+    peer's parameter names to the library's (``{"threshold": "slot_threshold"}``),
+    so that a preset named after a peer takes that peer's arguments.
+    """
 
     description: str
     gen_length: int
@@ -29,6 +35,7 @@ class Preset:
     selector: str = "threshold"
     infiller: str = "parallel-ar"
     reorderer: str = "commit-order"
+    aliases: Mapping[str, str] = attrs.field(factory=dict)
 
     def parts(self) -> dict[str, str]:
         return {k: getattr(self, k) for k in PART_KINDS}
@@ -59,21 +66,38 @@ PRESETS: dict[str, Preset] = {
     "arc-c": _paper("ARC-C", 8, 64, 0.8, 0.1),
     "mmlu-pro": _paper("MMLU-Pro", 16, 4, 0.9, 0.4),
     "llada": Preset(
-        description="LLaDA (arXiv 2502.09992): semi-AR blocks of 32, one token per step by confidence, no cache",
+        description="LLaDA (arXiv 2502.09992, generate.py): semi-AR blocks of `block_length` 32, `steps` 128 spread "
+        "evenly over blocks and masks, `remasking` low_confidence (or random), Gumbel-max `temperature`, "
+        "`cfg_scale`; every position decoded, the answer cut at the first EOS afterwards",
         gen_length=128,
-        params=dict(block_length=32, slot_size=1, k=1),
+        params=dict(block_length=32, slot_size=1, steps=128, remasking="low_confidence", sampler="gumbel",
+                    stop_at_eos=False),
         partitioner="semi-ar",
-        selector="topk",
+        selector="llada-steps",
+        infiller="draft",
+        reorderer="no-cache",
+    ),
+    "dream": Preset(
+        description="Dream (arXiv 2508.15487, diffusion_generate): one block over the answer, `steps` 128 on the "
+        "timesteps linspace(1, `eps` 1e-3), `alg` entropy (origin / maskgit_plus / topk_margin / entropy), "
+        "`temperature`/`top_p`/`top_k`; for models with logit shift 1; the answer cut at the first EOS afterwards",
+        gen_length=128,
+        params=dict(slot_size=1, serial_num_blocks=1, steps=128, eps=1e-3, alg="entropy", stop_at_eos=False),
+        partitioner="fixed",
+        selector="dream-steps",
         infiller="draft",
         reorderer="no-cache",
     ),
     "fast-dllm": Preset(
-        description="Fast-dLLM (arXiv 2505.22618): blocks of 32, every token above 0.9 confidence per step; "
-        "exact prefix cache on causal models",
+        description="Fast-dLLM (arXiv 2505.22618, generate with `threshold`): blocks of `block_length` 32, every "
+        "token with confidence >= `threshold` 0.9 per step (else the best), no cache on bidirectional models "
+        "(exact prefix cache on causal ones); the answer cut at the first EOS afterwards",
         gen_length=128,
-        params=dict(block_length=32, slot_size=1, slot_threshold=0.9),
+        params=dict(block_length=32, slot_size=1, slot_threshold=0.9, inclusive=True, sampler="gumbel",
+                    stop_at_eos=False),
         partitioner="semi-ar",
         infiller="draft",
+        aliases={"threshold": "slot_threshold"},
     ),
     "ar": Preset(
         description="left-to-right lossless decoding: equals greedy autoregressive decoding",
@@ -87,7 +111,7 @@ PRESETS: dict[str, Preset] = {
 
 PRESETS["fast-dllm-dual"] = attrs.evolve(
     PRESETS["fast-dllm"],
-    description="Fast-dLLM threshold decoding with its dual cache, for bidirectional models",
+    description="Fast-dLLM threshold decoding with its dual cache (generate_with_dual_cache), for bidirectional models",
     reorderer="dual-cache",
 )
 

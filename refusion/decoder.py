@@ -67,7 +67,9 @@ class Decoder:
     the best engine that can run the model (:func:`~refusion.engines.choose_engine`).
     ``stop_at_eos`` (default) drops every slot after a committed EOS (early
     stop); without it every position is decoded and the answer is cut at the
-    first EOS at the end.
+    first EOS at the end. ``cfg_scale`` > 0 applies LLaDA's classifier-free
+    guidance (a second forward with the prompt masked; see
+    :meth:`~refusion.engines.base.Engine.guide`).
     """
 
     partitioner: SlotPartitioner = _part(SlotPartitioner)
@@ -79,6 +81,7 @@ class Decoder:
     engine: Any = attrs.field(default=None, validator=lambda i, a, v: _check_engine(v))
     stop_at_eos: bool = attrs.field(default=True, validator=lambda i, a, v: _check_bool(a.name, v))
     seed: int = attrs.field(default=0, validator=lambda i, a, v: _check_seed(v))
+    cfg_scale: float = attrs.field(default=0.0, validator=lambda i, a, v: _check_cfg_scale(v))
 
     @classmethod
     def from_names(
@@ -95,17 +98,26 @@ class Decoder:
         ``token_threshold=``, ...) or, spelled ``"selector.k"``, to one part.
         The decoder's own options (``engine``, ``seed``, ``stop_at_eos``,
         ``calls_per_token``, ``sample``) and the sampling shorthands
-        ``temperature``, ``top_k``, ``top_p`` are taken out first.
+        ``temperature``, ``top_k``, ``top_p`` are taken out first; ``sampler``
+        names the sampler they configure (``"categorical"``, default, or
+        ``"gumbel"``: LLaDA's Gumbel-max, :class:`~refusion.sampling.GumbelMax`).
         """
         from refusion.config import build_parts
-        from refusion.sampling import Sampling
+        from refusion.sampling import SAMPLERS
 
         own = {k: params.pop(k) for k in DECODER_OPTIONS if k in params}
+        sampler = params.pop("sampler", "categorical")
+        if sampler not in SAMPLERS:
+            raise ConfigError(f"`sampler` must be one of {', '.join(map(repr, SAMPLERS))}; got {sampler!r}.")
         shorthands = {k: params.pop(k) for k in ("temperature", "top_k", "top_p") if k in params}
         if shorthands:
             if "sample" in own:
                 raise ConfigError("Pass either `sample` or `temperature`/`top_k`/`top_p`, not both.")
-            own["sample"] = Sampling(**shorthands)
+            accepted = set(attrs.fields_dict(SAMPLERS[sampler]))
+            extra = sorted(set(shorthands) - accepted)
+            if extra:
+                raise ConfigError(f"sampler {sampler!r} takes {', '.join(sorted(accepted))}; not {', '.join(extra)}.")
+            own["sample"] = SAMPLERS[sampler](**shorthands)
         parts = build_parts(partitioner=partitioner, selector=selector, infiller=infiller, reorderer=reorderer, params=params)
         return cls(**parts, **own)
 
@@ -152,6 +164,8 @@ class Decoder:
     def start(self, model: ModelAdapter, engine: Any, prepared: Prepared) -> "DecodeSession":
         """Admit a prepared prompt into ``engine`` (a live :class:`~refusion.engines.base.Engine`) and set up its session."""
         state = engine.admit(prepared.prompt, prepared.partition.gen_length)
+        if self.cfg_scale > 0:
+            engine.guide(state, self.cfg_scale)
         return DecodeSession(self, model, state, prepared.partition, prepared.seed, engine=engine)
 
     def session(
@@ -224,6 +238,11 @@ def _check_seed(value: Any) -> None:
         raise ConfigError(f"`seed` must be an integer in [0, 2**64); got {value!r}.")
 
 
+def _check_cfg_scale(value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ConfigError(f"`cfg_scale` must be a number >= 0 (0 = no guidance); got {value!r}.")
+
+
 def _check_engine(value: Any) -> None:
     if value is None:
         return
@@ -232,7 +251,7 @@ def _check_engine(value: Any) -> None:
     engine_class(value)
 
 
-DECODER_OPTIONS = ("engine", "seed", "stop_at_eos", "calls_per_token", "sample")
+DECODER_OPTIONS = ("engine", "seed", "stop_at_eos", "calls_per_token", "sample", "cfg_scale")
 
 
 class DecodeSession:
@@ -347,15 +366,22 @@ class DecodeSession:
         else:
             positions = torch.cat([torch.arange(s.offset, s.stop) for s in slots]) + self.prompt_len
         if not drafted:
-            return Plan(slots, positions, None, tuple(offsets), self.generator)
+            return Plan(slots, positions, None, tuple(offsets), self.generator, **self._where())
         masks = torch.full_like(positions, self.model.mask_token_id)
         reads = torch.as_tensor(offsets[:-1]) if self.decoder.selector.reads_scores else None  # the slot scores
         (out,) = yield ModelCall.of(Extend(Branch(), masks, positions, reads))
-        drafts = Drafts(out.scores, self._draw, len(positions), lazy=self.greedy, exclude=self.model.mask_token_id)
-        return Plan(slots, positions, out.scores, tuple(offsets), self.generator, drafts)
+        draw = lambda scores: self._draw(scores, positions)  # noqa: E731
+        drafts = Drafts(out.scores, draw, len(positions), lazy=self.greedy, exclude=self.model.mask_token_id)
+        return Plan(slots, positions, out.scores, tuple(offsets), self.generator, drafts, **self._where())
 
-    def _draw(self, scores: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.sample(scores, exclude=self.model.mask_token_id)
+    def _where(self) -> dict:
+        """The plan's place in the decode, for schedule-driven selectors."""
+        return dict(canvas_length=self.prompt_len + self.partition.gen_length,
+                    num_blocks=len(self.partition.blocks), memory=self.memory)
+
+    def _draw(self, scores: Any, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return apply_sampler(self.decoder.sample, scores, self.model.mask_token_id, self.generator,
+                             positions=positions, canvas_length=self.prompt_len + self.partition.gen_length)
 
     def _apply_eos(self, result: InfillResult) -> InfillResult:
         """Cut the answer at the earliest EOS: truncate its slot, drop every slot after it."""

@@ -29,6 +29,8 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "refusion.strategies.selectors.entropy",
     "refusion.strategies.selectors.random",
     "refusion.strategies.selectors.factor",
+    "refusion.strategies.selectors.llada_steps",
+    "refusion.strategies.selectors.dream_steps",
     "refusion.strategies.infillers.parallel_ar",
     "refusion.strategies.infillers.greedy_verify",
     "refusion.strategies.infillers.draft",
@@ -38,9 +40,11 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "refusion.strategies.reorderers.no_cache",
     "refusion.models.hf",
     "refusion.models.mdm",
+    "refusion.models.block",
     "refusion.engines.repeat",
     "refusion.engines.branch",
     "refusion.engines.canvas",
+    "refusion.engines.block",
 )
 
 

@@ -56,8 +56,17 @@ def is_greedy(sampler: Sampler) -> bool:
 
 
 def apply_sampler(sampler: Sampler, scores: "torch.Tensor | Scores", exclude: int | None,
-                  generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Call ``sampler`` with what it accepts: Scores if it says so, else full logits."""
+                  generator: torch.Generator | None, *, positions: torch.Tensor | None = None,
+                  canvas_length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Call ``sampler`` with what it accepts: Scores if it says so, else full logits.
+
+    A sampler whose ``draws_canvas`` attribute is true also receives the rows'
+    absolute ``positions`` and the ``canvas_length`` (prompt plus region), to
+    draw its noise for the whole canvas as LLaDA does.
+    """
+    if getattr(sampler, "draws_canvas", False) and positions is not None:
+        logits = scores.logits if isinstance(scores, Scores) else scores
+        return sampler(logits, exclude=exclude, generator=generator, positions=positions, canvas_length=canvas_length)
     if getattr(sampler, "accepts_scores", False):
         return sampler(Scores.of(scores), exclude=exclude, generator=generator)
     return sampler(scores.logits if isinstance(scores, Scores) else scores, exclude=exclude, generator=generator)
@@ -131,3 +140,45 @@ class Sampling:
         # a zero-probability token can only be hit on a cdf plateau's edge: step to the next kept token
         tokens = torch.where(probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) > 0, tokens, probs.argmax(-1))
         return tokens, probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+@attrs.frozen
+class GumbelMax:
+    """LLaDA's sampling: the argmax of ``exp(logits) / (-log u) ** temperature`` (arXiv 2502.09992, ``generate.py``).
+
+    ``u`` is uniform float64 noise drawn from the decode's generator for
+    every position of the canvas and every vocabulary entry, shape
+    ``(canvas_length, vocab)``, at every step (LLaDA's ``rand_like`` over its
+    whole sequence), so a seeded decode draws exactly what LLaDA draws with
+    the same generator; the rows of the planned ``positions`` are used. The
+    computation is float64 as in LLaDA. The confidence is the softmax
+    probability of the chosen token under the untempered logits (LLaDA's
+    ``low_confidence``). ``temperature`` 0 is greedy and draws nothing. The
+    mask token is never chosen.
+    """
+
+    temperature: float = attrs.field(default=0.0, validator=_temperature)
+
+    draws_canvas = True
+    accepts_scores = True
+
+    def __call__(self, logits, exclude=None, generator=None, positions=None, canvas_length=None):
+        if self.temperature == 0:
+            return greedy(logits, exclude)
+        if isinstance(logits, Scores):
+            logits = logits.logits
+        x = logits.to(torch.float64)
+        if positions is None:  # no canvas known: draw for these rows only
+            noise = torch.rand(x.shape, generator=generator, dtype=torch.float64)
+        else:
+            length = int(canvas_length) if canvas_length else int(positions.max()) + 1
+            noise = torch.rand((length, x.shape[-1]), generator=generator, dtype=torch.float64)[positions.cpu()]
+        noisy = x.exp() / (-torch.log(noise.to(x.device))) ** self.temperature
+        if exclude is not None:
+            noisy = noisy.index_fill(-1, torch.tensor([exclude], device=x.device), float("-inf"))
+        tokens = noisy.argmax(-1)
+        return tokens, Scores(logits=logits).probability(tokens)
+
+
+#: Samplers by name, for ``Decoder.from_names(sampler=..., temperature=...)``.
+SAMPLERS = {"categorical": Sampling, "gumbel": GumbelMax}

@@ -104,7 +104,10 @@ class Plan:
     compute only the rows they need. A plan drafts only the slots its selector
     may pick (:meth:`~refusion.strategies.base.SlotSelector.candidates`).
     ``generator`` is the prompt's random generator (seeded by the decoder's
-    ``seed``), for selectors that draw at random.
+    ``seed``), for selectors that draw at random. ``canvas_length`` (prompt
+    plus generation region; 0 if unknown), ``num_blocks`` (serial blocks of
+    the partition) and ``memory`` (a dict kept for the sequence across
+    iterations; key it by your part's name) serve schedule-driven selectors.
     """
 
     slots: tuple[Slot, ...]
@@ -113,6 +116,9 @@ class Plan:
     offsets: tuple[int, ...]
     generator: torch.Generator | None = None
     _drafts: Drafts | None = attrs.field(default=None, repr=False)
+    canvas_length: int = 0
+    num_blocks: int = 1
+    memory: dict = attrs.field(factory=dict, repr=False)
 
     def __len__(self) -> int:
         return len(self.slots)
@@ -196,7 +202,8 @@ class Plan:
         """Softmax over the vocabulary at each slot's first token, shape ``(k, vocab)``."""
         if self.scores is None:
             self._table().rows(slice(0, 0))
-        return torch.softmax(self.scores[self.first_rows].logits.float(), dim=-1)
+        logits = self.scores[self.first_rows].logits
+        return torch.softmax(logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32), dim=-1)
 
     @functools.cached_property
     def first_margin(self) -> torch.Tensor:

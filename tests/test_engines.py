@@ -68,7 +68,7 @@ def test_sequences_finish_at_different_times():
 
 
 def test_engine_is_validated():
-    with pytest.raises(UnknownNameError, match="Unknown engine 'fast'. Known engines: branch, canvas, repeat"):
+    with pytest.raises(UnknownNameError, match="Unknown engine 'fast'. Known engines: block, block-recompute, branch, canvas, repeat"):
         attrs.evolve(Decoder.from_names(), engine="fast")
     with pytest.raises(ConfigError, match="`engine` must be a registered engine name, an Engine subclass"):
         attrs.evolve(Decoder.from_names(), engine=42)

@@ -29,7 +29,8 @@ def with_plugins(*plugins):
 
 def test_builtins_are_registered_under_their_names():
     reg = registry()
-    assert set(reg.names("selector")) == {"threshold", "leftmost", "topk", "margin", "entropy", "random", "factor"}
+    assert set(reg.names("selector")) == {"threshold", "leftmost", "topk", "margin", "entropy", "random", "factor",
+                                         "llada-steps", "dream-steps"}
     assert set(reg.names("infiller")) == {"parallel-ar", "greedy-verify", "draft"}
     assert set(reg.names("reorderer")) == {"commit-order", "reencode", "no-cache", "prefix-cache", "dual-cache"}
     assert reg.names("partitioner") == ("fixed", "semi-ar")
@@ -42,7 +43,7 @@ def test_unknown_name_lists_the_known_ones():
     with pytest.raises(UnknownNameError) as err:
         registry().get("selector", "best")
     assert "Unknown selector 'best'" in str(err.value)
-    assert "entropy, factor, leftmost, margin, random, threshold, topk" in str(err.value)
+    assert "dream-steps, entropy, factor, leftmost, llada-steps, margin, random, threshold, topk" in str(err.value)
 
 
 def test_every_hookspec_is_wired_to_a_kind():
@@ -203,7 +204,7 @@ def test_cli_lists_plugins_as_json(capsys):
     names = {(r["kind"], r["name"]) for r in rows}
     assert ("selector", "threshold") in names and ("model_adapter", "hf-causal") in names
     threshold = next(r for r in rows if r["name"] == "threshold")
-    assert threshold["parameters"] == {"slot_threshold": 0.9} and threshold["source"] == "built-in"
+    assert threshold["parameters"] == {"slot_threshold": 0.9, "inclusive": False} and threshold["source"] == "built-in"
 
 
 def test_two_distributions_with_the_same_entry_point_name_are_refused(tmp_path, monkeypatch):

@@ -110,6 +110,18 @@ class Engine(ABC):
         with) its extends, and must not change its committed context otherwise.
         """
 
+    def guide(self, state: SequenceState, cfg_scale: float) -> None:
+        """Apply classifier-free guidance with ``cfg_scale`` (> 0) to every call of ``state`` (LLaDA, Sec. 2.4).
+
+        An engine that can runs a second forward with the prompt masked and
+        answers with ``un + (cfg_scale + 1) * (cond - un)``; the default
+        refuses with the reason.
+        """
+        from refusion.errors import ConfigError
+
+        raise ConfigError(f"`cfg_scale` > 0 needs an engine with classifier-free guidance; engine {self.name!r} has "
+                          "none (the 'canvas' engine, for bidirectional models, applies it).")
+
     def release(self, state: SequenceState) -> None:
         """The sequence has finished or was cancelled: free what the engine keeps for it (idempotent)."""
         state.released = True

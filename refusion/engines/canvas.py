@@ -15,6 +15,11 @@ call of the block is a full forward that also keeps the keys/values of the
 prefix (``prefix`` mode) or of the prefix and the suffix (``dual`` mode);
 later calls of the block feed only the block (plus, in prefix mode, the
 suffix) and attend to the kept keys/values.
+
+With classifier-free guidance (:meth:`CanvasEngine.guide`, LLaDA's
+``cfg_scale``) every call is one forward of a batch of two canvases, the
+second with the prompt masked, and the logits are
+``un + (cfg_scale + 1) * (cond - un)`` in the model's dtype.
 """
 
 from __future__ import annotations
@@ -57,8 +62,15 @@ class CanvasSequence(SequenceState):
         #: first position after a committed EOS (filled with ``eos_fill``), if any
         self.end: int | None = None
         self.block: BlockCache | None = None
+        #: classifier-free guidance scale (0: none)
+        self.cfg_scale = 0.0
 
     def start_block(self, start: int, stop: int, reuse: BlockReuse | None) -> None:
+        if reuse is not None and self.cfg_scale > 0:
+            from refusion.errors import ConfigError
+
+            raise ConfigError(f"`cfg_scale` > 0 needs a full forward at every step; the reorderer's {reuse.mode!r} "
+                              "block cache cannot be combined with it (use reorderer 'commit-order' or 'no-cache').")
         self.block = None if reuse is None else BlockCache(reuse.mode, start, stop)
 
     def end_at(self, position: int) -> None:
@@ -75,6 +87,8 @@ class CanvasEngine(Engine):
     def unsupported(cls, model: Any) -> str | None:
         if model.capabilities.causal:
             return "it is for bidirectional models (causal ones use 'branch' or 'repeat')"
+        if model.capabilities.block_length:
+            return "it attends across the whole canvas; block-diffusion models use the 'block' engine"
         return None
 
     def admit(self, prompt: torch.Tensor, region_length: int) -> SequenceState:
@@ -82,6 +96,9 @@ class CanvasEngine(Engine):
         context = SequenceCache(_NoStore(), prompt, torch.arange(prompt.shape[0]))
         eos = self.model.eos_token_ids
         return CanvasSequence(context, counters, prompt.shape[0], region_length, min(eos) if eos else None)
+
+    def guide(self, state: CanvasSequence, cfg_scale: float) -> None:
+        state.cfg_scale = float(cfg_scale)
 
     def run(self, calls: Mapping[SequenceState, ModelCall]) -> dict[SequenceState, tuple[ExtendOutput, ...]]:
         self.epoch.value += 1
@@ -108,7 +125,25 @@ class CanvasEngine(Engine):
             inside = bool(((wanted >= block.prefix_end) & (wanted < block.suffix_start)).all())
             if inside:
                 return self._approximate(state, extend, canvas, block, wanted)
+        if state.cfg_scale > 0:
+            return self._guided(state, extend, canvas, wanted)
         return self._full(state, extend, canvas, block, wanted)
+
+    def _guided(self, state: CanvasSequence, extend: Extend, canvas: torch.Tensor, wanted) -> ExtendOutput:
+        from refusion.scores import Scores
+
+        unconditional = canvas.clone()
+        prompt = unconditional[: state.prompt_length]
+        prompt[prompt != self.model.mask_token_id] = self.model.mask_token_id
+        ids = torch.stack((canvas, unconditional)).to(self.model.device)
+        positions = torch.arange(canvas.shape[0], device=self.model.device).expand(2, -1)
+        mask = torch.ones(2, canvas.shape[0], dtype=torch.long, device=self.model.device)
+        both = self.model.scores(ids, positions, mask, None)
+        n = canvas.shape[0]
+        self.served({state: 2 * n}, pairs=2 * n * n)
+        cond, un = both.logits[0], both.logits[1]
+        logits = un + (state.cfg_scale + 1) * (cond - un)
+        return ExtendOutput(extend, Scores(logits=logits[wanted.to(logits.device)]), [], 0, 0, self.epoch, self.epoch.value)
 
     def _forward(self, state: CanvasSequence, ids, positions, cache_obj):
         device = self.model.device

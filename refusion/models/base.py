@@ -25,11 +25,15 @@ class ModelCapabilities:
     ``logit_shift``: 0 if the logits at a mask predict that position (ReFusion,
     LLaDA), 1 if they predict the next position (Dream).
     ``kv_cache``: keys/values of committed tokens can be cached and reused.
+    ``block_length``: for block-diffusion models (SDAR, Fast-dLLM v2,
+    LLaDA2-style), the length of the blocks inside which attention is
+    bidirectional (causal across blocks); 0 for every other model.
     """
 
     causal: bool = True
     logit_shift: int = 0
     kv_cache: bool = True
+    block_length: int = 0
 
 
 class ModelAdapter(ABC):

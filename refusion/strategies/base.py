@@ -75,7 +75,8 @@ class SlotSelector(Part):
 
         At least one index, no duplicates, each in ``range(len(plan))``; order
         does not matter (the decoder sorts them by position). Must not modify
-        the plan's tensors.
+        the plan's tensors. Where scores tie, the built-in selectors take the
+        lowest position first (a stable sort); plugins should too.
         """
 
     def candidates(self, remaining: int) -> int:

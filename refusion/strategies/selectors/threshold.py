@@ -10,6 +10,7 @@ from refusion.plugins import hookimpl
 from refusion.state import Plan
 from refusion.strategies.base import SlotSelector
 from refusion.strategies.selectors.scored import top_k
+from refusion.choices import boolean
 from refusion.validators import probability
 
 
@@ -18,17 +19,21 @@ class ConfidenceThreshold(SlotSelector):
     """Every slot whose first draft token has probability > ``slot_threshold``; else the most confident one.
 
     ReFusion (arXiv 2512.13586) scores a slot by the confidence of its first
-    token. With one-token slots this is Fast-dLLM's confidence-threshold
-    parallel decoding.
+    token and keeps it when strictly above the threshold (the default).
+    ``inclusive=True`` keeps a slot whose confidence *equals* the threshold
+    too: Fast-dLLM's rule (``confidence >= threshold``), its confidence-threshold
+    parallel decoding with one-token slots. Fallback ties go to the lowest position.
     """
 
     name = "threshold"
 
     slot_threshold: float = attrs.field(default=0.9, validator=probability)
+    inclusive: bool = attrs.field(default=False, validator=boolean)
 
     def select(self, plan: Plan) -> Sequence[int]:
         scores = plan.first_confidence
-        chosen = (scores > self.slot_threshold).nonzero().flatten().tolist()
+        kept = scores >= self.slot_threshold if self.inclusive else scores > self.slot_threshold
+        chosen = kept.nonzero().flatten().tolist()
         return chosen or top_k(scores, 1)
 
 

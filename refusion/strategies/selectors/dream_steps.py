@@ -1,0 +1,81 @@
+"""Dream's timestep schedule and its ``alg`` choices (Ye et al., arXiv 2508.15487, ``diffusion_generate``)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import attrs
+import torch
+
+from refusion.errors import bad_value
+from refusion.plugins import hookimpl
+from refusion.state import Plan
+from refusion.strategies.base import SlotSelector
+from refusion.strategies.selectors.scored import top_k
+from refusion.choices import one_of
+from refusion.validators import positive_int
+
+ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
+
+
+def _eps(instance, attribute, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise bad_value(attribute.name, value, "a number in (0, 1)")
+
+
+def dream_scores(plan: Plan, alg: str) -> torch.Tensor:
+    """Dream's confidence per slot: top probability, top-2 margin, or negative entropy ``sum p log(p + 1e-10)``."""
+    if alg == "maskgit_plus":
+        return plan.first_confidence
+    if alg == "topk_margin":
+        return plan.first_margin
+    p = plan.first_probs
+    return (p * torch.log(p + 1e-10)).sum(-1)
+
+
+@attrs.frozen
+class DreamSteps(SlotSelector):
+    """Dream's sampler: ``steps`` over the timesteps ``linspace(1, eps, steps + 1)`` (float32, as Dream).
+
+    At step ``i`` (times ``t > s``) with ``n`` slots still masked:
+    ``alg="origin"`` unmasks each slot independently with probability
+    ``1 - s / t`` (one uniform per masked slot from the prompt's generator;
+    all of them at the last step); the other ``alg`` s unmask the
+    ``int(n * (1 - s / t))`` best slots (all at the last step) by top
+    probability (``maskgit_plus``), top-2 margin (``topk_margin``) or
+    negative entropy (``entropy``). Steps that unmask nothing are skipped
+    (their uniforms are still drawn for ``origin``). Ties go to the lowest
+    position. Use it with one serial block over the whole answer, as Dream
+    (the ``dream`` preset), and a model with ``logit_shift=1``.
+    """
+
+    name = "dream-steps"
+
+    steps: int = attrs.field(default=128, validator=positive_int)
+    eps: float = attrs.field(default=1e-3, validator=_eps)
+    alg: str = attrs.field(default="maskgit_plus", validator=one_of(ALGS))
+
+    def select(self, plan: Plan) -> Sequence[int]:
+        key = (self.name, plan.slots[0].block)
+        step = plan.memory.get(key, 0)
+        timesteps = torch.linspace(1, self.eps, self.steps + 1)
+        n = len(plan)
+        chosen: Sequence[int] = ()
+        while not len(chosen):
+            last = step >= self.steps - 1
+            t, s = (timesteps[step], timesteps[step + 1]) if not last else (None, None)
+            step += 1
+            if self.alg == "origin":
+                generator = plan.generator if plan.generator is not None else torch.Generator().manual_seed(0)
+                u = torch.rand(n, generator=generator)
+                chosen = list(range(n)) if last else (u < 1 - s / t).nonzero().flatten().tolist()
+            else:
+                count = n if last else int(torch.tensor(float(n)) * (1 - s / t))
+                chosen = top_k(dream_scores(plan, self.alg), count) if count else ()
+        plan.memory[key] = step
+        return chosen
+
+
+@hookimpl
+def register_selectors(register):
+    register(DreamSteps)

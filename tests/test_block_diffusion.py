@@ -1,0 +1,113 @@
+"""Block-diffusion models: the exact cache of finished blocks equals recomputing everything, batch equals single."""
+
+import attrs
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from refusion.decoder import Decoder
+from refusion.engines.block import BlockEngine, BlockRecomputeEngine
+from refusion.errors import ConfigError
+from refusion.models.block import block_ids, tiny_block_diffusion
+
+SELECTORS = {
+    "threshold": dict(slot_threshold=0.6),
+    "topk": dict(k=2),
+    "factor": dict(factor=1.0),
+    "llada-steps": dict(steps=6),
+    "entropy": dict(k=1),
+}
+
+
+def block_decoder(selector, block_length, **extra):
+    return Decoder.from_names(partitioner="semi-ar", selector=selector, infiller="draft", block_length=block_length,
+                              **{**SELECTORS[selector], **extra})
+
+
+def recording(engine):
+    """The engine, with the logits of every answered extend appended to ``engine.seen``."""
+    engine.seen = []
+    answer = engine._extend
+
+    def wrapped(state, extend):
+        out = answer(state, extend)
+        engine.seen.append(out.logits.clone())
+        return out
+
+    engine._extend = wrapped
+    return engine
+
+
+@settings(max_examples=10)
+@given(seed=st.integers(0, 1000), prompt=st.lists(st.integers(0, 13), min_size=1, max_size=6),
+       block_length=st.integers(2, 4), blocks=st.integers(1, 3), selector=st.sampled_from(sorted(SELECTORS)),
+       eos=st.sampled_from([None, 2]), stop_at_eos=st.booleans())
+def test_cached_blocks_equal_recomputing_everything(seed, prompt, block_length, blocks, selector, eos, stop_at_eos):
+    model = tiny_block_diffusion(block_length=block_length, vocab_size=16, seed=seed, logit_scale=4.0, eos_token_id=eos)
+    steps = SELECTORS[selector].get("steps")
+    extra = {"steps": blocks * max(1, block_length - 1)} if steps else {}
+    decoder = attrs.evolve(block_decoder(selector, block_length, **extra), stop_at_eos=stop_at_eos)
+    cached, full = recording(BlockEngine(model)), recording(BlockRecomputeEngine(model))
+    a = decoder.decode(model, prompt, block_length * blocks, engine=cached)
+    b = decoder.decode(model, prompt, block_length * blocks, engine=full)
+    assert a.tokens.tolist() == b.tokens.tolist()
+    assert [s.committed for s in a.steps] == [s.committed for s in b.steps]
+    assert len(cached.seen) == len(full.seen)
+    assert max(float((x - y).abs().max()) for x, y in zip(cached.seen, full.seen)) < 1e-9
+    assert a.extra["fed_tokens"] <= b.extra["fed_tokens"]
+
+
+def test_finished_blocks_are_fed_once():
+    model = tiny_block_diffusion(block_length=4, vocab_size=16, seed=3, logit_scale=4.0)
+    fed = []
+    scores = model.scores
+    model.scores = lambda ids, *a: fed.append(ids.shape[1]) or scores(ids, *a)
+    result = block_decoder("topk", 4).decode(model, [1, 2, 3], 12)  # 3 blocks of 4, 2 tokens per step
+    assert result.extra["engine"] == "block"
+    # first call: prompt + block; later calls of a block: the block; first call of the next: previous block + block
+    assert fed == [3 + 4, 4, 4 + 4, 4, 4 + 4, 4]
+
+
+@settings(max_examples=5)
+@given(seed=st.integers(0, 1000), prompts=st.lists(st.lists(st.integers(0, 13), min_size=1, max_size=7), min_size=2,
+                                                    max_size=4))
+def test_batch_equals_single_with_ragged_prompts(seed, prompts):
+    model = tiny_block_diffusion(block_length=3, vocab_size=16, seed=seed, logit_scale=4.0, eos_token_id=2)
+    decoder = block_decoder("threshold", 3)
+    batched = decoder.decode_batch(model, prompts, 9)
+    for prompt, result in zip(prompts, batched):
+        assert result.tokens.tolist() == decoder.decode(model, prompt, 9).tokens.tolist()
+
+
+def test_attention_is_bidirectional_inside_a_block_and_causal_across_blocks():
+    model = tiny_block_diffusion(block_length=3, vocab_size=16, seed=7, logit_scale=4.0)
+    prompt_length, ids = 2, torch.tensor([1, 4, 5, 6, 7, 8, 9, 10])  # blocks: [0 1] [2 3 4] [5 6 7]
+    assert block_ids(torch.arange(8), prompt_length, 3).tolist() == [0, 0, 1, 1, 1, 2, 2, 2]
+
+    def logits(tokens):
+        positions = torch.arange(len(tokens))
+        mask = model.block_mask(positions, positions, prompt_length)
+        return model.scores(tokens[None], positions[None], mask, None).logits[0]
+
+    base = logits(ids)
+    later = ids.clone()
+    later[6] = 3  # a token of the last block
+    assert torch.equal(logits(later)[:5], base[:5])  # earlier blocks do not see it
+    assert not torch.allclose(logits(later)[5], base[5])  # its own block does
+    same = ids.clone()
+    same[4] = 3
+    assert not torch.allclose(logits(same)[2], base[2])  # bidirectional inside the block
+
+
+def test_parts_and_engines_the_block_model_cannot_serve_are_refused_with_the_reason():
+    model = tiny_block_diffusion(block_length=4, vocab_size=16)
+    with pytest.raises(ConfigError, match="infiller 'parallel-ar' needs a model with `causal=True`"):
+        Decoder.from_names(partitioner="semi-ar", block_length=4).decode(model, [1], 8)
+    with pytest.raises(ConfigError, match="exact cache of finished blocks; the reorderer's 'prefix'"):
+        block_decoder("topk", 4, reorderer="prefix-cache").decode(model, [1], 8)
+    with pytest.raises(ConfigError, match="not one of the model's blocks of `block_length` 4"):
+        block_decoder("topk", 8).decode(model, [1], 8)
+    with pytest.raises(ConfigError, match="engine 'block' has none"):
+        block_decoder("topk", 4, cfg_scale=1.0).decode(model, [1], 8)
+    with pytest.raises(ConfigError, match="block-diffusion models use the 'block' engine"):
+        block_decoder("topk", 4, engine="canvas").decode(model, [1], 8)

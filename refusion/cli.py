@@ -170,7 +170,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _visualize(args: argparse.Namespace) -> int:
-    from refusion.visualize import GIF_FORMATS, check_output_path, render_gif, render_png
+    from refusion.visualize import GIF_FORMATS, HTML_FORMATS, check_output_path, render_gif, render_png
     from refusion.visualize_html import render_html
 
     if (args.from_trace is None) == (args.prompt is None):
@@ -180,6 +180,8 @@ def _visualize(args: argparse.Namespace) -> int:
         check_output_path(out, "--out")  # before the model loads or anything is decoded
     if args.gif:
         check_output_path(args.gif, "--gif", GIF_FORMATS)
+    if args.html:
+        check_output_path(args.html, "--html", HTML_FORMATS)
     if args.from_trace is not None:
         from refusion.trace import read_trace
 

@@ -95,6 +95,7 @@ def _figure(result: DecodeResult, tokenizer: Any, upto: int | None, title: str |
 #: picture formats by file suffix (``render_png`` writes the one its path names)
 IMAGE_FORMATS = {".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg", ".svg": "svg", ".pdf": "pdf"}
 GIF_FORMATS = {".gif": "gif"}
+HTML_FORMATS = {".html": "html", ".htm": "html"}
 
 
 def check_output_path(path: Any, param: str = "path", formats: dict[str, str] = IMAGE_FORMATS) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from refusion.state import DecodeResult
-from refusion.visualize import _check, _labels
+from refusion.visualize import HTML_FORMATS, _check, _labels
 
 #: colour ramp for iterations (dark blue -> green -> yellow, like matplotlib's viridis)
 _RAMP = ((68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37))
@@ -89,7 +89,7 @@ slider.addEventListener('input',show);show();
 
 def render_html(result: DecodeResult, path: str | Path, *, tokenizer: Any = None, title: str | None = None) -> Path:
     """Write the self-contained HTML view of ``result`` to ``path``; return the path. Reads ``result`` only."""
-    out = _check(result, path)
+    out, _ = _check(result, path, "path", HTML_FORMATS)
     labels = _labels(result, tokenizer)
     steps = len(result.steps)
     heading = title or (f"{len(result.partition.slots)} slots, {steps} iterations, {result.forwards} forwards, "

@@ -201,7 +201,7 @@ class Overlapping(FixedSlots := __import__("refusion.strategies.partitioners.fix
 
 
 @pytest.mark.parametrize("mode, message", [("overlap", "tile the region"), ("orphan", "every slot exactly once"),
-                                           ("short", "region of 2 < the requested 4")])
+                                           ("short", "region of 2 tokens for the requested 4")])
 def test_malformed_partitions_name_the_partitioner(model, mode, message):
     with pytest.raises(PluginError, match=f"partitioner 'overlapping'.*{message}"):
         Decoder.from_names(partitioner=Overlapping(mode=mode)).decode(model, [1, 2], 4)

@@ -34,7 +34,7 @@ def test_builtins_are_registered_under_their_names():
     assert set(reg.names("infiller")) == {"parallel-ar", "greedy-verify", "draft"}
     assert set(reg.names("reorderer")) == {"commit-order", "reencode", "no-cache", "prefix-cache", "dual-cache"}
     assert reg.names("partitioner") == ("fixed", "semi-ar")
-    assert set(reg.names("model_adapter")) == {"hf-causal", "hf-mdm"}
+    assert set(reg.names("model_adapter")) == {"hf-block", "hf-causal", "hf-mdm"}
     assert all(r.source == "built-in" for r in reg)
     assert len(DEFAULT_PLUGINS) == len({r.plugin for r in reg})
 

@@ -42,7 +42,11 @@ def test_bad_schedule_options_name_the_parameter():
         DreamSteps(alg="greedy")
     with pytest.raises(ConfigError, match="`inclusive` must be True or False"):
         ConfidenceThreshold(inclusive="yes")
-    plan = Plan.from_logits(tied_plan().slots, torch.arange(4), torch.zeros(4, 2))
-    plan = type(plan)(plan.slots, plan.positions, plan.scores, plan.offsets, None, plan._drafts, num_blocks=3)
-    with pytest.raises(ConfigError, match="`steps` \\(4\\) must be a multiple of the number of blocks \\(3\\)"):
-        LLaDASteps(steps=4).select(plan)
+
+
+def test_steps_not_divisible_by_the_blocks_go_to_the_earliest_blocks():
+    from refusion.strategies.selectors.llada_steps import block_steps
+
+    assert [block_steps(4, 3, b) for b in range(3)] == [2, 1, 1]
+    assert [block_steps(6, 3, b) for b in range(3)] == [2, 2, 2]  # LLaDA's steps // blocks
+    assert [block_steps(2, 3, b) for b in range(3)] == [1, 1, 1]  # a block always gets a step

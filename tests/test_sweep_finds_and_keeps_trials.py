@@ -131,6 +131,6 @@ def test_bench_measures_a_preset_file_next_to_ar(tmp_path, capsys):
     path.write_text(json.dumps({"gen_length": 32, "selector": "topk", "params": {"slot_size": 4, "k": 2,
                                                                                   "serial_num_blocks": 1}}))
     assert main(["bench", "--per-task", "1", "--preset-file", str(path), "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
+    rows = json.loads(capsys.readouterr().out)["rows"]  # bench --json prints a record
     assert [r["method"] for r in rows] == ["AR: transformers generate", f"file {path}"]
     assert rows[1]["forwards"] < rows[0]["forwards"] and rows[1]["examples"] == 6

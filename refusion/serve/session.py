@@ -60,6 +60,15 @@ class LiveRequest:
             self.request.cancel()
 
 
+def request_forwards(request: Any) -> int | None:
+    """Forwards that served ``request`` so far: from its live session, or from its result once it has finished."""
+    session = request.session
+    if session is not None:
+        return session.forwards
+    result = request.result  # the generator sets the result before it drops the session
+    return None if result is None else result.forwards
+
+
 async def pieces(live: LiveRequest, *, poll: float = 0.5, disconnected: Any = None) -> AsyncIterator[Piece]:
     """The request's pieces until it ends; cancels it on a stop string, a disconnect or when abandoned.
 
@@ -94,8 +103,7 @@ async def pieces(live: LiveRequest, *, poll: float = 0.5, disconnected: Any = No
                 return
             delta = text.feed(event.prefix_tokens)
             if text.done:  # the answer is complete for the client (EOS, stop string or max_tokens)
-                session = live.request.session
-                forwards = session.forwards if session is not None else None
+                forwards = request_forwards(live.request)
                 live.cancel()
                 yield Piece(delta, commits, event.step.iteration if event.step else None, event.prefix_length,
                             text.finish_reason, tokens=tuple(text.tokens), forwards=forwards)

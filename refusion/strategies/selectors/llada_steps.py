@@ -7,7 +7,6 @@ from typing import Sequence
 import attrs
 import torch
 
-from refusion.errors import ConfigError
 from refusion.plugins import hookimpl
 from refusion.state import Plan
 from refusion.strategies.base import SlotSelector
@@ -26,6 +25,12 @@ def even_schedule(masks: int, steps: int) -> list[int]:
     """
     base, extra = divmod(masks, steps)
     return [base + 1] * extra + [base] * (steps - extra)
+
+
+def block_steps(steps: int, blocks: int, block: int) -> int:
+    """Steps of serial block ``block`` (0-based) when ``steps`` are spread over ``blocks``: LLaDA's
+    ``steps // blocks`` when divisible, else the remainder to the earliest blocks; at least 1."""
+    return max(1, even_schedule(steps, blocks)[min(block, blocks - 1)])
 
 
 def next_count(plan: Plan, name: str, counts) -> int:
@@ -59,8 +64,10 @@ def canvas_uniform(plan: Plan) -> torch.Tensor:
 class LLaDASteps(SlotSelector):
     """LLaDA's sampler schedule (Nie et al., arXiv 2502.09992, ``generate.py``).
 
-    ``steps`` (over the whole generation, divisible by the number of blocks)
-    gives each serial block ``steps // blocks`` steps; a block's masks are
+    ``steps`` (over the whole generation) gives each serial block
+    ``steps // blocks`` steps, as LLaDA does when ``steps`` is divisible by
+    the number of blocks (LLaDA refuses other counts; here the remainder goes
+    to the earliest blocks, one step each, and a block always has a step); a block's masks are
     spread over them as evenly as possible, earlier steps taking one more
     (:func:`even_schedule`: block 16 over 7 steps unmasks 3,3,2,2,2,2,2).
     Each step unmasks the most confident slots (``remasking="low_confidence"``)
@@ -75,11 +82,7 @@ class LLaDASteps(SlotSelector):
     remasking: str = attrs.field(default="low_confidence", validator=one_of(REMASKING))
 
     def select(self, plan: Plan) -> Sequence[int]:
-        if self.steps % plan.num_blocks:
-            allowed = [s for s in range(plan.num_blocks, 4 * plan.num_blocks + 1, plan.num_blocks)]
-            raise ConfigError(f"`steps` ({self.steps}) must be a multiple of the number of blocks ({plan.num_blocks}), "
-                              f"as in LLaDA; e.g. {', '.join(map(str, allowed))}.")
-        per_block = self.steps // plan.num_blocks
+        per_block = block_steps(self.steps, plan.num_blocks, plan.slots[0].block)
         count = next_count(plan, self.name, lambda masks: even_schedule(masks, per_block))
         scores = plan.first_confidence if self.remasking == "low_confidence" else canvas_uniform(plan)
         return top_k(scores, count)

@@ -46,7 +46,7 @@ def test_bad_gen_length(model, gen_length):
 
 def test_prompt_plus_generation_longer_than_the_model_allows():
     adapter = HFCausalLM(tiny_qwen3(vocab_size=16, max_positions=32))
-    with pytest.raises(ConfigError, match="exceeds the model.s maximum of 32 positions; use gen_length <= 26"):
+    with pytest.raises(ConfigError, match="exceeds the model.s maximum of 32 positions; use gen_length <= 27"):
         paper().decode(adapter, [1, 2, 3, 4, 5], 28)
 
 
@@ -201,7 +201,7 @@ class Overlapping(FixedSlots := __import__("refusion.strategies.partitioners.fix
 
 
 @pytest.mark.parametrize("mode, message", [("overlap", "tile the region"), ("orphan", "every slot exactly once"),
-                                           ("short", "region of 2 < the requested 4")])
+                                           ("short", "region of 2 tokens for the requested 4")])
 def test_malformed_partitions_name_the_partitioner(model, mode, message):
     with pytest.raises(PluginError, match=f"partitioner 'overlapping'.*{message}"):
         Decoder.from_names(partitioner=Overlapping(mode=mode)).decode(model, [1, 2], 4)

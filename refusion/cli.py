@@ -107,14 +107,19 @@ def _decode(args: argparse.Namespace, prompts: list[Any], model: Any) -> list[An
             if getattr(args, key) is not None:
                 raise ConfigError(f"`{key}` is given twice (as an option and as -p {key}=...); keep one.")
             setattr(args, key, params.pop(key))
+    _add_flag_params(args, params)
+    return generate(prompts, model, gen_length=args.gen_length, preset=_chosen_preset(args), chat=args.chat,
+                    partitioner=args.partitioner, selector=args.selector, infiller=args.infiller,
+                    reorderer=args.reorderer, trace=getattr(args, "trace", None), **params)
+
+
+def _add_flag_params(args: argparse.Namespace, params: dict[str, Any]) -> None:
+    """Add the part-parameter flags (``--slot-size`` ...) to ``params``; a key given both ways is refused."""
     for flag, key in FLAG_PARAMS:
         if getattr(args, flag) is not None:
             if key in params:
                 raise ConfigError(f"`{key}` is given twice (as an option and as -p {key}=...); keep one.")
             params[key] = getattr(args, flag)
-    return generate(prompts, model, gen_length=args.gen_length, preset=_chosen_preset(args), chat=args.chat,
-                    partitioner=args.partitioner, selector=args.selector, infiller=args.infiller,
-                    reorderer=args.reorderer, trace=getattr(args, "trace", None), **params)
 
 
 def _chosen_preset(args: argparse.Namespace) -> Any:
@@ -353,13 +358,9 @@ def _serve(args: argparse.Namespace) -> int:
     parts = {key: params.pop(key) for key in ("partitioner", "selector", "infiller", "reorderer") if key in params}
     parts.update({key: getattr(args, key) for key in ("partitioner", "selector", "infiller", "reorderer")
                   if getattr(args, key) is not None})
-    for flag, key in FLAG_PARAMS:
-        if getattr(args, flag) is not None:
-            if key in params:
-                raise ConfigError(f"`{key}` is given twice (as an option and as -p {key}=...); keep one.")
-            params[key] = getattr(args, flag)
+    _add_flag_params(args, params)
     engine = params.pop("engine", None)
-    defaults = ServeDefaults(preset=args.preset, parts=parts, params=params, gen_length=args.gen_length)
+    defaults = ServeDefaults(preset=_chosen_preset(args), parts=parts, params=params, gen_length=args.gen_length)
     serve(_load(args), host=args.host, port=args.port, model_name=args.served_model_name or
           (args.model.rstrip("/").rsplit("/", 1)[-1] if args.model else "refusion-default"), defaults=defaults,
           max_rows=args.max_rows, max_batch_tokens=args.max_batch_tokens, max_queue=args.max_queue or None,

@@ -32,3 +32,18 @@ def test_server_defaults_apply_to_every_request_and_a_request_overrides_them():
                                                     "seed": 5, "temperature": 0.7}).json()
         assert own["refusion"]["tokens"] == refusion.generate("rev hello=", model, selector="topk", k=1, seed=5,
                                                               temperature=0.7, gen_length=12).tokens.tolist()
+
+
+def test_serve_takes_its_default_preset_from_a_preset_file(tmp_path, monkeypatch):
+    import json
+
+    import refusion.serve
+    from refusion.cli import main
+
+    path = tmp_path / "preset.json"
+    path.write_text(json.dumps({"gen_length": 16, "selector": "topk", "params": {"k": 2, "slot_size": 4}}))
+    seen = {}
+    monkeypatch.setattr(refusion.serve, "serve", lambda model, **kw: seen.update(kw))
+    assert main(["serve", "--preset-file", str(path)]) == 0
+    preset = seen["defaults"].preset
+    assert preset == refusion.load_preset(path) and dict(preset.params)["k"] == 2

@@ -28,7 +28,7 @@ SAMPLING_FIELDS = ("temperature", "top_p", "top_k")
 class ServeDefaults:
     """The server's decoding defaults: a preset, part names, flat part parameters and the default ``max_tokens``."""
 
-    preset: str | None = None
+    preset: Any = None  # a preset name or a loaded Preset (``--preset-file``)
     parts: Mapping[str, str] = attrs.field(factory=dict, converter=dict)
     params: Mapping[str, Any] = attrs.field(factory=dict, converter=dict)
     gen_length: int | None = None

@@ -7,48 +7,9 @@ from typing import Any
 from refusion.config import PART_KINDS, Preset, preset as get_preset
 from refusion.decoder import Decoder
 from refusion.errors import ConfigError, RefusionWarning
-from refusion.inputs import check_chat, check_device, check_known_characters, check_model_path, torch_dtype
+from refusion.inputs import check_chat, check_known_characters
 from refusion.models.base import ModelAdapter
-
-
-def load_model(model: Any = None, *, tokenizer: Any = None, adapter: str = "hf-causal", **adapter_kwargs: Any) -> ModelAdapter:
-    """A :class:`ModelAdapter` from an adapter, a transformers model or a checkpoint path.
-
-    ``None`` means the default model shipped with refusion. ``adapter`` names
-    the registered model adapter for paths and transformers models
-    (``hf-causal``; ``hf-mdm`` for bidirectional LLaDA/Dream-style models, with
-    ``logit_shift=``; ``hf-block`` for block-diffusion models, with ``block_length=``); other keywords go to the adapter and to transformers'
-    ``from_pretrained`` (``dtype``, ``device``, ``device_map``, ...).
-    """
-    from refusion.registry import registry
-
-    adapter_cls = registry().get("model_adapter", adapter)
-
-    if isinstance(model, ModelAdapter):
-        if tokenizer is not None:
-            model.tokenizer = tokenizer
-        return model
-    if model is None:
-        from refusion.models.default import default_model_path
-
-        model = str(default_model_path())
-    if isinstance(model, str):
-        check_model_path(model)
-        if "dtype" in adapter_kwargs:
-            adapter_kwargs["dtype"] = torch_dtype(adapter_kwargs["dtype"])
-        check_device(adapter_kwargs.get("device"))
-        try:
-            loaded = adapter_cls.from_pretrained(model, **adapter_kwargs)
-        except (OSError, ValueError) as exc:
-            if isinstance(exc, ConfigError):
-                raise
-            raise ConfigError(f"`model` {model!r} could not be loaded as a checkpoint: {exc}") from exc
-        if tokenizer is not None:
-            loaded.tokenizer = tokenizer
-        return loaded
-    if hasattr(model, "config") and callable(model):
-        return adapter_cls(model, tokenizer, **adapter_kwargs)
-    raise ConfigError(f"`model` must be a ModelAdapter, a transformers model or a path; got {type(model).__name__}.")
+from refusion.models.loading import load_model
 
 
 def encode_prompt(prompt: Any, tokenizer: Any, chat: bool | None) -> list[int]:
@@ -84,7 +45,10 @@ def build_decoder(
     ``preset`` (a name or a :class:`Preset`, e.g. from :func:`refusion.load_preset`) defaults to
     the checkpoint's own ``refusion.json``, else ``"paper"``;
     explicit parts and ``params`` override the preset (a preset parameter is
-    dropped when the part it belongs to is replaced).
+    dropped when the part it belongs to is replaced). A preset named after a
+    peer (``Preset.peer``) takes that peer function's own arguments among
+    ``params`` (:mod:`refusion.peers`); the generation length is then the
+    peer's (e.g. Dream's ``max_new_tokens``) when it names one.
     """
     if isinstance(preset, Preset):
         chosen = preset
@@ -93,12 +57,23 @@ def build_decoder(
     else:
         chosen = getattr(adapter, "preset", None) or get_preset("paper")
     specs = chosen.parts()
+    length = chosen.gen_length
+    translated: dict[str, Any] = {}
+    if chosen.peer is not None:  # the preset takes its peer function's own arguments
+        from refusion.peers import peer_function
+
+        function = peer_function(chosen.peer)
+        call = function.translate({k: params.pop(k) for k in list(params) if k in function.arguments}, adapter)
+        specs.update(call.parts)
+        translated = dict(call.params)
+        length = call.gen_length if call.gen_length is not None else length
     for kind, spec in zip(PART_KINDS, (partitioner, selector, infiller, reorderer)):
         if spec is not None:
             specs[kind] = spec
     merged = {key: value for key, value in chosen.params.items() if _applies(key, specs, chosen)}
-    merged.update({chosen.aliases.get(key, key): value for key, value in params.items()})
-    return Decoder.from_names(**specs, **merged), chosen.gen_length
+    merged.update(translated)
+    merged.update(params)
+    return Decoder.from_names(**specs, **merged), length
 
 
 def generate(
@@ -134,6 +109,11 @@ def generate(
     decode(s) there (:mod:`refusion.trace`, ``docs/trace.md``).
     """
     adapter = load_model(model, tokenizer=tokenizer)
+    if "max_new_tokens" in params:  # a peer's name for the length (Dream): honoured exactly, like gen_length
+        if gen_length is not None and gen_length != params["max_new_tokens"]:
+            raise ConfigError(f"Give `gen_length` ({gen_length}) or `max_new_tokens` ({params['max_new_tokens']}), "
+                              "not both.")
+        gen_length = params["max_new_tokens"]
     decoder, default_length = build_decoder(
         adapter, preset=preset, partitioner=partitioner, selector=selector, infiller=infiller, reorderer=reorderer,
         **params,

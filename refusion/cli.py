@@ -26,15 +26,22 @@ def _param(text: str) -> tuple[str, Any]:
 # -- shared options -------------------------------------------------------------
 def _model_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model")
-    group.add_argument("--model", default=None, help="checkpoint directory (default: the model shipped with refusion)")
+    group.add_argument("--model", default=None,
+                       help="checkpoint directory: LLaDA, Dream, SDAR and ReFusion checkpoints are recognised from "
+                       "their config.json (default: the model shipped with refusion)")
     group.add_argument("--device", default=None, help="torch device for the model, e.g. cuda")
     group.add_argument("--dtype", default="auto", help="model dtype: auto, float32, bfloat16, ...")
     group.add_argument("--mask-token-id", type=int, default=None, help="mask token id, if the checkpoint does not say")
     group.add_argument("--eos-token-id", type=int, action="append", default=None, help="EOS id (repeatable)")
-    group.add_argument("--adapter", default="hf-causal",
-                       help="model adapter: hf-causal (ReFusion and other causal LMs) or hf-mdm (bidirectional MDMs)")
+    group.add_argument("--adapter", default=None,
+                       help="for architectures outside the supported families only: hf-causal (causal LMs), hf-mdm "
+                       "(bidirectional MDMs) or hf-block (block diffusion); default: recognised from config.json")
     group.add_argument("--logit-shift", type=int, default=None, choices=(0, 1),
                        help="with --adapter hf-mdm: 0 = LLaDA-style, 1 = Dream-style (logits predict the next position)")
+    group.add_argument("--model-block-length", type=int, default=None, metavar="N",
+                       help="block length of a block-diffusion model (SDAR: config.json's block_size, else 4)")
+    group.add_argument("--trust-remote-code", action="store_true", default=False,
+                       help="run the checkpoint's own code (only for architectures outside the supported families)")
 
 
 def _decoding_options(parser: argparse.ArgumentParser) -> None:
@@ -84,7 +91,8 @@ def _load(args: argparse.Namespace):
     if not isinstance(dtype, (str, torch.dtype)):
         raise ConfigError(f"`--dtype` must be auto or a torch dtype name such as float32 or bfloat16; got {args.dtype!r}.")
     kwargs: dict[str, Any] = {"dtype": dtype}
-    for flag, key in (("device", "device"), ("mask_token_id", "mask_token_id"), ("eos_token_id", "eos_token_id")):
+    for flag, key in (("device", "device"), ("mask_token_id", "mask_token_id"), ("eos_token_id", "eos_token_id"),
+                      ("model_block_length", "block_length")):
         if getattr(args, flag) is not None:
             kwargs[key] = getattr(args, flag)
     if args.adapter == "hf-mdm":
@@ -92,7 +100,7 @@ def _load(args: argparse.Namespace):
     elif args.logit_shift is not None:
         raise ConfigError(f"`--logit-shift` {args.logit_shift} applies only with `--adapter hf-mdm` (bidirectional "
                           f"models); the adapter is {args.adapter!r}. Drop it or add `--adapter hf-mdm`.")
-    return load_model(args.model, adapter=args.adapter, **kwargs)
+    return load_model(args.model, adapter=args.adapter, trust_remote_code=args.trust_remote_code, **kwargs)
 
 
 NAMED = ("gen_length", "preset", "chat", "partitioner", "selector", "infiller", "reorderer")
@@ -258,7 +266,8 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
-MODEL_FLAGS = ("model", "device", "dtype", "mask_token_id", "eos_token_id", "adapter", "logit_shift")
+MODEL_FLAGS = ("model", "device", "dtype", "mask_token_id", "eos_token_id", "adapter", "logit_shift",
+               "model_block_length", "trust_remote_code")
 
 
 def model_settings(args: argparse.Namespace) -> dict[str, Any]:

@@ -1,9 +1,10 @@
 """From names and flat parameters to part instances, and the paper's named presets.
 
 ``build_parts(selector="topk", params={"k": 2, "slot_size": 4})`` sends each
-parameter to the one part that declares it; ``"selector.k"`` names the part
-explicitly. An unknown or ambiguous parameter is an error listing what each
-part accepts.
+parameter to the part that declares it (to each, when several do: the
+partitioner's and the selector's ``block_length`` are the same blocks);
+``"selector.k"`` names one part explicitly. An unknown parameter is an error
+listing what each part accepts.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ class Preset:
     """A named decoding configuration: part names, their parameters and a generation length.
 
     ``params`` may also hold the decoder's own options (``stop_at_eos``,
-    ``sampler``, ``temperature``, ``cfg_scale``, ...). ``aliases`` maps a
-    peer's parameter names to the library's (``{"threshold": "slot_threshold"}``),
-    so that a preset named after a peer takes that peer's arguments.
+    ``sampler``, ``temperature``, ``cfg_scale``, ...). ``peer`` names the
+    published function the preset reproduces (:mod:`refusion.peers`), so the
+    preset takes that function's own arguments (``threshold=None``,
+    ``denoising_steps=``, ``max_new_tokens=`` ...).
     """
 
     description: str
@@ -35,7 +37,7 @@ class Preset:
     selector: str = "threshold"
     infiller: str = "parallel-ar"
     reorderer: str = "commit-order"
-    aliases: Mapping[str, str] = attrs.field(factory=dict)
+    peer: str | None = None
 
     def parts(self) -> dict[str, str]:
         return {k: getattr(self, k) for k in PART_KINDS}
@@ -47,6 +49,7 @@ def _paper(task: str, slot_size: int, blocks: int, slot_t: float, token_t: float
         f"slot_threshold={slot_t}, token_threshold={token_t}, gen_length=512",
         gen_length=512,
         params=dict(slot_size=slot_size, serial_num_blocks=blocks, slot_threshold=slot_t, token_threshold=token_t),
+        peer="refusion.generate_refusion",
     )
 
 
@@ -57,6 +60,7 @@ PRESETS: dict[str, Preset] = {
         "slot_threshold=0.9, token_threshold=0.9, gen_length=128",
         gen_length=128,
         params=dict(slot_size=8, serial_num_blocks=2, slot_threshold=0.9, token_threshold=0.9),
+        peer="refusion.generate_refusion",
     ),
     "gsm8k": _paper("GSM8K", 32, 4, 0.9, 0.4),
     "mbpp": _paper("MBPP", 32, 4, 0.9, 0.3),
@@ -76,6 +80,7 @@ PRESETS: dict[str, Preset] = {
         selector="llada-steps",
         infiller="draft",
         reorderer="no-cache",
+        peer="llada.generate",
     ),
     "dream": Preset(
         description="Dream (arXiv 2508.15487, diffusion_generate): one block over the answer, `steps` 128 on the "
@@ -87,6 +92,7 @@ PRESETS: dict[str, Preset] = {
         selector="dream-steps",
         infiller="draft",
         reorderer="no-cache",
+        peer="dream.diffusion_generate",
     ),
     "fast-dllm": Preset(
         description="Fast-dLLM (arXiv 2505.22618, generate with `threshold`): blocks of `block_length` 32, every "
@@ -97,7 +103,34 @@ PRESETS: dict[str, Preset] = {
                     stop_at_eos=False),
         partitioner="semi-ar",
         infiller="draft",
-        aliases={"threshold": "slot_threshold"},
+        peer="fast_dllm.generate",
+    ),
+    "fast-dllm-dream": Preset(
+        description="Fast-dLLM's block decoder for Dream (generation_utils_block.py): blocks of `block_length` 32, "
+        "each starting with its first token, then every token with confidence >= `threshold` 0.9 (`alg` "
+        "confidence_threshold) or Dream's entropy schedule over `steps`; prefix cache (`dual_cache=True`: dual); "
+        "for models with logit shift 1; the answer cut at the first EOS afterwards",
+        gen_length=128,
+        params=dict(block_length=32, slot_size=1, alg="confidence_threshold", threshold=0.9, steps=128,
+                    prefix_at_block=True, stop_at_eos=False),
+        partitioner="semi-ar",
+        selector="dream-blocks",
+        infiller="draft",
+        reorderer="prefix-cache",
+        peer="fast_dllm.dream_block_generate",
+    ),
+    "sdar": Preset(
+        description="SDAR (block_diffusion_generate): the model's blocks (4) from position 0, `denoising_steps` 4 per "
+        "block, `remasking_strategy` low_confidence_dynamic (`confidence_threshold` 0.85), multinomial sampling at "
+        "`temperature` 1.0 as SDAR; stops after the block with an EOS (`stopping_criteria_idx`, as SDAR's script)",
+        gen_length=128,
+        params=dict(block_length=4, slot_size=1, align="absolute", denoising_steps=4,
+                    remasking_strategy="low_confidence_dynamic", confidence_threshold=0.85,
+                    sampler="block-multinomial", temperature=1.0, stop_at_eos="block"),
+        partitioner="semi-ar",
+        selector="sdar-steps",
+        infiller="draft",
+        peer="sdar.block_diffusion_generate",
     ),
     "ar": Preset(
         description="left-to-right lossless decoding: equals greedy autoregressive decoding",
@@ -109,10 +142,18 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+PRESETS["fast-dllm-prefix"] = attrs.evolve(
+    PRESETS["fast-dllm"],
+    description="Fast-dLLM threshold decoding with its prefix cache (generate_with_prefix_cache), for bidirectional "
+    "models",
+    reorderer="prefix-cache",
+    peer="fast_dllm.generate_with_prefix_cache",
+)
 PRESETS["fast-dllm-dual"] = attrs.evolve(
     PRESETS["fast-dllm"],
     description="Fast-dLLM threshold decoding with its dual cache (generate_with_dual_cache), for bidirectional models",
     reorderer="dual-cache",
+    peer="fast_dllm.generate_with_dual_cache",
 )
 
 
@@ -144,9 +185,8 @@ def route_params(registrations: Mapping[str, Registration], params: Mapping[str,
                 f"{kind} {reg.name!r}: {', '.join(sorted(accepted[kind])) or 'none'}" for kind, reg in registrations.items()
             )
             raise ConfigError(f"Unknown parameter `{key}`. Parameters by part: {listing}.")
-        if len(owners) > 1:
-            raise ConfigError(f"Parameter `{key}` is ambiguous ({', '.join(owners)}); spell it as e.g. `{owners[0]}.{key}`.")
-        routed[owners[0]][key] = value
+        for kind in owners:  # a parameter several parts declare (e.g. `block_length`) means the same to each
+            routed[kind][key] = value
     return routed
 
 

@@ -67,7 +67,8 @@ class Decoder:
     the best engine that can run the model (:func:`~refusion.engines.choose_engine`).
     ``stop_at_eos`` (default) drops every slot after a committed EOS (early
     stop); without it every position is decoded and the answer is cut at the
-    first EOS at the end. ``cfg_scale`` > 0 applies LLaDA's classifier-free
+    first EOS at the end; ``"block"`` finishes the serial block in which an
+    EOS was committed and stops there (SDAR's ``stopping_criteria_idx``). ``cfg_scale`` > 0 applies LLaDA's classifier-free
     guidance (a second forward with the prompt masked; see
     :meth:`~refusion.engines.base.Engine.guide`).
     """
@@ -79,7 +80,7 @@ class Decoder:
     sample: Sampler = greedy
     calls_per_token: int = attrs.field(default=4, validator=positive_int)
     engine: Any = attrs.field(default=None, validator=lambda i, a, v: _check_engine(v))
-    stop_at_eos: bool = attrs.field(default=True, validator=lambda i, a, v: _check_bool(a.name, v))
+    stop_at_eos: bool | str = attrs.field(default=True, validator=lambda i, a, v: _check_stop(v))
     seed: int = attrs.field(default=0, validator=lambda i, a, v: _check_seed(v))
     cfg_scale: float = attrs.field(default=0.0, validator=lambda i, a, v: _check_cfg_scale(v))
 
@@ -122,10 +123,10 @@ class Decoder:
         return cls(**parts, **own)
 
     # -- checking ---------------------------------------------------------------
-    def partition(self, gen_length: int) -> Partition:
-        """The partitioner's (checked) partition of ``gen_length`` tokens."""
+    def partition(self, gen_length: int, prompt_length: int = 0) -> Partition:
+        """The partitioner's (checked) partition of ``gen_length`` tokens after a ``prompt_length``-token prompt."""
         p = self.partitioner
-        return checked_partition(p, call_part(p, p.partition, gen_length), gen_length)
+        return checked_partition(p, call_part(p, p.partition_after, prompt_length, gen_length), gen_length)
 
     def fit_length(self, gen_length: int) -> int:
         """The smallest generation length >= ``gen_length`` the partitioner accepts (for callers that may adjust it)."""
@@ -156,7 +157,7 @@ class Decoder:
         prompt = check_prompt(prompt_ids, model)
         self.check_model(model)
         check_length(model, prompt.shape[0], gen_length, self, rounded=False)  # before any slot is built
-        partition = self.partition(gen_length)
+        partition = self.partition(gen_length, prompt.shape[0])
         check_length(model, prompt.shape[0], partition.gen_length, self)
         return Prepared(prompt, partition, self.seed if seed is None else seed)
 
@@ -228,9 +229,9 @@ def with_text(results: list[DecodeResult], tokenizer: Any) -> list[DecodeResult]
     return [attrs.evolve(r, text=tokenizer.decode(r.tokens.tolist(), skip_special_tokens=True)) for r in results]
 
 
-def _check_bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ConfigError(f"`{name}` must be True or False; got {value!r}.")
+def _check_stop(value: Any) -> None:
+    if not isinstance(value, bool) and value != "block":
+        raise ConfigError(f"`stop_at_eos` must be True, False or 'block'; got {value!r}.")
 
 
 def _check_seed(value: Any) -> None:
@@ -353,6 +354,9 @@ class DecodeSession:
                 encoded = self.cache.encoded
                 editor = self._reorder(result)
                 self.steps.append(self._step_record(block_index, remaining, plan, chosen, result, before, encoded, editor))
+            if d.stop_at_eos == "block" and self.eos_offset is not None:  # the block with the EOS is finished: stop
+                self.open = [False] * len(self.open)
+                break
         return self._result()
 
     def _plan(self, slots: tuple, drafted: bool) -> Generator[ModelCall, Any, Plan]:
@@ -380,13 +384,18 @@ class DecodeSession:
                     num_blocks=len(self.partition.blocks), memory=self.memory)
 
     def _draw(self, scores: Any, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        canvas = self.prompt_len + self.partition.gen_length
+        block = None
+        if getattr(self.decoder.sample, "draws_block", False) and hasattr(self.model, "block_start"):
+            start = self.model.block_start(int(positions[0]), self.prompt_len)
+            block = (start, min(start + self.model.capabilities.block_length, canvas))
         return apply_sampler(self.decoder.sample, scores, self.model.mask_token_id, self.generator,
-                             positions=positions, canvas_length=self.prompt_len + self.partition.gen_length)
+                             positions=positions, canvas_length=canvas, block=block)
 
     def _apply_eos(self, result: InfillResult) -> InfillResult:
         """Cut the answer at the earliest EOS: truncate its slot, drop every slot after it."""
         eos = self.model.eos_token_ids
-        if not eos or not self.decoder.stop_at_eos:
+        if not eos or self.decoder.stop_at_eos is False:
             return result
         every = torch.cat([c.tokens for c in result.commits]) if len(result.commits) > 1 else result.commits[0].tokens
         hits = torch.isin(every.cpu(), self._eos_ids)
@@ -400,6 +409,8 @@ class DecodeSession:
                 offset = c.slot.offset + int(found[0])
                 first = offset if first is None else min(first, offset)
         self.eos_offset = first if self.eos_offset is None else min(self.eos_offset, first)
+        if self.decoder.stop_at_eos == "block":  # the block is decoded to its end, as if no EOS had come
+            return result
         self.state.end_at(self.prompt_len + self.eos_offset)
         for slot in self.partition.slots:
             if slot.offset > first:

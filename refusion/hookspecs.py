@@ -43,6 +43,16 @@ def register_model_adapters(register: Register) -> None:
 
 
 @hookspec
+def register_model_families(register: Register) -> None:
+    """Register :class:`~refusion.models.families.base.ModelFamily` subclasses: ``register(MyFamily)``.
+
+    A family recognises published checkpoints from their ``config.json`` and
+    loads them into a maintained transformers class, so that
+    :func:`refusion.load_model` runs them without their remote code.
+    """
+
+
+@hookspec
 def register_engines(register: Register) -> None:
     """Register :class:`~refusion.engines.base.Engine` subclasses: ``register(MyEngine)``.
 

@@ -218,9 +218,18 @@ class BlockReuse:
     the masked suffix after the block is kept as well (its dual cache). Both
     are approximations on a bidirectional model; an engine whose cache is
     exact has nothing to approximate and may ignore the request.
+
+    On a model whose logits are shifted (Dream: position ``p`` is predicted
+    at ``p - 1``) the reused prefix ends one position before the block by
+    default (``prefix_at_block=False``), so that the block's first position
+    is predicted from keys/values recomputed with the block. With
+    ``prefix_at_block=True`` it ends at the block, as Fast-dLLM's Dream block
+    decoder does (which decodes the block's first position from the block's
+    first, full forward and never predicts it from the cache).
     """
 
     mode: Literal["prefix", "dual"] = attrs.field(validator=attrs.validators.in_(("prefix", "dual")))
+    prefix_at_block: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
 
 __all__ = ["BlockReuse", "Branch", "Epoch", "Extend", "ExtendOutput", "KVSegment", "ModelCall", "Projection"]

@@ -61,19 +61,23 @@ def decoder_spec(decoder: Any) -> dict[str, Any]:
     """Plain JSON that :func:`decoder_from_spec` turns back into an equal decoder.
 
     Holds each part's registry name, class and parameters, the sampler
-    (``"greedy"`` or ``{"temperature", "top_k", "top_p"}``), ``engine`` (its
+    (``"greedy"`` or ``{"sampler": name, ...its fields}``, a name of
+    :data:`refusion.sampling.SAMPLERS`; without ``sampler`` it is
+    ``"categorical"``), ``engine`` (its
     name, or None for the automatic choice), ``seed``, ``stop_at_eos`` and
     ``calls_per_token``. A custom sampler or a part parameter that is not a
     JSON value cannot be recorded and raises :class:`ConfigError` naming it.
     """
-    from refusion.sampling import Sampling, greedy
+    from refusion.sampling import SAMPLERS, greedy
 
+    names = {cls: name for name, cls in SAMPLERS.items()}
     if decoder.sample is greedy:
         sample: Any = "greedy"
-    elif isinstance(decoder.sample, Sampling):
-        sample = attrs.asdict(decoder.sample)
+    elif type(decoder.sample) in names:
+        sample = {"sampler": names[type(decoder.sample)], **attrs.asdict(decoder.sample)}
     else:
-        raise ConfigError(f"`sample` {decoder.sample!r} cannot be recorded: only greedy and Sampling(...) can.")
+        raise ConfigError(f"`sample` {decoder.sample!r} cannot be recorded: only greedy and the samplers "
+                          f"{', '.join(SAMPLERS)} can.")
     engine = decoder.engine
     if engine is not None and not isinstance(engine, str):
         engine = getattr(engine, "name", None) or _class_path(engine)
@@ -105,7 +109,7 @@ def decoder_from_spec(spec: Mapping[str, Any], *, where: str = "decoder") -> Any
     """
     from refusion.decoder import Decoder
     from refusion.registry import registry
-    from refusion.sampling import Sampling, greedy
+    from refusion.sampling import SAMPLERS, greedy
 
     if not isinstance(spec, Mapping):
         raise ConfigError(f"field `{where}` must be an object (a decoder spec); got {spec!r:.80}.")
@@ -118,19 +122,22 @@ def decoder_from_spec(spec: Mapping[str, Any], *, where: str = "decoder") -> Any
             params[f"{kind}.{key}"] = tuple(value) if isinstance(value, list) else value
         parts[kind] = name if _registered(kind, name) and _class_path(registry().get(kind, name)) == path else path
     sample = _field(spec, "sample", (str, Mapping), where)
+    fields = dict(sample) if isinstance(sample, Mapping) else {}
+    kind = SAMPLERS.get(fields.pop("sampler", "categorical"))
     if sample == "greedy":
         sampler: Any = greedy
-    elif isinstance(sample, Mapping) and set(sample) <= {"temperature", "top_k", "top_p"}:
-        sampler = Sampling(**sample)
+    elif kind is not None and set(fields) <= set(attrs.fields_dict(kind)):
+        sampler = kind(**fields)
     else:
-        raise ConfigError(f"field `{where}.sample` must be 'greedy' or an object of temperature, top_k, top_p; got {sample!r}.")
+        raise ConfigError(f"field `{where}.sample` must be 'greedy' or an object of `sampler` (one of "
+                          f"{', '.join(SAMPLERS)}) and its fields; got {sample!r}.")
     engine = spec.get("engine")
     if engine is not None and not isinstance(engine, str):
         raise ConfigError(f"field `{where}.engine` must be an engine name or null; got {engine!r}.")
     try:
         return Decoder.from_names(**parts, **params, sample=sampler, engine=engine,
                                   seed=_field(spec, "seed", int, where),
-                                  stop_at_eos=_field(spec, "stop_at_eos", bool, where),
+                                  stop_at_eos=_field(spec, "stop_at_eos", (bool, str), where),
                                   calls_per_token=_field(spec, "calls_per_token", int, where))
     except ConfigError as exc:
         raise ConfigError(f"field `{where}` does not build a decoder: {exc}") from exc

@@ -24,6 +24,7 @@ class RegistrationError(RefusionError):
 def _interfaces() -> dict[str, type]:
     from refusion.engines.base import Engine
     from refusion.models.base import ModelAdapter
+    from refusion.models.families.base import ModelFamily
     from refusion.strategies.base import CacheReorderer, Infiller, SlotPartitioner, SlotSelector
 
     return {
@@ -32,6 +33,7 @@ def _interfaces() -> dict[str, type]:
         "infiller": Infiller,
         "reorderer": CacheReorderer,
         "model_adapter": ModelAdapter,
+        "model_family": ModelFamily,
         "engine": Engine,
     }
 
@@ -43,6 +45,7 @@ HOOKS = {
     "infiller": "register_infillers",
     "reorderer": "register_reorderers",
     "model_adapter": "register_model_adapters",
+    "model_family": "register_model_families",
     "engine": "register_engines",
 }
 

@@ -87,8 +87,11 @@ def load_model_from(settings: Mapping[str, Any]) -> Any:
     unknown = sorted(set(options) - set(MODEL_FLAGS))
     if unknown:
         raise ConfigError(f"field `settings.model.{unknown[0]}` is not a model option; known: {', '.join(MODEL_FLAGS)}.")
+    if options.get("trust_remote_code"):
+        raise ConfigError("field `settings.model.trust_remote_code` is true: reproducing this record would run the "
+                          "checkpoint's own code; load that model yourself if you trust it.")
     defaults = {"model": None, "device": None, "dtype": "auto", "mask_token_id": None, "eos_token_id": None,
-                "adapter": "hf-causal", "logit_shift": 0}
+                "adapter": None, "logit_shift": None, "model_block_length": None, "trust_remote_code": False}
     return _load(argparse.Namespace(**{**defaults, **options}))
 
 

@@ -57,16 +57,22 @@ def is_greedy(sampler: Sampler) -> bool:
 
 def apply_sampler(sampler: Sampler, scores: "torch.Tensor | Scores", exclude: int | None,
                   generator: torch.Generator | None, *, positions: torch.Tensor | None = None,
-                  canvas_length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  canvas_length: int | None = None, block: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Call ``sampler`` with what it accepts: Scores if it says so, else full logits.
 
     A sampler whose ``draws_canvas`` attribute is true also receives the rows'
     absolute ``positions`` and the ``canvas_length`` (prompt plus region), to
-    draw its noise for the whole canvas as LLaDA does.
+    draw its noise for the whole canvas as LLaDA does; one whose
+    ``draws_block`` attribute is true receives the ``positions`` and the
+    model ``block`` ``(start, stop)`` that holds them, to draw for every row
+    of the block as SDAR does.
     """
     if getattr(sampler, "draws_canvas", False) and positions is not None:
         logits = scores.logits if isinstance(scores, Scores) else scores
         return sampler(logits, exclude=exclude, generator=generator, positions=positions, canvas_length=canvas_length)
+    if getattr(sampler, "draws_block", False) and positions is not None and block is not None:
+        logits = scores.logits if isinstance(scores, Scores) else scores
+        return sampler(logits, exclude=exclude, generator=generator, positions=positions, block=block)
     if getattr(sampler, "accepts_scores", False):
         return sampler(Scores.of(scores), exclude=exclude, generator=generator)
     return sampler(scores.logits if isinstance(scores, Scores) else scores, exclude=exclude, generator=generator)
@@ -180,5 +186,68 @@ class GumbelMax:
         return tokens, Scores(logits=logits).probability(tokens)
 
 
+def _top_k_off(instance, attribute, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise bad_value(attribute.name, value, "an integer >= 0 (0 = no top-k filter)")
+
+
+def _top_p_off(instance, attribute, value):
+    if not is_number(value) or not 0 < value <= 1:
+        raise bad_value(attribute.name, value, "a number in (0, 1] (1 = no top-p filter)")
+
+
+@attrs.frozen
+class BlockMultinomial:
+    """SDAR's sampling (``block_diffusion_generate``): one multinomial draw per row of the model block.
+
+    The logits are divided by ``temperature`` (unless it is 1), filtered to
+    the ``top_k`` best (0: no filter) and then to the smallest set whose
+    probability exceeds ``top_p`` (1: no filter), and each row draws its
+    token with ``torch.multinomial``'s algorithm (the argmax of ``p / q``,
+    ``q ~ Exp(1)``, for every vocabulary entry), for every row of the model
+    block ``(start, stop)`` in order, from the decode's generator, so a seeded
+    decode draws exactly what SDAR draws after ``torch.manual_seed`` with the
+    same seed; the rows of the planned ``positions`` are used. The confidence
+    is the drawn token's probability under that distribution. The mask token
+    is never drawn (SDAR may draw it; then the two differ). ``temperature`` 0
+    is greedy (SDAR divides by it and fails).
+    """
+
+    temperature: float = attrs.field(default=1.0, validator=_temperature)
+    top_k: int = attrs.field(default=0, validator=_top_k_off)
+    top_p: float = attrs.field(default=1.0, validator=_top_p_off)
+
+    draws_block = True
+    accepts_scores = True
+
+    def __call__(self, logits, exclude=None, generator=None, positions=None, block=None):
+        if self.temperature == 0:
+            return greedy(logits, exclude)
+        if isinstance(logits, Scores):
+            logits = logits.logits
+        x = logits if self.temperature == 1.0 else logits / self.temperature
+        if self.top_k > 0:
+            kth = torch.topk(x, min(self.top_k, x.shape[-1]), dim=-1).values[..., -1:]
+            x = torch.where(x < kth, torch.full_like(x, float("-inf")), x)
+        if self.top_p < 1.0:
+            ordered, order = torch.sort(x, dim=-1, descending=True)
+            drop = torch.softmax(ordered, dim=-1).cumsum(-1) > self.top_p
+            drop[..., 1:] = drop[..., :-1].clone()
+            drop[..., 0] = False
+            x = x.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
+        probs = torch.softmax(x, dim=-1)
+        if positions is None or block is None:  # no block known: draw for these rows only
+            race = torch.empty(probs.shape, dtype=probs.dtype).exponential_(1, generator=generator)
+        else:
+            start, stop = block
+            race = torch.empty((stop - start, probs.shape[-1]), dtype=probs.dtype).exponential_(1, generator=generator)
+            race = race[positions.cpu() - start]
+        keys = probs / race.to(probs.device)
+        if exclude is not None:
+            keys = keys.index_fill(-1, torch.tensor([exclude], device=keys.device), -1.0)
+        tokens = keys.argmax(-1)
+        return tokens, probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).float()
+
+
 #: Samplers by name, for ``Decoder.from_names(sampler=..., temperature=...)``.
-SAMPLERS = {"categorical": Sampling, "gumbel": GumbelMax}
+SAMPLERS = {"categorical": Sampling, "gumbel": GumbelMax, "block-multinomial": BlockMultinomial}

@@ -60,9 +60,13 @@ def test_every_preset_builds_and_decodes(name, checkpoint):
 
     from refusion.models.hf import HFCausalLM
 
+    from refusion.models.block import tiny_block_diffusion
+
     preset = PRESETS[name]
-    if preset.reorderer == "dual-cache":
-        model = tiny_bidirectional(vocab_size=24, max_positions=1024)
+    if preset.selector == "sdar-steps":
+        model = tiny_block_diffusion(vocab_size=24, max_positions=1024, block_length=4, layout="absolute")
+    elif preset.reorderer in ("dual-cache", "prefix-cache"):
+        model = tiny_bidirectional(vocab_size=24, max_positions=1024, logit_shift=int(name == "fast-dllm-dream"))
     else:
         model = HFCausalLM(tiny_qwen3(vocab_size=24, max_positions=1024, logit_scale=6.0))
     result = generate([1, 2], model, preset=name)

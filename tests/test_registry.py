@@ -30,11 +30,12 @@ def with_plugins(*plugins):
 def test_builtins_are_registered_under_their_names():
     reg = registry()
     assert set(reg.names("selector")) == {"threshold", "leftmost", "topk", "margin", "entropy", "random", "factor",
-                                         "llada-steps", "dream-steps"}
+                                         "llada-steps", "dream-steps", "dream-blocks", "sdar-steps"}
     assert set(reg.names("infiller")) == {"parallel-ar", "greedy-verify", "draft"}
     assert set(reg.names("reorderer")) == {"commit-order", "reencode", "no-cache", "prefix-cache", "dual-cache"}
     assert reg.names("partitioner") == ("fixed", "semi-ar")
     assert set(reg.names("model_adapter")) == {"hf-block", "hf-causal", "hf-mdm"}
+    assert reg.names("model_family") == ("llada", "dream", "sdar", "refusion")
     assert all(r.source == "built-in" for r in reg)
     assert len(DEFAULT_PLUGINS) == len({r.plugin for r in reg})
 
@@ -43,7 +44,8 @@ def test_unknown_name_lists_the_known_ones():
     with pytest.raises(UnknownNameError) as err:
         registry().get("selector", "best")
     assert "Unknown selector 'best'" in str(err.value)
-    assert "dream-steps, entropy, factor, leftmost, llada-steps, margin, random, threshold, topk" in str(err.value)
+    assert ("dream-blocks, dream-steps, entropy, factor, leftmost, llada-steps, margin, random, sdar-steps, threshold, "
+            "topk") in str(err.value)
 
 
 def test_every_hookspec_is_wired_to_a_kind():
@@ -54,7 +56,7 @@ def test_every_hookspec_is_wired_to_a_kind():
 def test_every_hook_registers_a_part(kind):
     reg = with_plugins(sample_plugin)
     names = {"selector": "rightmost", "partitioner": "one-block", "infiller": "lossless", "reorderer": "exact",
-             "model_adapter": "sample-adapter", "engine": "recompute"}
+             "model_adapter": "sample-adapter", "engine": "recompute", "model_family": "sample-family"}
     entry = reg.entry(kind, names[kind])
     assert entry.source == "local"
     assert entry.cls.__module__ == "tests.plugins.sample_plugin"

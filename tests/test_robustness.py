@@ -53,7 +53,7 @@ def test_top_k_one_is_greedy_and_sampling_never_draws_the_mask():
     (dict(temperature=1.0, top_k=0), "`top_k` must be None or an integer >= 1"),
     (dict(temperature=1.0, top_p=1.5), "`top_p` must be None or a number in \\(0, 1\\]"),
     (dict(seed=-1), r"`seed` must be an integer in \[0, 2\*\*64\)"),
-    (dict(stop_at_eos="yes"), "`stop_at_eos` must be True or False"),
+    (dict(stop_at_eos="yes"), "`stop_at_eos` must be True, False or 'block'"),
 ])
 def test_decoder_options_are_validated(kwargs, message):
     with pytest.raises(ConfigError, match=message):

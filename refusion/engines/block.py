@@ -12,10 +12,14 @@ first call after it finished, and never recomputed. ``block-recompute`` feeds
 everything from position 0 on every call, without a cache (the reference
 the cached engine is tested against).
 
-The decoder's serial blocks must be the model's blocks (partitioner
-``semi-ar`` with the model's ``block_length``); the engine refuses anything
-else with the reason, and refuses Fast-dLLM's approximate caches (the cache is
-exact already).
+The decoder's serial blocks must be the generation part of the model's
+blocks (partitioner ``semi-ar`` with the model's ``block_length``, and
+``align="absolute"`` for models whose blocks count from position 0, such as
+SDAR, whose first block also holds the prompt's last tokens); the engine
+refuses anything else with the reason, and refuses Fast-dLLM's approximate
+caches (the cache is exact already). A call's window starts at the first
+position not cached, which for SDAR's first block includes the prompt tokens
+of that block (recomputed with the block, as SDAR does).
 """
 
 from __future__ import annotations
@@ -36,22 +40,28 @@ class BlockSequence(SequenceState):
     """A sequence on a block-diffusion model: its cache of finished positions and its current block."""
 
     def __init__(self, context: SequenceCache, counters, prompt_length: int, region_length: int, kv: Any,
-                 block_length: int):
+                 model: Any):
         super().__init__(context, counters, prompt_length, region_length)
+        self.model = model
         self.kv = kv
         #: positions ``0:cached`` have their keys/values in ``kv``
         self.cached = 0
-        self.block_length = block_length
+        self.block_length = model.capabilities.block_length
         self.block: tuple[int, int] | None = None
 
     def start_block(self, start: int, stop: int, reuse: BlockReuse | None) -> None:
+        """Begin the decoder's serial block ``start:stop``; it must be the generation part of one model block."""
         if reuse is not None:
             raise ConfigError(f"the 'block' engine keeps an exact cache of finished blocks; the reorderer's {reuse.mode!r} "
                               "approximation does not apply (use reorderer 'commit-order').")
-        offset, length = start - self.prompt_length, self.block_length
-        if offset % length or stop - start > length or (stop - start < length and stop != self.canvas_length):
-            raise ConfigError(f"the decoder's serial block {offset}:{stop - self.prompt_length} is not one of the model's "
-                              f"blocks of `block_length` {length}: use partitioner 'semi-ar' with block_length={length}.")
+        first = self.model.block_start(start, self.prompt_length)
+        if (start, stop) != (max(first, self.prompt_length), min(first + self.block_length, self.canvas_length)):
+            a, b = start - self.prompt_length, stop - self.prompt_length
+            align = ("align='absolute' (the model's blocks count from position 0)"
+                     if getattr(self.model, "layout", "prompt") == "absolute" else "align='region'")
+            raise ConfigError(f"the decoder's serial block {a}:{b} is not one of the model's blocks of `block_length` "
+                              f"{self.block_length}: use partitioner 'semi-ar' with block_length={self.block_length} and "
+                              f"{align}.")
         self.block = (start, stop)
 
 
@@ -75,8 +85,7 @@ class BlockEngine(Engine):
 
     def admit(self, prompt: torch.Tensor, region_length: int) -> SequenceState:
         context = SequenceCache(_NoStore(), prompt, torch.arange(prompt.shape[0]))
-        return BlockSequence(context, self.new_counters(), prompt.shape[0], region_length, None,
-                             self.model.capabilities.block_length)
+        return BlockSequence(context, self.new_counters(), prompt.shape[0], region_length, None, self.model)
 
     def run(self, calls: Mapping[SequenceState, ModelCall]) -> dict[SequenceState, tuple[ExtendOutput, ...]]:
         self.epoch.value += 1
@@ -92,7 +101,8 @@ class BlockEngine(Engine):
             raise ConfigError(f"the 'block' engine answers positions of the current block {start}:{stop} only; "
                               f"got {wanted.tolist()}.")
         first = 0 if self.recompute else state.cached
-        if first > start:  # pragma: no cover - blocks only move forward
+        keep = self.model.block_start(start, state.prompt_length)  # the model block's first position
+        if first > keep:  # pragma: no cover - blocks only move forward
             raise RuntimeError("internal error: the block cache runs past the current block")
         window = torch.full((stop - first,), self.model.mask_token_id, dtype=torch.long)
         context = state.context
@@ -107,8 +117,8 @@ class BlockEngine(Engine):
         scores = self.model.scores(window[None].to(device), positions[None].to(device), mask, state.kv)[0]
         n = stop - first
         self.served({state: n}, pairs=n * stop, keys=first)
-        state.kv.crop(-(stop - start))  # the current block changes: keep what precedes it only
-        state.cached = start
+        state.kv.crop(-(stop - keep))  # the current block changes: keep what precedes it only
+        state.cached = keep
         return ExtendOutput(extend, scores[wanted - first], [], 0, 0, self.epoch, self.epoch.value)
 
 

@@ -47,6 +47,7 @@ class BlockCache:
     mode: str
     start: int
     stop: int
+    prefix_at_block: bool = False
     stale: bool = True
     kept: list | None = None
     prefix_end: int = 0
@@ -71,7 +72,7 @@ class CanvasSequence(SequenceState):
 
             raise ConfigError(f"`cfg_scale` > 0 needs a full forward at every step; the reorderer's {reuse.mode!r} "
                               "block cache cannot be combined with it (use reorderer 'commit-order' or 'no-cache').")
-        self.block = None if reuse is None else BlockCache(reuse.mode, start, stop)
+        self.block = None if reuse is None else BlockCache(reuse.mode, start, stop, reuse.prefix_at_block)
 
     def end_at(self, position: int) -> None:
         self.end = position + 1 if self.end is None else min(self.end, position + 1)
@@ -160,7 +161,7 @@ class CanvasEngine(Engine):
         logits = self._forward(state, canvas, positions, store)
         if block is not None:
             shift = self.model.capabilities.logit_shift
-            block.prefix_end = max(0, block.start - shift)
+            block.prefix_end = block.start if block.prefix_at_block else max(0, block.start - shift)
             block.suffix_start = block.stop if block.mode == "dual" else canvas.shape[0]
             kept = []
             for layer in store.layers:

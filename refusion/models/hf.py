@@ -110,33 +110,28 @@ class HFCausalLM(ModelAdapter):
 
     @classmethod
     def from_pretrained(
-        cls, path: str, *, dtype: torch.dtype | str = "auto", device: str | None = None, **kwargs: Any
+        cls, path: str, *, dtype: torch.dtype | str = "auto", device: str | None = None, trust_remote_code: bool = False,
+        **kwargs: Any
     ) -> "HFCausalLM":
-        """Load a checkpoint directory (or hub id, where the hub is reachable) with its tokenizer."""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        """Load a checkpoint directory (or hub id, where the hub is reachable) with its tokenizer.
 
-        from transformers.utils import logging as hf_logging
-
+        The checkpoint's own code (``auto_map``) runs only with
+        ``trust_remote_code=True``; transformers is told either way, so it never
+        asks on standard input.
+        """
         import inspect
+
+        from transformers import AutoModelForCausalLM
+
+        from refusion.models.families.base import load_tokenizer, quietly
 
         own = [n for n, p in inspect.signature(cls.__init__).parameters.items() if p.kind is p.KEYWORD_ONLY]
         adapter_kwargs = {k: kwargs.pop(k) for k in own if k in kwargs}
-        bars = hf_logging.is_progress_bar_enabled()
-        hf_logging.disable_progress_bar()
-        try:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
-        finally:
-            if bars:
-                hf_logging.enable_progress_bar()
+        model = quietly(AutoModelForCausalLM.from_pretrained, path, dtype=dtype, trust_remote_code=trust_remote_code,
+                        **kwargs)
         if device is not None:
             model = model.to(device)
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(path)
-        except (OSError, ValueError):
-            tokenizer = None
-        if tokenizer is not None and len(tokenizer) <= 1:  # transformers 5 returns an empty tokenizer for no files
-            tokenizer = None
-        adapter = cls(model, tokenizer, **adapter_kwargs)
+        adapter = cls(model, load_tokenizer(path, trust_remote_code), **adapter_kwargs)
         adapter.preset = read_model_preset(path)
         return adapter
 

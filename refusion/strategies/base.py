@@ -59,6 +59,15 @@ class SlotPartitioner(Part):
         does not fit the part's parameters, naming the nearest lengths that do.
         """
 
+    def partition_after(self, prompt_length: int, gen_length: int) -> Partition:
+        """The partition of a region that starts at absolute position ``prompt_length`` (the decoder calls this).
+
+        Same contract as :meth:`partition`. The default ignores where the
+        region starts; a partitioner whose blocks follow a model's absolute
+        block grid (``semi-ar`` with ``align="absolute"``) overrides it.
+        """
+        return self.partition(gen_length)
+
 
 class SlotSelector(Part):
     """Chooses which drafted slots to infill in this iteration."""

@@ -5,6 +5,7 @@ import torch
 
 from refusion.cache.sequence import SequenceCache
 from refusion.engines.base import Engine, SequenceState
+from refusion.models.families.refusion import ReFusion
 from refusion.models.hf import HFCausalLM
 from refusion.protocol import ExtendOutput
 from refusion.plugins import hookimpl
@@ -38,6 +39,21 @@ class Exact(Reencode):
 
 class Adapter(HFCausalLM):
     name = "sample-adapter"
+
+
+class SampleFamily(ReFusion):
+    """Checkpoints whose config.json says ``model_type: "sample-qwen"``, run as transformers' Qwen3."""
+
+    name = "sample-family"
+    description = "a test family: model_type sample-qwen as Qwen3ForCausalLM"
+    model_types = ("sample-qwen",)
+    remote_modules = ()
+
+    def matches(self, config):
+        return config.get("model_type") in self.model_types
+
+    def stock_config(self, config):
+        return super().stock_config({**config, "model_type": "qwen3"})
 
 
 class _LengthStore:
@@ -131,3 +147,8 @@ def register_reorderers(register):
 @hookimpl
 def register_model_adapters(register):
     register(Adapter)
+
+
+@hookimpl
+def register_model_families(register):
+    register(SampleFamily)

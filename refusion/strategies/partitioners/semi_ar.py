@@ -8,7 +8,10 @@ from refusion.plugins import hookimpl
 from refusion.state import Partition
 from refusion.strategies.base import SlotPartitioner
 from refusion.strategies.partitioners.fixed import check_gen_length, slots_of
+from refusion.choices import one_of
 from refusion.validators import positive_int
+
+ALIGNMENTS = ("region", "absolute")
 
 
 @attrs.frozen
@@ -19,12 +22,20 @@ class SemiAutoregressive(SlotPartitioner):
     token per slot inside blocks of 32. ``gen_length`` is honoured exactly: the
     last block (and its last slot) may be shorter; ``block_length`` must be a
     multiple of ``slot_size``.
+
+    ``align="region"`` (default) counts blocks from the region's first
+    position. ``align="absolute"`` counts them from position 0, as block
+    diffusion models such as SDAR do: the first block then ends at the next
+    multiple of ``block_length`` after the prompt (it is shorter when the
+    prompt's length is not a multiple), so the decoder's blocks are the
+    model's.
     """
 
     name = "semi-ar"
 
     block_length: int = attrs.field(default=32, validator=positive_int)
     slot_size: int = attrs.field(default=1, validator=positive_int)
+    align: str = attrs.field(default="region", validator=one_of(ALIGNMENTS))
 
     def __attrs_post_init__(self):
         if self.block_length % self.slot_size:
@@ -35,11 +46,18 @@ class SemiAutoregressive(SlotPartitioner):
             )
 
     def partition(self, gen_length: int) -> Partition:
+        return self.partition_after(0, gen_length)
+
+    def partition_after(self, prompt_length: int, gen_length: int) -> Partition:
         check_gen_length(gen_length)
+        first = self.block_length
+        if self.align == "absolute" and prompt_length % self.block_length:
+            first = self.block_length - prompt_length % self.block_length
+        starts = [0, *range(first, gen_length, self.block_length)]
         slots: list = []
         blocks: list = []
-        for b, offset in enumerate(range(0, gen_length, self.block_length)):
-            block = slots_of(offset, min(self.block_length, gen_length - offset), self.slot_size, len(slots), b)
+        for b, (offset, end) in enumerate(zip(starts, [*starts[1:], gen_length])):
+            block = slots_of(offset, end - offset, self.slot_size, len(slots), b)
             blocks.append(tuple(s.index for s in block))
             slots.extend(block)
         return Partition(gen_length, tuple(slots), tuple(blocks))

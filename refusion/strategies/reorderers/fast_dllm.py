@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 
 from refusion.cache.sequence import CacheEditor
+from refusion.choices import boolean
 from refusion.plugins import hookimpl
 from refusion.protocol import BlockReuse
 from refusion.state import InfillResult
@@ -17,18 +18,23 @@ class PrefixCache(CacheReorderer):
 
     Each step feeds the current block and the masked suffix; the prefix's
     keys/values are refreshed when the next block starts (Fast-dLLM, Sec. 3.2).
+    ``prefix_at_block`` (for models with shifted logits): see
+    :class:`~refusion.protocol.BlockReuse`; the ``fast-dllm-dream`` preset sets
+    it, as Fast-dLLM's Dream decoder caches exactly the positions before the block.
     """
 
     name = "prefix-cache"
     requires = {"causal": False, "kv_cache": True}
     mode = "prefix"
 
+    prefix_at_block: bool = attrs.field(default=False, validator=boolean)
+
     def reorder(self, cache: CacheEditor, result: InfillResult) -> None:
         for commit in result.commits:
             cache.append(commit.tokens, commit.positions)
 
     def start_block(self, start: int, stop: int) -> BlockReuse:
-        return BlockReuse(self.mode)
+        return BlockReuse(self.mode, prefix_at_block=self.prefix_at_block)
 
 
 @attrs.frozen

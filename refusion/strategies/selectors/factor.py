@@ -10,29 +10,44 @@ import torch
 from refusion.plugins import hookimpl
 from refusion.state import Plan
 from refusion.strategies.base import SlotSelector
+from refusion.choices import one_of
 from refusion.validators import positive_number
+
+
+RULES = ("paper", "fast-dllm")
 
 
 @attrs.frozen
 class FactorThreshold(SlotSelector):
-    """The ``n`` most confident slots, for the largest ``n`` with ``(n + 1) * (1 - c_n) < factor``.
+    """Fast-dLLM's factor-based parallel decoding (Wu et al., arXiv 2505.22618): the n-th most confident slot
+    needs confidence above ``1 - factor / (n + 1)``.
 
-    ``c_n`` is the ``n``-th highest first-token confidence (Fast-dLLM, Wu et al.,
-    arXiv 2505.22618, factor-based strategy: the n-th token needs confidence
-    above ``1 - factor / (n + 1)``). At least one slot is always chosen.
+    ``c_n`` is the ``n``-th highest first-token confidence. ``rule="paper"``
+    (default) takes the ``n`` most confident slots for the largest ``n`` with
+    ``(n + 1) * (1 - c_n) < factor``. ``rule="fast-dllm"`` is Fast-dLLM's
+    code (``get_transfer_index_dynamic``): ranks are taken in order up to the
+    first whose confidence is below its threshold (>= passes); when only the
+    last rank fails it is taken too. At least one slot is always chosen; ties
+    go to the lowest position.
     """
 
     name = "factor"
 
     factor: float = attrs.field(default=1.0, validator=positive_number)
+    rule: str = attrs.field(default="paper", validator=one_of(RULES))
 
     def select(self, plan: Plan) -> Sequence[int]:
         conf = plan.first_confidence.double()
         order = torch.sort(conf, descending=True, stable=True).indices
         ranked = conf[order]
         n = torch.arange(1, len(ranked) + 1, dtype=torch.float64)
-        ok = ((n + 1) * (1 - ranked) < self.factor).nonzero().flatten()
-        count = int(ok.max()) + 1 if len(ok) else 1
+        if self.rule == "paper":
+            ok = ((n + 1) * (1 - ranked) < self.factor).nonzero().flatten()
+            count = int(ok.max()) + 1 if len(ok) else 1
+        else:
+            failed = (ranked < 1 - self.factor / (n + 1)).nonzero().flatten().tolist()
+            first = next((i for i in failed if i > 0), None)  # rank 0 always passes
+            count = len(ranked) if first is None or first == len(ranked) - 1 else first
         return order[:count].tolist()
 
 

@@ -1,0 +1,260 @@
+"""Model families: published diffusion-LM checkpoints run by transformers' maintained classes.
+
+A :class:`ModelFamily` recognises a checkpoint from its ``config.json``
+(``model_type``, ``architectures`` or the module names in ``auto_map``),
+translates that config into the configuration of a maintained transformers
+class (LLaMA, Qwen2, Qwen3, ...), says how the published parameter names map
+onto that class's, and wraps the loaded network in the
+:class:`~refusion.models.base.ModelAdapter` the family needs (mask and EOS
+ids, logit shift, block length). Weights are read from the checkpoint's
+safetensors (one file or a sharded index) by transformers'
+``from_pretrained``, so ``dtype``, ``device_map``, attention implementations
+and quantization work as for any transformers model. No code from the
+checkpoint folder is ever imported.
+
+Families register through the ``register_model_families`` hook; a plugin adds
+one by subclassing :class:`ModelFamily` (see ``docs/models.md``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Iterable, Mapping
+
+from refusion.errors import ConfigError
+from refusion.models.base import ModelAdapter
+
+#: config.json keys that describe the file, not the network
+META_KEYS = ("architectures", "auto_map", "model_type", "transformers_version", "_name_or_path")
+
+
+class ModelFamily(ABC):
+    """How to load one family of published checkpoints without their remote code.
+
+    Subclasses set the class attributes that recognise the family and
+    implement :meth:`stock_config`, :meth:`model_class` and :meth:`adapter`;
+    :meth:`load` does the rest. A family must not import or execute anything
+    from the checkpoint folder, and must refuse (with :class:`ConfigError`
+    naming the config field) a config whose architecture the maintained class
+    cannot reproduce exactly.
+    """
+
+    #: registry name, e.g. ``"llada"``
+    name: ClassVar[str]
+    #: one line for ``refusion plugins`` and error messages
+    description: ClassVar[str] = ""
+    #: published checkpoints this family loads (documentation)
+    checkpoints: ClassVar[tuple[str, ...]] = ()
+    #: ``config.json`` ``model_type`` values of the family
+    model_types: ClassVar[tuple[str, ...]] = ()
+    #: ``config.json`` ``architectures`` entries of the family
+    architectures: ClassVar[tuple[str, ...]] = ()
+    #: module names of the family's published remote code, as ``auto_map`` names them (``"modeling_llada"``)
+    remote_modules: ClassVar[tuple[str, ...]] = ()
+    #: chat end-of-turn tokens that also end an answer when the tokenizer has them
+    end_of_turn: ClassVar[tuple[str, ...]] = ()
+    #: keyword options of :meth:`adapter` besides the model and tokenizer (e.g. ``block_length``)
+    adapter_options: ClassVar[tuple[str, ...]] = ("mask_token_id", "eos_token_id")
+    #: transformers tokenizer class to read the vocabulary files with when the published tokenizer class is
+    #: custom code and there is no ``tokenizer.json`` (Dream's ``DreamTokenizer`` is a ``Qwen2Tokenizer``)
+    tokenizer_class: ClassVar[str | None] = None
+
+    def matches(self, config: Mapping[str, Any]) -> bool:
+        """True when ``config`` (the parsed ``config.json``) is a checkpoint of this family."""
+        if config.get("model_type") in self.model_types:
+            return True
+        if any(arch in self.architectures for arch in config.get("architectures") or ()):
+            return True
+        return any(target.split(".")[0] in self.remote_modules for target in auto_map_targets(config))
+
+    @abstractmethod
+    def stock_config(self, config: Mapping[str, Any]) -> Any:
+        """The maintained class's ``PretrainedConfig`` for ``config``; refuse fields it cannot reproduce."""
+
+    @abstractmethod
+    def model_class(self) -> type:
+        """The maintained transformers class (e.g. ``LlamaForCausalLM``) the weights are loaded into."""
+
+    def key_mapping(self, config: Mapping[str, Any]) -> dict[str, str] | None:
+        """Published parameter-name patterns -> the maintained class's names (``None``: names already match)."""
+        return None
+
+    @abstractmethod
+    def adapter(self, model: Any, tokenizer: Any, config: Mapping[str, Any], **options: Any) -> ModelAdapter:
+        """Wrap the loaded network; ``options`` are the caller's :attr:`adapter_options`."""
+
+    # -- loading -----------------------------------------------------------------
+    def load(self, path: str, config: Mapping[str, Any], *, tokenizer: Any = None, dtype: Any = "auto",
+             device: str | None = None, attn_implementation: str = "sdpa", **kwargs: Any) -> ModelAdapter:
+        """Load the checkpoint at ``path`` (whose parsed ``config.json`` is ``config``).
+
+        ``kwargs`` may hold :attr:`adapter_options` and keywords of
+        transformers' ``from_pretrained`` (``device_map``, ``quantization_config``, ...).
+        """
+        from refusion.models.hf import read_model_preset
+
+        options = {k: kwargs.pop(k) for k in list(kwargs) if k in self.adapter_options}
+        if "trust_remote_code" in kwargs:
+            raise ConfigError("`trust_remote_code` is not used for a supported model family: refusion runs its "
+                              f"{self.name!r} checkpoints with transformers' own classes, never the checkpoint's code.")
+        stock = self.stock_config(config)
+        model = from_pretrained(self.model_class(), path, stock, self.key_mapping(config), dtype=dtype,
+                                attn_implementation=attn_implementation, **kwargs)
+        if device is not None:
+            model = model.to(device)
+        if tokenizer is None:
+            tokenizer = self.tokenizer(path)
+        adapter = self.adapter(model, tokenizer, config, **options)
+        adapter.family = self.name
+        adapter.preset = read_model_preset(path)
+        return adapter
+
+    def tokenizer(self, path: str) -> Any:
+        """The checkpoint's tokenizer without its code; ``None`` (with a warning) when it cannot be read so."""
+        import warnings
+
+        from refusion.errors import RefusionWarning
+
+        try:
+            return load_tokenizer(path, fallback=self.tokenizer_class)
+        except (OSError, ValueError) as exc:
+            warnings.warn(f"`model` {path!r}: its tokenizer could not be loaded without running its code ({exc}); "
+                          "prompts must be token ids, or pass `tokenizer=`.", RefusionWarning, stacklevel=4)
+            return None
+
+    def eos_ids(self, model: Any, tokenizer: Any, given: Any = None) -> Any:
+        """EOS ids: ``given`` if set, else the checkpoint's (generation config, config, tokenizer) plus :attr:`end_of_turn`."""
+        from refusion.models.hf import find_eos_token_ids
+
+        if given is not None:
+            return given
+        ids = set(find_eos_token_ids(model, tokenizer))
+        vocab = tokenizer.get_vocab() if tokenizer is not None and hasattr(tokenizer, "get_vocab") else {}
+        ids.update(vocab[t] for t in self.end_of_turn if t in vocab)
+        return sorted(ids) or None
+
+
+def auto_map_targets(config: Mapping[str, Any]) -> list[str]:
+    """The ``module.Class`` strings of a config's ``auto_map`` (values may be strings or lists)."""
+    targets: list[str] = []
+    for value in (config.get("auto_map") or {}).values():
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(item, str):
+                targets.append(item.split("--")[-1])  # "org/repo--module.Class" names code in another repo
+    return targets
+
+
+def plain_fields(config: Mapping[str, Any], drop: Iterable[str] = ()) -> dict[str, Any]:
+    """``config`` without the file-description keys (and ``drop``), to build a maintained class's config from.
+
+    A transformers-4 ``rope_theta``/``rope_scaling`` pair becomes transformers 5's ``rope_parameters``.
+    """
+    skip = set(META_KEYS) | set(drop)
+    fields = {k: v for k, v in config.items() if k not in skip}
+    if "rope_scaling" in fields:
+        scaling = dict(fields.pop("rope_scaling") or {})
+        kind = scaling.pop("rope_type", scaling.pop("type", "default"))
+        fields.setdefault("rope_parameters", {"rope_type": kind, **scaling, "rope_theta": fields.pop("rope_theta", 10000.0)})
+    return fields
+
+
+def refuse_fields(family: str, config: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
+    """Raise :class:`ConfigError` for the first field of ``config`` whose value is not the one ``expected`` allows.
+
+    ``expected`` maps a field to the allowed value, or to a tuple of allowed values.
+    """
+    for field, allowed in expected.items():
+        if field not in config:
+            continue
+        choices = allowed if isinstance(allowed, tuple) else (allowed,)
+        if config[field] not in choices:
+            raise ConfigError(
+                f"This {family} checkpoint sets `{field}` = {config[field]!r}; refusion runs {family} checkpoints with "
+                f"{', '.join(map(repr, choices))} only (the published models). Load it with its own code instead: "
+                f"`adapter=...` and `trust_remote_code=True`."
+            )
+
+
+def from_pretrained(cls: type, path: str, config: Any, key_mapping: dict[str, str] | None, **kwargs: Any) -> Any:
+    """``cls.from_pretrained`` with ``config`` given (so no remote code is looked at), quietly, checking the weights.
+
+    Every parameter of the network must come from the checkpoint and every
+    tensor of the checkpoint must be used; otherwise the error names them.
+    """
+    model, info = quietly(cls.from_pretrained, path, config=config, key_mapping=key_mapping, trust_remote_code=False,
+                          output_loading_info=True, **kwargs)
+    problems = {k: sorted(info.get(k) or ()) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    problems = {k: v for k, v in problems.items() if v}
+    if problems:
+        listing = "; ".join(f"{k.replace('_', ' ')}: {', '.join(map(str, v[:6]))}{' ...' if len(v) > 6 else ''}"
+                            for k, v in problems.items())
+        raise ConfigError(f"`model` {path!r}: the weights do not fit a {cls.__name__} built from its config.json "
+                          f"({listing}). Is the checkpoint complete and of the family its config names?")
+    return model.eval()
+
+
+def quietly(load: Any, *args: Any, **kwargs: Any) -> Any:
+    """Call a transformers loading function without its progress bars and load reports."""
+    from transformers.utils import logging as hf_logging
+
+    import warnings
+
+    bars = hf_logging.is_progress_bar_enabled()
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():  # transformers' notes on transformers-4 config fields are not the user's concern
+            warnings.simplefilter("ignore", FutureWarning)
+            return load(*args, **kwargs)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+#: files one of which a checkpoint with a tokenizer has
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False, fallback: str | None = None) -> Any:
+    """The checkpoint's tokenizer, or ``None`` if it has none; its code runs only with ``trust_remote_code``.
+
+    Without it the tokenizer class named in ``tokenizer_config.json`` is
+    built directly when transformers has it (so the checkpoint's
+    ``config.json`` and its ``auto_map`` are not consulted); a custom
+    tokenizer class (``auto_map``) is read from ``tokenizer.json`` with the
+    generic fast tokenizer, else with the transformers class named
+    ``fallback``.
+    """
+    import json
+    from pathlib import Path
+
+    import transformers
+
+    local = Path(path)
+    if not local.is_dir():  # a hub id
+        return quietly(transformers.AutoTokenizer.from_pretrained, path, trust_remote_code=trust_remote_code)
+    if not any((local / name).is_file() for name in TOKENIZER_FILES):
+        return None
+    if trust_remote_code:
+        return quietly(transformers.AutoTokenizer.from_pretrained, path, trust_remote_code=True)
+    settings_file = local / "tokenizer_config.json"
+    try:
+        settings = json.loads(settings_file.read_text(encoding="utf-8")) if settings_file.is_file() else {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"`model` {path!r}: tokenizer_config.json is not valid JSON ({exc}).") from exc
+    custom = "AutoTokenizer" in (settings.get("auto_map") or {})
+    named = getattr(transformers, str(settings.get("tokenizer_class")), None) if not custom else None
+    if isinstance(named, type) and hasattr(named, "from_pretrained"):
+        tokenizer = quietly(named.from_pretrained, path)
+    elif (local / "tokenizer.json").is_file():
+        tokenizer = quietly(transformers.PreTrainedTokenizerFast.from_pretrained, path)
+    elif custom and fallback is not None and (local / "vocab.json").is_file():
+        tokenizer = quietly(getattr(transformers, fallback).from_pretrained, path)
+    elif custom:
+        raise ValueError("its tokenizer class is custom code (`auto_map` in tokenizer_config.json) and there is no "
+                         "tokenizer.json (or vocab.json) to read the vocabulary from instead")
+    else:
+        tokenizer = quietly(transformers.AutoTokenizer.from_pretrained, path, trust_remote_code=False)
+    return tokenizer if len(tokenizer) > 1 else None  # transformers 5 gives an empty tokenizer for no files

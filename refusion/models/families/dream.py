@@ -1,0 +1,56 @@
+"""Dream (Ye et al., arXiv 2508.15487): a bidirectional Qwen2 whose logits at position ``p - 1`` predict ``p``.
+
+Published as ``DreamModel`` (``model_type`` ``Dream``, ``auto_map`` for
+``AutoModel`` only): Dream-org/Dream-v0-Base-7B and Dream-v0-Instruct-7B.
+Its parameters carry Qwen2's names and its network is Qwen2's with attention
+over the whole sequence, so it runs as transformers' ``Qwen2ForCausalLM``
+with ``is_causal=False``. That class computes its rotary table at
+construction, where transformers 5 leaves the remote class's buffer
+uninitialised.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from refusion.models.families.base import ModelFamily, plain_fields
+from refusion.plugins import hookimpl
+
+
+class Dream(ModelFamily):
+    """Dream checkpoints as a bidirectional ``Qwen2ForCausalLM`` (logit shift 1)."""
+
+    name = "dream"
+    description = "Dream (bidirectional Qwen2, logits shifted by one) as transformers' Qwen2ForCausalLM"
+    checkpoints = ("Dream-org/Dream-v0-Base-7B", "Dream-org/Dream-v0-Instruct-7B")
+    model_types = ("Dream",)
+    architectures = ("DreamModel",)
+    remote_modules = ("modeling_dream", "configuration_dream")
+    end_of_turn = ("<|im_end|>",)
+    tokenizer_class = "Qwen2Tokenizer"
+
+    def stock_config(self, config: Mapping[str, Any]) -> Any:
+        from transformers import Qwen2Config
+
+        # Dream's attention always spans the whole canvas: no sliding window, whatever the config says
+        fields = plain_fields(config, drop=("use_sliding_window", "sliding_window", "max_window_layers", "layer_types"))
+        stock = Qwen2Config(**fields, use_sliding_window=False)
+        stock.is_causal = False
+        return stock
+
+    def model_class(self) -> type:
+        from transformers import Qwen2ForCausalLM
+
+        return Qwen2ForCausalLM
+
+    def adapter(self, model: Any, tokenizer: Any, config: Mapping[str, Any], *, mask_token_id: Any = None,
+                eos_token_id: Any = None):
+        from refusion.models.mdm import HFMaskedDiffusionLM
+
+        return HFMaskedDiffusionLM(model, tokenizer, logit_shift=1, mask_token_id=mask_token_id,
+                                   eos_token_id=self.eos_ids(model, tokenizer, eos_token_id))
+
+
+@hookimpl
+def register_model_families(register):
+    register(Dream)

@@ -1,0 +1,143 @@
+"""``load_model``: a :class:`~refusion.models.base.ModelAdapter` from a checkpoint path, a network or an adapter.
+
+A checkpoint directory is recognised from its ``config.json``: a registered
+:class:`~refusion.models.families.ModelFamily` (LLaDA, Dream, SDAR, ReFusion)
+loads it into a maintained transformers class; a standard transformers
+architecture loads as a causal LM (``hf-causal``); anything else needs the
+user to say how (``adapter=`` and, for code shipped with the checkpoint,
+``trust_remote_code=True``). transformers is always told whether remote code
+may run, so it never asks on standard input.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+from refusion.errors import ConfigError
+from refusion.inputs import check_device, check_model_path, torch_dtype
+from refusion.models.base import ModelAdapter
+
+#: keywords :func:`load_model` passes on to transformers' ``from_pretrained``
+TRANSFORMERS_OPTIONS = ("device_map", "attn_implementation", "quantization_config", "max_memory", "offload_folder",
+                        "tp_plan", "revision", "cache_dir", "local_files_only", "token", "low_cpu_mem_usage",
+                        "use_safetensors", "subfolder")
+
+
+def load_model(model: Any = None, *, tokenizer: Any = None, adapter: str | None = None, trust_remote_code: bool = False,
+               **options: Any) -> ModelAdapter:
+    """A :class:`ModelAdapter` from a checkpoint path, a transformers model or an adapter (returned as is).
+
+    ``None`` means the model shipped with refusion. For a path, the
+    checkpoint's family is recognised from ``config.json`` (``refusion
+    plugins`` lists the families; ``docs/models.md`` the checkpoints) and
+    everything else (mask and EOS ids, logit shift, block length) is read
+    from it. ``options``: ``dtype`` (``"auto"``, a dtype or its name),
+    ``device``, transformers' loading keywords (``device_map``,
+    ``attn_implementation``, ``quantization_config``, ...) and the adapter's
+    (``mask_token_id``, ``eos_token_id``, ``block_length`` for block
+    diffusion, ``logit_shift`` for ``hf-mdm``). ``adapter`` names a registered
+    adapter (``hf-causal``, ``hf-mdm``, ``hf-block``) to use instead of the
+    family's, for architectures outside the families; the checkpoint's own
+    code runs only with ``trust_remote_code=True``.
+    """
+    from refusion.registry import registry
+
+    if isinstance(model, ModelAdapter):
+        if tokenizer is not None:
+            model.tokenizer = tokenizer
+        return model
+    if not isinstance(trust_remote_code, bool):
+        raise ConfigError(f"`trust_remote_code` must be True or False; got {trust_remote_code!r}.")
+    if model is None:
+        from refusion.models.default import default_model_path
+
+        model = str(default_model_path())
+    if isinstance(model, str):
+        check_model_path(model)
+        if "dtype" in options:
+            options["dtype"] = torch_dtype(options["dtype"])
+        check_device(options.get("device"))
+        config = read_config(model)
+        family = None if adapter is not None else find_family(config)
+        if family is not None:
+            check_options(options, family.adapter_options, f"the {family.name!r} family")
+            return _loading(model, family.load, model, config, tokenizer=tokenizer, **options)
+        adapter_cls = registry().get("model_adapter", adapter or "hf-causal")
+        if adapter is None and needs_own_code(config) and not trust_remote_code:
+            raise unknown_architecture(model, config)
+        loaded = _loading(model, adapter_cls.from_pretrained, model, trust_remote_code=trust_remote_code, **options)
+        if tokenizer is not None:
+            loaded.tokenizer = tokenizer
+        return loaded
+    if hasattr(model, "config") and callable(model):
+        return registry().get("model_adapter", adapter or "hf-causal")(model, tokenizer, **options)
+    raise ConfigError(f"`model` must be a ModelAdapter, a transformers model or a path; got {type(model).__name__}.")
+
+
+def _loading(path: str, load: Any, *args: Any, **kwargs: Any) -> ModelAdapter:
+    """``load(*args, **kwargs)``, with transformers' I/O and format errors named after the checkpoint."""
+    try:
+        return load(*args, **kwargs)
+    except ConfigError:
+        raise
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"`model` {path!r} could not be loaded as a checkpoint: {exc}") from exc
+
+
+def read_config(path: str) -> dict[str, Any]:
+    """The checkpoint's parsed ``config.json`` (a local directory, or a hub id where the hub is reachable)."""
+    from transformers.utils import cached_file
+
+    try:
+        file = cached_file(path, "config.json")
+    except OSError as exc:
+        raise ConfigError(f"`model` {path!r}: its config.json cannot be read ({exc}).") from exc
+    try:
+        with open(file, encoding="utf-8") as handle:
+            config = json.load(handle)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"`model` {path!r}: config.json is not valid JSON ({exc}).") from exc
+    if not isinstance(config, dict):
+        raise ConfigError(f"`model` {path!r}: config.json must hold a JSON object; got {type(config).__name__}.")
+    return config
+
+
+def find_family(config: Mapping[str, Any]) -> Any:
+    """The registered :class:`~refusion.models.families.ModelFamily` (an instance) that recognises ``config``, or None."""
+    from refusion.registry import registry
+
+    for entry in registry().entries("model_family"):
+        family = entry.cls()
+        if family.matches(config):
+            return family
+    return None
+
+
+def needs_own_code(config: Mapping[str, Any]) -> bool:
+    """True when transformers cannot build ``config``'s network by itself (an unknown ``model_type``)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    return config.get("model_type") not in CONFIG_MAPPING
+
+
+def unknown_architecture(path: str, config: Mapping[str, Any]) -> ConfigError:
+    """The error for a checkpoint no family recognises and transformers cannot build: names both ways out."""
+    from refusion.registry import registry
+
+    families = "; ".join(f"{e.name} ({', '.join(e.cls.checkpoints)})" for e in registry().entries("model_family"))
+    what = f"model_type {config.get('model_type')!r}, architectures {config.get('architectures')}"
+    return ConfigError(
+        f"`model` {path!r} ({what}) is not a family refusion loads, and transformers has no class for it. "
+        f"Supported families: {families}. To run the checkpoint's own code instead, pass `trust_remote_code=True` "
+        "(CLI: --trust-remote-code) and the adapter that fits it: `adapter='hf-causal'` (causal), 'hf-mdm' "
+        "(bidirectional, with `logit_shift`) or 'hf-block' (block diffusion, with `block_length`)."
+    )
+
+
+def check_options(options: Mapping[str, Any], adapter_options: tuple[str, ...], owner: str) -> None:
+    """Refuse a loading keyword that neither transformers nor ``owner`` takes."""
+    allowed = ("dtype", "device", *TRANSFORMERS_OPTIONS, *adapter_options)
+    for key in options:
+        if key not in allowed:
+            raise ConfigError(f"`{key}` is not an option of {owner}; it takes: {', '.join(allowed)}.")

@@ -1,0 +1,37 @@
+"""The peers' published decoding functions, and how refusion's presets take their calls.
+
+``peer_function("fast_dllm.generate_with_dual_cache")`` describes one
+(:class:`~refusion.peers.base.PeerFunction`); :func:`translate` turns the
+arguments of a call into refusion's parts and parameters. One module per
+peer: ``llada``, ``fast_dllm``, ``dream``, ``sdar``, ``reference`` (ReFusion's
+own decoder).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from refusion.errors import unknown_name
+from refusion.peers.base import PeerCall, PeerFunction
+
+
+def peer_functions() -> dict[str, PeerFunction]:
+    """Every peer function refusion's presets take, by name."""
+    from refusion.peers import dream, fast_dllm, llada, reference, sdar
+
+    return {f.name: f for module in (llada, fast_dllm, dream, sdar, reference) for f in module.FUNCTIONS}
+
+
+def peer_function(name: str) -> PeerFunction:
+    functions = peer_functions()
+    if name not in functions:
+        raise unknown_name("peer function", name, functions)
+    return functions[name]
+
+
+def translate(name: str, args: Mapping[str, Any], model: Any) -> PeerCall:
+    """The peer function ``name``'s call with ``args`` (its own argument names) in refusion's terms, for ``model``."""
+    return peer_function(name).translate(args, model)
+
+
+__all__ = ["PeerCall", "PeerFunction", "peer_function", "peer_functions", "translate"]

@@ -1,0 +1,70 @@
+"""What a peer preset knows: the peer's function, its arguments, and how each becomes refusion's.
+
+A :class:`PeerFunction` describes one published decoding function (LLaDA's
+``generate``, Fast-dLLM's ``generate_with_dual_cache``, SDAR's
+``block_diffusion_generate``, ...): every argument it takes besides the model
+and the prompt, and a ``translate`` callable that turns the arguments of a
+call into a :class:`PeerCall` (part names, part and decoder parameters,
+generation length) or refuses an argument with a :class:`ConfigError` naming
+it and saying why. Presets named after a peer carry the function's name
+(``Preset.peer``), so ``refusion.generate(..., preset="fast-dllm-dual",
+threshold=None, steps=16)`` takes the peer's own call.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import attrs
+
+from refusion.errors import ConfigError
+
+
+@attrs.frozen
+class PeerCall:
+    """A peer call in refusion's terms: part names replacing the preset's, parameters, and ``gen_length`` (or None)."""
+
+    parts: Mapping[str, str] = attrs.field(factory=dict)
+    params: Mapping[str, Any] = attrs.field(factory=dict)
+    gen_length: int | None = None
+
+
+@attrs.frozen
+class PeerFunction:
+    """One published decoding function: ``name`` (``"fast_dllm.generate"``), the ``preset`` that runs it,
+    where it is published (``source``), every argument it takes besides the model and the prompt, and
+    ``translate(args, model) -> PeerCall`` for the arguments given."""
+
+    name: str
+    preset: str
+    source: str
+    arguments: tuple[str, ...]
+    translate: Callable[[Mapping[str, Any], Any], PeerCall] = attrs.field(repr=False)
+
+
+def refuse(function: str, arg: str, value: Any, why: str) -> ConfigError:
+    """The error for a peer argument refusion does not take: names the function, the argument and why."""
+    return ConfigError(f"`{arg}`={value!r} of {function} is not supported: {why}")
+
+
+def check_mask_id(function: str, arg: str, value: Any, model: Any) -> None:
+    """A peer's mask-id argument must be the model's mask token (refusion reads it from the checkpoint)."""
+    if value is not None and value != model.mask_token_id:
+        raise refuse(function, arg, value, f"the model's mask token is {model.mask_token_id} (from its checkpoint); "
+                     "load the model with `mask_token_id=` to use another.")
+
+
+def check_no_padding(function: str, value: Any) -> None:
+    """A peer's ``attention_mask`` may only say "no padding": refusion batches prompts of any lengths unpadded."""
+    import torch
+
+    if value is None:
+        return
+    if not isinstance(value, torch.Tensor) or not bool((value == 1).all()):
+        raise refuse(function, "attention_mask", "a padding mask", "refusion decodes a list of prompts of different "
+                     "lengths without padding; pass the prompts unpadded (a mask of ones is accepted).")
+
+
+def taken(args: Mapping[str, Any], *names: str) -> dict[str, Any]:
+    """The arguments among ``names`` that the call gives, under the same names."""
+    return {name: args[name] for name in names if name in args}

@@ -78,6 +78,14 @@ def apply_sampler(sampler: Sampler, scores: "torch.Tensor | Scores", exclude: in
     return sampler(scores.logits if isinstance(scores, Scores) else scores, exclude=exclude, generator=generator)
 
 
+def keep_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """``logits`` with every entry below the ``k``-th largest of its row set to ``-inf`` (ties with it kept)."""
+    if k >= logits.shape[-1]:
+        return logits
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
 def _temperature(instance, attribute, value):
     if not is_number(value) or value < 0:
         raise bad_value(attribute.name, value, "a finite number >= 0 (0 = greedy)")
@@ -130,9 +138,8 @@ class Sampling:
         x = logits.float() / self.temperature
         if exclude is not None:
             x = x.index_fill(-1, torch.tensor([exclude], device=x.device), float("-inf"))
-        if self.top_k is not None and self.top_k < x.shape[-1]:
-            kth = torch.topk(x, self.top_k, dim=-1).values[..., -1:]
-            x = x.masked_fill(x < kth, float("-inf"))
+        if self.top_k is not None:
+            x = keep_top_k(x, self.top_k)
         if self.top_p is not None and self.top_p < 1:
             ordered, order = torch.sort(x, dim=-1, descending=True)
             cumulative = torch.softmax(ordered, dim=-1).cumsum(-1)
@@ -227,8 +234,7 @@ class BlockMultinomial:
             logits = logits.logits
         x = logits if self.temperature == 1.0 else logits / self.temperature
         if self.top_k > 0:
-            kth = torch.topk(x, min(self.top_k, x.shape[-1]), dim=-1).values[..., -1:]
-            x = torch.where(x < kth, torch.full_like(x, float("-inf")), x)
+            x = keep_top_k(x, self.top_k)
         if self.top_p < 1.0:
             ordered, order = torch.sort(x, dim=-1, descending=True)
             drop = torch.softmax(ordered, dim=-1).cumsum(-1) > self.top_p

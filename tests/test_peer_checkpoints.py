@@ -236,3 +236,28 @@ def test_a_custom_tokenizer_class_is_read_without_its_code(tmp_path):
     with pytest.warns(refusion.errors.RefusionWarning, match="tokenizer could not be loaded"):
         model = refusion.load_model(str(folder))
     assert model.tokenizer is None and not marker.exists()
+
+
+def test_own_code_runs_only_when_trusted(tmp_path):
+    """An architecture outside the families loads with its own code when the user passes trust_remote_code=True."""
+    folder, marker = poisoned_copy(tmp_path, "refusion", "modeling_mystery")
+    (folder / "configuration_mystery.py").write_text(
+        "from transformers import Qwen3Config\n\n\nclass MysteryConfig(Qwen3Config):\n    model_type = 'mystery'\n")
+    (folder / "modeling_mystery.py").write_text(
+        (folder / "modeling_mystery.py").read_text()
+        + "from transformers import Qwen3ForCausalLM\nfrom .configuration_mystery import MysteryConfig\n\n\n"
+        "class MysteryLM(Qwen3ForCausalLM):\n    config_class = MysteryConfig\n")
+    config = json.loads((folder / "config.json").read_text())
+    config.update(model_type="mystery", architectures=["MysteryLM"],
+                  auto_map={"AutoConfig": "configuration_mystery.MysteryConfig",
+                            "AutoModelForCausalLM": "modeling_mystery.MysteryLM"})
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="trust_remote_code=True"):
+        refusion.load_model(str(folder))
+    assert not marker.exists()
+    model = refusion.load_model(str(folder), trust_remote_code=True, adapter="hf-causal")
+    assert marker.exists() and type(model.model).__name__ == "MysteryLM"
+    prompt = golden("refusion")["prompts"][0]
+    trusted = refusion.generate(prompt, model, gen_length=16)
+    assert trusted.tokens.tolist() == refusion.generate(prompt, refusion.load_model(str(FIXTURES / "refusion")),
+                                                        gen_length=16).tokens.tolist()

@@ -42,7 +42,9 @@ class ModelAdapter(ABC):
     Attributes every adapter provides: ``mask_token_id`` (int), ``eos_token_ids``
     (frozenset of ints, may be empty), ``vocab_size``, ``max_positions`` (the
     longest prompt + generation it supports, or ``None``), ``device``,
-    ``tokenizer`` (or ``None``) and ``forwards`` (model forwards run so far).
+    ``tokenizer`` (or ``None``), ``forwards`` (model forwards run so far) and
+    ``family`` (the checkpoint family that loaded it, e.g. ``"llada"``, or
+    ``None``; see :mod:`refusion.models.families`).
     """
 
     name: ClassVar[str]
@@ -54,6 +56,7 @@ class ModelAdapter(ABC):
     max_positions: int | None
     tokenizer: Any | None
     forwards: int = 0
+    family: str | None = None
 
     @property
     @abstractmethod

@@ -134,6 +134,20 @@ class ModelFamily(ABC):
         return sorted(ids) or None
 
 
+class MaskedDiffusionFamily(ModelFamily):
+    """A family of bidirectional masked diffusion LMs, run by the ``hf-mdm`` adapter with the family's ``logit_shift``."""
+
+    #: 0 when the logits at a mask predict that position (LLaDA), 1 when they predict the next one (Dream)
+    logit_shift: ClassVar[int] = 0
+
+    def adapter(self, model: Any, tokenizer: Any, config: Mapping[str, Any], *, mask_token_id: Any = None,
+                eos_token_id: Any = None) -> ModelAdapter:
+        from refusion.models.mdm import HFMaskedDiffusionLM
+
+        return HFMaskedDiffusionLM(model, tokenizer, logit_shift=self.logit_shift, mask_token_id=mask_token_id,
+                                   eos_token_id=self.eos_ids(model, tokenizer, eos_token_id))
+
+
 def auto_map_targets(config: Mapping[str, Any]) -> list[str]:
     """The ``module.Class`` strings of a config's ``auto_map`` (values may be strings or lists)."""
     targets: list[str] = []

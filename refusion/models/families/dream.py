@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from refusion.models.families.base import ModelFamily, plain_fields
+from refusion.models.families.base import MaskedDiffusionFamily, plain_fields
 from refusion.plugins import hookimpl
 
 
-class Dream(ModelFamily):
+class Dream(MaskedDiffusionFamily):
     """Dream checkpoints as a bidirectional ``Qwen2ForCausalLM`` (logit shift 1)."""
 
     name = "dream"
@@ -28,6 +28,7 @@ class Dream(ModelFamily):
     remote_modules = ("modeling_dream", "configuration_dream")
     end_of_turn = ("<|im_end|>",)
     tokenizer_class = "Qwen2Tokenizer"
+    logit_shift = 1
 
     def stock_config(self, config: Mapping[str, Any]) -> Any:
         from transformers import Qwen2Config
@@ -42,13 +43,6 @@ class Dream(ModelFamily):
         from transformers import Qwen2ForCausalLM
 
         return Qwen2ForCausalLM
-
-    def adapter(self, model: Any, tokenizer: Any, config: Mapping[str, Any], *, mask_token_id: Any = None,
-                eos_token_id: Any = None):
-        from refusion.models.mdm import HFMaskedDiffusionLM
-
-        return HFMaskedDiffusionLM(model, tokenizer, logit_shift=1, mask_token_id=mask_token_id,
-                                   eos_token_id=self.eos_ids(model, tokenizer, eos_token_id))
 
 
 @hookimpl

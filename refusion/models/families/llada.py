@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from refusion.errors import ConfigError
-from refusion.models.families.base import ModelFamily, refuse_fields
+from refusion.models.families.base import MaskedDiffusionFamily, refuse_fields
 from refusion.plugins import hookimpl
 
 #: published name (regex on the checkpoint key) -> LlamaForCausalLM name
@@ -53,7 +53,7 @@ SUPPORTED = {
 }
 
 
-class LLaDA(ModelFamily):
+class LLaDA(MaskedDiffusionFamily):
     """LLaDA checkpoints as a bidirectional ``LlamaForCausalLM`` (logit shift 0)."""
 
     name = "llada"
@@ -115,13 +115,6 @@ class LLaDA(ModelFamily):
 
     def key_mapping(self, config: Mapping[str, Any]) -> dict[str, str]:
         return dict(KEY_MAPPING)
-
-    def adapter(self, model: Any, tokenizer: Any, config: Mapping[str, Any], *, mask_token_id: Any = None,
-                eos_token_id: Any = None):
-        from refusion.models.mdm import HFMaskedDiffusionLM
-
-        return HFMaskedDiffusionLM(model, tokenizer, logit_shift=0, mask_token_id=mask_token_id,
-                                   eos_token_id=self.eos_ids(model, tokenizer, eos_token_id))
 
 
 @hookimpl

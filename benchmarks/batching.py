@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import fmt_ratio, fmt_spread, header, interleave, refusion_counts  # noqa: E402
 
 from refusion.api import load_model  # noqa: E402
-from refusion.decoder import Decoder  # noqa: E402
+from refusion.decoding.decoder import Decoder  # noqa: E402
 from refusion.training.tasks import held_out  # noqa: E402
 
 PRESET = dict(slot_size=4, serial_num_blocks=1, slot_threshold=0.7, token_threshold=0.5)
@@ -81,7 +81,7 @@ def part2(contexts: list[int], reps: int = 20) -> None:
     from transformers import DynamicCache
 
     from refusion.cache.stores import DynamicStore, PreallocatedKV
-    from refusion.protocol import KVSegment
+    from refusion.decoding.protocol import KVSegment
 
     layers, heads, dim = 8, 4, 64
     token = layers * 2 * heads * dim * 4

@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from common import fmt_ratio, fmt_spread, header, interleave, refusion_counts  # noqa: E402
 
-from refusion.decoder import Decoder  # noqa: E402
+from refusion.decoding.decoder import Decoder  # noqa: E402
 from refusion.models.block import tiny_block_diffusion  # noqa: E402
 
 BLOCK, GEN = 16, 64

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from refusion.decoder import Decoder
+from refusion.decoding.decoder import Decoder
 from refusion.models.hf import HFCausalLM
 
 DRIVER = textwrap.dedent('''

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (ar_counts, fmt_ratio, fmt_spread, greedy_loop, header, hf_generate, interleave,  # noqa: E402
                     parameters, random_qwen3, refusion_counts)
 
-from refusion.decoder import Decoder  # noqa: E402
+from refusion.decoding.decoder import Decoder  # noqa: E402
 from refusion.models.hf import HFCausalLM  # noqa: E402
 
 SLOT, BLOCK, PROMPT = 8, 32, 16

@@ -15,7 +15,7 @@ import resource
 import sys
 import time
 
-from refusion.decoder import Decoder
+from refusion.decoding.decoder import Decoder
 from refusion.models.hf import HFCausalLM
 from refusion.models.tiny import tiny_qwen3
 

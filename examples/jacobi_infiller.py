@@ -14,8 +14,8 @@ import attrs
 import torch
 
 from refusion.plugins import hookimpl
-from refusion.protocol import ModelCall
-from refusion.state import Commit, InfillResult, Plan
+from refusion.decoding.protocol import ModelCall
+from refusion.decoding.types import Commit, InfillResult, Plan
 from refusion.strategies.base import InfillContext, Infiller, InfillGenerator
 from refusion.validators import probability
 

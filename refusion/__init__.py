@@ -22,12 +22,12 @@ Serve many requests on one running engine (continuous batching)::
 from refusion import errors
 from refusion.api import generate, load_model
 from refusion.config import PRESETS, Preset, load_preset
-from refusion.decoder import Decoder, DecodeSession
+from refusion.decoding.decoder import Decoder, DecodeSession
 from refusion.engines import Engine, choose_engine
 from refusion.generator import Generator, Progress, Request
-from refusion.registry import registry
+from refusion.plugins.registry import registry
 from refusion.search import sweep
-from refusion.state import DecodeResult, Plan, Slot
+from refusion.decoding.types import DecodeResult, Plan, Slot
 
 __version__ = "0.1.0"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from refusion.config import PART_KINDS, Preset, preset as get_preset
-from refusion.decoder import Decoder
+from refusion.decoding.decoder import Decoder
 from refusion.errors import ConfigError, RefusionWarning
 from refusion.inputs import check_chat, check_known_characters
 from refusion.models.base import ModelAdapter
@@ -104,9 +104,9 @@ def generate(
     lengths the partitioner accepts); when it is not given and the preset's
     does not fit the model's positions, the longest length that fits is used,
     announced with a :class:`~refusion.errors.RefusionWarning`. Returns
-    :class:`~refusion.state.DecodeResult` (s) with ``text`` when a tokenizer is
+    :class:`~refusion.decoding.types.DecodeResult` (s) with ``text`` when a tokenizer is
     known. ``trace`` (a path) also writes the standard JSON Lines trace of the
-    decode(s) there (:mod:`refusion.trace`, ``docs/trace.md``).
+    decode(s) there (:mod:`refusion.measure.trace`, ``docs/trace.md``).
     """
     adapter = load_model(model, tokenizer=tokenizer)
     if "max_new_tokens" in params:  # a peer's name for the length (Dream): honoured exactly, like gen_length
@@ -126,7 +126,7 @@ def generate(
     results = decoder.decode_batch(adapter, ids, length, seeds=seeds) if batch else decoder.decode(
         adapter, ids[0], length)
     if trace is not None:
-        from refusion.trace import write_trace
+        from refusion.measure.trace import write_trace
 
         write_trace(results, trace, tokenizer=adapter.tokenizer, decoder=decoder)
     return results
@@ -170,8 +170,8 @@ def is_batch(prompt: Any) -> bool:
 
 def _applies(key: str, specs: dict[str, Any], chosen: Any) -> bool:
     """A preset parameter applies only while the part it was meant for is still the preset's (or is the decoder's)."""
-    from refusion.decoder import DECODER_OPTIONS
-    from refusion.registry import registry
+    from refusion.decoding.decoder import DECODER_OPTIONS
+    from refusion.plugins.registry import registry
 
     if key in DECODER_OPTIONS or key in ("sampler", "temperature", "top_k", "top_p"):
         return True

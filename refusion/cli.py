@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 from refusion.config import PRESETS
 from refusion.errors import ConfigError, RefusionError
-from refusion.params import parse_param
+from refusion.config.params import parse_param
 
 
 def _param(text: str) -> tuple[str, Any]:
@@ -183,8 +183,8 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _visualize(args: argparse.Namespace) -> int:
-    from refusion.visualize import GIF_FORMATS, HTML_FORMATS, check_output_path, render_gif, render_png
-    from refusion.visualize_html import render_html
+    from refusion.viz.plot import GIF_FORMATS, HTML_FORMATS, check_output_path, render_gif, render_png
+    from refusion.viz.html import render_html
 
     if (args.from_trace is None) == (args.prompt is None):
         raise ConfigError("`refusion visualize` takes either a PROMPT or `--from-trace FILE`, not both or neither.")
@@ -196,7 +196,7 @@ def _visualize(args: argparse.Namespace) -> int:
     if args.html:
         check_output_path(args.html, "--html", HTML_FORMATS)
     if args.from_trace is not None:
-        from refusion.trace import read_trace
+        from refusion.measure.trace import read_trace
 
         results, tokenizer = read_trace(args.from_trace), None
         if not 0 <= args.sequence < len(results):
@@ -220,13 +220,13 @@ def _visualize(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from refusion.bench import AR_METHOD, run_bench, table
+    from refusion.measure.bench import AR_METHOD, run_bench, table
     from refusion.config import load_preset, preset as get_preset
-    from refusion.decoder import Decoder
+    from refusion.decoding.decoder import Decoder
     from refusion.training.tasks import held_out
 
     if args.cost_model is not None:
-        from refusion.costmodel import parse
+        from refusion.measure.costmodel import parse
 
         parse(args.cost_model)  # before any work
     _at_least("--per-task", args.per_task, 1)
@@ -253,7 +253,7 @@ def _bench(args: argparse.Namespace) -> int:
     rows = run_bench(model, examples, methods, args.gen_length, progress=not args.json, cost_model=args.cost_model)
     if args.json or args.record:
         from refusion.engines import choose_engine
-        from refusion.records import bench_record, environment
+        from refusion.measure.records import bench_record, environment
 
         settings = {"per_task": args.per_task, "gen_length": args.gen_length, "methods": names,
                     "preset_files": list(args.preset_file or ()), "cost_model": args.cost_model,
@@ -295,7 +295,7 @@ def _eval(args: argparse.Namespace) -> int:
     if not tasks:
         raise ConfigError(f"`--tasks` must name at least one task; got {args.tasks!r}.")
     try:
-        from refusion.evaluation import evaluate
+        from refusion.measure.lmeval import evaluate
     except ImportError as exc:
         raise ConfigError(f"`refusion eval` needs lm-evaluation-harness: pip install 'refusion[eval]' ({exc}).") from None
     try:
@@ -310,8 +310,8 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    from refusion.records import load_record
-    from refusion.reproduce import reproduce
+    from refusion.measure.records import load_record
+    from refusion.measure.reproduce import reproduce
 
     outcome = reproduce(load_record(args.record), progress=not args.json)
     print(json.dumps(outcome.as_dict()) if args.json else outcome.report())
@@ -339,7 +339,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _plugins(args: argparse.Namespace) -> int:
-    from refusion.registry import registry
+    from refusion.plugins.registry import registry
 
     rows = [
         {

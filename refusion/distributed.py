@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--backend", default=None, help="gloo (CPU) or nccl (GPU); default: by device")
     args = parser.parse_args(argv)
     from refusion.api import load_model
-    from refusion.params import parse_param
+    from refusion.config.params import parse_param
 
     init_from_env(args.backend)
     try:

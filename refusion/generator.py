@@ -29,10 +29,10 @@ from typing import Any, Callable, Iterator
 
 import attrs
 
-from refusion.decoder import Decoder, DecodeSession, Prepared, with_text
+from refusion.decoding.decoder import Decoder, DecodeSession, Prepared, with_text
 from refusion.engines import Runner, engine_class, open_engine
 from refusion.errors import ConfigError, QueueFull
-from refusion.state import DecodeResult, StepRecord
+from refusion.decoding.types import DecodeResult, StepRecord
 
 
 @attrs.frozen
@@ -73,7 +73,7 @@ class Request:
 
     ``status`` is ``"waiting"``, ``"running"``, ``"finished"``,
     ``"cancelled"`` or ``"failed"`` (then ``error`` holds the exception). Iterate it for its :class:`Progress` events as they
-    happen; :meth:`wait` returns the :class:`~refusion.state.DecodeResult`.
+    happen; :meth:`wait` returns the :class:`~refusion.decoding.types.DecodeResult`.
     """
 
     def __init__(self, generator: "Generator", index: int, decoder: Decoder, prepared: Prepared,

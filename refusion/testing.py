@@ -129,7 +129,7 @@ def check_part(part: Any, *, trials: int = 6, seed: int = 0) -> None:
     exactly once, no mask token is left, and output positions are a prefix of
     the generation region (cut only at EOS).
     """
-    from refusion.decoder import Decoder
+    from refusion.decoding.decoder import Decoder
 
     from refusion.models.mdm import tiny_bidirectional
 
@@ -159,7 +159,7 @@ def check_part(part: Any, *, trials: int = 6, seed: int = 0) -> None:
 
 
 def check_result(result: Any, model: ModelAdapter) -> None:
-    """Completeness invariants of a :class:`~refusion.state.DecodeResult`."""
+    """Completeness invariants of a :class:`~refusion.decoding.types.DecodeResult`."""
     tokens = result.tokens
     g = result.partition.gen_length
     assert 1 <= len(tokens) <= g, f"{len(tokens)} tokens for a region of {g}"

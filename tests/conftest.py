@@ -9,8 +9,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
-from refusion.plugins import make_plugin_manager
-from refusion.registry import Registry, reset_registry
+from refusion.plugins.manager import make_plugin_manager
+from refusion.plugins.registry import Registry, reset_registry
 
 settings.register_profile(
     "ci",

@@ -2,7 +2,7 @@
 
 from hypothesis import given, strategies as st
 
-from refusion.decoder import Decoder
+from refusion.decoding.decoder import Decoder
 from tests.helpers import hf_greedy, layouts, model_setups
 
 

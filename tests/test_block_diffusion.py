@@ -5,7 +5,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from refusion.decoder import Decoder
+from refusion.decoding.decoder import Decoder
 from refusion.engines.block import BlockEngine, BlockRecomputeEngine
 from refusion.errors import ConfigError
 from refusion.models.block import block_ids, tiny_block_diffusion

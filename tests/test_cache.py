@@ -5,7 +5,7 @@ import torch
 
 from refusion.engines.branch import BranchEngine
 from refusion.engines.repeat import RepeatEngine
-from refusion.protocol import Branch, Extend, ModelCall
+from refusion.decoding.protocol import Branch, Extend, ModelCall
 from tests.helpers import tiny
 
 

@@ -7,7 +7,7 @@ from PIL import Image
 
 import refusion
 from refusion.cli import build_parser, main
-from refusion.visualize import render_gif, render_png
+from refusion.viz.plot import render_gif, render_png
 
 
 def test_render_png_and_gif_of_a_trace(tmp_path):

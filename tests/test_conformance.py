@@ -3,7 +3,7 @@
 import attrs
 import pytest
 
-from refusion.registry import registry
+from refusion.plugins.registry import registry
 from refusion.strategies.base import SlotSelector
 from refusion.testing import check_part
 

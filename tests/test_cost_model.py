@@ -2,8 +2,8 @@
 
 import pytest
 
-from refusion.costmodel import GPUS, MODELS, ForwardShape, autoregressive, forward_seconds, head_seconds, parse, recording
-from refusion.decoder import Decoder
+from refusion.measure.costmodel import GPUS, MODELS, ForwardShape, autoregressive, forward_seconds, head_seconds, parse, recording
+from refusion.decoding.decoder import Decoder
 from refusion.engines import open_engine
 from refusion.errors import ConfigError, UnknownNameError
 from tests.helpers import tiny

@@ -4,13 +4,13 @@ import attrs
 import pytest
 from hypothesis import given, strategies as st
 
-from refusion.decoder import Decoder
+from refusion.decoding.decoder import Decoder
 from refusion.engines import choose_engine, open_engine
 from refusion.engines.branch import BranchEngine
 from refusion.engines.canvas import CanvasEngine
 from refusion.engines.repeat import RepeatEngine
 from refusion.errors import ConfigError, UnknownNameError
-from refusion.protocol import Branch, Extend, ModelCall
+from refusion.decoding.protocol import Branch, Extend, ModelCall
 from tests.helpers import tiny
 
 SETTINGS = st.fixed_dictionaries({
@@ -146,8 +146,8 @@ def test_output_kv_expires_at_the_next_call(engine):
 @given(settings=SETTINGS, seed=st.integers(0, 5000), eos=st.sampled_from([None, 2]),
        prompts=st.lists(st.lists(st.integers(0, 14), min_size=1, max_size=6), min_size=1, max_size=3))
 def test_a_plugin_engine_runs_the_same_decodes(settings, seed, eos, prompts):
-    from refusion.plugins import make_plugin_manager
-    from refusion.registry import Registry, reset_registry
+    from refusion.plugins.manager import make_plugin_manager
+    from refusion.plugins.registry import Registry, reset_registry
     from tests.plugins import sample_plugin
 
     reset_registry(Registry(make_plugin_manager(entry_points=False, extra=(sample_plugin,))))

@@ -4,12 +4,12 @@ import attrs
 import pytest
 import torch
 
-from refusion.protocol import ModelCall
-from refusion.decoder import Decoder
+from refusion.decoding.protocol import ModelCall
+from refusion.decoding.decoder import Decoder
 from refusion.errors import ConfigError, PluginError, UnknownNameError
 from refusion.models.hf import HFCausalLM
 from refusion.models.tiny import tiny_qwen3
-from refusion.state import Commit, InfillResult
+from refusion.decoding.types import Commit, InfillResult
 from refusion.strategies.base import CacheReorderer, Infiller, SlotSelector
 from refusion.strategies.infillers.parallel_ar import ParallelAR
 from tests.helpers import tiny
@@ -191,7 +191,7 @@ class Overlapping(FixedSlots := __import__("refusion.strategies.partitioners.fix
     mode: str = "overlap"
 
     def partition(self, gen_length):
-        from refusion.state import Partition, Slot
+        from refusion.decoding.types import Partition, Slot
 
         if self.mode == "overlap":
             return Partition(4, (Slot(0, 0, 3, 0), Slot(1, 2, 2, 0)), ((0, 1),))
@@ -219,7 +219,7 @@ def test_calls_per_token_is_validated():
 
 def test_an_import_path_to_a_non_class_is_refused():
     with pytest.raises(ConfigError, match="is not a SlotSelector"):
-        Decoder.from_names(selector="refusion.sampling:greedy")
+        Decoder.from_names(selector="refusion.decoding.sampling:greedy")
 
 
 def test_a_wrong_kind_of_instance_is_refused():

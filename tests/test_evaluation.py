@@ -42,7 +42,7 @@ def task_dir(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("model_args", ["", "selector=topk,k=2,slot_size=4,serial_num_blocks=1,gen_length=32"])
 def test_generation_task_runs_offline_with_any_strategy(task_dir, model_args):
-    import refusion.evaluation as ev
+    import refusion.measure.lmeval as ev
 
     results = ev.evaluate(["refusion_synthetic"], model_args=model_args, include_path=str(task_dir))
     score = results["results"]["refusion_synthetic"]["exact_match,none"]
@@ -52,7 +52,7 @@ def test_generation_task_runs_offline_with_any_strategy(task_dir, model_args):
 def test_loglikelihood_prefers_the_right_answer():
     from types import SimpleNamespace
 
-    from refusion.evaluation import RefusionLM
+    from refusion.measure.lmeval import RefusionLM
 
     lm = RefusionLM()
     (right, greedy), (wrong, _) = lm.loglikelihood(
@@ -65,7 +65,7 @@ def test_eval_adapter_rounds_task_lengths_and_batches():
     from types import SimpleNamespace
 
     pytest.importorskip("lm_eval")
-    from refusion.evaluation import RefusionLM
+    from refusion.measure.lmeval import RefusionLM
 
     lm = RefusionLM(preset="paper", batch_size=2)  # slot 8 x 2 blocks: 100 tokens is no valid length
     requests = [SimpleNamespace(args=(p, {"until": ["\n"], "max_gen_toks": 100}))

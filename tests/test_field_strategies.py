@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from refusion.decoder import Decoder
+from refusion.decoding.decoder import Decoder
 from refusion.errors import ConfigError
 from refusion.models.mdm import tiny_bidirectional
 from refusion.testing import ScriptedModel, check_result, one_hot_logits

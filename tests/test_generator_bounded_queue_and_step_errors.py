@@ -2,7 +2,7 @@
 
 import pytest
 
-from refusion.decoder import Decoder
+from refusion.decoding.decoder import Decoder
 from refusion.errors import ConfigError, QueueFull
 from refusion.generator import Generator
 from tests.helpers import tiny

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import refusion
-from refusion.decoder import Decoder
+from refusion.decoding.decoder import Decoder
 from refusion.errors import ConfigError
 from refusion.testing import check_part
 

@@ -1,6 +1,6 @@
 """Each infiller's rule on a scripted model (hand-made logits)."""
 
-from refusion.decoder import Decoder
+from refusion.decoding.decoder import Decoder
 from refusion.testing import ScriptedModel, one_hot_logits
 
 V, MASK = 12, 11

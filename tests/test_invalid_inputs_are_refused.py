@@ -19,7 +19,7 @@ import torch
 
 import refusion
 from refusion.cli import main
-from refusion.decoder import Decoder
+from refusion.decoding.decoder import Decoder
 from refusion.errors import ConfigError, PluginError, UnknownNameError
 
 NAN, INF = float("nan"), float("inf")
@@ -104,9 +104,9 @@ def tmp(tmp_path):
 
 @pytest.mark.parametrize("argv, status, named", CLI_CASES, ids=[" ".join(c[0])[:60] for c in CLI_CASES])
 def test_cli_refuses_bad_input_without_a_traceback(argv, status, named, tmp, capsys, monkeypatch):
-    import refusion.bench
+    import refusion.measure.bench
 
-    monkeypatch.setattr(refusion.bench, "measure", _no_work)  # nothing may be measured before the refusal
+    monkeypatch.setattr(refusion.measure.bench, "measure", _no_work)  # nothing may be measured before the refusal
     code = _run([a.replace("{tmp}", str(tmp)) for a in argv])
     err = capsys.readouterr().err
     assert code == status, err
@@ -184,16 +184,16 @@ def test_a_preset_length_that_does_not_fit_the_shipped_model_is_fitted_with_a_no
 
 
 def test_bench_compares_every_method_at_the_same_length(shipped, monkeypatch, capsys):
-    import refusion.bench
+    import refusion.measure.bench
 
     lengths = []
-    real = refusion.bench.decoder_method
+    real = refusion.measure.bench.decoder_method
 
     def spy(decoder, model, gen_length):
         lengths.append(gen_length)
         return real(decoder, model, gen_length)
 
-    monkeypatch.setattr(refusion.bench, "decoder_method", spy)
+    monkeypatch.setattr(refusion.measure.bench, "decoder_method", spy)
     import refusion.training.tasks as tasks
 
     few = tasks.held_out(1)[:2]
@@ -220,7 +220,7 @@ def test_runtime_failures_exit_1_and_oserrors_2_without_a_traceback(monkeypatch,
 
 
 def test_eval_task_errors_are_reported_not_raised(monkeypatch, capsys):
-    evaluation = pytest.importorskip("refusion.evaluation")
+    evaluation = pytest.importorskip("refusion.measure.lmeval")
 
     def unknown(*args, **kwargs):
         raise KeyError("Spec 'nope' is not a registered task/group/tag name")
@@ -231,7 +231,8 @@ def test_eval_task_errors_are_reported_not_raised(monkeypatch, capsys):
 
 
 def test_a_misspelt_hook_is_reported_with_the_plugin_name():
-    from refusion.plugins import hookimpl, make_plugin_manager
+    from refusion.plugins import hookimpl
+    from refusion.plugins.manager import make_plugin_manager
 
     plugin = types.ModuleType("my_selectors")
 
@@ -246,7 +247,7 @@ def test_a_misspelt_hook_is_reported_with_the_plugin_name():
 
 def test_visualize_writes_the_format_its_suffix_names(shipped, tmp_path):
     pytest.importorskip("matplotlib")
-    from refusion.visualize import render_png
+    from refusion.viz.plot import render_png
 
     result = refusion.generate("rev hello=", shipped, gen_length=8)
     jpg = render_png(result, tmp_path / "x.jpg", tokenizer=shipped.tokenizer)
@@ -258,7 +259,7 @@ def test_visualize_writes_the_format_its_suffix_names(shipped, tmp_path):
 def test_a_partitioner_that_changes_the_length_is_a_plugin_error():
     import attrs
 
-    from refusion.state import Partition, Slot
+    from refusion.decoding.types import Partition, Slot
     from refusion.strategies.base import SlotPartitioner
 
     @attrs.frozen
@@ -276,7 +277,7 @@ def test_a_partitioner_that_changes_the_length_is_a_plugin_error():
 def test_an_unfinite_float_of_a_plugin_part_is_refused_even_without_its_own_validator():
     import attrs
 
-    from refusion.registry import registry
+    from refusion.plugins.registry import registry
     from refusion.strategies.base import SlotSelector
 
     @attrs.frozen

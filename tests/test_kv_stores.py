@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from refusion.cache.stores import DynamicStore, PreallocatedKV
-from refusion.protocol import KVSegment
+from refusion.decoding.protocol import KVSegment
 
 
 def test_in_place_append_copies_only_new_tokens():

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, strategies as st
 
 from refusion.models.head import LMHead, find_head
-from refusion.scores import Scores, project
+from refusion.decoding.scores import Scores, project
 from tests.helpers import tiny
 
 pytest.importorskip("triton")

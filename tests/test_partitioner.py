@@ -48,7 +48,7 @@ def test_gen_length_is_checked(bad):
 
 
 def test_fit_length_is_the_nearest_longer_length_the_partitioner_accepts():
-    from refusion.decoder import Decoder
+    from refusion.decoding.decoder import Decoder
 
     decoder = Decoder.from_names(slot_size=8, serial_num_blocks=2)
     assert decoder.fit_length(100) == 105  # 13 slots do not split into 2 blocks; 105 gives 14

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from refusion.decoder import Decoder
-from refusion.plugins import make_plugin_manager
-from refusion.registry import Registry, reset_registry
+from refusion.decoding.decoder import Decoder
+from refusion.plugins.manager import make_plugin_manager
+from refusion.plugins.registry import Registry, reset_registry
 from refusion.testing import check_part
 from tests.helpers import tiny
 

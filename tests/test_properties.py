@@ -12,9 +12,9 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from refusion.decoder import Decoder
-from refusion.protocol import Branch, Extend, ModelCall, Projection
-from refusion.registry import registry
+from refusion.decoding.decoder import Decoder
+from refusion.decoding.protocol import Branch, Extend, ModelCall, Projection
+from refusion.plugins.registry import registry
 from refusion.testing import check_result
 from tests.helpers import layouts, model_setups
 

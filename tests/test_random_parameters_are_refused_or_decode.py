@@ -14,11 +14,11 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from refusion.config import PART_KINDS
-from refusion.decoder import Decoder
+from refusion.decoding.decoder import Decoder
 from refusion.errors import ConfigError
 from refusion.models.mdm import tiny_bidirectional
-from refusion.registry import registry
-from refusion.state import DecodeResult
+from refusion.plugins.registry import registry
+from refusion.decoding.types import DecodeResult
 from tests.helpers import tiny
 
 GEN_LENGTH = 16  # two 8-token slots for the default fixed partitioner (2 blocks)

@@ -7,7 +7,7 @@ parts (independent branches, branch handles, commit-order reorderer).
 
 from hypothesis import given, strategies as st
 
-from refusion.decoder import Decoder
+from refusion.decoding.decoder import Decoder
 from refusion.testing import ScriptedModel, one_hot_logits
 from tests.helpers import layouts, model_setups
 from tests.reference_refusion import reference_refusion

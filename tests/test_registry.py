@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from refusion import hookspecs
+from refusion.plugins import hookspecs
 from refusion.config import build_parts
-from refusion.decoder import Decoder
+from refusion.decoding.decoder import Decoder
 from refusion.errors import ConfigError, PluginError, UnknownNameError
-from refusion.plugins import DEFAULT_PLUGINS, hookimpl, make_plugin_manager
-from refusion.registry import HOOKS, Registry, RegistrationError, registry, reset_registry
+from refusion.plugins.manager import DEFAULT_PLUGINS, hookimpl, make_plugin_manager
+from refusion.plugins.registry import HOOKS, Registry, RegistrationError, registry, reset_registry
 from refusion.strategies.base import SlotSelector
 from tests.helpers import tiny
 from tests.plugins import sample_plugin

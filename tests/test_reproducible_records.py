@@ -7,10 +7,10 @@ from hypothesis import given, settings, strategies as st
 
 from refusion.cli import main
 from refusion.config import PRESETS
-from refusion.decoder import Decoder
+from refusion.decoding.decoder import Decoder
 from refusion.errors import ConfigError
-from refusion.records import check_record, decoder_from_spec, decoder_spec, environment, load_record, model_source
-from refusion.sampling import Sampling
+from refusion.measure.records import check_record, decoder_from_spec, decoder_spec, environment, load_record, model_source
+from refusion.decoding.sampling import Sampling
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -141,8 +141,8 @@ def test_an_eval_record_carries_the_environment_decoder_and_settings(tmp_path, c
 
 
 def test_reproducing_an_eval_record_compares_every_metric_and_the_texts(monkeypatch):
-    import refusion.evaluation as evaluation
-    from refusion.reproduce import reproduce
+    import refusion.measure.lmeval as evaluation
+    from refusion.measure.reproduce import reproduce
 
     env = {"refusion": "0.1.0", "torch": "2.13.0", "torch_threads": 1}
     record = {"schema": "refusion-record", "version": 1, "kind": "eval", "environment": env, "decoder": None,

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import refusion
-from refusion.decoder import Decoder
+from refusion.decoding.decoder import Decoder
 from refusion.errors import ConfigError
-from refusion.sampling import Sampling
+from refusion.decoding.sampling import Sampling
 from tests.helpers import tiny
 
 
@@ -61,7 +61,7 @@ def test_decoder_options_are_validated(kwargs, message):
 
 
 def test_public_entry_points_validate_their_input(tmp_path):
-    from refusion.visualize import render_png
+    from refusion.viz.plot import render_png
 
     with pytest.raises(ConfigError, match="`model` must be a ModelAdapter"):
         refusion.load_model(42)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from refusion.state import Plan, Slot
+from refusion.decoding.types import Plan, Slot
 from refusion.strategies.selectors.dream_steps import DreamSteps
 from refusion.strategies.selectors.entropy import LowestEntropy
 from refusion.strategies.selectors.factor import FactorThreshold

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from refusion.errors import ConfigError
-from refusion.state import Plan, Slot
+from refusion.decoding.types import Plan, Slot
 from refusion.strategies.selectors.entropy import LowestEntropy
 from refusion.strategies.selectors.leftmost import Leftmost
 from refusion.strategies.selectors.margin import TopKMargin

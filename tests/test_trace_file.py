@@ -8,9 +8,9 @@ from hypothesis import given, settings, strategies as st
 
 import refusion
 from refusion.cli import main
-from refusion.decoder import Decoder
+from refusion.decoding.decoder import Decoder
 from refusion.errors import ConfigError
-from refusion.trace import read_trace, schema, write_trace
+from refusion.measure.trace import read_trace, schema, write_trace
 from tests.helpers import layouts, model_setups, tiny
 
 MEASURED = ("confidence", "fed_tokens", "kv_appended", "kv_pending", "kv_encoded", "kv_invalidated",

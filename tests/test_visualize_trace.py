@@ -5,7 +5,7 @@ import re
 from PIL import Image
 
 from refusion.cli import main
-from refusion.trace import read_trace
+from refusion.measure.trace import read_trace
 
 
 def test_visualize_writes_a_trace_and_draws_it_back_as_png_and_html(tmp_path, capsys):

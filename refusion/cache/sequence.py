@@ -27,8 +27,8 @@ from typing import Any
 import attrs
 import torch
 
-from refusion.protocol import KVSegment
-from refusion.scores import Scores
+from refusion.decoding.protocol import KVSegment
+from refusion.decoding.scores import Scores
 
 
 def _one_row(value: "Scores | torch.Tensor | None") -> "Scores | None":
@@ -64,7 +64,7 @@ class SequenceCache:
         self.encoded = 0
         self.chunks: list[Chunk] = []
         #: the model's output at the last entry in cache order (it predicts the token after it), when known:
-        #: a one-row :class:`~refusion.scores.Scores`.
+        #: a one-row :class:`~refusion.decoding.scores.Scores`.
         self.last_scores: Scores | None = None
 
     def __len__(self) -> int:

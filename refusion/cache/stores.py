@@ -9,7 +9,7 @@ A store holds the encoded context of one sequence and offers three operations:
   append writes the new entries in place and truncation is a length change.
 
 Both report the bytes of keys/values they move to the sequence's
-:class:`~refusion.counters.Counters`: copies of entries already cached
+:class:`~refusion.decoding.counters.Counters`: copies of entries already cached
 (``context``, the cost that grows with the sequence) apart from writes of new
 entries (``new``).
 """
@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from refusion.counters import Counters
-from refusion.protocol import KVSegment
+from refusion.decoding.counters import Counters
+from refusion.decoding.protocol import KVSegment
 
 
 def bytes_per_token(layers: int, heads: int, dim: int, dtype: torch.dtype) -> int:

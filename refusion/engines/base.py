@@ -1,7 +1,7 @@
 """The runtime under the decoder: one interface, interchangeable engines.
 
-A decode is a program that yields :class:`~refusion.protocol.ModelCall` s
-(:meth:`refusion.decoder.DecodeSession.program`). An :class:`Engine` runs
+A decode is a program that yields :class:`~refusion.decoding.protocol.ModelCall` s
+(:meth:`refusion.decoding.decoder.DecodeSession.program`). An :class:`Engine` runs
 them against one model:
 
 * :meth:`Engine.admit` creates the per-sequence state of an admitted prompt
@@ -10,7 +10,7 @@ them against one model:
 * :meth:`Engine.run` answers one pending call of each given sequence;
 * :meth:`Engine.release` gives a finished (or cancelled) sequence's memory back.
 
-Engines count their work in :class:`~refusion.counters.Counters`, per
+Engines count their work in :class:`~refusion.decoding.counters.Counters`, per
 sequence and in total, the same way: a forward is one call of the network; a
 sequence's forwards are those that served it. Built-ins: ``repeat``
 (:mod:`refusion.engines.repeat`), ``branch`` (:mod:`refusion.engines.branch`)
@@ -26,8 +26,8 @@ from typing import Any, ClassVar, Mapping
 import torch
 
 from refusion.cache.sequence import SequenceCache
-from refusion.counters import Counters
-from refusion.protocol import BlockReuse, Epoch, ExtendOutput, ModelCall
+from refusion.decoding.counters import Counters
+from refusion.decoding.protocol import BlockReuse, Epoch, ExtendOutput, ModelCall
 
 
 class SequenceState:
@@ -85,7 +85,7 @@ class Engine(ABC):
         #: the engine's totals; each sequence's counters report their bytes here too
         self.counters = Counters()
         self.epoch = Epoch()
-        #: when set (see :func:`refusion.costmodel.recording`), every forward's shape is appended here
+        #: when set (see :func:`refusion.measure.costmodel.recording`), every forward's shape is appended here
         self.shape_log = None
 
     @classmethod
@@ -140,7 +140,7 @@ class Engine(ABC):
         for state, n in fed.items():
             state.counters.forward(n, log=True)
         if self.shape_log is not None:
-            from refusion.costmodel import ForwardShape
+            from refusion.measure.costmodel import ForwardShape
 
             self.shape_log.forwards.append(ForwardShape(len(fed), total + padded, pairs, keys))
 

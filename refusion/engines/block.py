@@ -33,7 +33,7 @@ from refusion.engines.base import Engine, SequenceState
 from refusion.engines.canvas import _NoStore
 from refusion.errors import ConfigError
 from refusion.plugins import hookimpl
-from refusion.protocol import BlockReuse, Extend, ExtendOutput, ModelCall
+from refusion.decoding.protocol import BlockReuse, Extend, ExtendOutput, ModelCall
 
 
 class BlockSequence(SequenceState):

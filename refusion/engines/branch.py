@@ -1,7 +1,7 @@
 """The ``branch`` engine: many sequences, parallel branches as attention masks, one preallocated cache.
 
 Each :meth:`BranchEngine.run` is one model forward serving one pending
-:class:`~refusion.protocol.ModelCall` of every given sequence. Each sequence
+:class:`~refusion.decoding.protocol.ModelCall` of every given sequence. Each sequence
 owns a row of a :class:`~refusion.cache.stores.PreallocatedKV`: its encoded
 context sits in slots ``0:len`` and is never copied. For the call, every row
 lays out its queries - pending context tokens, then the tokens of each
@@ -36,7 +36,7 @@ from refusion.cache.sequence import SequenceCache
 from refusion.cache.stores import PreallocatedKV, RowStore
 from refusion.engines.base import Engine, SequenceState
 from refusion.plugins import hookimpl
-from refusion.protocol import ExtendOutput, ModelCall
+from refusion.decoding.protocol import ExtendOutput, ModelCall
 
 CUSTOM_MASK_ATTENTION = ("sdpa", "eager")
 

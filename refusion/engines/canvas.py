@@ -9,7 +9,7 @@ of 1 (Dream) the logits predicting position ``p`` are the model's output at
 
 Without an approximation every call is a full forward of the canvas (the
 plain MDM baseline). When a cache reorderer asks for
-:class:`~refusion.protocol.BlockReuse` at the start of a block, the engine
+:class:`~refusion.decoding.protocol.BlockReuse` at the start of a block, the engine
 applies Fast-dLLM's approximations (Wu et al., arXiv 2505.22618): the first
 call of the block is a full forward that also keeps the keys/values of the
 prefix (``prefix`` mode) or of the prefix and the suffix (``dual`` mode);
@@ -32,7 +32,7 @@ import torch
 from refusion.cache.sequence import SequenceCache
 from refusion.engines.base import Engine, SequenceState
 from refusion.plugins import hookimpl
-from refusion.protocol import BlockReuse, Extend, ExtendOutput, ModelCall
+from refusion.decoding.protocol import BlockReuse, Extend, ExtendOutput, ModelCall
 
 
 @attrs.define
@@ -131,7 +131,7 @@ class CanvasEngine(Engine):
         return self._full(state, extend, canvas, block, wanted)
 
     def _guided(self, state: CanvasSequence, extend: Extend, canvas: torch.Tensor, wanted) -> ExtendOutput:
-        from refusion.scores import Scores
+        from refusion.decoding.scores import Scores
 
         unconditional = canvas.clone()
         prompt = unconditional[: state.prompt_length]

@@ -11,7 +11,7 @@ from refusion.errors import ConfigError
 
 def engine_class(spec: Any) -> type[Engine]:
     """Resolve a registered name, a ``"module:Class"`` string or an :class:`Engine` subclass."""
-    from refusion.registry import _import_class, registry
+    from refusion.plugins.registry import _import_class, registry
 
     if isinstance(spec, str):
         cls = _import_class(spec) if ":" in spec else registry().get("engine", spec)
@@ -30,7 +30,7 @@ def choose_engine(model: Any, decoder: Any = None) -> type[Engine]:
     name). A named engine that cannot run the model is an error with the
     reason, never silently replaced.
     """
-    from refusion.registry import registry
+    from refusion.plugins.registry import registry
 
     spec = getattr(decoder, "engine", None)
     if spec is not None:

@@ -5,7 +5,7 @@ answers one pending call of every live program with a single
 :meth:`Engine.run <refusion.engines.base.Engine.run>` and sends each its
 outputs; a program that returns has finished and its sequence is released.
 Rows the extends declare they will read (``Extend.reads``), and the
-:class:`~refusion.protocol.Projection` s programs yield, are projected to the
+:class:`~refusion.decoding.protocol.Projection` s programs yield, are projected to the
 vocabulary for all sequences together, one LM-head pass each time.
 Programs may be added between steps (continuous batching) and cancelled.
 :func:`drive` runs a fixed set of sessions to the end; the
@@ -19,9 +19,9 @@ from typing import Any, Iterable
 import torch
 
 from refusion.engines.base import Engine, SequenceState
-from refusion.protocol import ModelCall, Projection
-from refusion.scores import project
-from refusion.state import DecodeResult
+from refusion.decoding.protocol import ModelCall, Projection
+from refusion.decoding.scores import project
+from refusion.decoding.types import DecodeResult
 
 
 class Runner:

@@ -25,7 +25,7 @@ from refusion.cache.sequence import SequenceCache
 from refusion.cache.stores import DynamicStore
 from refusion.engines.base import Engine, SequenceState
 from refusion.plugins import hookimpl
-from refusion.protocol import Extend, ExtendOutput, ModelCall
+from refusion.decoding.protocol import Extend, ExtendOutput, ModelCall
 
 
 class RepeatEngine(Engine):

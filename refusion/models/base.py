@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import attrs
 import torch
 
-from refusion.scores import Scores
+from refusion.decoding.scores import Scores
 
 
 @attrs.frozen
@@ -91,7 +91,7 @@ class ModelAdapter(ABC):
         """
 
     def scores(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: Any, cache: Any) -> Scores:
-        """Run the network like :meth:`forward`; the output at every fed position as :class:`~refusion.scores.Scores`.
+        """Run the network like :meth:`forward`; the output at every fed position as :class:`~refusion.decoding.scores.Scores`.
 
         Engines call this. The default wraps :meth:`forward`'s full logits;
         an adapter that can separate the LM head returns hidden states plus

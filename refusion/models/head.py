@@ -29,7 +29,7 @@ class LMHead:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         self.weight = weight
         self.bias = bias
-        #: when set (:func:`refusion.costmodel.recording`), the rows of every pass are appended here
+        #: when set (:func:`refusion.measure.costmodel.recording`), the rows of every pass are appended here
         self.shape_log = None
 
     @property

@@ -14,7 +14,7 @@ from refusion.errors import ConfigError
 from refusion.inputs import check_token_ids
 from refusion.models.base import ModelAdapter, ModelCapabilities
 from refusion.plugins import hookimpl
-from refusion.scores import Scores
+from refusion.decoding.scores import Scores
 
 MASK_TOKEN_STRINGS = ("<|mask|>", "<mask>", "[MASK]")
 

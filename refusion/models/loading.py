@@ -41,7 +41,7 @@ def load_model(model: Any = None, *, tokenizer: Any = None, adapter: str | None 
     family's, for architectures outside the families; the checkpoint's own
     code runs only with ``trust_remote_code=True``.
     """
-    from refusion.registry import registry
+    from refusion.plugins.registry import registry
 
     if isinstance(model, ModelAdapter):
         if tokenizer is not None:
@@ -105,7 +105,7 @@ def read_config(path: str) -> dict[str, Any]:
 
 def find_family(config: Mapping[str, Any]) -> Any:
     """The registered :class:`~refusion.models.families.ModelFamily` (an instance) that recognises ``config``, or None."""
-    from refusion.registry import registry
+    from refusion.plugins.registry import registry
 
     for entry in registry().entries("model_family"):
         family = entry.cls()
@@ -123,7 +123,7 @@ def needs_own_code(config: Mapping[str, Any]) -> bool:
 
 def unknown_architecture(path: str, config: Mapping[str, Any]) -> ConfigError:
     """The error for a checkpoint no family recognises and transformers cannot build: names both ways out."""
-    from refusion.registry import registry
+    from refusion.plugins.registry import registry
 
     families = "; ".join(f"{e.name} ({', '.join(e.cls.checkpoints)})" for e in registry().entries("model_family"))
     what = f"model_type {config.get('model_type')!r}, architectures {config.get('architectures')}"

@@ -1,6 +1,6 @@
 """Measuring one point of a space (and the AR baseline) on a task set.
 
-Both go through :func:`refusion.bench.measure`: batch 1, a warm-up, forwards
+Both go through :func:`refusion.measure.bench.measure`: batch 1, a warm-up, forwards
 counted by a hook on the network, wall time around decoding only.
 """
 
@@ -50,8 +50,8 @@ def _metrics(row: Any) -> Metrics:
 
 def evaluate_preset(adapter: Any, preset: Preset, tasks: TaskSet, *, warmup: int = 1) -> Metrics:
     """Decode every example of ``tasks`` with the decoder ``preset`` describes (its ``gen_length``, fitted to whole slots)."""
-    from refusion.bench import decoder_method, measure
-    from refusion.decoder import Decoder
+    from refusion.measure.bench import decoder_method, measure
+    from refusion.decoding.decoder import Decoder
 
     decoder = Decoder.from_names(**preset.parts(), **dict(preset.params))
     method = decoder_method(decoder, adapter, decoder.fit_length(preset.gen_length))
@@ -60,6 +60,6 @@ def evaluate_preset(adapter: Any, preset: Preset, tasks: TaskSet, *, warmup: int
 
 def evaluate_ar(adapter: Any, tasks: TaskSet, gen_length: int, *, warmup: int = 1) -> Metrics:
     """The AR baseline (transformers ``generate``, greedy, KV cache) on the same examples."""
-    from refusion.bench import ar_method, measure
+    from refusion.measure.bench import ar_method, measure
 
     return _metrics(measure("AR", ar_method(adapter, gen_length), adapter, tasks.examples, warmup=warmup))

@@ -1,4 +1,4 @@
-"""lm-evaluation-harness tasks as a sweep's task set, through the ``refusion`` model type (:mod:`refusion.evaluation`).
+"""lm-evaluation-harness tasks as a sweep's task set, through the ``refusion`` model type (:mod:`refusion.measure.lmeval`).
 
 The tasks are loaded once; each point runs them with its decoder in place of
 the model type's own (batch 1), and the AR baseline with transformers
@@ -107,8 +107,8 @@ def evaluate_harness(adapter: Any, harness: HarnessTasks, task_dict: Any, decode
     """Run the tasks with ``decoder`` (or, with ``None``, AR through transformers ``generate``)."""
     import lm_eval.evaluator
 
-    from refusion.bench import ForwardCounter, ar_method
-    from refusion.evaluation import RefusionLM
+    from refusion.measure.bench import ForwardCounter, ar_method
+    from refusion.measure.lmeval import RefusionLM
 
     lm = RefusionLM(pretrained=adapter)
     lm.preset_length = gen_length

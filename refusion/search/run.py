@@ -160,7 +160,7 @@ def _measures(taskset: Any, warmup: int) -> tuple[Callable, Callable]:
     if not isinstance(taskset, HarnessTasks):
         return (lambda a, p, t: evaluate_preset(a, p, t, warmup=warmup),
                 lambda a, t, n: evaluate_ar(a, t, n, warmup=warmup))
-    from refusion.decoder import Decoder
+    from refusion.decoding.decoder import Decoder
 
     task_dict = taskset.task_dict()
 

@@ -18,7 +18,7 @@ import attrs
 
 from refusion.config import PART_KINDS, Preset
 from refusion.errors import ConfigError, UnknownNameError
-from refusion.params import parse_value
+from refusion.config.params import parse_value
 
 #: Parameters every decoder takes whatever its parts (see ``Decoder.from_names``).
 DECODER_PARAMS = ("engine", "seed", "stop_at_eos", "calls_per_token", "temperature", "top_k", "top_p")
@@ -249,7 +249,7 @@ def describe_point(point: Mapping[str, Any]) -> str:
 
 def build_space(base: Preset, specs: Iterable[str | Dimension], registry: Any = None) -> Space:
     """A :class:`Space` over ``base`` from command-line specs or dimensions."""
-    from refusion.registry import registry as default_registry
+    from refusion.plugins.registry import registry as default_registry
 
     dims = tuple(d if isinstance(d, Dimension) else parse_dimension(d) for d in specs)
     return Space(base, dims, registry or default_registry())

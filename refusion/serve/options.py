@@ -14,10 +14,10 @@ import attrs
 
 from refusion.api import build_decoder, encode_prompt
 from refusion.config import PART_KINDS
-from refusion.decoder import Decoder
+from refusion.decoding.decoder import Decoder
 from refusion.errors import ConfigError, UnknownNameError
-from refusion.params import parse_param
-from refusion.registry import registry
+from refusion.config.params import parse_param
+from refusion.plugins.registry import registry
 from refusion.serve.errors import APIError, bad_request
 from refusion.serve.schema import ChatCompletionRequest, CompletionRequest, DecodingFields
 

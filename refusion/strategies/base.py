@@ -2,10 +2,10 @@
 
 Each iteration of the decoder, for the current serial block:
 
-1. the decoder drafts every still-masked slot (:class:`~refusion.state.Plan`);
+1. the decoder drafts every still-masked slot (:class:`~refusion.decoding.types.Plan`);
 2. a :class:`SlotSelector` picks the slots to infill now;
 3. an :class:`Infiller` finishes some of them, asking the model for what it
-   needs through yielded :class:`~refusion.protocol.ModelCall` s;
+   needs through yielded :class:`~refusion.decoding.protocol.ModelCall` s;
 4. a :class:`CacheReorderer` puts the finished slots into the context cache.
 
 Before decoding, a :class:`SlotPartitioner` cuts the generation region into
@@ -21,11 +21,11 @@ from typing import ClassVar, Generator, Sequence
 import attrs
 import torch
 
-from refusion.protocol import BlockReuse, Branch, Extend, ExtendOutput, ModelCall
+from refusion.decoding.protocol import BlockReuse, Branch, Extend, ExtendOutput, ModelCall
 from refusion.cache.sequence import CacheEditor
-from refusion.sampling import Sampler, greedy
-from refusion.scores import Scores
-from refusion.state import Commit, InfillResult, Partition, Plan, Slot
+from refusion.decoding.sampling import Sampler, greedy
+from refusion.decoding.scores import Scores
+from refusion.decoding.types import Commit, InfillResult, Partition, Plan, Slot
 
 InfillGenerator = Generator[ModelCall, "tuple[ExtendOutput, ...]", InfillResult]
 
@@ -102,7 +102,7 @@ class SlotSelector(Part):
 class InfillContext:
     """What an infiller may use besides the plan.
 
-    ``last_scores`` (one-row :class:`~refusion.scores.Scores`) is the model's
+    ``last_scores`` (one-row :class:`~refusion.decoding.scores.Scores`) is the model's
     output at the last context token in cache order, whose position id is
     ``last_position``; with a causal model it predicts position
     ``last_position + 1``. ``None`` when unknown (e.g. that token was committed
@@ -195,7 +195,7 @@ class CacheReorderer(Part):
         """Serial block ``start:stop`` (absolute positions) begins; return a cache request for it, or ``None``.
 
         A cache policy (e.g. Fast-dLLM's prefix/dual cache) returns a
-        :class:`~refusion.protocol.BlockReuse`; the engine then keeps what it
+        :class:`~refusion.decoding.protocol.BlockReuse`; the engine then keeps what it
         asks for during the block. Must not touch anything. Default: ``None``.
         """
         return None

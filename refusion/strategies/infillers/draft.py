@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 
 from refusion.plugins import hookimpl
-from refusion.state import Commit, InfillResult, Plan
+from refusion.decoding.types import Commit, InfillResult, Plan
 from refusion.strategies.base import InfillContext, Infiller, InfillGenerator
 
 

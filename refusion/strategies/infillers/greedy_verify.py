@@ -29,8 +29,8 @@ import attrs
 import torch
 
 from refusion.plugins import hookimpl
-from refusion.protocol import Branch, ModelCall
-from refusion.state import Commit, InfillResult, Plan
+from refusion.decoding.protocol import Branch, ModelCall
+from refusion.decoding.types import Commit, InfillResult, Plan
 from refusion.strategies.base import InfillContext, Infiller, InfillGenerator
 from refusion.validators import positive_int
 

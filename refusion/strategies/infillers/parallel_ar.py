@@ -24,10 +24,10 @@ from __future__ import annotations
 import attrs
 import torch
 
-from refusion.protocol import Branch, ExtendOutput, ModelCall
+from refusion.decoding.protocol import Branch, ExtendOutput, ModelCall
 from refusion.plugins import hookimpl
-from refusion.sampling import token_probability
-from refusion.state import Commit, InfillResult, Plan
+from refusion.decoding.sampling import token_probability
+from refusion.decoding.types import Commit, InfillResult, Plan
 from refusion.strategies.base import InfillContext, Infiller, InfillGenerator
 from refusion.validators import probability
 

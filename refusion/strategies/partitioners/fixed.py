@@ -6,7 +6,7 @@ import attrs
 
 from refusion.errors import ConfigError
 from refusion.plugins import hookimpl
-from refusion.state import Partition, Slot
+from refusion.decoding.types import Partition, Slot
 from refusion.strategies.base import SlotPartitioner
 from refusion.validators import positive_int
 

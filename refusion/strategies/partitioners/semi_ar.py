@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 
 from refusion.plugins import hookimpl
-from refusion.state import Partition
+from refusion.decoding.types import Partition
 from refusion.strategies.base import SlotPartitioner
 from refusion.strategies.partitioners.fixed import check_gen_length, slots_of
 from refusion.choices import one_of

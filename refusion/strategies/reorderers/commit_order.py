@@ -7,8 +7,8 @@ import torch
 
 from refusion.cache.sequence import CacheEditor
 from refusion.plugins import hookimpl
-from refusion.protocol import KVSegment
-from refusion.state import InfillResult
+from refusion.decoding.protocol import KVSegment
+from refusion.decoding.types import InfillResult
 from refusion.strategies.base import CacheReorderer
 
 

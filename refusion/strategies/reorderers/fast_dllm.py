@@ -7,8 +7,8 @@ import attrs
 from refusion.cache.sequence import CacheEditor
 from refusion.choices import boolean
 from refusion.plugins import hookimpl
-from refusion.protocol import BlockReuse
-from refusion.state import InfillResult
+from refusion.decoding.protocol import BlockReuse
+from refusion.decoding.types import InfillResult
 from refusion.strategies.base import CacheReorderer
 
 
@@ -19,7 +19,7 @@ class PrefixCache(CacheReorderer):
     Each step feeds the current block and the masked suffix; the prefix's
     keys/values are refreshed when the next block starts (Fast-dLLM, Sec. 3.2).
     ``prefix_at_block`` (for models with shifted logits): see
-    :class:`~refusion.protocol.BlockReuse`; the ``fast-dllm-dream`` preset sets
+    :class:`~refusion.decoding.protocol.BlockReuse`; the ``fast-dllm-dream`` preset sets
     it, as Fast-dLLM's Dream decoder caches exactly the positions before the block.
     """
 

@@ -6,7 +6,7 @@ import attrs
 
 from refusion.cache.sequence import CacheEditor
 from refusion.plugins import hookimpl
-from refusion.state import InfillResult
+from refusion.decoding.types import InfillResult
 from refusion.strategies.base import CacheReorderer
 
 

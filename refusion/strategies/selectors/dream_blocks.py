@@ -9,7 +9,7 @@ import torch
 
 from refusion.choices import one_of
 from refusion.plugins import hookimpl
-from refusion.state import Plan
+from refusion.decoding.types import Plan
 from refusion.strategies.base import SlotSelector
 from refusion.strategies.selectors.dream_steps import _eps, dream_scores
 from refusion.strategies.selectors.scored import top_k

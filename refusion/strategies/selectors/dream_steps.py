@@ -9,7 +9,7 @@ import torch
 
 from refusion.errors import bad_value
 from refusion.plugins import hookimpl
-from refusion.state import Plan
+from refusion.decoding.types import Plan
 from refusion.strategies.base import SlotSelector
 from refusion.strategies.selectors.scored import top_k
 from refusion.choices import one_of

@@ -6,7 +6,7 @@ import attrs
 import torch
 
 from refusion.plugins import hookimpl
-from refusion.state import Plan
+from refusion.decoding.types import Plan
 from refusion.strategies.selectors.scored import TopKByScore
 
 

@@ -8,7 +8,7 @@ import attrs
 import torch
 
 from refusion.plugins import hookimpl
-from refusion.state import Plan
+from refusion.decoding.types import Plan
 from refusion.strategies.base import SlotSelector
 from refusion.choices import one_of
 from refusion.validators import positive_number

@@ -8,7 +8,7 @@ from typing import Sequence
 import attrs
 import torch
 
-from refusion.state import Plan
+from refusion.decoding.types import Plan
 from refusion.strategies.base import SlotSelector
 from refusion.validators import positive_int
 

@@ -8,7 +8,7 @@ import attrs
 
 from refusion.choices import one_of
 from refusion.plugins import hookimpl
-from refusion.state import Plan
+from refusion.decoding.types import Plan
 from refusion.strategies.base import SlotSelector
 from refusion.strategies.selectors.scored import top_k
 from refusion.validators import positive_int, probability

@@ -7,7 +7,7 @@ from typing import Sequence
 import attrs
 
 from refusion.plugins import hookimpl
-from refusion.state import Plan
+from refusion.decoding.types import Plan
 from refusion.strategies.base import SlotSelector
 from refusion.strategies.selectors.scored import top_k
 from refusion.choices import boolean

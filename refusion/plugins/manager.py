@@ -77,7 +77,7 @@ class PluginManager(pluggy.PluginManager):
 
 def make_plugin_manager(*, entry_points: bool = True, extra: tuple[object, ...] = ()) -> PluginManager:
     """A plugin manager with the built-ins, ``extra`` plugin objects and (optionally) entry points."""
-    from refusion import hookspecs
+    from refusion.plugins import hookspecs
 
     pm = PluginManager()
     pm.add_hookspecs(hookspecs)

@@ -23,13 +23,13 @@ import attrs
 import torch
 
 from refusion.cache.sequence import CacheEditor
-from refusion.checks import (bounded, call_part, check_length, check_prompt, checked_partition, checked_result,
+from refusion.decoding.checks import (bounded, call_part, check_length, check_prompt, checked_partition, checked_result,
                              checked_selection, plugin_error)
 from refusion.errors import ConfigError
 from refusion.models.base import ModelAdapter
-from refusion.protocol import BlockReuse, Branch, Extend, ModelCall, Projection
-from refusion.sampling import Sampler, apply_sampler, greedy, is_greedy
-from refusion.state import Commit, DecodeResult, Drafts, InfillResult, Partition, Plan, StepRecord
+from refusion.decoding.protocol import BlockReuse, Branch, Extend, ModelCall, Projection
+from refusion.decoding.sampling import Sampler, apply_sampler, greedy, is_greedy
+from refusion.decoding.types import Commit, DecodeResult, Drafts, InfillResult, Partition, Plan, StepRecord
 from refusion.strategies.base import CacheReorderer, InfillContext, Infiller, SlotPartitioner, SlotSelector
 from refusion.validators import positive_int
 
@@ -56,7 +56,7 @@ class Decoder:
     """Plan-and-infill decoding with four interchangeable parts.
 
     ``sample`` turns logits into drafts (default: greedy; see
-    :class:`~refusion.sampling.Sampling` for temperature, top-k and top-p);
+    :class:`~refusion.decoding.sampling.Sampling` for temperature, top-k and top-p);
     each prompt draws from its own generator seeded with ``seed``, so a decode
     is reproducible and the same alone or in a batch. ``calls_per_token``
     bounds an infiller's model calls per iteration (``calls_per_token`` x the
@@ -101,10 +101,10 @@ class Decoder:
         ``calls_per_token``, ``sample``) and the sampling shorthands
         ``temperature``, ``top_k``, ``top_p`` are taken out first; ``sampler``
         names the sampler they configure (``"categorical"``, default, or
-        ``"gumbel"``: LLaDA's Gumbel-max, :class:`~refusion.sampling.GumbelMax`).
+        ``"gumbel"``: LLaDA's Gumbel-max, :class:`~refusion.decoding.sampling.GumbelMax`).
         """
         from refusion.config import build_parts
-        from refusion.sampling import SAMPLERS
+        from refusion.decoding.sampling import SAMPLERS
 
         own = {k: params.pop(k) for k in DECODER_OPTIONS if k in params}
         sampler = params.pop("sampler", "categorical")

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 import attrs
 
 from refusion.errors import ConfigError, unknown_name
-from refusion.registry import Registration, registry as default_registry
+from refusion.plugins.registry import Registration, registry as default_registry
 
 PART_KINDS = ("partitioner", "selector", "infiller", "reorderer")
 

@@ -10,7 +10,7 @@ totals). The schema ships as ``refusion/schemas/trace.schema.json``
 (:func:`schema`); ``docs/trace.md`` explains every field.
 
 :func:`write_trace` writes results of any decode; :func:`read_trace` checks a
-file against the schema and rebuilds the :class:`~refusion.state.DecodeResult` s,
+file against the schema and rebuilds the :class:`~refusion.decoding.types.DecodeResult` s,
 ``steps`` included. This module knows nothing about engines or strategies.
 """
 
@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import torch
 
 from refusion.errors import ConfigError
-from refusion.state import DecodeResult, Partition, Slot, StepRecord
+from refusion.decoding.types import DecodeResult, Partition, Slot, StepRecord
 
 SCHEMA_NAME = "refusion-trace"
 SCHEMA_VERSION = 1
@@ -59,7 +59,7 @@ def records(result: DecodeResult, *, sequence: int = 0, tokenizer: Any = None, d
     """The trace records of one result: header, one step per iteration, end.
 
     ``tokenizer`` (optional) adds each committed token's text (``pieces``);
-    ``decoder`` (optional) adds its spec (:func:`refusion.records.decoder_spec`).
+    ``decoder`` (optional) adds its spec (:func:`refusion.measure.records.decoder_spec`).
     Reads ``result``; changes nothing.
     """
     from refusion import __version__
@@ -67,7 +67,7 @@ def records(result: DecodeResult, *, sequence: int = 0, tokenizer: Any = None, d
     start = result.prompt_length
     spec = None
     if decoder is not None:
-        from refusion.records import decoder_spec
+        from refusion.measure.records import decoder_spec
 
         spec = decoder_spec(decoder)
     out: list[dict] = [{

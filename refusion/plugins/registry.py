@@ -13,7 +13,7 @@ from typing import Any, Iterator
 import attrs
 
 from refusion.errors import ConfigError, PluginError, RefusionError, unknown_name
-from refusion.plugins import PluginManager, make_plugin_manager
+from refusion.plugins.manager import PluginManager, make_plugin_manager
 from refusion.validators import finite_fields
 
 

@@ -7,7 +7,7 @@ a slider shows the region as it stood after each iteration; below, one table
 row per iteration (block, planned, drafted slots with their confidence,
 selected, committed tokens, forwards and query tokens per forward, cache
 entries and key/value bytes, wall time). Works on fresh results and on
-results read from a trace file (:func:`refusion.trace.read_trace`).
+results read from a trace file (:func:`refusion.measure.trace.read_trace`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import html
 from pathlib import Path
 from typing import Any
 
-from refusion.state import DecodeResult
-from refusion.visualize import HTML_FORMATS, _check, _labels
+from refusion.decoding.types import DecodeResult
+from refusion.viz.plot import HTML_FORMATS, _check, _labels
 
 #: colour ramp for iterations (dark blue -> green -> yellow, like matplotlib's viridis)
 _RAMP = ((68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37))

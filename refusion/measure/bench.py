@@ -89,7 +89,7 @@ class Method:
 
 def ar_method(adapter: Any, gen_length: int) -> Method:
     """Greedy AR with transformers' ``generate`` and its KV cache (mask token suppressed)."""
-    from refusion.costmodel import ShapeLog, autoregressive
+    from refusion.measure.costmodel import ShapeLog, autoregressive
 
     eos = sorted(adapter.eos_token_ids)
 
@@ -113,7 +113,7 @@ def ar_method(adapter: Any, gen_length: int) -> Method:
 
 def decoder_method(decoder: Any, adapter: Any, gen_length: int) -> Method:
     """refusion's decoder with the given parts, on one engine kept for all prompts."""
-    from refusion.costmodel import recording
+    from refusion.measure.costmodel import recording
     from refusion.engines import open_engine
 
     engine = open_engine(adapter, decoder)
@@ -128,7 +128,7 @@ def decoder_method(decoder: Any, adapter: Any, gen_length: int) -> Method:
         return decoder.decode(adapter, prompt, gen_length, engine=engine).tokens.tolist()
 
     method = Method(run)
-    from refusion.costmodel import ShapeLog
+    from refusion.measure.costmodel import ShapeLog
 
     method.shapes = ShapeLog()
     return method
@@ -147,7 +147,7 @@ def measure(
     """Decode every example with ``method``; return accuracy, forwards, tokens and seconds.
 
     ``cost_model`` (e.g. ``"qwen3-8b@h100"``) also estimates the time the same
-    forwards would take on that GPU at that model size (:mod:`refusion.costmodel`).
+    forwards would take on that GPU at that model size (:mod:`refusion.measure.costmodel`).
     """
     tokenizer = adapter.tokenizer
     prompts = [tokenizer(e.prompt, add_special_tokens=False)["input_ids"] for e in examples]
@@ -172,7 +172,7 @@ def measure(
             per_task.setdefault(example.task, []).append(ok)
     gpu = None
     if cost_model is not None and isinstance(method, Method):
-        from refusion.costmodel import parse
+        from refusion.measure.costmodel import parse
 
         method.recording = False
         gpu = method.shapes.seconds(*parse(cost_model))

@@ -5,10 +5,10 @@ each cell shows its token and is coloured by the iteration that committed it,
 like the figure that explains ReFusion. ``render_gif(result, path)`` animates
 the same, one frame per iteration (committed cells appear, masks stay grey).
 Both need matplotlib and Pillow (``pip install refusion[viz]``).
-``render_html(result, path)`` (:mod:`refusion.visualize_html`, no extra
+``render_html(result, path)`` (:mod:`refusion.viz.html`, no extra
 dependency) writes one self-contained page with the same grid, a slider over
 the iterations and the per-iteration trace. A result read from a trace file
-(:func:`refusion.trace.read_trace`) draws like a fresh one.
+(:func:`refusion.measure.trace.read_trace`) draws like a fresh one.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from refusion.errors import ConfigError
-from refusion.state import DecodeResult
+from refusion.decoding.types import DecodeResult
 
 
 def _labels(result: DecodeResult, tokenizer: Any) -> list[str]:

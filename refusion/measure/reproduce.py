@@ -1,6 +1,6 @@
 """``refusion reproduce RECORD``: re-run a bench or eval record and say whether it still holds.
 
-The record (:mod:`refusion.records`) says how the run was made: the model
+The record (:mod:`refusion.measure.records`) says how the run was made: the model
 options, the decoder specs, the task settings and the torch thread count.
 :func:`reproduce` runs it again in this process and compares what must be
 equal (accuracy, forwards, tokens and every example's generated tokens for
@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import attrs
 
 from refusion.errors import ConfigError
-from refusion.records import check_record, decoder_from_spec, environment
+from refusion.measure.records import check_record, decoder_from_spec, environment
 
 #: environment entries whose change is reported (dotted paths into the environment)
 WATCHED = ("refusion", "torch", "transformers", "python", "device", "dtype", "torch_threads", "model.sha256",
@@ -114,7 +114,7 @@ def reproduce(record: Mapping[str, Any], *, progress: bool = False) -> Reproduct
 
 
 def _bench(record: Mapping[str, Any], progress: bool) -> Reproduction:
-    from refusion.bench import run_bench
+    from refusion.measure.bench import run_bench
     from refusion.training.tasks import held_out
 
     settings = record["settings"]
@@ -138,7 +138,7 @@ def _bench(record: Mapping[str, Any], progress: bool) -> Reproduction:
 
 
 def _eval(record: Mapping[str, Any], progress: bool) -> Reproduction:
-    from refusion.evaluation import EVAL_SEEDS, evaluate_with_record
+    from refusion.measure.lmeval import EVAL_SEEDS, evaluate_with_record
 
     settings = record["settings"]
     seeds = {k: settings[k] for k in EVAL_SEEDS if k in settings}

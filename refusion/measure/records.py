@@ -3,10 +3,10 @@
 :func:`environment` says where a run happened (refusion, torch, transformers
 and Python versions, platform, device, dtype, torch threads, engine, seeds,
 the model's path, git revision and content hash); :func:`decoder_spec` turns a
-:class:`~refusion.decoder.Decoder` into plain JSON and
+:class:`~refusion.decoding.decoder.Decoder` into plain JSON and
 :func:`decoder_from_spec` builds the same decoder back. :func:`bench_record`
 wraps ``refusion bench`` rows into a record that ``refusion reproduce``
-(:mod:`refusion.reproduce`) can re-run; :func:`load_record` reads one back,
+(:mod:`refusion.measure.reproduce`) can re-run; :func:`load_record` reads one back,
 naming the field that is wrong. Nothing here runs a model.
 """
 
@@ -62,13 +62,13 @@ def decoder_spec(decoder: Any) -> dict[str, Any]:
 
     Holds each part's registry name, class and parameters, the sampler
     (``"greedy"`` or ``{"sampler": name, ...its fields}``, a name of
-    :data:`refusion.sampling.SAMPLERS`; without ``sampler`` it is
+    :data:`refusion.decoding.sampling.SAMPLERS`; without ``sampler`` it is
     ``"categorical"``), ``engine`` (its
     name, or None for the automatic choice), ``seed``, ``stop_at_eos`` and
     ``calls_per_token``. A custom sampler or a part parameter that is not a
     JSON value cannot be recorded and raises :class:`ConfigError` naming it.
     """
-    from refusion.sampling import SAMPLERS, greedy
+    from refusion.decoding.sampling import SAMPLERS, greedy
 
     names = {cls: name for name, cls in SAMPLERS.items()}
     if decoder.sample is greedy:
@@ -102,14 +102,14 @@ def _field(spec: Mapping[str, Any], key: str, kind: type | tuple, where: str = "
 
 
 def decoder_from_spec(spec: Mapping[str, Any], *, where: str = "decoder") -> Any:
-    """The :class:`~refusion.decoder.Decoder` a :func:`decoder_spec` describes (errors name the field under ``where``).
+    """The :class:`~refusion.decoding.decoder.Decoder` a :func:`decoder_spec` describes (errors name the field under ``where``).
 
     A part is found by its registry name when that name is registered for the
     recorded class, else by its ``"module:Class"`` path.
     """
-    from refusion.decoder import Decoder
-    from refusion.registry import registry
-    from refusion.sampling import SAMPLERS, greedy
+    from refusion.decoding.decoder import Decoder
+    from refusion.plugins.registry import registry
+    from refusion.decoding.sampling import SAMPLERS, greedy
 
     if not isinstance(spec, Mapping):
         raise ConfigError(f"field `{where}` must be an object (a decoder spec); got {spec!r:.80}.")
@@ -145,7 +145,7 @@ def decoder_from_spec(spec: Mapping[str, Any], *, where: str = "decoder") -> Any
 
 def _registered(kind: str, name: str) -> bool:
     from refusion.errors import UnknownNameError
-    from refusion.registry import registry
+    from refusion.plugins.registry import registry
 
     try:
         registry().entry(kind, name)
@@ -231,7 +231,7 @@ def bench_record(rows: Sequence[Any], decoders: Sequence[Any], settings: Mapping
                  engines: Sequence[str | None] = ()) -> dict:
     """The JSON record of a ``refusion bench`` run.
 
-    ``rows`` are :class:`~refusion.bench.Row` s, ``decoders[i]`` the decoder
+    ``rows`` are :class:`~refusion.measure.bench.Row` s, ``decoders[i]`` the decoder
     of ``rows[i]`` (None for the AR baseline), ``settings`` the bench's
     options (``per_task``, ``gen_length``, ``methods``, ``cost_model``,
     ``model``: the model options), ``env`` an :func:`environment`,

@@ -14,8 +14,8 @@ from typing import Any, Generator, Sequence
 import torch
 
 from refusion.errors import ConfigError, PluginError, RefusionError
-from refusion.protocol import KVSegment, ModelCall
-from refusion.state import Commit, InfillResult, Partition, Plan
+from refusion.decoding.protocol import KVSegment, ModelCall
+from refusion.decoding.types import Commit, InfillResult, Partition, Plan
 
 
 def describe(part: Any) -> str:

@@ -3,8 +3,8 @@
 Importing this module registers the model type ``refusion`` with
 EleutherAI's lm-evaluation-harness (``pip install refusion[eval]``)::
 
-    import refusion.evaluation
-    refusion.evaluation.evaluate(["gsm8k"], model_args="pretrained=PATH,preset=gsm8k")
+    import refusion.measure.lmeval
+    refusion.measure.lmeval.evaluate(["gsm8k"], model_args="pretrained=PATH,preset=gsm8k")
 
 or ``refusion eval --tasks gsm8k --model-args pretrained=PATH,preset=gsm8k``.
 ``model_args`` take ``pretrained`` (a checkpoint directory; default: the
@@ -25,7 +25,7 @@ from lm_eval.api.registry import register_model
 from refusion.api import build_decoder, encode_prompt, load_model
 from refusion.errors import ConfigError
 from refusion.inputs import torch_dtype
-from refusion.params import parse_value
+from refusion.config.params import parse_value
 
 
 def _parse(value: Any) -> Any:
@@ -152,14 +152,14 @@ EVAL_SEEDS = {"random_seed": 0, "numpy_random_seed": 1234, "torch_random_seed": 
 
 def evaluate_with_record(tasks: Sequence[str], *, model_args: str = "", include_path: str | None = None,
                          limit: int | None = None, **kwargs: Any) -> tuple[dict, dict]:
-    """:func:`evaluate`'s lm-eval results and the run's record (:func:`refusion.records.eval_record`):
+    """:func:`evaluate`'s lm-eval results and the run's record (:func:`refusion.measure.records.eval_record`):
     environment, decoder spec, settings and a sha256 of every generated text, for ``refusion reproduce``."""
     import lm_eval
     from lm_eval.api.registry import get_model
     from lm_eval.tasks import TaskManager
 
     from refusion.engines import choose_engine
-    from refusion.records import environment, eval_record
+    from refusion.measure.records import environment, eval_record
 
     seeds = {**EVAL_SEEDS, **{k: kwargs.pop(k) for k in EVAL_SEEDS if k in kwargs}}
     manager = TaskManager(include_path=include_path) if include_path else None

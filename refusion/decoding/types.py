@@ -14,8 +14,8 @@ from typing import Any, Callable, Sequence
 import attrs
 import torch
 
-from refusion.protocol import KVSegment
-from refusion.scores import Scores
+from refusion.decoding.protocol import KVSegment
+from refusion.decoding.scores import Scores
 
 
 @attrs.frozen
@@ -58,7 +58,7 @@ class Drafts:
     With ``lazy`` (greedy drafting on Scores that hold hidden states) a row is
     projected to the vocabulary only when someone reads it, and rows read
     together are projected together; the statistics live in the Scores'
-    cache (:func:`refusion.scores.project`), so rows projected in a batch
+    cache (:func:`refusion.decoding.scores.project`), so rows projected in a batch
     with other sequences cost nothing more here. Otherwise ``draw(scores)``
     turns all rows into ``(tokens, confidence)`` at once, so that a sampler's
     random draws happen in one fixed order.
@@ -82,7 +82,7 @@ class Drafts:
             return self.tokens[index], self.confidence[index]
         cache = self.scores._cache
         if cache is None or cache.exclude != self.exclude or not bool(cache.known[index].all()):
-            from refusion.scores import project
+            from refusion.decoding.scores import project
 
             project([(self.scores, index)], self.exclude)
             cache = self.scores._cache
@@ -97,7 +97,7 @@ class Plan:
     ``slots`` (k slots, position order) are laid out one after another in the
     flat tensors: slot ``i`` occupies rows ``offsets[i]:offsets[i+1]``.
     ``positions`` has shape ``(n,)``; ``scores`` (n rows,
-    :class:`~refusion.scores.Scores`) is the model's output there.
+    :class:`~refusion.decoding.scores.Scores`) is the model's output there.
     ``tokens`` (draft ids) and ``confidence`` (probability of each draft token)
     have shape ``(n,)`` and ``logits`` shape ``(n, vocab)``; all three are
     computed when first read, and :meth:`slot_tokens`, :meth:`first_confidence`
@@ -127,7 +127,7 @@ class Plan:
     def from_logits(cls, slots: tuple[Slot, ...], positions: torch.Tensor, logits: torch.Tensor,
                     generator: torch.Generator | None = None) -> "Plan":
         """A plan with greedy drafts from full logits ``(n, vocab)`` (for tests and hand-made plans)."""
-        from refusion.sampling import greedy
+        from refusion.decoding.sampling import greedy
 
         offsets = [0]
         for slot in slots:
@@ -242,7 +242,7 @@ class InfillResult:
     """What an infiller returns: the slots it finished, in commit order.
 
     ``next_logits`` is the model's output at the last committed token in commit
-    order (logits of shape ``(vocab,)`` or one-row :class:`~refusion.scores.Scores`),
+    order (logits of shape ``(vocab,)`` or one-row :class:`~refusion.decoding.scores.Scores`),
     when the infiller has it; with a causal model it predicts the token after it.
     """
 

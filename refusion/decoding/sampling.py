@@ -8,7 +8,7 @@ A sampler is a small callable, in the spirit of transformers' LogitsProcessor:
 distribution it was drawn from. It must not modify the logits in place.
 
 A sampler whose ``accepts_scores`` attribute is true receives a
-:class:`~refusion.scores.Scores` instead and may avoid the full logits (the
+:class:`~refusion.decoding.scores.Scores` instead and may avoid the full logits (the
 greedy sampler takes the fused argmax path); others get ``scores.logits``.
 Confidences are float32 at least (float64 for float64 models).
 """
@@ -21,7 +21,7 @@ import attrs
 import torch
 
 from refusion.errors import ConfigError, bad_value
-from refusion.scores import Scores
+from refusion.decoding.scores import Scores
 from refusion.validators import is_number
 
 
@@ -36,7 +36,7 @@ def greedy(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Argmax token (never ``exclude``) and its softmax probability (the reference's rule at temperature 0).
 
-    Given :class:`~refusion.scores.Scores` it never materialises the logits
+    Given :class:`~refusion.decoding.scores.Scores` it never materialises the logits
     (the fused LM-head path, :func:`refusion_kernels.lm_head_stats`).
     """
     return Scores.of(logits).greedy(exclude)

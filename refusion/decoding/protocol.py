@@ -1,0 +1,235 @@
+"""What strategies exchange with whatever runs the model: model calls, their outputs, keys/values.
+
+An infiller never calls the model. It *yields* a :class:`ModelCall` and gets
+back one :class:`ExtendOutput` per :class:`Extend`. Each extend feeds tokens
+after the committed context plus a :class:`Branch` (tokens already accepted on
+that branch, with their keys/values); the fed tokens attend causally to
+themselves, their branch and the committed context, and to nothing else. How
+the calls run (one forward for many sequences, a cache per sequence, a
+bidirectional canvas) is the business of an engine (:mod:`refusion.engines`);
+nothing here names one.
+
+Branches are immutable: ``branch.extended(output, n)`` returns a new branch
+that also holds the first ``n`` fed tokens of ``output``. A
+:class:`KVSegment` carries the keys and values of a run of tokens for every
+layer at once; it is what an infiller hands to a cache reorderer.
+:class:`BlockReuse` is how a cache reorderer asks an engine to reuse
+approximate keys/values within a block (Fast-dLLM's prefix and dual caches).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Literal, Sequence
+
+import attrs
+import torch
+
+from refusion.decoding.scores import Scores
+
+
+@attrs.frozen(eq=False)
+class KVSegment:
+    """Keys and values of ``n`` consecutive tokens.
+
+    ``data`` has shape ``(layers, 2, kv_heads, n, head_dim)``; index 0 of the
+    second axis holds keys, index 1 values (after RoPE and q/k-norm, exactly as
+    the model's attention cached them).
+    """
+
+    data: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.data.shape[3]
+
+    def __getitem__(self, index: slice) -> "KVSegment":
+        if not isinstance(index, slice) or index.step not in (None, 1):
+            raise TypeError("KVSegment supports contiguous slices only")
+        return KVSegment(self.data[:, :, :, index])
+
+    @staticmethod
+    def cat(segments: Sequence["KVSegment | None"]) -> "KVSegment | None":
+        """Concatenate segments along the token axis (``None`` entries are skipped)."""
+        parts = [s.data for s in segments if s is not None and len(s)]
+        if not parts:
+            return None
+        return KVSegment(parts[0] if len(parts) == 1 else torch.cat(parts, dim=3))
+
+    @staticmethod
+    def from_layers(layers: Sequence[tuple[torch.Tensor, torch.Tensor]], batch: int, start: int, stop: int) -> "KVSegment":
+        """Cut tokens ``start:stop`` of batch row ``batch`` out of per-layer ``(keys, values)``.
+
+        Each ``keys``/``values`` tensor has shape ``(batch, kv_heads, length, head_dim)``.
+        """
+        return KVSegment(
+            torch.stack([torch.stack((k[batch, :, start:stop], v[batch, :, start:stop])) for k, v in layers])
+        )
+
+
+def _as_long_1d(name: str, value) -> torch.Tensor:
+    t = torch.as_tensor(value, dtype=torch.long)
+    if t.dim() != 1:
+        raise ValueError(f"`{name}` must be a 1-D sequence of ints; got shape {tuple(t.shape)}.")
+    return t
+
+
+@attrs.frozen(eq=False)
+class Branch:
+    """Tokens accepted after the committed context on one speculative branch.
+
+    ``tokens`` and ``positions`` have shape ``(n,)``; ``kv`` holds their keys and
+    values (``None`` when ``n == 0``). ``Branch()`` is the empty branch: an
+    extend from it sees only the committed context.
+    """
+
+    tokens: torch.Tensor = attrs.field(factory=lambda: torch.empty(0, dtype=torch.long))
+    positions: torch.Tensor = attrs.field(factory=lambda: torch.empty(0, dtype=torch.long))
+    kv: KVSegment | None = None
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    def extended(self, output: "ExtendOutput", n: int) -> "Branch":
+        """This branch plus the first ``n`` tokens fed by ``output`` (which must extend this branch)."""
+        parent = output.extend.parent
+        if parent is not self and (len(parent) or len(self)):
+            raise ValueError("`output` does not extend this branch")
+        if not 0 <= n <= len(output.extend.tokens):
+            raise ValueError(f"`n` must be in [0, {len(output.extend.tokens)}]; got {n}.")
+        if n == 0:
+            return self
+        ext = output.extend
+        return Branch(
+            tokens=torch.cat((self.tokens, ext.tokens[:n].to(self.tokens.device))),
+            positions=torch.cat((self.positions, ext.positions[:n].to(self.positions.device))),
+            kv=KVSegment.cat((self.kv, output.kv[:n])),
+        )
+
+
+@attrs.frozen(eq=False)
+class Extend:
+    """Feed ``tokens`` at ``positions`` (both shape ``(q,)``) after ``parent``.
+
+    ``reads`` (optional: a slice or index tensor over the fed tokens) names
+    the rows whose argmax statistics the caller will read (``scores.greedy()``,
+    ``scores.probability(...)``); they are then projected to the vocabulary
+    together with the other sequences' rows in one LM-head pass. Rows not
+    named are still available, computed on demand.
+    """
+
+    parent: Branch
+    tokens: torch.Tensor = attrs.field(converter=lambda v: _as_long_1d("tokens", v))
+    positions: torch.Tensor = attrs.field(converter=lambda v: _as_long_1d("positions", v))
+    reads: "slice | torch.Tensor | None" = None
+
+    def __attrs_post_init__(self):
+        if self.tokens.shape != self.positions.shape:
+            raise ValueError(
+                f"`tokens` and `positions` must have the same length; got {len(self.tokens)} and {len(self.positions)}."
+            )
+        if len(self.tokens) == 0:
+            raise ValueError("`tokens` must not be empty.")
+
+
+@attrs.frozen(eq=False)
+class ModelCall:
+    """One request to the model: several extends, run together as one forward."""
+
+    extends: tuple[Extend, ...] = attrs.field(converter=tuple)
+
+    def __attrs_post_init__(self):
+        if not self.extends or not all(isinstance(e, Extend) for e in self.extends):
+            raise ValueError("a ModelCall needs at least one Extend")
+
+    @classmethod
+    def of(cls, *extends: Extend) -> "ModelCall":
+        return cls(extends)
+
+
+class Epoch:
+    """Counts model calls; outputs of an earlier call may no longer read keys/values."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+
+@attrs.frozen(eq=False)
+class ExtendOutput:
+    """The model's answer to one :class:`Extend`.
+
+    ``scores`` (a :class:`~refusion.decoding.scores.Scores` of ``q`` rows) is the
+    model's output at each fed token: ``scores.greedy()`` for the argmax and
+    its probability, ``scores.probability(tokens)``, or ``logits`` (shape
+    ``(q, vocab)``, materialised on first use). ``kv`` holds the fed tokens'
+    keys and values; it can be read (or a branch extended with it) until the
+    sequence's next model call, after which the engine may reuse the memory.
+    """
+
+    extend: Extend
+    scores: Scores = attrs.field(converter=Scores.of)
+    #: per-layer ``(keys, values)`` of shape (rows, heads, length, dim), or one buffer tensor of shape
+    #: (layers, 2, rows, heads, capacity, dim)
+    _layers: "Sequence[tuple[torch.Tensor, torch.Tensor]] | torch.Tensor" = attrs.field(repr=False)
+    _batch: int = attrs.field(repr=False)
+    _start: int = attrs.field(repr=False)
+    _epoch: Epoch | None = attrs.field(default=None, repr=False)
+    _issued: int = attrs.field(default=0, repr=False)
+
+    @property
+    def logits(self) -> torch.Tensor:
+        """Full logits at the fed tokens, shape ``(q, vocab)``."""
+        return self.scores.logits
+
+    @functools.cached_property
+    def kv(self) -> KVSegment:
+        if not isinstance(self._layers, torch.Tensor) and not self._layers:
+            raise RuntimeError("this model call produced no reusable keys/values (bidirectional model)")
+        if self._epoch is not None and self._epoch.value != self._issued:
+            raise RuntimeError(
+                "ExtendOutput.kv was read after a later model call; take the keys/values you need "
+                "(e.g. branch.extended(output, n)) before yielding the next ModelCall."
+            )
+        stop = self._start + len(self.extend.tokens)
+        if isinstance(self._layers, torch.Tensor):  # an engine's buffer (layers, 2, rows, heads, capacity, dim)
+            return KVSegment(self._layers[:, :, self._batch, :, self._start : stop].clone())
+        return KVSegment.from_layers(self._layers, self._batch, self._start, stop)
+
+
+@attrs.frozen(eq=False)
+class Projection:
+    """A request, yielded by the decoder's program, to project ``rows`` of ``scores`` to the vocabulary.
+
+    The driver collects the requests of all live sequences and resolves them in
+    one fused LM-head pass (:func:`refusion.decoding.scores.project`), then resumes each
+    program with ``None``; the statistics are cached on ``scores``.
+    """
+
+    scores: Scores
+    rows: "slice | torch.Tensor"
+
+
+@attrs.frozen
+class BlockReuse:
+    """A cache reorderer's request for one block: reuse keys/values computed outside it.
+
+    ``mode="prefix"``: keys/values of every position before the block are
+    computed once, at the block's first call, and reused by its later calls
+    (Fast-dLLM's prefix cache, Wu et al., arXiv 2505.22618); ``mode="dual"``:
+    the masked suffix after the block is kept as well (its dual cache). Both
+    are approximations on a bidirectional model; an engine whose cache is
+    exact has nothing to approximate and may ignore the request.
+
+    On a model whose logits are shifted (Dream: position ``p`` is predicted
+    at ``p - 1``) the reused prefix ends one position before the block by
+    default (``prefix_at_block=False``), so that the block's first position
+    is predicted from keys/values recomputed with the block. With
+    ``prefix_at_block=True`` it ends at the block, as Fast-dLLM's Dream block
+    decoder does (which decodes the block's first position from the block's
+    first, full forward and never predicts it from the cache).
+    """
+
+    mode: Literal["prefix", "dual"] = attrs.field(validator=attrs.validators.in_(("prefix", "dual")))
+    prefix_at_block: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+
+
+__all__ = ["BlockReuse", "Branch", "Epoch", "Extend", "ExtendOutput", "KVSegment", "ModelCall", "Projection"]

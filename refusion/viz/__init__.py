@@ -1,0 +1,1 @@
+"""Pictures of a decode: when each position was committed (PNG, GIF, self-contained HTML)."""

@@ -29,7 +29,7 @@ from refusion.plugins.registry import registry
 from refusion.search import sweep
 from refusion.decoding.types import DecodeResult, Plan, Slot
 
-__version__ = "0.1.0"
+from refusion.version import __version__  # noqa: F401
 
 __all__ = [
     "PRESETS",

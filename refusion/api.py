@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from refusion.config import PART_KINDS, Preset, preset as get_preset
+from refusion.config import DecoderSpec, preset as get_preset
+from refusion.config.spec import DEFAULT_GEN_LENGTH
 from refusion.decoding.decoder import Decoder
 from refusion.errors import ConfigError, RefusionWarning
 from refusion.inputs import check_chat, check_known_characters
@@ -30,50 +31,39 @@ def encode_prompt(prompt: Any, tokenizer: Any, chat: bool | None) -> list[int]:
     return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
 
-def build_decoder(
-    adapter: ModelAdapter,
+def decoder_spec(
+    adapter: ModelAdapter | None,
     *,
-    preset: str | Preset | None = None,
+    preset: str | DecoderSpec | None = None,
     partitioner: Any = None,
     selector: Any = None,
     infiller: Any = None,
     reorderer: Any = None,
     **params: Any,
-) -> tuple[Decoder, int]:
-    """The decoder :func:`generate` would use, and the preset's generation length.
+) -> DecoderSpec:
+    """The :class:`~refusion.config.spec.DecoderSpec` :func:`generate` would use.
 
-    ``preset`` (a name or a :class:`Preset`, e.g. from :func:`refusion.load_preset`) defaults to
-    the checkpoint's own ``refusion.json``, else ``"paper"``;
-    explicit parts and ``params`` override the preset (a preset parameter is
-    dropped when the part it belongs to is replaced). A preset named after a
-    peer (``Preset.peer``) takes that peer function's own arguments among
-    ``params`` (:mod:`refusion.peers`); the generation length is then the
-    peer's (e.g. Dream's ``max_new_tokens``) when it names one.
+    ``preset`` (a name or a spec, e.g. from :func:`refusion.load_preset`)
+    defaults to the checkpoint's own ``refusion.json``, else ``"paper"``;
+    explicit parts and ``params`` override it by :meth:`DecoderSpec.merged`'s
+    one rule (a replaced part loses its parameters). A preset named after a
+    peer takes that peer function's own arguments among ``params``
+    (:mod:`refusion.peers`), checked against ``adapter``.
     """
-    if isinstance(preset, Preset):
+    if isinstance(preset, DecoderSpec):
         chosen = preset
     elif preset is not None:
         chosen = get_preset(preset)
     else:
         chosen = getattr(adapter, "preset", None) or get_preset("paper")
-    specs = chosen.parts()
-    length = chosen.gen_length
-    translated: dict[str, Any] = {}
-    if chosen.peer is not None:  # the preset takes its peer function's own arguments
-        from refusion.peers import peer_function
+    parts = dict(partitioner=partitioner, selector=selector, infiller=infiller, reorderer=reorderer)
+    return chosen.merged(parts, params, model=adapter)
 
-        function = peer_function(chosen.peer)
-        call = function.translate({k: params.pop(k) for k in list(params) if k in function.arguments}, adapter)
-        specs.update(call.parts)
-        translated = dict(call.params)
-        length = call.gen_length if call.gen_length is not None else length
-    for kind, spec in zip(PART_KINDS, (partitioner, selector, infiller, reorderer)):
-        if spec is not None:
-            specs[kind] = spec
-    merged = {key: value for key, value in chosen.params.items() if _applies(key, specs, chosen)}
-    merged.update(translated)
-    merged.update(params)
-    return Decoder.from_names(**specs, **merged), length
+
+def build_decoder(adapter: ModelAdapter | None, **options: Any) -> tuple[Decoder, int | None]:
+    """``(decoder, gen_length)`` of :func:`decoder_spec` with the same arguments: the spec built, and its length."""
+    spec = decoder_spec(adapter, **options)
+    return spec.build(), spec.gen_length
 
 
 def generate(
@@ -82,7 +72,7 @@ def generate(
     *,
     tokenizer: Any = None,
     gen_length: int | None = None,
-    preset: str | Preset | None = None,
+    preset: str | DecoderSpec | None = None,
     chat: bool | None = None,
     partitioner: Any = None,
     selector: Any = None,
@@ -122,7 +112,9 @@ def generate(
     if not batch and seeds is not None:
         raise ConfigError("`seeds` is for a list of prompts; for one prompt pass `seed=`.")
     ids = [encode_prompt(p, adapter.tokenizer, chat) for p in (prompt if batch else [prompt])]
-    length = gen_length if gen_length is not None else fit_default_length(decoder, adapter, ids, default_length)
+    if gen_length is None:
+        gen_length = fit_default_length(decoder, adapter, ids, default_length or DEFAULT_GEN_LENGTH)
+    length = gen_length
     results = decoder.decode_batch(adapter, ids, length, seeds=seeds) if batch else decoder.decode(
         adapter, ids[0], length)
     if trace is not None:
@@ -165,18 +157,4 @@ def is_batch(prompt: Any) -> bool:
     """True for a list of prompts (texts or token-id sequences), False for one prompt."""
     if isinstance(prompt, (list, tuple)) and prompt:
         return all(isinstance(p, (str, list, tuple)) or (hasattr(p, "dim") and p.dim() == 1) for p in prompt)
-    return False
-
-
-def _applies(key: str, specs: dict[str, Any], chosen: Any) -> bool:
-    """A preset parameter applies only while the part it was meant for is still the preset's (or is the decoder's)."""
-    from refusion.decoding.decoder import DECODER_OPTIONS
-    from refusion.plugins.registry import registry
-
-    if key in DECODER_OPTIONS or key in ("sampler", "temperature", "top_k", "top_p"):
-        return True
-    for kind in PART_KINDS:
-        name = getattr(chosen, kind)
-        if specs[kind] == name and key in registry().entry(kind, name).parameters():
-            return True
     return False

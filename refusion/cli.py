@@ -222,7 +222,6 @@ def _visualize(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from refusion.measure.bench import AR_METHOD, run_bench, table
     from refusion.config import load_preset, preset as get_preset
-    from refusion.decoding.decoder import Decoder
     from refusion.training.tasks import held_out
 
     if args.cost_model is not None:
@@ -243,7 +242,7 @@ def _bench(args: argparse.Namespace) -> int:
     chosen_presets = [(name, model.preset if name == "model" and getattr(model, "preset", None) else get_preset(
         "paper" if name == "model" else name)) for name in names]
     for name, chosen in chosen_presets + files:  # every method takes the same --gen-length, checked before AR runs
-        decoder = Decoder.from_names(**chosen.parts(), **dict(chosen.params))
+        decoder = chosen.build()
         try:
             decoder.partition(args.gen_length)
         except ConfigError as exc:

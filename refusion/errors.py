@@ -15,7 +15,24 @@ class RefusionError(Exception):
 
 
 class ConfigError(RefusionError, ValueError):
-    """Bad input: a parameter is out of range or parameters do not fit together."""
+    """Bad input: a parameter is out of range or parameters do not fit together.
+
+    ``param`` names the parameter (or field) at fault when one is, so that a
+    caller can point at it (the server reports it as the request field).
+    """
+
+    def __init__(self, message: str, *, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+    def __reduce__(self):  # keep ``param`` across pickling (errors cross process boundaries)
+        return (_config_error, (type(self), str(self), self.param))
+
+
+def _config_error(cls: type, message: str, param: str | None) -> "ConfigError":
+    error = cls(message)
+    error.param = param
+    return error
 
 
 class UnknownNameError(ConfigError, LookupError):
@@ -49,10 +66,10 @@ def bad_value(param: str, value: Any, allowed: str) -> ConfigError:
     >>> str(bad_value("slot_size", 0, "an integer >= 1"))
     '`slot_size` must be an integer >= 1; got 0.'
     """
-    return ConfigError(f"`{param}` must be {allowed}; got {value!r}.")
+    return ConfigError(f"`{param}` must be {allowed}; got {value!r}.", param=param)
 
 
 def unknown_name(kind: str, name: str, known: Iterable[str]) -> UnknownNameError:
     """Return an :class:`UnknownNameError` listing the known names of ``kind``."""
     names = ", ".join(sorted(known)) or "(none registered)"
-    return UnknownNameError(f"Unknown {kind} {name!r}. Known {kind}s: {names}.")
+    return UnknownNameError(f"Unknown {kind} {name!r}. Known {kind}s: {names}.", param=kind.replace(" ", "_"))

@@ -48,8 +48,11 @@ def test_python_api_with_preset_and_overrides(checkpoint):
 
 
 def test_presets_hold_the_reference_settings():
-    assert PRESETS["gsm8k"].params == dict(slot_size=32, serial_num_blocks=4, slot_threshold=0.9, token_threshold=0.4)
-    assert PRESETS["arc-c"].params["serial_num_blocks"] == 64
+    gsm8k = PRESETS["gsm8k"]
+    assert dict(gsm8k.partitioner.params) == dict(slot_size=32, serial_num_blocks=4)
+    assert dict(gsm8k.selector.params) == dict(slot_threshold=0.9)
+    assert dict(gsm8k.infiller.params) == dict(token_threshold=0.4)
+    assert PRESETS["arc-c"].partitioner.params["serial_num_blocks"] == 64
     reference = ("gsm8k", "mbpp", "humaneval", "math", "gpqa", "arc-c", "mmlu-pro")
     assert all(PRESETS[name].gen_length == 512 for name in reference)
 
@@ -63,9 +66,9 @@ def test_every_preset_builds_and_decodes(name, checkpoint):
     from refusion.models.block import tiny_block_diffusion
 
     preset = PRESETS[name]
-    if preset.selector == "sdar-steps":
+    if preset.selector.name == "sdar-steps":
         model = tiny_block_diffusion(vocab_size=24, max_positions=1024, block_length=4, layout="absolute")
-    elif preset.reorderer in ("dual-cache", "prefix-cache"):
+    elif preset.reorderer.name in ("dual-cache", "prefix-cache"):
         model = tiny_bidirectional(vocab_size=24, max_positions=1024, logit_shift=int(name == "fast-dllm-dream"))
     else:
         model = HFCausalLM(tiny_qwen3(vocab_size=24, max_positions=1024, logit_scale=6.0))

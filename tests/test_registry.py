@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from refusion.plugins import hookspecs
-from refusion.config import build_parts
+from refusion.config import DecoderSpec
 from refusion.decoding.decoder import Decoder
 from refusion.errors import ConfigError, PluginError, UnknownNameError
 from refusion.plugins.manager import DEFAULT_PLUGINS, hookimpl, make_plugin_manager
@@ -184,10 +184,9 @@ def test_build_accepts_names_classes_instances_and_import_paths():
 
 
 def test_parameters_are_routed_to_the_part_that_declares_them():
-    parts = build_parts(partitioner="fixed", selector="topk", infiller="parallel-ar", reorderer="commit-order",
-                        params={"k": 3, "slot_size": 4, "token_threshold": 0.5})
-    assert parts["selector"].k == 3 and parts["partitioner"].slot_size == 4
-    assert parts["infiller"].token_threshold == 0.5
+    decoder = DecoderSpec.of_parts(selector="topk").with_params({"k": 3, "slot_size": 4, "token_threshold": 0.5}).build()
+    assert decoder.selector.k == 3 and decoder.partitioner.slot_size == 4
+    assert decoder.infiller.token_threshold == 0.5
 
 
 def test_unknown_and_misdirected_parameters_are_explained():

@@ -6,43 +6,45 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from refusion.cli import main
-from refusion.config import PRESETS
+from refusion.config import PRESETS, DecoderSpec
 from refusion.decoding.decoder import Decoder
 from refusion.errors import ConfigError
-from refusion.measure.records import check_record, decoder_from_spec, decoder_spec, environment, load_record, model_source
+from refusion.measure.records import check_record, environment, load_record, model_source
 from refusion.decoding.sampling import Sampling
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_every_preset_decoder_survives_its_spec_as_json(name):
-    preset = PRESETS[name]
-    decoder = Decoder.from_names(**preset.parts(), **dict(preset.params))
-    assert decoder_from_spec(json.loads(json.dumps(decoder_spec(decoder)))) == decoder
+    decoder = PRESETS[name].build()
+    assert DecoderSpec.from_dict(json.loads(json.dumps(decoder.spec.to_dict()))).build() == decoder
 
 
 @settings(max_examples=15)
 @given(temperature=st.sampled_from([0.0, 0.5, 1.3]), top_k=st.sampled_from([None, 3]), seed=st.integers(0, 2**31),
-       engine=st.sampled_from([None, "branch", "repeat"]), stop=st.booleans(), k=st.integers(1, 4))
+       engine=st.sampled_from([None, "branch", "repeat"]), stop=st.sampled_from([True, False, "block"]),
+       k=st.integers(1, 4))
 def test_decoder_specs_round_trip(temperature, top_k, seed, engine, stop, k):
     top_k = top_k if temperature > 0 else None  # top_k without sampling is refused
     decoder = Decoder.from_names(selector="topk", k=k, sample=Sampling(temperature, top_k), seed=seed, engine=engine,
                                  stop_at_eos=stop)
-    assert decoder_from_spec(json.loads(json.dumps(decoder_spec(decoder)))) == decoder
+    assert DecoderSpec.from_dict(json.loads(json.dumps(decoder.spec.to_dict()))).build() == decoder
 
 
 def test_a_spec_that_names_no_decoder_is_refused_naming_the_field():
-    spec = decoder_spec(Decoder.from_names())
-    del spec["selector"]["params"]
-    with pytest.raises(ConfigError, match=r"`decoder.selector.params` is missing"):
-        decoder_from_spec(spec)
-    spec = decoder_spec(Decoder.from_names())
+    spec = Decoder.from_names().spec.to_dict()
+    del spec["selector"]["name"]
+    with pytest.raises(ConfigError, match=r"field `selector` must be an object with a `name`") as err:
+        DecoderSpec.from_dict(spec)
+    assert err.value.param == "selector"
+    spec = Decoder.from_names().spec.to_dict()
     spec["infiller"]["params"]["token_threshold"] = 7
-    with pytest.raises(ConfigError, match=r"`decoder` does not build a decoder: .*token_threshold"):
-        decoder_from_spec(spec)
-    spec = decoder_spec(Decoder.from_names())
-    spec["sample"] = {"temperature": 1.0, "typical_p": 0.5}
-    with pytest.raises(ConfigError, match=r"`decoder.sample` must be"):
-        decoder_from_spec(spec)
+    with pytest.raises(ConfigError, match=r"token_threshold") as err:
+        DecoderSpec.from_dict(spec).build()
+    assert err.value.param == "token_threshold"
+    spec = Decoder.from_names().spec.to_dict()
+    spec["sampler"] = {"name": "categorical", "params": {"temperature": 1.0, "typical_p": 0.5}}
+    with pytest.raises(ConfigError, match=r"sampler 'categorical' takes"):
+        DecoderSpec.from_dict(spec).build()
 
 
 def test_the_environment_names_versions_threads_and_the_model_source():

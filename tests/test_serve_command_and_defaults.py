@@ -46,4 +46,4 @@ def test_serve_takes_its_default_preset_from_a_preset_file(tmp_path, monkeypatch
     monkeypatch.setattr(refusion.serve, "serve", lambda model, **kw: seen.update(kw))
     assert main(["serve", "--preset-file", str(path)]) == 0
     preset = seen["defaults"].preset
-    assert preset == refusion.load_preset(path) and dict(preset.params)["k"] == 2
+    assert preset == refusion.load_preset(path) and preset.selector.params["k"] == 2

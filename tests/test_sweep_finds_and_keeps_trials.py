@@ -52,7 +52,7 @@ def test_grid_sweep_evaluates_every_point_once_and_writes_csv_png_preset(model, 
     assert all(r.point.get("k") != 1 for r in result.front)
     # the preset file decodes with exactly the chosen point's parts and parameters
     loaded = refusion.load_preset(result.files["preset"])
-    assert loaded.parts() == result.preset.parts() and dict(loaded.params) == dict(result.preset.params)
+    assert loaded == result.preset
     again = evaluate_preset(model, loaded, load_tasks(tasks))
     assert again.forwards == result.chosen["forwards"] and again.correct == result.chosen["correct"]
     # running it again resumes: nothing left to evaluate

@@ -35,11 +35,11 @@ def test_grid_points_are_distinct_and_only_carry_parameters_their_parts_take(sel
     points = space.grid()
     assert len({point_key(p) for p in points}) == len(points)
     for p in points:
-        parts = {**BASE.parts(), "selector": p["selector"]}
+        parts = {**space.base_names(), "selector": p["selector"]}
         assert all(space.accepts(parts, name) for name in p if name != "selector")
         built = space.preset(p)
-        assert built.selector == p["selector"]
-        assert all(built.params[k] == v for k, v in p.items() if k != "selector")
+        assert built.selector.name == p["selector"]
+        assert all(built.selector.params[k] == v for k, v in p.items() if k != "selector")
     expected = sum((len(thresholds) if s == "threshold" else len(ks) if s in ("topk", "margin") else 1)
                    for s in selectors)
     assert len(points) == expected
@@ -73,5 +73,5 @@ def test_the_front_is_exactly_the_undominated_points(rows):
 def test_a_preset_keeps_base_parameters_only_for_the_base_parts():
     space = build_space(BASE, ["selector=threshold,topk", "k=2"])
     topk = space.preset({"selector": "topk", "k": 2})
-    assert "slot_threshold" not in topk.params and topk.params["slot_size"] == 8 and topk.params["k"] == 2
-    assert space.preset({"selector": "threshold"}).params["slot_threshold"] == pytest.approx(0.9)
+    assert dict(topk.selector.params) == {"k": 2} and topk.partitioner.params["slot_size"] == 8
+    assert space.preset({"selector": "threshold"}).selector.params["slot_threshold"] == pytest.approx(0.9)

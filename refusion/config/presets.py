@@ -1,50 +1,24 @@
-"""From names and flat parameters to part instances, and the paper's named presets.
+"""The named presets: the reference's per-task settings and the peers' decoders, as :class:`DecoderSpec` s.
 
-``build_parts(selector="topk", params={"k": 2, "slot_size": 4})`` sends each
-parameter to the part that declares it (to each, when several do: the
-partitioner's and the selector's ``block_length`` are the same blocks);
-``"selector.k"`` names one part explicitly. An unknown parameter is an error
-listing what each part accepts.
+Each is defined by its part names and flat parameters (routed to the parts
+that declare them when the preset is first used) and built lazily, so that
+listing the names (``sorted(PRESETS)``) imports no part.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
-import attrs
+from refusion.config.build import PART_KINDS
+from refusion.config.spec import DecoderSpec
+from refusion.errors import unknown_name
 
-from refusion.errors import ConfigError, unknown_name
-from refusion.plugins.registry import Registration, registry as default_registry
-
-PART_KINDS = ("partitioner", "selector", "infiller", "reorderer")
-
-
-@attrs.frozen
-class Preset:
-    """A named decoding configuration: part names, their parameters and a generation length.
-
-    ``params`` may also hold the decoder's own options (``stop_at_eos``,
-    ``sampler``, ``temperature``, ``cfg_scale``, ...). ``peer`` names the
-    published function the preset reproduces (:mod:`refusion.peers`), so the
-    preset takes that function's own arguments (``threshold=None``,
-    ``denoising_steps=``, ``max_new_tokens=`` ...).
-    """
-
-    description: str
-    gen_length: int
-    params: Mapping[str, Any]
-    partitioner: str = "fixed"
-    selector: str = "threshold"
-    infiller: str = "parallel-ar"
-    reorderer: str = "commit-order"
-    peer: str | None = None
-
-    def parts(self) -> dict[str, str]:
-        return {k: getattr(self, k) for k in PART_KINDS}
+#: a preset is a decoder spec (the name is kept for the public API)
+Preset = DecoderSpec
 
 
-def _paper(task: str, slot_size: int, blocks: int, slot_t: float, token_t: float) -> Preset:
-    return Preset(
+def _paper(task: str, slot_size: int, blocks: int, slot_t: float, token_t: float) -> dict:
+    return dict(
         description=f"ReFusion public eval setting for {task}: slot_size={slot_size}, serial_num_blocks={blocks}, "
         f"slot_threshold={slot_t}, token_threshold={token_t}, gen_length=512",
         gen_length=512,
@@ -54,8 +28,8 @@ def _paper(task: str, slot_size: int, blocks: int, slot_t: float, token_t: float
 
 
 #: The reference's per-task settings (ML-GSAI/ReFusion eval scripts), plus its function defaults.
-PRESETS: dict[str, Preset] = {
-    "paper": Preset(
+DEFINITIONS: dict[str, dict] = {
+    "paper": dict(
         description="defaults of the reference generate_refusion: slot_size=8, serial_num_blocks=2, "
         "slot_threshold=0.9, token_threshold=0.9, gen_length=128",
         gen_length=128,
@@ -69,7 +43,7 @@ PRESETS: dict[str, Preset] = {
     "gpqa": _paper("GPQA", 8, 32, 0.8, 0.2),
     "arc-c": _paper("ARC-C", 8, 64, 0.8, 0.1),
     "mmlu-pro": _paper("MMLU-Pro", 16, 4, 0.9, 0.4),
-    "llada": Preset(
+    "llada": dict(
         description="LLaDA (arXiv 2502.09992, generate.py): semi-AR blocks of `block_length` 32, `steps` 128 spread "
         "evenly over blocks and masks, `remasking` low_confidence (or random), Gumbel-max `temperature`, "
         "`cfg_scale`; every position decoded, the answer cut at the first EOS afterwards",
@@ -82,7 +56,7 @@ PRESETS: dict[str, Preset] = {
         reorderer="no-cache",
         peer="llada.generate",
     ),
-    "dream": Preset(
+    "dream": dict(
         description="Dream (arXiv 2508.15487, diffusion_generate): one block over the answer, `steps` 128 on the "
         "timesteps linspace(1, `eps` 1e-3), `alg` entropy (origin / maskgit_plus / topk_margin / entropy), "
         "`temperature`/`top_p`/`top_k`; for models with logit shift 1; the answer cut at the first EOS afterwards",
@@ -94,7 +68,7 @@ PRESETS: dict[str, Preset] = {
         reorderer="no-cache",
         peer="dream.diffusion_generate",
     ),
-    "fast-dllm": Preset(
+    "fast-dllm": dict(
         description="Fast-dLLM (arXiv 2505.22618, generate with `threshold`): blocks of `block_length` 32, every "
         "token with confidence >= `threshold` 0.9 per step (else the best), no cache on bidirectional models "
         "(exact prefix cache on causal ones); the answer cut at the first EOS afterwards",
@@ -105,7 +79,7 @@ PRESETS: dict[str, Preset] = {
         infiller="draft",
         peer="fast_dllm.generate",
     ),
-    "fast-dllm-dream": Preset(
+    "fast-dllm-dream": dict(
         description="Fast-dLLM's block decoder for Dream (generation_utils_block.py): blocks of `block_length` 32, "
         "each starting with its first token, then every token with confidence >= `threshold` 0.9 (`alg` "
         "confidence_threshold) or Dream's entropy schedule over `steps`; prefix cache (`dual_cache=True`: dual); "
@@ -119,7 +93,7 @@ PRESETS: dict[str, Preset] = {
         reorderer="prefix-cache",
         peer="fast_dllm.dream_block_generate",
     ),
-    "sdar": Preset(
+    "sdar": dict(
         description="SDAR (block_diffusion_generate): the model's blocks (4) from position 0, `denoising_steps` 4 per "
         "block, `remasking_strategy` low_confidence_dynamic (`confidence_threshold` 0.85), multinomial sampling at "
         "`temperature` 1.0 as SDAR; stops after the block with an EOS (`stopping_criteria_idx`, as SDAR's script)",
@@ -132,7 +106,7 @@ PRESETS: dict[str, Preset] = {
         infiller="draft",
         peer="sdar.block_diffusion_generate",
     ),
-    "ar": Preset(
+    "ar": dict(
         description="left-to-right lossless decoding: equals greedy autoregressive decoding",
         gen_length=128,
         params=dict(slot_size=8, serial_num_blocks=1),
@@ -142,100 +116,57 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-PRESETS["fast-dllm-prefix"] = attrs.evolve(
-    PRESETS["fast-dllm"],
+DEFINITIONS["fast-dllm-prefix"] = dict(
+    DEFINITIONS["fast-dllm"],
     description="Fast-dLLM threshold decoding with its prefix cache (generate_with_prefix_cache), for bidirectional "
     "models",
     reorderer="prefix-cache",
     peer="fast_dllm.generate_with_prefix_cache",
 )
-PRESETS["fast-dllm-dual"] = attrs.evolve(
-    PRESETS["fast-dllm"],
+DEFINITIONS["fast-dllm-dual"] = dict(
+    DEFINITIONS["fast-dllm"],
     description="Fast-dLLM threshold decoding with its dual cache (generate_with_dual_cache), for bidirectional models",
     reorderer="dual-cache",
     peer="fast_dllm.generate_with_dual_cache",
 )
 
 
-def preset(name: str) -> Preset:
+
+
+class _Presets(Mapping):
+    """The presets by name; each :class:`DecoderSpec` is built the first time it is looked up."""
+
+    def __init__(self, definitions: Mapping[str, dict]):
+        self._definitions = definitions
+        self._built: dict[str, DecoderSpec] = {}
+
+    def __getitem__(self, name: str) -> DecoderSpec:
+        if name not in self._built:
+            definition = dict(self._definitions[name])
+            params = definition.pop("params")
+            parts = {kind: definition.pop(kind) for kind in PART_KINDS if kind in definition}
+            spec = DecoderSpec.of_parts(**parts, **definition).with_params(params)
+            self._built[name] = spec
+        return self._built[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._definitions)
+
+    def __len__(self) -> int:
+        return len(self._definitions)
+
+
+PRESETS: Mapping[str, DecoderSpec] = _Presets(DEFINITIONS)
+
+
+def preset(name: str) -> DecoderSpec:
+    """The preset called ``name``; the error lists the known ones."""
     if name not in PRESETS:
         raise unknown_name("preset", name, PRESETS)
     return PRESETS[name]
 
 
-def route_params(registrations: Mapping[str, Registration], params: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """Split flat ``params`` into per-part keyword arguments."""
-    routed: dict[str, dict[str, Any]] = {kind: {} for kind in registrations}
-    accepted = {kind: set(reg.parameters()) for kind, reg in registrations.items()}
-    for key, value in params.items():
-        if "." in key:
-            kind, _, field = key.partition(".")
-            if kind not in registrations:
-                raise ConfigError(f"`{key}`: unknown part {kind!r}; parts are {', '.join(registrations)}.")
-            if field not in accepted[kind]:
-                raise ConfigError(
-                    f"`{key}`: {kind} {registrations[kind].name!r} has no parameter {field!r}; "
-                    f"it accepts: {', '.join(sorted(accepted[kind])) or 'none'}."
-                )
-            routed[kind][field] = value
-            continue
-        owners = [kind for kind in registrations if key in accepted[kind]]
-        if not owners:
-            listing = "; ".join(
-                f"{kind} {reg.name!r}: {', '.join(sorted(accepted[kind])) or 'none'}" for kind, reg in registrations.items()
-            )
-            raise ConfigError(f"Unknown parameter `{key}`. Parameters by part: {listing}.")
-        for kind in owners:  # a parameter several parts declare (e.g. `block_length`) means the same to each
-            routed[kind][key] = value
-    return routed
-
-
-def build_parts(*, params: Mapping[str, Any] | None = None, registry: Any = None, **specs: Any) -> dict[str, Any]:
-    """Instances of the four parts from ``partitioner=``, ``selector=``, ``infiller=``, ``reorderer=`` specs."""
-    reg = registry or default_registry()
-    regs: dict[str, Registration] = {}
-    for kind in PART_KINDS:
-        spec = specs[kind]
-        if isinstance(spec, str) and ":" not in spec:
-            regs[kind] = reg.entry(kind, spec)
-        else:
-            cls = spec if isinstance(spec, type) else type(spec) if not isinstance(spec, str) else reg.build(kind, spec).__class__
-            regs[kind] = Registration(kind, getattr(cls, "name", cls.__name__), cls, "local", "local")
-    routed = route_params(regs, params or {})
-    return {kind: reg.build(kind, specs[kind], **routed[kind]) for kind in PART_KINDS}
-
-
-PRESET_FIELDS = ("description", "gen_length", "params", *PART_KINDS)
-
-
-def load_preset(path: Any) -> Preset:
-    """A :class:`Preset` from a JSON file: the format of a checkpoint's ``refusion.json`` and of the
-    ``preset.json`` that ``refusion sweep`` writes (``gen_length``, ``params``, optional part names and
-    ``description``). Errors name the file and the field."""
-    import json
-    from pathlib import Path
-
-    file = Path(path)
-    try:
-        data = json.loads(file.read_text())
-    except OSError as exc:
-        raise ConfigError(f"`preset file` {str(file)!r} cannot be read: {exc.strerror}.") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"`preset file` {str(file)!r} is not valid JSON (line {exc.lineno}: {exc.msg}).") from None
-    where = f"`preset file` {str(file)!r}"
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where} must hold a JSON object with `gen_length` and `params`.")
-    unknown = sorted(set(data) - set(PRESET_FIELDS))
-    if unknown:
-        raise ConfigError(f"{where}: unknown field(s) {', '.join(unknown)}; fields are {', '.join(PRESET_FIELDS)}.")
-    length = data.get("gen_length")
-    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
-        raise ConfigError(f"{where}: field `gen_length` must be an integer >= 1; got {length!r}.")
-    params = data.get("params", {})
-    if not isinstance(params, dict):
-        raise ConfigError(f"{where}: field `params` must be an object of name: value; got {params!r}.")
-    for kind in PART_KINDS:
-        if kind in data and not isinstance(data[kind], str):
-            raise ConfigError(f"{where}: field `{kind}` must be a part name; got {data[kind]!r}.")
-    return Preset(description=str(data.get("description", f"from {file}")), gen_length=length, params=dict(params),
-                  **{k: data[k] for k in PART_KINDS if k in data})
+def load_preset(path: Any) -> DecoderSpec:
+    """A preset from a JSON file: a checkpoint's ``refusion.json``, ``--preset-file``, a sweep's ``preset.json``
+    (:meth:`DecoderSpec.load`; the earlier ``{gen_length, params, part names}`` files are read too)."""
+    return DecoderSpec.load(path)

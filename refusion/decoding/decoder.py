@@ -96,31 +96,29 @@ class Decoder:
         """Build parts from names, classes, ``"module:Class"`` strings or instances.
 
         ``params`` go to whichever part declares them (``slot_size=``,
-        ``token_threshold=``, ...) or, spelled ``"selector.k"``, to one part.
-        The decoder's own options (``engine``, ``seed``, ``stop_at_eos``,
-        ``calls_per_token``, ``sample``) and the sampling shorthands
-        ``temperature``, ``top_k``, ``top_p`` are taken out first; ``sampler``
-        names the sampler they configure (``"categorical"``, default, or
-        ``"gumbel"``: LLaDA's Gumbel-max, :class:`~refusion.decoding.sampling.GumbelMax`).
+        ``token_threshold=``, ...) or, spelled ``"selector.k"``, to one part;
+        the decoder's own options (``engine``, ``seed``, ``stop_at_eos``,
+        ``cfg_scale``, ``calls_per_token``), ``sampler`` and its ``temperature``,
+        ``top_k``, ``top_p`` to the decoder (see :class:`~refusion.config.spec.DecoderSpec`,
+        which this builds; ``sample=`` takes a ready-made sampler).
         """
-        from refusion.config import build_parts
-        from refusion.decoding.sampling import SAMPLERS
+        from refusion.config.spec import DecoderSpec, SamplerSpec
 
-        own = {k: params.pop(k) for k in DECODER_OPTIONS if k in params}
-        sampler = params.pop("sampler", "categorical")
-        if sampler not in SAMPLERS:
-            raise ConfigError(f"`sampler` must be one of {', '.join(map(repr, SAMPLERS))}; got {sampler!r}.")
-        shorthands = {k: params.pop(k) for k in ("temperature", "top_k", "top_p") if k in params}
-        if shorthands:
-            if "sample" in own:
-                raise ConfigError("Pass either `sample` or `temperature`/`top_k`/`top_p`, not both.")
-            accepted = set(attrs.fields_dict(SAMPLERS[sampler]))
-            extra = sorted(set(shorthands) - accepted)
-            if extra:
-                raise ConfigError(f"sampler {sampler!r} takes {', '.join(sorted(accepted))}; not {', '.join(extra)}.")
-            own["sample"] = SAMPLERS[sampler](**shorthands)
-        parts = build_parts(partitioner=partitioner, selector=selector, infiller=infiller, reorderer=reorderer, params=params)
-        return cls(**parts, **own)
+        spec = DecoderSpec.of_parts(partitioner, selector, infiller, reorderer)
+        sample = params.pop("sample", None)
+        if sample is not None:
+            if any(k in params for k in ("sampler", "temperature", "top_k", "top_p")):
+                raise ConfigError("Pass either `sample` or `sampler`/`temperature`/`top_k`/`top_p`, not both.",
+                                  param="sample")
+            spec = attrs.evolve(spec, sampler=SamplerSpec.of(sample))
+        return spec.with_params(params).build()
+
+    @property
+    def spec(self):
+        """This decoder as a :class:`~refusion.config.spec.DecoderSpec` (what records and traces store)."""
+        from refusion.config.spec import DecoderSpec
+
+        return DecoderSpec.of(self)
 
     # -- checking ---------------------------------------------------------------
     def partition(self, gen_length: int, prompt_length: int = 0) -> Partition:
@@ -252,7 +250,6 @@ def _check_engine(value: Any) -> None:
     engine_class(value)
 
 
-DECODER_OPTIONS = ("engine", "seed", "stop_at_eos", "calls_per_token", "sample", "cfg_scale")
 
 
 class DecodeSession:

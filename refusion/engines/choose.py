@@ -11,10 +11,10 @@ from refusion.errors import ConfigError
 
 def engine_class(spec: Any) -> type[Engine]:
     """Resolve a registered name, a ``"module:Class"`` string or an :class:`Engine` subclass."""
-    from refusion.plugins.registry import _import_class, registry
+    from refusion.plugins.registry import import_class, registry
 
     if isinstance(spec, str):
-        cls = _import_class(spec) if ":" in spec else registry().get("engine", spec)
+        cls = import_class(spec) if ":" in spec else registry().get("engine", spec)
     else:
         cls = spec
     if not inspect.isclass(cls) or not issubclass(cls, Engine):

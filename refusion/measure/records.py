@@ -2,9 +2,9 @@
 
 :func:`environment` says where a run happened (refusion, torch, transformers
 and Python versions, platform, device, dtype, torch threads, engine, seeds,
-the model's path, git revision and content hash); :func:`decoder_spec` turns a
-:class:`~refusion.decoding.decoder.Decoder` into plain JSON and
-:func:`decoder_from_spec` builds the same decoder back. :func:`bench_record`
+the model's path, git revision and content hash); a decoder is recorded as
+its :class:`~refusion.config.spec.DecoderSpec` (``decoder.spec.to_dict()``),
+which builds the same decoder back. :func:`bench_record`
 wraps ``refusion bench`` rows into a record that ``refusion reproduce``
 (:mod:`refusion.measure.reproduce`) can re-run; :func:`load_record` reads one back,
 naming the field that is wrong. Nothing here runs a model.
@@ -22,69 +22,13 @@ from typing import Any, Mapping, Sequence
 
 import attrs
 
-from refusion.config import PART_KINDS
+from refusion.config.build import class_path
 from refusion.errors import ConfigError
 
 RECORD_SCHEMA = "refusion-record"
 RECORD_VERSION = 1
 #: model directories up to this size get a sha256 of their files in the record
 HASH_LIMIT_BYTES = 256 * 2**20
-
-
-# -- decoder specs -------------------------------------------------------------------------------
-def _class_path(obj: Any) -> str:
-    cls = obj if isinstance(obj, type) else type(obj)
-    return f"{cls.__module__}:{cls.__qualname__}"
-
-
-def _jsonable(value: Any, where: str) -> Any:
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v, where) for v in value]
-    raise ConfigError(f"`{where}` = {value!r} cannot be recorded: a decoder spec holds only JSON values "
-                      "(numbers, strings, booleans, None, lists).")
-
-
-def part_spec(part: Any) -> dict[str, Any]:
-    """``{"name", "class", "params"}`` of a part instance (its attrs init fields and their values)."""
-    params = {}
-    if attrs.has(type(part)):
-        for field in attrs.fields(type(part)):
-            if field.init:
-                key = field.alias or field.name
-                params[key] = _jsonable(getattr(part, field.name), f"{part.kind}.{key}")
-    return {"name": getattr(part, "name", type(part).__name__), "class": _class_path(part), "params": params}
-
-
-def decoder_spec(decoder: Any) -> dict[str, Any]:
-    """Plain JSON that :func:`decoder_from_spec` turns back into an equal decoder.
-
-    Holds each part's registry name, class and parameters, the sampler
-    (``"greedy"`` or ``{"sampler": name, ...its fields}``, a name of
-    :data:`refusion.decoding.sampling.SAMPLERS`; without ``sampler`` it is
-    ``"categorical"``), ``engine`` (its
-    name, or None for the automatic choice), ``seed``, ``stop_at_eos`` and
-    ``calls_per_token``. A custom sampler or a part parameter that is not a
-    JSON value cannot be recorded and raises :class:`ConfigError` naming it.
-    """
-    from refusion.decoding.sampling import SAMPLERS, greedy
-
-    names = {cls: name for name, cls in SAMPLERS.items()}
-    if decoder.sample is greedy:
-        sample: Any = "greedy"
-    elif type(decoder.sample) in names:
-        sample = {"sampler": names[type(decoder.sample)], **attrs.asdict(decoder.sample)}
-    else:
-        raise ConfigError(f"`sample` {decoder.sample!r} cannot be recorded: only greedy and the samplers "
-                          f"{', '.join(SAMPLERS)} can.")
-    engine = decoder.engine
-    if engine is not None and not isinstance(engine, str):
-        engine = getattr(engine, "name", None) or _class_path(engine)
-    spec = {kind: part_spec(getattr(decoder, kind)) for kind in PART_KINDS}
-    spec.update(sample=sample, engine=engine, seed=decoder.seed, stop_at_eos=decoder.stop_at_eos,
-                calls_per_token=decoder.calls_per_token)
-    return spec
 
 
 def _field(spec: Mapping[str, Any], key: str, kind: type | tuple, where: str = "") -> Any:
@@ -101,60 +45,6 @@ def _field(spec: Mapping[str, Any], key: str, kind: type | tuple, where: str = "
     return value
 
 
-def decoder_from_spec(spec: Mapping[str, Any], *, where: str = "decoder") -> Any:
-    """The :class:`~refusion.decoding.decoder.Decoder` a :func:`decoder_spec` describes (errors name the field under ``where``).
-
-    A part is found by its registry name when that name is registered for the
-    recorded class, else by its ``"module:Class"`` path.
-    """
-    from refusion.decoding.decoder import Decoder
-    from refusion.plugins.registry import registry
-    from refusion.decoding.sampling import SAMPLERS, greedy
-
-    if not isinstance(spec, Mapping):
-        raise ConfigError(f"field `{where}` must be an object (a decoder spec); got {spec!r:.80}.")
-    parts, params = {}, {}
-    for kind in PART_KINDS:
-        part = _field(spec, kind, Mapping, where)
-        name = _field(part, "name", str, f"{where}.{kind}")
-        path = _field(part, "class", str, f"{where}.{kind}")
-        for key, value in _field(part, "params", Mapping, f"{where}.{kind}").items():
-            params[f"{kind}.{key}"] = tuple(value) if isinstance(value, list) else value
-        parts[kind] = name if _registered(kind, name) and _class_path(registry().get(kind, name)) == path else path
-    sample = _field(spec, "sample", (str, Mapping), where)
-    fields = dict(sample) if isinstance(sample, Mapping) else {}
-    kind = SAMPLERS.get(fields.pop("sampler", "categorical"))
-    if sample == "greedy":
-        sampler: Any = greedy
-    elif kind is not None and set(fields) <= set(attrs.fields_dict(kind)):
-        sampler = kind(**fields)
-    else:
-        raise ConfigError(f"field `{where}.sample` must be 'greedy' or an object of `sampler` (one of "
-                          f"{', '.join(SAMPLERS)}) and its fields; got {sample!r}.")
-    engine = spec.get("engine")
-    if engine is not None and not isinstance(engine, str):
-        raise ConfigError(f"field `{where}.engine` must be an engine name or null; got {engine!r}.")
-    try:
-        return Decoder.from_names(**parts, **params, sample=sampler, engine=engine,
-                                  seed=_field(spec, "seed", int, where),
-                                  stop_at_eos=_field(spec, "stop_at_eos", (bool, str), where),
-                                  calls_per_token=_field(spec, "calls_per_token", int, where))
-    except ConfigError as exc:
-        raise ConfigError(f"field `{where}` does not build a decoder: {exc}") from exc
-
-
-def _registered(kind: str, name: str) -> bool:
-    from refusion.errors import UnknownNameError
-    from refusion.plugins.registry import registry
-
-    try:
-        registry().entry(kind, name)
-    except UnknownNameError:
-        return False
-    return True
-
-
-# -- environment ---------------------------------------------------------------------------------
 def _version(package: str) -> str | None:
     from importlib import metadata
 
@@ -209,13 +99,13 @@ def environment(model: Any = None, *, engine: Any = None, seeds: Sequence[int] |
     """
     import torch
 
-    from refusion import __version__
+    from refusion.version import __version__
 
     net = getattr(model, "model", None)
     param = next(net.parameters(), None) if net is not None and hasattr(net, "parameters") else None
     path = getattr(getattr(net, "config", None), "_name_or_path", None) or None
     if engine is not None and not isinstance(engine, str):
-        engine = getattr(engine, "name", None) or _class_path(engine)
+        engine = getattr(engine, "name", None) or class_path(engine)
     return {
         "refusion": __version__, "torch": torch.__version__, "transformers": _version("transformers"),
         "python": platform.python_version(), "platform": platform.platform(),
@@ -243,7 +133,7 @@ def bench_record(rows: Sequence[Any], decoders: Sequence[Any], settings: Mapping
         entry = attrs.asdict(row)
         entry["outputs"] = [list(o) for o in row.outputs]
         entry.update(accuracy=row.accuracy, tokens_per_forward=row.tokens_per_forward,
-                     decoder=None if decoder is None else decoder_spec(decoder), engine=engine)
+                     decoder=None if decoder is None else decoder.spec.to_dict(), engine=engine)
         out_rows.append(entry)
     return {"schema": RECORD_SCHEMA, "version": RECORD_VERSION, "kind": "bench", "environment": dict(env),
             "settings": dict(settings), "rows": out_rows}
@@ -255,7 +145,7 @@ def eval_record(results: Mapping[str, Any], decoder: Any, settings: Mapping[str,
     (``tasks``, ``model_args``, ``include_path``, ``limit``), the environment and a sha256 of the generated texts."""
     digest = hashlib.sha256("\0".join(outputs).encode()).hexdigest()
     return {"schema": RECORD_SCHEMA, "version": RECORD_VERSION, "kind": "eval", "environment": dict(env),
-            "settings": dict(settings), "decoder": None if decoder is None else decoder_spec(decoder),
+            "settings": dict(settings), "decoder": None if decoder is None else decoder.spec.to_dict(),
             "results": json.loads(json.dumps(results, default=str)), "outputs_sha256": digest,
             "generations": len(outputs)}
 

@@ -17,7 +17,8 @@ from typing import Any, Mapping
 import attrs
 
 from refusion.errors import ConfigError
-from refusion.measure.records import check_record, decoder_from_spec, environment
+from refusion.config import DecoderSpec
+from refusion.measure.records import check_record, environment
 
 #: environment entries whose change is reported (dotted paths into the environment)
 WATCHED = ("refusion", "torch", "transformers", "python", "device", "dtype", "torch_threads", "model.sha256",
@@ -119,7 +120,8 @@ def _bench(record: Mapping[str, Any], progress: bool) -> Reproduction:
 
     settings = record["settings"]
     model = load_model_from(settings)
-    methods = [(row["method"], None if row["decoder"] is None else decoder_from_spec(row["decoder"], where=f"rows[{i}].decoder"))
+    methods = [(row["method"], None if row["decoder"] is None else
+                DecoderSpec.from_dict(row["decoder"], where=f"field `rows[{i}].decoder`").build())
                for i, row in enumerate(record["rows"])]
     rows = run_bench(model, held_out(settings["per_task"]), methods, settings["gen_length"], progress=progress,
                      cost_model=settings.get("cost_model"))

@@ -59,17 +59,13 @@ def records(result: DecodeResult, *, sequence: int = 0, tokenizer: Any = None, d
     """The trace records of one result: header, one step per iteration, end.
 
     ``tokenizer`` (optional) adds each committed token's text (``pieces``);
-    ``decoder`` (optional) adds its spec (:func:`refusion.measure.records.decoder_spec`).
+    ``decoder`` (optional) adds its :class:`~refusion.config.spec.DecoderSpec` (``to_dict()``).
     Reads ``result``; changes nothing.
     """
-    from refusion import __version__
+    from refusion.version import __version__
 
     start = result.prompt_length
-    spec = None
-    if decoder is not None:
-        from refusion.measure.records import decoder_spec
-
-        spec = decoder_spec(decoder)
+    spec = None if decoder is None else decoder.spec.to_dict()
     out: list[dict] = [{
         "record": "header", "schema": SCHEMA_NAME, "version": SCHEMA_VERSION, "sequence": sequence,
         "refusion": __version__, "prompt_length": start, "gen_length": result.partition.gen_length,

@@ -168,7 +168,7 @@ class Registry:
             finite_fields(spec, f"{kind}.")
             return spec
         if isinstance(spec, str):
-            cls = _import_class(spec) if ":" in spec else self.get(kind, spec)
+            cls = import_class(spec) if ":" in spec else self.get(kind, spec)
         elif inspect.isclass(spec):
             cls = spec
         else:
@@ -194,7 +194,8 @@ class Registry:
         return self._entries[self._kind_name(kind)]
 
 
-def _import_class(path: str) -> type:
+def import_class(path: str) -> type:
+    """The object a ``"module:Class"`` path names (imports the module); errors name the path."""
     module_name, _, attr = path.partition(":")
     try:
         obj: Any = importlib.import_module(module_name)

@@ -10,7 +10,7 @@ from typing import Any
 
 import attrs
 
-from refusion.config import Preset
+from refusion.config import DecoderSpec
 from refusion.search.tasks import TaskSet
 
 
@@ -48,12 +48,11 @@ def _metrics(row: Any) -> Metrics:
     return Metrics(row.examples, row.correct, row.forwards, row.tokens, row.seconds)
 
 
-def evaluate_preset(adapter: Any, preset: Preset, tasks: TaskSet, *, warmup: int = 1) -> Metrics:
+def evaluate_preset(adapter: Any, preset: DecoderSpec, tasks: TaskSet, *, warmup: int = 1) -> Metrics:
     """Decode every example of ``tasks`` with the decoder ``preset`` describes (its ``gen_length``, fitted to whole slots)."""
     from refusion.measure.bench import decoder_method, measure
-    from refusion.decoding.decoder import Decoder
 
-    decoder = Decoder.from_names(**preset.parts(), **dict(preset.params))
+    decoder = preset.build()
     method = decoder_method(decoder, adapter, decoder.fit_length(preset.gen_length))
     return _metrics(measure("point", method, adapter, tasks.examples, warmup=warmup))
 

@@ -8,12 +8,11 @@ measured in the run that evaluated the point.
 from __future__ import annotations
 
 import csv
-import json
 import textwrap
 from pathlib import Path
 from typing import Any, Sequence
 
-from refusion.config import Preset
+from refusion.config import DecoderSpec
 from refusion.search.space import describe_point
 from refusion.search.study import OBJECTIVES, TrialRecord
 
@@ -104,12 +103,7 @@ def write_front_png(path: Path, records: Sequence[TrialRecord], front: Sequence[
     return path
 
 
-def preset_json(preset: Preset) -> dict[str, Any]:
-    """The JSON form of a preset, as ``refusion.json`` and ``--preset-file`` read it."""
-    return {"description": preset.description, "gen_length": preset.gen_length, **preset.parts(),
-            "params": dict(preset.params)}
-
-
-def write_preset(path: Path, preset: Preset) -> Path:
-    path.write_text(json.dumps(preset_json(preset), indent=2) + "\n")
+def write_preset(path: Path, preset: DecoderSpec) -> Path:
+    """Write the chosen point as a decoder spec file (what ``refusion.json`` and ``--preset-file`` read)."""
+    preset.save(path)
     return path

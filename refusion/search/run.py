@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 import attrs
 
-from refusion.config import Preset, preset as get_preset
+from refusion.config import DecoderSpec, preset as get_preset
 from refusion.errors import ConfigError, RefusionError
 from refusion.search import outputs
 from refusion.search.evaluate import Metrics, evaluate_ar, evaluate_preset
@@ -43,7 +43,7 @@ class SweepResult:
     records: tuple[TrialRecord, ...]
     front: tuple[TrialRecord, ...]
     chosen: TrialRecord | None
-    preset: Preset | None
+    preset: DecoderSpec | None
     ar: dict[str, Any]
     mode: str
     files: dict[str, Path]
@@ -51,7 +51,7 @@ class SweepResult:
     interrupted: bool = False
 
 
-def _base_preset(adapter: Any, name: str | None) -> Preset:
+def _base_preset(adapter: Any, name: str | None) -> DecoderSpec:
     if name is None or name == "model":
         return getattr(adapter, "preset", None) or get_preset("paper")
     return get_preset(name)
@@ -90,7 +90,7 @@ def sweep(
     warmup: int = 1,
     progress: bool = True,
     plot: bool = True,
-    evaluate: Callable[[Any, Preset, TaskSet], Metrics] | None = None,
+    evaluate: Callable[[Any, DecoderSpec, TaskSet], Metrics] | None = None,
 ) -> SweepResult:
     """Evaluate a space of decoders on ``tasks`` and write ``trials.csv``, ``pareto.png`` and ``preset.json`` to ``out``.
 
@@ -135,7 +135,7 @@ def sweep(
         trials = 30
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    signature = {"space": space.describe(), "base": outputs.preset_json(attrs.evolve(space.base, description="")),
+    signature = {"space": space.describe(), "base": attrs.evolve(space.base, description="").to_dict(),
                  "tasks": taskset.name, "examples": len(taskset.examples), "gen_length": length,
                  "objective": objective, "mode": mode}
     db = Path(storage) if storage is not None else out / "sweep.db"
@@ -160,12 +160,11 @@ def _measures(taskset: Any, warmup: int) -> tuple[Callable, Callable]:
     if not isinstance(taskset, HarnessTasks):
         return (lambda a, p, t: evaluate_preset(a, p, t, warmup=warmup),
                 lambda a, t, n: evaluate_ar(a, t, n, warmup=warmup))
-    from refusion.decoding.decoder import Decoder
 
     task_dict = taskset.task_dict()
 
-    def point(adapter: Any, preset: Preset, tasks: Any) -> Metrics:
-        decoder = Decoder.from_names(**preset.parts(), **dict(preset.params))
+    def point(adapter: Any, preset: DecoderSpec, tasks: Any) -> Metrics:
+        decoder = preset.build()
         return evaluate_harness(adapter, tasks, task_dict, decoder, preset.gen_length)
 
     return point, lambda a, t, n: evaluate_harness(a, t, task_dict, None, n)

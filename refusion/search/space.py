@@ -16,12 +16,9 @@ from typing import Any, Iterable, Iterator, Mapping
 
 import attrs
 
-from refusion.config import PART_KINDS, Preset
-from refusion.errors import ConfigError, UnknownNameError
+from refusion.config import PART_KINDS, SPEC_PARAMS, DecoderSpec
 from refusion.config.params import parse_value
-
-#: Parameters every decoder takes whatever its parts (see ``Decoder.from_names``).
-DECODER_PARAMS = ("engine", "seed", "stop_at_eos", "calls_per_token", "temperature", "top_k", "top_p")
+from refusion.errors import ConfigError, UnknownNameError
 
 
 def _number(text: str, field: str) -> float | int:
@@ -121,14 +118,14 @@ def dimension(name: str, spec: Any) -> Dimension:
 
 @attrs.frozen
 class Space:
-    """A base :class:`~refusion.config.Preset` and the dimensions a sweep varies over it.
+    """A base :class:`~refusion.config.spec.DecoderSpec` and the dimensions a sweep varies over it.
 
     ``registry`` resolves part names; every part name must be registered and
     every parameter must be declared by some part the space can choose (or be
     a decoder option), else :class:`ConfigError` names the field.
     """
 
-    base: Preset
+    base: DecoderSpec
     dimensions: tuple[Dimension, ...]
     registry: Any = attrs.field(eq=False, repr=False)
 
@@ -168,18 +165,18 @@ class Space:
         accepted = sorted({p for parts in self._part_combinations() for kind in PART_KINDS
                            for p in self.registry.entry(kind, parts[kind]).parameters()})
         raise ConfigError(f"`space` field `{name}`: no part the space can choose declares it; "
-                          f"parameters are {', '.join(accepted + list(DECODER_PARAMS))}.")
+                          f"parameters are {', '.join(accepted + list(SPEC_PARAMS))}.")
 
     def _part_combinations(self) -> Iterator[dict[str, str]]:
         parts = self.parts
         for choice in itertools.product(*(d.values for d in parts)):
-            combo = self.base.parts()
+            combo = self.base_names()
             combo.update(zip((d.name for d in parts), choice))
             yield combo
 
     def accepts(self, parts: Mapping[str, str], name: str) -> bool:
         """Whether a decoder with ``parts`` (kind -> name) takes parameter ``name``."""
-        if name in DECODER_PARAMS:
+        if name in SPEC_PARAMS:
             return True
         if "." in name:
             kind, _, field = name.partition(".")
@@ -191,7 +188,7 @@ class Space:
         points, seen = [], set()
         for parts in itertools.product(*(d.grid() for d in self.parts)):
             chosen = dict(zip((d.name for d in self.parts), parts))
-            full = {**self.base.parts(), **chosen}
+            full = {**self.base_names(), **chosen}
             live = [d for d in self.params if self.accepts(full, d.name)]
             for values in itertools.product(*(d.grid() for d in live)):
                 point = {**chosen, **dict(zip((d.name for d in live), values))}
@@ -210,28 +207,21 @@ class Space:
         """The point optuna's ``trial`` proposes: parts first, then the parameters those parts take
         (ranges as their grid values when ``grid``)."""
         point = {d.name: d.suggest(trial, grid) for d in self.parts}
-        full = {**self.base.parts(), **point}
+        full = {**self.base_names(), **point}
         point.update({d.name: d.suggest(trial, grid) for d in self.params if self.accepts(full, d.name)})
         return point
 
-    def preset(self, point: Mapping[str, Any], gen_length: int | None = None) -> Preset:
-        """The full decoding preset of ``point``: the base, its parts replaced, its parameters applied.
+    def base_names(self) -> dict[str, str]:
+        """The base's part names, by kind."""
+        return {kind: spec.name for kind, spec in self.base.parts().items()}
 
-        A base parameter is kept only while the part it belongs to is the base's.
-        """
-        parts = {**self.base.parts(), **{k: v for k, v in point.items() if k in PART_KINDS}}
-        params = {k: v for k, v in self.base.params.items() if self._base_param_applies(k, parts)}
-        params.update({k: v for k, v in point.items() if k not in PART_KINDS})
-        return Preset(description=f"refusion sweep point {describe_point(point)}",
-                      gen_length=gen_length or self.base.gen_length, params=params, **parts)
-
-    def _base_param_applies(self, key: str, parts: Mapping[str, str]) -> bool:
-        if key in DECODER_PARAMS:
-            return True
-        kinds = [key.partition(".")[0]] if "." in key else list(PART_KINDS)
-        field = key.partition(".")[2] or key
-        return any(parts[k] == getattr(self.base, k) and field in self.registry.entry(k, parts[k]).parameters()
-                   for k in kinds)
+    def preset(self, point: Mapping[str, Any], gen_length: int | None = None) -> DecoderSpec:
+        """The full decoder spec of ``point``: the base with the point's parts and parameters merged
+        (:meth:`DecoderSpec.merged`: a replaced part loses the base's parameters for it)."""
+        parts = {k: v for k, v in point.items() if k in PART_KINDS}
+        spec = self.base.merged(parts, {k: v for k, v in point.items() if k not in PART_KINDS})
+        return attrs.evolve(spec, description=f"refusion sweep point {describe_point(point)}",
+                            gen_length=gen_length or self.base.gen_length, peer=None)
 
     def describe(self) -> list[str]:
         return [d.describe() for d in self.dimensions]
@@ -247,7 +237,7 @@ def describe_point(point: Mapping[str, Any]) -> str:
     return " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in point.items())
 
 
-def build_space(base: Preset, specs: Iterable[str | Dimension], registry: Any = None) -> Space:
+def build_space(base: DecoderSpec, specs: Iterable[str | Dimension], registry: Any = None) -> Space:
     """A :class:`Space` over ``base`` from command-line specs or dimensions."""
     from refusion.plugins.registry import registry as default_registry
 

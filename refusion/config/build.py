@@ -1,0 +1,44 @@
+"""From a part's name (or class, or ``"module:Class"`` path) and parameters to the part itself."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from refusion.errors import ConfigError
+
+PART_KINDS = ("partitioner", "selector", "infiller", "reorderer")
+
+
+def class_path(cls: Any) -> str:
+    """``"module:Class"`` of a class (or of an object's class)."""
+    cls = cls if isinstance(cls, type) else type(cls)
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def part_class(kind: str, name: str) -> type:
+    """The class a part name or ``"module:Class"`` path stands for (registered names first)."""
+    from refusion.plugins.registry import import_class, registry
+
+    return import_class(name) if ":" in name else registry().get(kind, name)
+
+
+def part_parameters(kind: str, name: str, cls: type | None = None) -> dict[str, Any]:
+    """The parameters (with defaults) of the ``kind`` part called ``name`` (of class ``cls``, when known)."""
+    from refusion.plugins.registry import Registration
+
+    return Registration(kind, name, cls or part_class(kind, name), "local", "local").parameters()
+
+
+def build_part(kind: str, name: str, params: Mapping[str, Any], cls: type | None = None, instance: Any = None) -> Any:
+    """The ``kind`` part: ``instance`` itself, else ``cls`` (or the class ``name`` stands for) built with ``params``;
+    errors name the part and the parameter."""
+    from refusion.plugins.registry import registry
+
+    if instance is not None:
+        return registry().build(kind, instance)
+    try:
+        return registry().build(kind, cls if cls is not None else name, **dict(params))
+    except ConfigError as exc:
+        if exc.param is None:
+            exc.param = kind
+        raise

@@ -1,0 +1,448 @@
+"""``DecoderSpec``: the one value that describes a decoder.
+
+A spec names the four parts with their parameters (:class:`PartSpec`), the
+sampler with its parameters (:class:`SamplerSpec`) and the decoder's options
+(``engine``, ``seed``, ``stop_at_eos``, ``cfg_scale``, ``calls_per_token``),
+plus what a preset adds: a default ``gen_length``, a ``description`` and the
+``peer`` function it reproduces. Presets are specs; so are a checkpoint's
+``refusion.json``, ``--preset-file``, a sweep's ``preset.json`` and the
+decoder of a record or trace header, all in one JSON format
+(:meth:`DecoderSpec.to_dict`). One rule merges overrides
+(:meth:`DecoderSpec.merged`): part names replace the spec's (a replaced part
+loses its parameters), then parameters go where they belong (a decoder
+option, the sampler, or every part that declares them; ``"selector.k"``
+names one part). :meth:`DecoderSpec.build` is the one way from a spec to a
+:class:`~refusion.decoding.decoder.Decoder`; :meth:`DecoderSpec.of` goes back.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+import attrs
+
+from refusion.config.build import PART_KINDS, build_part, class_path, part_parameters
+from refusion.errors import ConfigError
+
+#: the decoder's own options, besides its parts and sampler (``Decoder`` fields of the same names)
+DECODER_OPTIONS = ("engine", "seed", "stop_at_eos", "cfg_scale", "calls_per_token")
+#: the sampler's parameters a flat parameter may set (on whichever sampler the spec has)
+SAMPLING_PARAMS = ("temperature", "top_k", "top_p")
+#: every flat parameter a spec takes whatever its parts: its options, the sampler's name and parameters
+SPEC_PARAMS = (*DECODER_OPTIONS, "sampler", *SAMPLING_PARAMS)
+#: the generation length of a spec that names none
+DEFAULT_GEN_LENGTH = 128
+#: the JSON format's name and version
+FORMAT = "refusion.decoder/1"
+#: fields of the JSON format besides the parts
+SPEC_FIELDS = ("format", "description", "gen_length", "peer", "sampler", *DECODER_OPTIONS)
+
+
+def _frozen(params: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in dict(params or {}).items()}
+
+
+def jsonable(value: Any, where: str) -> Any:
+    """``value`` as JSON (tuples become lists), or a :class:`ConfigError` naming ``where``."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v, where) for v in value]
+    raise ConfigError(f"`{where}` = {value!r:.80} cannot be written to a decoder spec: it holds only JSON values "
+                      "(numbers, strings, booleans, None, lists).", param=where)
+
+
+@attrs.frozen
+class PartSpec:
+    """One part: its registered ``name`` (or a ``"module:Class"`` path) and its parameters.
+
+    A part handed in as a class keeps it in ``cls`` (so a class defined in a
+    function builds too); one handed in as an object keeps it in
+    ``instance`` and builds as that very object until a parameter changes.
+    A part whose parameters cannot be read back (not an attrs class) builds
+    but cannot be written to JSON.
+    """
+
+    name: str
+    params: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen)
+    cls: Any = attrs.field(default=None, eq=False, repr=False)
+    instance: Any = attrs.field(default=None, eq=False, repr=False)
+
+    @classmethod
+    def of(cls, kind: str, part: Any) -> "PartSpec":
+        """A spec for ``part``: a name or ``"module:Class"`` string, a class, or an instance."""
+        if isinstance(part, PartSpec):
+            return part
+        if isinstance(part, str):
+            return cls(part)
+        if isinstance(part, type):
+            return cls(_name_of(kind, part), cls=part)
+        params = ({(f.alias or f.name): getattr(part, f.name) for f in attrs.fields(type(part)) if f.init}
+                  if attrs.has(type(part)) else {})
+        return cls(_name_of(kind, type(part)), params, cls=type(part), instance=part)
+
+    @property
+    def readable(self) -> bool:
+        """Whether the parameters describe the part fully (it can be written to JSON and rebuilt)."""
+        return self.instance is None or attrs.has(type(self.instance))
+
+
+def _name_of(kind: str, cls: type) -> str:
+    """The registered name of ``cls`` for ``kind``, else its ``module:Class`` path."""
+    from refusion.plugins.registry import registry
+
+    name = cls.__dict__.get("name")
+    reg = registry()
+    if isinstance(name, str) and name in reg.names(kind) and reg.get(kind, name) is cls:
+        return name
+    return class_path(cls)
+
+
+@attrs.frozen
+class SamplerSpec:
+    """The sampler: ``"greedy"`` or a name of :data:`refusion.decoding.sampling.SAMPLERS`, with its parameters."""
+
+    name: str = "greedy"
+    params: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen)
+    instance: Any = attrs.field(default=None, eq=False, repr=False)
+
+    def accepts(self) -> tuple[str, ...]:
+        """The parameters this sampler takes."""
+        from refusion.decoding.sampling import SAMPLERS
+
+        return () if self.name == "greedy" else tuple(attrs.fields_dict(SAMPLERS[self.name]))
+
+    def build(self) -> Any:
+        from refusion.decoding.sampling import SAMPLERS, greedy
+
+        if self.instance is not None:
+            return self.instance
+        if self.name == "greedy":
+            return greedy
+        try:
+            return SAMPLERS[self.name](**self.params)
+        except TypeError as exc:
+            raise ConfigError(f"sampler {self.name!r} takes {', '.join(self.accepts())}; {exc}.", param="sampler") \
+                from None
+
+    @classmethod
+    def of(cls, sample: Any) -> "SamplerSpec":
+        from refusion.decoding.sampling import SAMPLERS, greedy
+
+        if sample is greedy:
+            return cls()
+        for name, kind in SAMPLERS.items():
+            if type(sample) is kind:
+                return cls(name, attrs.asdict(sample))
+        return cls(class_path(type(sample)), instance=sample)
+
+
+def _sampler_name(value: Any) -> str:
+    from refusion.decoding.sampling import SAMPLERS
+
+    if value != "greedy" and value not in SAMPLERS:
+        raise ConfigError(f"`sampler` must be one of greedy, {', '.join(SAMPLERS)}; got {value!r}.", param="sampler")
+    return value
+
+
+def _engine(value: Any) -> Any:
+    if value is None or isinstance(value, str):
+        return value
+    from refusion.engines.choose import engine_class
+
+    engine_class(value)  # a class or a live engine: refused here if it is not one
+    return value
+
+
+@attrs.frozen
+class DecoderSpec:
+    """A decoder, described: parts, sampler, options, and a preset's length, description and peer.
+
+    Build it with :meth:`build`; change it with :meth:`merged` (or
+    :meth:`with_parts` / :meth:`with_params`); write and read it with
+    :meth:`to_dict` / :meth:`from_dict` (:meth:`save` / :meth:`load` for
+    files). Options are checked by the :class:`~refusion.decoding.decoder.Decoder`
+    they build; :meth:`check` builds once to check everything.
+    """
+
+    partitioner: PartSpec = attrs.field(factory=lambda: PartSpec("fixed"))
+    selector: PartSpec = attrs.field(factory=lambda: PartSpec("threshold"))
+    infiller: PartSpec = attrs.field(factory=lambda: PartSpec("parallel-ar"))
+    reorderer: PartSpec = attrs.field(factory=lambda: PartSpec("commit-order"))
+    sampler: SamplerSpec = attrs.field(factory=SamplerSpec)
+    engine: Any = attrs.field(default=None, converter=_engine)
+    seed: int = 0
+    stop_at_eos: bool | str = True
+    cfg_scale: float = 0.0
+    calls_per_token: int = 4
+    gen_length: int | None = None
+    description: str = ""
+    peer: str | None = None
+
+    # -- construction ----------------------------------------------------------
+    @classmethod
+    def of_parts(cls, partitioner: Any = "fixed", selector: Any = "threshold", infiller: Any = "parallel-ar",
+                 reorderer: Any = "commit-order", **fields: Any) -> "DecoderSpec":
+        """A spec from part names, classes or instances (parameters then go through :meth:`with_params`)."""
+        parts = dict(partitioner=partitioner, selector=selector, infiller=infiller, reorderer=reorderer)
+        return cls(**{kind: PartSpec.of(kind, part) for kind, part in parts.items()}, **fields)
+
+    @classmethod
+    def of(cls, decoder: Any) -> "DecoderSpec":
+        """The spec of a live :class:`~refusion.decoding.decoder.Decoder` (its parts' fields are their parameters)."""
+        parts = {kind: PartSpec.of(kind, getattr(decoder, kind)) for kind in PART_KINDS}
+        options = {name: getattr(decoder, name) for name in DECODER_OPTIONS}
+        return cls(**parts, sampler=SamplerSpec.of(decoder.sample), **options)
+
+    def parts(self) -> dict[str, PartSpec]:
+        return {kind: getattr(self, kind) for kind in PART_KINDS}
+
+    # -- the one merge rule -------------------------------------------------------
+    def with_parts(self, **names: Any) -> "DecoderSpec":
+        """Replace parts (names, classes or instances; ``None`` keeps the spec's). A part whose name changes loses
+        its parameters; the sampler and the decoder options stay."""
+        changed = {}
+        for kind, part in names.items():
+            if kind not in PART_KINDS:
+                raise ConfigError(f"`{kind}` is not a part; parts are {', '.join(PART_KINDS)}.", param=kind)
+            if part is None:
+                continue
+            new = PartSpec.of(kind, part)
+            if new.name != getattr(self, kind).name or new.params or new.instance is not None:
+                changed[kind] = new
+        return attrs.evolve(self, **changed)
+
+    def with_params(self, params: Mapping[str, Any]) -> "DecoderSpec":
+        """Set parameters: decoder options (``seed``, ``engine``, ...), ``gen_length``, the sampler (``sampler``,
+        ``temperature``, ``top_k``, ``top_p``; a temperature on a greedy spec samples categorically), or part
+        parameters: ``"kind.key"`` for one part, a bare ``key`` for every part that declares it. An unknown key
+        is an error listing what the spec takes."""
+        params = dict(params)
+        fields: dict[str, Any] = {}
+        sampler = self.sampler
+        if "sampler" in params:
+            name = _sampler_name(params.pop("sampler"))
+            if name != sampler.name:
+                keep = SamplerSpec(name).accepts()
+                sampler = SamplerSpec(name, {k: v for k, v in sampler.params.items() if k in keep})
+        parts = {kind: dict(spec.params) for kind, spec in self.parts().items()}
+        declared = {kind: part_parameters(kind, spec.name, spec.cls) for kind, spec in self.parts().items()}
+        for key, value in params.items():
+            if key in DECODER_OPTIONS or key in ("gen_length", "description", "peer"):
+                fields[key] = value
+            elif key in SAMPLING_PARAMS:
+                if sampler.name == "greedy":
+                    sampler = SamplerSpec("categorical")
+                if key not in sampler.accepts():
+                    raise ConfigError(f"sampler {sampler.name!r} takes {', '.join(sampler.accepts())}; not `{key}`.",
+                                      param=key)
+                sampler = attrs.evolve(sampler, params={**sampler.params, key: value})
+            elif "." in key:
+                kind, _, field = key.partition(".")
+                if kind not in PART_KINDS:
+                    raise ConfigError(f"`{key}`: unknown part {kind!r}; parts are {', '.join(PART_KINDS)}.", param=key)
+                if field not in declared[kind]:
+                    raise ConfigError(f"`{key}`: {kind} {getattr(self, kind).name!r} has no parameter {field!r}; it "
+                                      f"accepts: {', '.join(sorted(declared[kind])) or 'none'}.", param=key)
+                parts[kind][field] = value
+            else:
+                owners = [kind for kind in PART_KINDS if key in declared[kind]]
+                if not owners:
+                    listing = "; ".join(f"{kind} {getattr(self, kind).name!r}: {', '.join(sorted(declared[kind])) or 'none'}"
+                                        for kind in PART_KINDS)
+                    raise ConfigError(f"Unknown parameter `{key}`. Parameters by part: {listing}; and whatever the "
+                                      f"parts: {', '.join(SPEC_PARAMS)}.", param=key)
+                for kind in owners:  # a parameter several parts declare (e.g. `block_length`) means the same to each
+                    parts[kind][key] = value
+        for kind in PART_KINDS:
+            spec = getattr(self, kind)
+            if parts[kind] != dict(spec.params):
+                if not spec.readable:
+                    raise ConfigError(f"`{kind}` was given as a ready-made object whose parameters cannot be read "
+                                      f"back; {sorted(set(parts[kind]) - set(spec.params))} cannot be set on it.",
+                                      param=kind)
+                fields[kind] = attrs.evolve(spec, params=parts[kind], instance=None)
+        return attrs.evolve(self, sampler=sampler, **fields)
+
+    def merged(self, parts: Mapping[str, Any] | None = None, params: Mapping[str, Any] | None = None, *,
+               model: Any = None) -> "DecoderSpec":
+        """The spec with ``parts`` replaced, then ``params`` set (see :meth:`with_parts`, :meth:`with_params`).
+
+        When the spec reproduces a peer function (``peer``), the arguments of
+        that function among ``params`` are translated first
+        (:mod:`refusion.peers`; ``model`` is the model they are checked against).
+        """
+        params = dict(params or {})
+        spec = self
+        if self.peer is not None:
+            from refusion.peers import peer_function
+
+            function = peer_function(self.peer)
+            call = function.translate({k: params.pop(k) for k in list(params) if k in function.arguments}, model)
+            spec = spec.with_parts(**call.parts).with_params(call.params)
+            if call.gen_length is not None:
+                spec = attrs.evolve(spec, gen_length=call.gen_length)
+        return spec.with_parts(**dict(parts or {})).with_params(params)
+
+    # -- building ---------------------------------------------------------------
+    def build(self) -> Any:
+        """The :class:`~refusion.decoding.decoder.Decoder` this spec describes; errors name the parameter."""
+        from refusion.decoding.decoder import Decoder
+
+        parts = {kind: build_part(kind, spec.name, spec.params, spec.cls, spec.instance)
+                 for kind, spec in self.parts().items()}
+        options = {name: getattr(self, name) for name in DECODER_OPTIONS}
+        return Decoder(**parts, sample=self.sampler.build(), **options)
+
+    def check(self) -> "DecoderSpec":
+        """Build once (every part and option validated, errors naming the parameter); return the spec."""
+        self.build()
+        return self
+
+    # -- JSON -------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON: ``{"format", "description", "gen_length", "peer", "partitioner": {"name", "params"}, ...,
+        "sampler": {"name", "params"}, "engine", "seed", "stop_at_eos", "cfg_scale", "calls_per_token"}``."""
+        out: dict[str, Any] = {"format": FORMAT, "description": self.description, "gen_length": self.gen_length,
+                               "peer": self.peer}
+        for kind, spec in self.parts().items():
+            if not spec.readable:
+                raise ConfigError(f"`{kind}` {spec.instance!r:.80} cannot be written to a decoder spec: its "
+                                  "parameters cannot be read back (make it an attrs class).", param=kind)
+            out[kind] = {"name": spec.name, "params": {k: jsonable(v, f"{kind}.{k}") for k, v in spec.params.items()}}
+        if self.sampler.instance is not None:
+            raise ConfigError(f"`sampler` {self.sampler.instance!r:.80} cannot be written to a decoder spec: only "
+                              "greedy and the registered samplers can.", param="sampler")
+        out["sampler"] = {"name": self.sampler.name,
+                          "params": {k: jsonable(v, f"sampler.{k}") for k, v in self.sampler.params.items()}}
+        engine = self.engine
+        if engine is not None and not isinstance(engine, str):
+            engine = getattr(engine, "name", None) or class_path(engine)
+        out.update(engine=engine, **{name: getattr(self, name) for name in DECODER_OPTIONS if name != "engine"})
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any, *, where: str = "decoder spec") -> "DecoderSpec":
+        """The spec :meth:`to_dict` wrote (errors name ``where`` and the field).
+
+        Also reads the earlier formats: a preset file (``gen_length``,
+        ``description``, flat ``params``, part names) and a record's decoder
+        (parts as ``{"name", "class", "params"}``, ``sample``).
+        """
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{where} must be a JSON object; got {type(data).__name__}.", param=where)
+        data = dict(data)
+        if "format" not in data:
+            return cls._from_earlier(data, where)
+        if data["format"] != FORMAT:
+            raise ConfigError(f"{where}: field `format` must be {FORMAT!r}; got {data['format']!r}.", param="format")
+        unknown = sorted(set(data) - set(SPEC_FIELDS) - set(PART_KINDS))
+        if unknown:
+            raise ConfigError(f"{where}: unknown field(s) {', '.join(unknown)}; fields are "
+                              f"{', '.join((*SPEC_FIELDS, *PART_KINDS))}.", param=unknown[0])
+        fields: dict[str, Any] = {}
+        for kind in (*PART_KINDS, "sampler"):
+            if kind not in data:
+                continue
+            part = data[kind]
+            if not isinstance(part, Mapping) or not isinstance(part.get("name"), str) or \
+                    not isinstance(part.get("params", {}), Mapping) or set(part) - {"name", "params"}:
+                raise ConfigError(f"{where}: field `{kind}` must be an object with a `name` (string) and `params` "
+                                  f"(an object); got {part!r:.80}.", param=kind)
+            fields[kind] = (SamplerSpec if kind == "sampler" else PartSpec)(part["name"], part.get("params", {}))
+        if "sampler" in fields:
+            _sampler_name(fields["sampler"].name)
+        for name in ("description", "gen_length", "peer", *DECODER_OPTIONS):
+            if name in data:
+                fields[name] = data[name]
+        return _checked_fields(cls(**fields), where)
+
+    @classmethod
+    def _from_earlier(cls, data: dict[str, Any], where: str) -> "DecoderSpec":
+        if "sample" in data:  # a record's decoder, before the one format
+            sample = data.pop("sample")
+            parts = {}
+            for kind in PART_KINDS:
+                part = data.pop(kind, None)
+                if not isinstance(part, Mapping) or not isinstance(part.get("name"), str):
+                    raise ConfigError(f"{where}: field `{kind}` must be an object with a `name`; got {part!r:.80}.",
+                                      param=kind)
+                parts[kind] = PartSpec(part["name"] if _registered(kind, part["name"], part.get("class"))
+                                       else part.get("class", part["name"]), part.get("params", {}))
+            if sample == "greedy":
+                sampler = SamplerSpec()
+            elif isinstance(sample, Mapping):
+                sample = dict(sample)
+                sampler = SamplerSpec(_sampler_name(sample.pop("sampler", "categorical")), sample)
+            else:
+                raise ConfigError(f"{where}: field `sample` must be 'greedy' or an object; got {sample!r:.80}.",
+                                  param="sample")
+            known = set(DECODER_OPTIONS)
+            unknown = sorted(set(data) - known)
+            if unknown:
+                raise ConfigError(f"{where}: unknown field(s) {', '.join(unknown)}.", param=unknown[0])
+            return _checked_fields(cls(**parts, sampler=sampler, **data), where)
+        allowed = {"description", "gen_length", "params", "peer", *PART_KINDS}
+        unknown = sorted(set(data) - allowed)
+        if unknown:
+            raise ConfigError(f"{where}: unknown field(s) {', '.join(unknown)}; fields are {', '.join(sorted(allowed))}.",
+                              param=unknown[0])
+        for kind in PART_KINDS:
+            if kind in data and not isinstance(data[kind], str):
+                raise ConfigError(f"{where}: field `{kind}` must be a part name; got {data[kind]!r:.80}.", param=kind)
+        if "gen_length" not in data:
+            raise ConfigError(f"{where}: field `gen_length` is missing (the preset's generation length).",
+                              param="gen_length")
+        params = data.get("params", {})
+        if not isinstance(params, Mapping):
+            raise ConfigError(f"{where}: field `params` must be an object of name: value; got {params!r:.80}.",
+                              param="params")
+        spec = cls.of_parts(**{k: data[k] for k in PART_KINDS if k in data})
+        spec = attrs.evolve(spec, description=data.get("description", ""), gen_length=data.get("gen_length"),
+                            peer=data.get("peer"))
+        return _checked_fields(spec.with_params(params), where)
+
+    def save(self, path: Any) -> None:
+        """Write :meth:`to_dict` to ``path`` as JSON."""
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: Any) -> "DecoderSpec":
+        """Read a spec file (``refusion.json``, ``--preset-file``, a sweep's ``preset.json``); errors name the file."""
+        file = Path(path)
+        where = f"`preset file` {str(file)!r}"
+        try:
+            data = json.loads(file.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"{where} cannot be read: {exc.strerror}.", param="preset_file") from None
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            raise ConfigError(f"{where} is not valid JSON ({exc}).", param="preset_file") from None
+        return cls.from_dict(data, where=where)
+
+
+def _registered(kind: str, name: str, path: Any) -> bool:
+    """True when ``name`` is registered for ``kind`` (and, if ``path`` is given, as that class)."""
+    from refusion.plugins.registry import registry
+
+    reg = registry()
+    if name not in reg.names(kind):
+        return False
+    return path is None or class_path(reg.get(kind, name)) == path
+
+
+def _checked_fields(spec: DecoderSpec, where: str) -> DecoderSpec:
+    """Refuse field values of the wrong type (the decoder checks ranges when it is built)."""
+    checks = (("gen_length", (int, type(None))), ("description", str), ("peer", (str, type(None))),
+              ("seed", int), ("stop_at_eos", (bool, str)), ("cfg_scale", (int, float)), ("calls_per_token", int),
+              ("engine", (str, type(None))))
+    for name, kinds in checks:
+        value = getattr(spec, name)
+        kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            raise ConfigError(f"{where}: field `{name}` has the wrong type: {value!r:.80}.", param=name)
+    if spec.gen_length is not None and spec.gen_length < 1:
+        raise ConfigError(f"{where}: field `gen_length` must be an integer >= 1; got {spec.gen_length!r}.",
+                          param="gen_length")
+    return spec

@@ -1,0 +1,3 @@
+"""refusion's version (the same as pyproject.toml's)."""
+
+__version__ = "0.1.0"

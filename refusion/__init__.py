@@ -17,37 +17,53 @@ Serve many requests on one running engine (continuous batching)::
     request = generator.submit("rev hello=", gen_length=32)
     for event in request:                                   # slots as they commit
         print(event.prefix_tokens)
+
+The names below are imported when first used, so ``import refusion`` is
+quick and loads no model code, strategy search or training.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from refusion import errors
-from refusion.api import generate, load_model
-from refusion.config import PRESETS, Preset, load_preset
-from refusion.decoding.decoder import Decoder, DecodeSession
-from refusion.engines import Engine, choose_engine
-from refusion.generator import Generator, Progress, Request
-from refusion.plugins.registry import registry
-from refusion.search import sweep
-from refusion.decoding.types import DecodeResult, Plan, Slot
+from refusion.version import __version__
 
-from refusion.version import __version__  # noqa: F401
+#: public name -> the module that defines it (imported on first use)
+_EXPORTS = {
+    "generate": "refusion.api",
+    "load_model": "refusion.models.loading",
+    "PRESETS": "refusion.config.presets",
+    "Preset": "refusion.config.presets",
+    "DecoderSpec": "refusion.config.spec",
+    "load_preset": "refusion.config.presets",
+    "Decoder": "refusion.decoding.decoder",
+    "DecodeSession": "refusion.decoding.decoder",
+    "DecodeResult": "refusion.decoding.types",
+    "Plan": "refusion.decoding.types",
+    "Slot": "refusion.decoding.types",
+    "Engine": "refusion.engines.base",
+    "choose_engine": "refusion.engines.choose",
+    "Generator": "refusion.generator",
+    "Progress": "refusion.generator",
+    "Request": "refusion.generator",
+    "registry": "refusion.plugins.registry",
+    "sweep": "refusion.search",
+}
 
-__all__ = [
-    "PRESETS",
-    "DecodeResult",
-    "DecodeSession",
-    "Decoder",
-    "Engine",
-    "Generator",
-    "Progress",
-    "Request",
-    "choose_engine",
-    "Plan",
-    "Preset",
-    "Slot",
-    "errors",
-    "generate",
-    "load_model",
-    "load_preset",
-    "registry",
-    "sweep",
-]
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'refusion' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
+
+__all__ = ["__version__", "errors", *sorted(_EXPORTS)]

@@ -18,7 +18,7 @@ def encode_prompt(prompt: Any, tokenizer: Any, chat: bool | None) -> list[int]:
     if not isinstance(prompt, str):
         return prompt
     if tokenizer is None:
-        raise ConfigError("`prompt` is text but the model has no tokenizer; pass `tokenizer=` or token ids.")
+        raise ConfigError("`prompt` is text but the model has no tokenizer; pass `tokenizer=` or token ids.", param='prompt')
     use_chat = chat if chat is not None else bool(getattr(tokenizer, "chat_template", None))
     if chat:
         check_chat(tokenizer)
@@ -110,7 +110,7 @@ def generate(
     )
     batch = is_batch(prompt)
     if not batch and seeds is not None:
-        raise ConfigError("`seeds` is for a list of prompts; for one prompt pass `seed=`.")
+        raise ConfigError("`seeds` is for a list of prompts; for one prompt pass `seed=`.", param='seeds')
     ids = [encode_prompt(p, adapter.tokenizer, chat) for p in (prompt if batch else [prompt])]
     if gen_length is None:
         gen_length = fit_default_length(decoder, adapter, ids, default_length or DEFAULT_GEN_LENGTH)

@@ -47,7 +47,7 @@ def generate_distributed(prompts: Sequence[Any], model: Any = None, **generate_k
     from refusion.api import generate
 
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
-        raise ConfigError("`prompts` must be a non-empty list of prompts.")
+        raise ConfigError("`prompts` must be a non-empty list of prompts.", param='prompts')
     if not dist.is_initialized():
         raise ConfigError("torch.distributed is not initialised; call refusion.distributed.init_from_env() first.")
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -172,11 +172,11 @@ class Generator:
         from refusion.api import build_decoder, load_model
 
         if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
-            raise ConfigError(f"`max_rows` must be an integer >= 1; got {max_rows!r}.")
+            raise ConfigError(f"`max_rows` must be an integer >= 1; got {max_rows!r}.", param='max_rows')
         if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
-            raise ConfigError(f"`max_tokens` must be None or an integer >= 1; got {max_tokens!r}.")
+            raise ConfigError(f"`max_tokens` must be None or an integer >= 1; got {max_tokens!r}.", param='max_tokens')
         if max_queue is not None and (isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1):
-            raise ConfigError(f"`max_queue` must be None or an integer >= 1; got {max_queue!r}.")
+            raise ConfigError(f"`max_queue` must be None or an integer >= 1; got {max_queue!r}.", param='max_queue')
         self.max_queue = max_queue
         self.model = load_model(model, tokenizer=tokenizer)
         if decoder is None:
@@ -224,7 +224,7 @@ class Generator:
         if decoder is None:
             decoder = build_decoder(self.model, preset=preset, **params)[0] if (preset or params) else self.decoder
         if decoder.engine is not None and engine_class(decoder.engine) is not type(self.engine):
-            raise ConfigError(f"`engine` {decoder.engine!r} differs from this generator's engine {self.engine.name!r}.")
+            raise ConfigError(f"`engine` {decoder.engine!r} differs from this generator's engine {self.engine.name!r}.", param='engine')
         ids = encode_prompt(prompt, self.model.tokenizer, self.chat)
         prepared = decoder.prepare(self.model, ids, self.gen_length if gen_length is None else gen_length, seed=seed)
         need = prepared.prompt.shape[0] + prepared.partition.gen_length

@@ -26,11 +26,11 @@ def check_model_path(path: str) -> None:
         return  # a hub id such as GSAI-ML/ReFusion
     if not local.exists():
         raise ConfigError(f"`model` {path!r}: no such directory. Pass a checkpoint directory (config.json and "
-                          "weights) or a Hugging Face hub id such as GSAI-ML/ReFusion.")
+                          "weights) or a Hugging Face hub id such as GSAI-ML/ReFusion.", param='model')
     if not local.is_dir():
-        raise ConfigError(f"`model` {path!r} is a file; pass the checkpoint directory that holds it.")
+        raise ConfigError(f"`model` {path!r} is a file; pass the checkpoint directory that holds it.", param='model')
     if not (local / "config.json").is_file():
-        raise ConfigError(f"`model` {path!r} has no config.json: it is not a transformers checkpoint directory.")
+        raise ConfigError(f"`model` {path!r} has no config.json: it is not a transformers checkpoint directory.", param='model')
 
 
 def torch_dtype(value: Any) -> Any:
@@ -44,7 +44,7 @@ def torch_dtype(value: Any) -> Any:
         if isinstance(found, torch.dtype) and found.is_floating_point:
             return found
     raise ConfigError(f"`dtype` must be 'auto', a torch.dtype or a floating dtype name such as float32, float16 or "
-                      f"bfloat16; got {value!r}.")
+                      f"bfloat16; got {value!r}.", param='dtype')
 
 
 def check_device(value: Any) -> None:
@@ -56,30 +56,30 @@ def check_device(value: Any) -> None:
     try:
         device = torch.device(value)
     except (RuntimeError, TypeError, ValueError) as exc:
-        raise ConfigError(f"`device` must be a torch device such as cpu, cuda or cuda:1; got {value!r} ({exc}).") \
+        raise ConfigError(f"`device` must be a torch device such as cpu, cuda or cuda:1; got {value!r} ({exc}).", param='device') \
             from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError(f"`device` {value!r}: this torch ({torch.__version__}) sees no CUDA device; use "
-                              "`device='cpu'` or install a CUDA build of torch.")
+                              "`device='cpu'` or install a CUDA build of torch.", param='device')
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ConfigError(f"`device` {value!r}: only {torch.cuda.device_count()} CUDA device(s) are visible.")
+            raise ConfigError(f"`device` {value!r}: only {torch.cuda.device_count()} CUDA device(s) are visible.", param='device')
     if device.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
-        raise ConfigError(f"`device` {value!r}: MPS is not available on this machine; use `device='cpu'`.")
+        raise ConfigError(f"`device` {value!r}: MPS is not available on this machine; use `device='cpu'`.", param='device')
 
 
 def check_token_ids(name: str, ids: Iterable[int], vocab_size: int) -> None:
     """Refuse token ids outside ``[0, vocab_size)``."""
     bad = sorted(i for i in ids if not 0 <= i < vocab_size)
     if bad:
-        raise ConfigError(f"`{name}` must be token ids in [0, {vocab_size}) (the model's vocabulary); got {bad}.")
+        raise ConfigError(f"`{name}` must be token ids in [0, {vocab_size}) (the model's vocabulary); got {bad}.", param=name)
 
 
 def check_chat(tokenizer: Any) -> None:
     """Refuse ``chat=True`` for a tokenizer without a chat template."""
     if not getattr(tokenizer, "chat_template", None):
         raise ConfigError("`chat` is on but the tokenizer has no chat template; drop `--chat` (`chat=True`) to feed "
-                          "the prompt as is, or use a checkpoint whose tokenizer defines `chat_template`.")
+                          "the prompt as is, or use a checkpoint whose tokenizer defines `chat_template`.", param='chat')
 
 
 def unknown_token_id(tokenizer: Any) -> int | None:
@@ -115,16 +115,16 @@ def check_known_characters(prompt: str, tokenizer: Any) -> None:
         singles = sorted(t for t in vocab if len(t) == 1)
         alphabet = f" The tokenizer's alphabet: {''.join(singles)!r}." if 0 < len(vocab) <= 512 else ""
         raise ConfigError(f"`prompt` {prompt!r} has characters the tokenizer does not know: "
-                          f"{', '.join(map(repr, bad))} (they would all become {unk_text!r}).{alphabet}")
+                          f"{', '.join(map(repr, bad))} (they would all become {unk_text!r}).{alphabet}", param='prompt')
 
 
 def check_output_dir(path: Any, param: str = "out") -> None:
     """Refuse an output directory that is an existing file or cannot be created (checks only, creates nothing)."""
     if not isinstance(path, (str, Path)) or not str(path):
-        raise ConfigError(f"`{param}` must be a directory path; got {path!r}.")
+        raise ConfigError(f"`{param}` must be a directory path; got {path!r}.", param=param)
     out = Path(path)
     if out.exists() and not out.is_dir():
-        raise ConfigError(f"`{param}` {str(path)!r} is an existing file; name a directory (it is created if missing).")
+        raise ConfigError(f"`{param}` {str(path)!r} is an existing file; name a directory (it is created if missing).", param=param)
     existing = next((p for p in (out, *out.parents) if p.exists()), Path("."))
     if not existing.is_dir() or not os.access(existing, os.W_OK):
-        raise ConfigError(f"`{param}` {str(path)!r} cannot be created: {str(existing)!r} is not a writable directory.")
+        raise ConfigError(f"`{param}` {str(path)!r} cannot be created: {str(existing)!r} is not a writable directory.", param=param)

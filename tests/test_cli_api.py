@@ -89,7 +89,7 @@ def test_unknown_preset(checkpoint):
 
 @pytest.mark.parametrize("argv, message", [
     (["1,,2", "--ids"], "comma-separated integers"),
-    (["1,2", "--ids", "--dtype", "float33"], "`--dtype` must be auto or a torch dtype"),
+    (["1,2", "--ids", "--dtype", "float33"], "`dtype` must be 'auto', a torch.dtype"),
 ])
 def test_cli_input_errors_are_explained(checkpoint, capsys, argv, message):
     assert main(["generate", *argv, "--model", checkpoint]) == 2

@@ -75,7 +75,7 @@ CLI_CASES = [
     # 9: options that would be ignored
     (["generate", "x", "--eos-token-id", "999"], 2, "`eos_token_id` must be token ids in [0, 48)"),
     (["generate", "x", "--mask-token-id", "48"], 2, "`mask_token_id`"),
-    (["generate", "x", "--logit-shift", "1"], 2, "`--logit-shift` 1 applies only with `--adapter hf-mdm`"),
+    (["generate", "x", "--logit-shift", "1"], 2, "`logit_shift` 1 applies only with adapter 'hf-mdm'"),
     (["generate", "x", "--top-p", "0.5"], 2, "`top_p` has no effect at `temperature` 0"),
     (["generate", "x", "--top-k", "3"], 2, "`top_k` has no effect"),
     # 10: visualize format, bench method before the AR baseline

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def test_serve_without_arguments_is_the_shipped_model_on_loopback_port_8000():
     args = build_parser().parse_args(["serve"])
     assert (args.host, args.port, args.model, args.max_rows, args.max_queue) == ("127.0.0.1", 8000, None, 16, 256)
-    assert args.func.__name__ == "_serve"
+    assert args.func.__name__ == "run_serve"
 
 
 def test_server_defaults_apply_to_every_request_and_a_request_overrides_them():

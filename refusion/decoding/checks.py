@@ -43,22 +43,22 @@ def check_prompt(prompt_ids: Any, model: Any) -> torch.Tensor:
     try:
         raw = torch.as_tensor(prompt_ids)
     except (TypeError, ValueError, RuntimeError) as exc:
-        raise ConfigError(f"`prompt_ids` must be a sequence of token ids; got {type(prompt_ids).__name__} ({exc}).") from exc
+        raise ConfigError(f"`prompt_ids` must be a sequence of token ids; got {type(prompt_ids).__name__} ({exc}).", param='prompt_ids') from exc
     if raw.numel() and (raw.is_floating_point() or raw.is_complex() or raw.dtype == torch.bool):
-        raise ConfigError(f"`prompt_ids` must be integer token ids; got dtype {raw.dtype}.")
+        raise ConfigError(f"`prompt_ids` must be integer token ids; got dtype {raw.dtype}.", param='prompt_ids')
     prompt = raw.to(torch.long).cpu()
     if prompt.dim() == 2 and prompt.shape[0] == 1:
         prompt = prompt[0]
     if prompt.dim() != 1:
-        raise ConfigError(f"`prompt_ids` must be one prompt of shape (prompt_len,); got shape {tuple(prompt.shape)}.")
+        raise ConfigError(f"`prompt_ids` must be one prompt of shape (prompt_len,); got shape {tuple(prompt.shape)}.", param='prompt_ids')
     if prompt.shape[0] == 0:
-        raise ConfigError("`prompt_ids` must hold at least one token; got an empty prompt.")
+        raise ConfigError("`prompt_ids` must hold at least one token; got an empty prompt.", param='prompt_ids')
     if int(prompt.min()) < 0 or int(prompt.max()) >= model.vocab_size:
-        raise ConfigError(f"`prompt_ids` must be token ids in [0, {model.vocab_size}); got {prompt.min()}..{prompt.max()}.")
+        raise ConfigError(f"`prompt_ids` must be token ids in [0, {model.vocab_size}); got {prompt.min()}..{prompt.max()}.", param='prompt_ids')
     masked = (prompt == model.mask_token_id).nonzero().flatten().tolist()
     if masked:
         raise ConfigError(f"`prompt_ids` holds the mask token id {model.mask_token_id} at position(s) {masked[:8]}; "
-                          "a prompt must not contain the mask token (the decoder fills masks only in the answer).")
+                          "a prompt must not contain the mask token (the decoder fills masks only in the answer).", param='prompt_ids')
     return prompt
 
 
@@ -82,7 +82,7 @@ def check_length(model: Any, prompt_len: int, gen_length: int, decoder: Any = No
         what = f"({gen_length})"
         raise ConfigError(
             f"`gen_length` {what} plus the prompt ({prompt_len} tokens) "
-            f"exceeds the model's maximum of {limit} positions; {hint}."
+            f"exceeds the model's maximum of {limit} positions; {hint}.", param='gen_length'
         )
 
 

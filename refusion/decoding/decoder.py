@@ -37,7 +37,7 @@ from refusion.validators import positive_int
 def _part(kind: type):
     def check(instance, attribute, value):
         if not isinstance(value, kind):
-            raise ConfigError(f"`{attribute.name}` must be a {kind.__name__} instance; got {value!r}.")
+            raise ConfigError(f"`{attribute.name}` must be a {kind.__name__} instance; got {value!r}.", param=attribute.name)
 
     return attrs.field(validator=check)
 
@@ -149,7 +149,7 @@ class Decoder:
     def prepare(self, model: ModelAdapter, prompt_ids: Any, gen_length: int, *, seed: int | None = None) -> Prepared:
         """Check one prompt against the model and partition its generation region, once, before any work."""
         if isinstance(gen_length, bool) or not isinstance(gen_length, int) or gen_length < 1:
-            raise ConfigError(f"`gen_length` must be an integer >= 1; got {gen_length!r}.")
+            raise ConfigError(f"`gen_length` must be an integer >= 1; got {gen_length!r}.", param='gen_length')
         if seed is not None:
             _check_seed(seed)
         prompt = check_prompt(prompt_ids, model)
@@ -207,12 +207,12 @@ class Decoder:
         from refusion.engines import drive, open_engine
 
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not len(prompts):
-            raise ConfigError("`prompts` must be a non-empty list of token-id sequences.")
+            raise ConfigError("`prompts` must be a non-empty list of token-id sequences.", param='prompts')
         if seeds is not None:
             seeds = list(seeds)
             if len(seeds) != len(prompts) or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**64
                                                      for x in seeds):
-                raise ConfigError(f"`seeds` must hold one integer >= 0 per prompt ({len(prompts)}); got {seeds!r}.")
+                raise ConfigError(f"`seeds` must hold one integer >= 0 per prompt ({len(prompts)}); got {seeds!r}.", param='seeds')
         prepared = [self.prepare(model, p, gen_length, seed=None if seeds is None else seeds[i])
                     for i, p in enumerate(prompts)]
         live = open_engine(model, self, engine)
@@ -229,17 +229,17 @@ def with_text(results: list[DecodeResult], tokenizer: Any) -> list[DecodeResult]
 
 def _check_stop(value: Any) -> None:
     if not isinstance(value, bool) and value != "block":
-        raise ConfigError(f"`stop_at_eos` must be True, False or 'block'; got {value!r}.")
+        raise ConfigError(f"`stop_at_eos` must be True, False or 'block'; got {value!r}.", param='stop_at_eos')
 
 
 def _check_seed(value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64:
-        raise ConfigError(f"`seed` must be an integer in [0, 2**64); got {value!r}.")
+        raise ConfigError(f"`seed` must be an integer in [0, 2**64); got {value!r}.", param='seed')
 
 
 def _check_cfg_scale(value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise ConfigError(f"`cfg_scale` must be a number >= 0 (0 = no guidance); got {value!r}.")
+        raise ConfigError(f"`cfg_scale` must be a number >= 0 (0 = no guidance); got {value!r}.", param='cfg_scale')
 
 
 def _check_engine(value: Any) -> None:

@@ -127,7 +127,7 @@ class Sampling:
             if ignored:
                 raise ConfigError(
                     f"`{ignored[0]}` has no effect at `temperature` {self.temperature} (greedy decoding takes the "
-                    f"argmax); pass a `temperature` > 0 to sample, or drop `{ignored[0]}`."
+                    f"argmax); pass a `temperature` > 0 to sample, or drop `{ignored[0]}`.", param=ignored[0]
                 )
 
     def __call__(self, logits, exclude=None, generator=None):

@@ -80,7 +80,7 @@ class Engine(ABC):
         if reason is not None:
             from refusion.errors import ConfigError
 
-            raise ConfigError(f"engine {self.name!r} cannot run {type(model).__name__}: {reason}.")
+            raise ConfigError(f"engine {self.name!r} cannot run {type(model).__name__}: {reason}.", param="engine")
         self.model = model
         #: the engine's totals; each sequence's counters report their bytes here too
         self.counters = Counters()
@@ -120,7 +120,7 @@ class Engine(ABC):
         from refusion.errors import ConfigError
 
         raise ConfigError(f"`cfg_scale` > 0 needs an engine with classifier-free guidance; engine {self.name!r} has "
-                          "none (the 'canvas' engine, for bidirectional models, applies it).")
+                          "none (the 'canvas' engine, for bidirectional models, applies it).", param='cfg_scale')
 
     def release(self, state: SequenceState) -> None:
         """The sequence has finished or was cancelled: free what the engine keeps for it (idempotent)."""

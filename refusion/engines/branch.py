@@ -91,7 +91,7 @@ class BranchEngine(Engine):
         if packed and reason:
             from refusion.errors import ConfigError
 
-            raise ConfigError(f"`packed` forwards cannot run on {type(model).__name__}: {reason}.")
+            raise ConfigError(f"`packed` forwards cannot run on {type(model).__name__}: {reason}.", param='packed')
         #: packed forwards (no padding; HF models with attention functions) or padded rows with a 4-D mask
         self.packed = reason is None if packed is None else packed
 

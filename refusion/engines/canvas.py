@@ -71,7 +71,7 @@ class CanvasSequence(SequenceState):
             from refusion.errors import ConfigError
 
             raise ConfigError(f"`cfg_scale` > 0 needs a full forward at every step; the reorderer's {reuse.mode!r} "
-                              "block cache cannot be combined with it (use reorderer 'commit-order' or 'no-cache').")
+                              "block cache cannot be combined with it (use reorderer 'commit-order' or 'no-cache').", param='cfg_scale')
         self.block = None if reuse is None else BlockCache(reuse.mode, start, stop, reuse.prefix_at_block)
 
     def end_at(self, position: int) -> None:

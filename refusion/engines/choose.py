@@ -18,7 +18,7 @@ def engine_class(spec: Any) -> type[Engine]:
     else:
         cls = spec
     if not inspect.isclass(cls) or not issubclass(cls, Engine):
-        raise ConfigError(f"`engine` must be a registered engine name, an Engine subclass or instance; got {spec!r}.")
+        raise ConfigError(f"`engine` must be a registered engine name, an Engine subclass or instance; got {spec!r}.", param='engine')
     return cls
 
 
@@ -37,7 +37,7 @@ def choose_engine(model: Any, decoder: Any = None) -> type[Engine]:
         cls = engine_class(spec)
         reason = cls.unsupported(model)
         if reason is not None:
-            raise ConfigError(f"`engine` {cls.name!r} cannot run {type(model).__name__}: {reason}.")
+            raise ConfigError(f"`engine` {cls.name!r} cannot run {type(model).__name__}: {reason}.", param='engine')
         return cls
     reasons = []
     for entry in sorted(registry().entries("engine"), key=lambda r: (-r.cls.priority, r.name)):
@@ -45,18 +45,18 @@ def choose_engine(model: Any, decoder: Any = None) -> type[Engine]:
         if reason is None:
             return entry.cls
         reasons.append(f"{entry.name}: {reason}")
-    raise ConfigError(f"No registered engine can run {type(model).__name__} ({'; '.join(reasons)}).")
+    raise ConfigError(f"No registered engine can run {type(model).__name__} ({'; '.join(reasons)}).", param="engine")
 
 
 def open_engine(model: Any, decoder: Any = None, engine: Any = None, **options: Any) -> Engine:
     """A live engine for ``model``: ``engine`` (instance, name or class) if given, else :func:`choose_engine`."""
     if isinstance(engine, Engine):
         if engine.model is not model:
-            raise ConfigError("`engine` was opened for another model; open one for this model or pass its name.")
+            raise ConfigError("`engine` was opened for another model; open one for this model or pass its name.", param='engine')
         return engine
     cls = engine_class(engine) if engine is not None else choose_engine(model, decoder)
     if engine is not None:
         reason = cls.unsupported(model)
         if reason is not None:
-            raise ConfigError(f"`engine` {cls.name!r} cannot run {type(model).__name__}: {reason}.")
+            raise ConfigError(f"`engine` {cls.name!r} cannot run {type(model).__name__}: {reason}.", param='engine')
     return cls(model, **options)

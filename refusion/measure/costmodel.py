@@ -108,7 +108,7 @@ def parse(spec: str) -> tuple[ModelSize, GPU]:
     """``"qwen3-8b@h100"`` -> (model size, GPU)."""
     if not isinstance(spec, str) or spec.count("@") != 1:
         raise ConfigError(f"`cost_model` must look like MODEL@GPU, e.g. qwen3-8b@h100; got {spec!r}. "
-                          f"Models: {', '.join(MODELS)}; GPUs: {', '.join(GPUS)}.")
+                          f"Models: {', '.join(MODELS)}; GPUs: {', '.join(GPUS)}.", param='cost_model')
     model, gpu = spec.lower().split("@")
     if model not in MODELS:
         raise unknown_name("cost-model model", model, MODELS)

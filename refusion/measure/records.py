@@ -201,7 +201,7 @@ def load_record(path: str | Path) -> dict:
     try:
         text = source.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"`RECORD` file {str(source)!r} could not be read: {exc}") from exc
+        raise ConfigError(f"`RECORD` file {str(source)!r} could not be read: {exc}", param='RECORD') from exc
     try:
         record = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -11,7 +11,6 @@ times side by side without comparing them (they never repeat exactly).
 
 from __future__ import annotations
 
-import argparse
 from typing import Any, Mapping
 
 import attrs
@@ -80,21 +79,21 @@ def environment_changes(recorded: Mapping[str, Any], now: Mapping[str, Any]) -> 
 
 def load_model_from(settings: Mapping[str, Any]) -> Any:
     """The model a record's ``settings.model`` options describe (the same loading as the command line)."""
-    from refusion.cli import MODEL_FLAGS, _load
+    from refusion.models.loading import MODEL_OPTIONS, load_from_options
 
     options = settings.get("model") or {}
     if not isinstance(options, Mapping):
-        raise ConfigError(f"field `settings.model` must be an object of model options; got {options!r:.80}.")
-    unknown = sorted(set(options) - set(MODEL_FLAGS))
+        raise ConfigError(f"field `settings.model` must be an object of model options; got {options!r:.80}.",
+                          param="settings.model")
+    unknown = sorted(set(options) - set(MODEL_OPTIONS))
     if unknown:
-        raise ConfigError(f"field `settings.model.{unknown[0]}` is not a model option; known: {', '.join(MODEL_FLAGS)}.")
+        raise ConfigError(f"field `settings.model.{unknown[0]}` is not a model option; known: "
+                          f"{', '.join(MODEL_OPTIONS)}.", param=f"settings.model.{unknown[0]}")
     if options.get("trust_remote_code"):
         raise ConfigError("field `settings.model.trust_remote_code` is true: reproducing this record would run the "
-                          "checkpoint's own code; load that model yourself if you trust it.")
-    defaults = {"model": None, "device": None, "dtype": "auto", "mask_token_id": None, "eos_token_id": None,
-                "adapter": None, "logit_shift": None, "model_block_length": None, "trust_remote_code": False}
-    return _load(argparse.Namespace(**{**defaults, **options}))
-
+                          "checkpoint's own code; load that model yourself if you trust it.",
+                          param="settings.model.trust_remote_code")
+    return load_from_options(options)
 
 def reproduce(record: Mapping[str, Any], *, progress: bool = False) -> Reproduction:
     """Re-run ``record`` (a checked bench or eval record) and compare; see the module docstring.

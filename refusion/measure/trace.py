@@ -113,7 +113,7 @@ def write_trace(results: DecodeResult | Sequence[DecodeResult], path: str | Path
     """Write the trace of one result or a batch of results (``sequence`` = index) to ``path``; return the path."""
     batch = [results] if isinstance(results, DecodeResult) else list(results)
     if not batch or not all(isinstance(r, DecodeResult) for r in batch):
-        raise ConfigError(f"`results` must be a DecodeResult or a non-empty list of them; got {results!r:.80}.")
+        raise ConfigError(f"`results` must be a DecodeResult or a non-empty list of them; got {results!r:.80}.", param='results')
     out = Path(path)
     try:
         with out.open("w", encoding="utf-8") as f:
@@ -121,7 +121,7 @@ def write_trace(results: DecodeResult | Sequence[DecodeResult], path: str | Path
                 for record in records(result, sequence=i, tokenizer=tokenizer, decoder=decoder):
                     f.write(json.dumps(record) + "\n")
     except OSError as exc:
-        raise ConfigError(f"`trace` file {str(out)!r} could not be written: {exc}") from exc
+        raise ConfigError(f"`trace` file {str(out)!r} could not be written: {exc}", param='trace') from exc
     return out
 
 
@@ -131,7 +131,7 @@ def load_records(path: str | Path) -> list[dict]:
     try:
         lines = source.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"`trace` file {str(source)!r} could not be read: {exc}") from exc
+        raise ConfigError(f"`trace` file {str(source)!r} could not be read: {exc}", param='trace') from exc
     out = []
     for number, line in enumerate(lines, 1):
         if not line.strip():

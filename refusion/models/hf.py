@@ -94,13 +94,13 @@ class HFCausalLM(ModelAdapter):
                 "Pass `mask_token_id=` (a ReFusion checkpoint sets it in config.json)."
             )
         if not 0 <= int(mask) < self.vocab_size:
-            raise ConfigError(f"`mask_token_id` must be in [0, {self.vocab_size}); got {mask}.")
+            raise ConfigError(f"`mask_token_id` must be in [0, {self.vocab_size}); got {mask}.", param='mask_token_id')
         self.mask_token_id = int(mask)
         if eos_token_id is not None:
             try:
                 given = _ids(eos_token_id)
             except (TypeError, ValueError):
-                raise ConfigError(f"`eos_token_id` must be a token id or a list of them; got {eos_token_id!r}.") from None
+                raise ConfigError(f"`eos_token_id` must be a token id or a list of them; got {eos_token_id!r}.", param='eos_token_id') from None
             check_token_ids("eos_token_id", given, self.vocab_size)
         self.eos_token_ids = given if eos_token_id is not None else find_eos_token_ids(model, tokenizer)
         self.max_positions = getattr(model.config, "max_position_embeddings", None)

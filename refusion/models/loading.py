@@ -48,7 +48,7 @@ def load_model(model: Any = None, *, tokenizer: Any = None, adapter: str | None 
             model.tokenizer = tokenizer
         return model
     if not isinstance(trust_remote_code, bool):
-        raise ConfigError(f"`trust_remote_code` must be True or False; got {trust_remote_code!r}.")
+        raise ConfigError(f"`trust_remote_code` must be True or False; got {trust_remote_code!r}.", param='trust_remote_code')
     if model is None:
         from refusion.models.default import default_model_path
 
@@ -72,7 +72,7 @@ def load_model(model: Any = None, *, tokenizer: Any = None, adapter: str | None 
         return loaded
     if hasattr(model, "config") and callable(model):
         return registry().get("model_adapter", adapter or "hf-causal")(model, tokenizer, **options)
-    raise ConfigError(f"`model` must be a ModelAdapter, a transformers model or a path; got {type(model).__name__}.")
+    raise ConfigError(f"`model` must be a ModelAdapter, a transformers model or a path; got {type(model).__name__}.", param='model')
 
 
 def _loading(path: str, load: Any, *args: Any, **kwargs: Any) -> ModelAdapter:
@@ -82,7 +82,7 @@ def _loading(path: str, load: Any, *args: Any, **kwargs: Any) -> ModelAdapter:
     except ConfigError:
         raise
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"`model` {path!r} could not be loaded as a checkpoint: {exc}") from exc
+        raise ConfigError(f"`model` {path!r} could not be loaded as a checkpoint: {exc}", param='model') from exc
 
 
 def read_config(path: str) -> dict[str, Any]:
@@ -92,14 +92,14 @@ def read_config(path: str) -> dict[str, Any]:
     try:
         file = cached_file(path, "config.json")
     except OSError as exc:
-        raise ConfigError(f"`model` {path!r}: its config.json cannot be read ({exc}).") from exc
+        raise ConfigError(f"`model` {path!r}: its config.json cannot be read ({exc}).", param='model') from exc
     try:
         with open(file, encoding="utf-8") as handle:
             config = json.load(handle)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"`model` {path!r}: config.json is not valid JSON ({exc}).") from exc
+        raise ConfigError(f"`model` {path!r}: config.json is not valid JSON ({exc}).", param='model') from exc
     if not isinstance(config, dict):
-        raise ConfigError(f"`model` {path!r}: config.json must hold a JSON object; got {type(config).__name__}.")
+        raise ConfigError(f"`model` {path!r}: config.json must hold a JSON object; got {type(config).__name__}.", param='model')
     return config
 
 
@@ -131,7 +131,7 @@ def unknown_architecture(path: str, config: Mapping[str, Any]) -> ConfigError:
         f"`model` {path!r} ({what}) is not a family refusion loads, and transformers has no class for it. "
         f"Supported families: {families}. To run the checkpoint's own code instead, pass `trust_remote_code=True` "
         "(CLI: --trust-remote-code) and the adapter that fits it: `adapter='hf-causal'` (causal), 'hf-mdm' "
-        "(bidirectional, with `logit_shift`) or 'hf-block' (block diffusion, with `block_length`)."
+        "(bidirectional, with `logit_shift`) or 'hf-block' (block diffusion, with `block_length`).", param='model'
     )
 
 
@@ -140,4 +140,31 @@ def check_options(options: Mapping[str, Any], adapter_options: tuple[str, ...], 
     allowed = ("dtype", "device", *TRANSFORMERS_OPTIONS, *adapter_options)
     for key in options:
         if key not in allowed:
-            raise ConfigError(f"`{key}` is not an option of {owner}; it takes: {', '.join(allowed)}.")
+            raise ConfigError(f"`{key}` is not an option of {owner}; it takes: {', '.join(allowed)}.", param=key)
+
+
+#: the options a command line or a record gives to load a model (:func:`load_from_options`)
+MODEL_OPTIONS = ("model", "device", "dtype", "mask_token_id", "eos_token_id", "adapter", "logit_shift",
+                 "model_block_length", "trust_remote_code")
+
+
+def load_from_options(options: Mapping[str, Any]) -> ModelAdapter:
+    """The model :data:`MODEL_OPTIONS` describe (missing ones take their defaults); what ``--model`` and its
+    companion flags load, and what ``refusion reproduce`` loads from a record."""
+    unknown = sorted(set(options) - set(MODEL_OPTIONS))
+    if unknown:
+        raise ConfigError(f"`{unknown[0]}` is not a model option; they are {', '.join(MODEL_OPTIONS)}.",
+                          param=unknown[0])
+    get = {"dtype": "auto", "trust_remote_code": False, **{k: v for k, v in options.items() if v is not None}}.get
+    kwargs: dict[str, Any] = {"dtype": get("dtype")}
+    for option, key in (("device", "device"), ("mask_token_id", "mask_token_id"), ("eos_token_id", "eos_token_id"),
+                        ("model_block_length", "block_length")):
+        if get(option) is not None:
+            kwargs[key] = get(option)
+    adapter = get("adapter")
+    if adapter == "hf-mdm":
+        kwargs["logit_shift"] = get("logit_shift") or 0
+    elif get("logit_shift") is not None:
+        raise ConfigError(f"`logit_shift` {get('logit_shift')} applies only with adapter 'hf-mdm' (bidirectional "
+                          f"models); the adapter is {adapter!r}. Drop it or use adapter 'hf-mdm'.", param="logit_shift")
+    return load_model(get("model"), adapter=adapter, trust_remote_code=get("trust_remote_code"), **kwargs)

@@ -44,7 +44,7 @@ class PeerFunction:
 
 def refuse(function: str, arg: str, value: Any, why: str) -> ConfigError:
     """The error for a peer argument refusion does not take: names the function, the argument and why."""
-    return ConfigError(f"`{arg}`={value!r} of {function} is not supported: {why}")
+    return ConfigError(f"`{arg}`={value!r} of {function} is not supported: {why}", param=arg)
 
 
 def check_mask_id(function: str, arg: str, value: Any, model: Any) -> None:

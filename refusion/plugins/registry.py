@@ -173,10 +173,10 @@ class Registry:
             cls = spec
         else:
             raise ConfigError(
-                f"`{kind}` must be a registered name, a class or an instance of {interface.__name__}; got {spec!r}."
+                f"`{kind}` must be a registered name, a class or an instance of {interface.__name__}; got {spec!r}.", param=kind
             )
         if not inspect.isclass(cls) or not issubclass(cls, interface):
-            raise ConfigError(f"`{kind}` {spec!r} is not a {interface.__name__}.")
+            raise ConfigError(f"`{kind}` {spec!r} is not a {interface.__name__}.", param=kind)
         try:
             part = cls(**params)
         except TypeError as exc:
@@ -187,7 +187,7 @@ class Registry:
 
     def _kind_name(self, kind: str) -> str:
         if kind not in self._entries:
-            raise ConfigError(f"`kind` must be one of {', '.join(self._entries)}; got {kind!r}.")
+            raise ConfigError(f"`kind` must be one of {', '.join(self._entries)}; got {kind!r}.", param='kind')
         return kind
 
     def _kind(self, kind: str) -> dict[str, Registration]:

@@ -32,7 +32,7 @@ class HarnessTasks:
 
     def __attrs_post_init__(self) -> None:
         if not self.tasks or not all(self.tasks):
-            raise ConfigError(f"`tasks`: name at least one lm-evaluation-harness task after `{PREFIX}`.")
+            raise ConfigError(f"`tasks`: name at least one lm-evaluation-harness task after `{PREFIX}`.", param='tasks')
 
     @property
     def name(self) -> str:
@@ -56,7 +56,7 @@ class HarnessTasks:
                     pass
             return _load(TaskManager(include_path=self.include_path), self.tasks)
         except Exception as exc:  # the harness raises KeyError/ValueError/... for unknown or broken tasks
-            raise ConfigError(f"`tasks` {self.name!r}: lm-evaluation-harness could not load them: {exc}") from None
+            raise ConfigError(f"`tasks` {self.name!r}: lm-evaluation-harness could not load them: {exc}", param='tasks') from None
 
 
 def _load(manager: Any, tasks: tuple[str, ...]) -> Any:
@@ -96,7 +96,7 @@ def _score(results: dict, metric: str | None) -> tuple[float, int]:
             keys = [k for k in keys if k.split(",")[0] == metric]
         if not keys:
             raise ConfigError(f"`metric` {metric!r} is not reported by task {task!r}; it reports "
-                              f"{', '.join(k for k in values if ',' in k and 'stderr' not in k)}.")
+                              f"{', '.join(k for k in values if ',' in k and 'stderr' not in k)}.", param='metric')
         scores.append(float(values[keys[0]]))
         count += int(results.get("n-samples", {}).get(task, {}).get("effective", 0))
     return sum(scores) / len(scores), count

@@ -111,15 +111,15 @@ def sweep(
     from refusion.api import load_model
 
     if mode not in MODES:
-        raise ConfigError(f"`mode` must be one of {', '.join(MODES)}; got {mode!r}.")
+        raise ConfigError(f"`mode` must be one of {', '.join(MODES)}; got {mode!r}.", param='mode')
     if objective not in OBJECTIVES:
-        raise ConfigError(f"`objective` must be one of {', '.join(OBJECTIVES)}; got {objective!r}.")
+        raise ConfigError(f"`objective` must be one of {', '.join(OBJECTIVES)}; got {objective!r}.", param='objective')
     for name, value in (("trials", trials), ("minutes", minutes)):
         if value is not None and (isinstance(value, bool) or not value > 0):
-            raise ConfigError(f"`{name}` must be a positive number; got {value!r}.")
+            raise ConfigError(f"`{name}` must be a positive number; got {value!r}.", param=name)
     adapter = load_model(model)
     if adapter.tokenizer is None:
-        raise ConfigError("`refusion sweep` needs a model with a tokenizer (it scores decoded text).")
+        raise ConfigError("`refusion sweep` needs a model with a tokenizer (it scores decoded text).", param='refusion sweep')
     if not isinstance(space, Space):
         file = load_space_file(space_file) if space_file is not None else None
         base = _base_preset(adapter, preset or (file.preset if file else None))

@@ -24,7 +24,7 @@ from refusion.errors import ConfigError, UnknownNameError
 def _number(text: str, field: str) -> float | int:
     value = parse_value(text.strip())
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"`{field}`: range bounds must be numbers; got {text!r}.")
+        raise ConfigError(f"`{field}`: range bounds must be numbers; got {text!r}.", param=field)
     return value
 
 
@@ -41,14 +41,14 @@ class Dimension:
     def __attrs_post_init__(self) -> None:
         if self.values is not None:
             if not self.values:
-                raise ConfigError(f"`{self.name}`: the list of values is empty; give at least one.")
+                raise ConfigError(f"`{self.name}`: the list of values is empty; give at least one.", param=self.name)
             return
         if self.low is None or self.high is None:
-            raise ConfigError(f"`{self.name}`: give a list of values or a range low:high[:step].")
+            raise ConfigError(f"`{self.name}`: give a list of values or a range low:high[:step].", param=self.name)
         if self.low > self.high:
-            raise ConfigError(f"`{self.name}`: the range {self.low}:{self.high} is empty (low > high).")
+            raise ConfigError(f"`{self.name}`: the range {self.low}:{self.high} is empty (low > high).", param=self.name)
         if self.step is not None and not self.step > 0:
-            raise ConfigError(f"`{self.name}`: the step must be > 0; got {self.step}.")
+            raise ConfigError(f"`{self.name}`: the step must be > 0; got {self.step}.", param=self.name)
 
     @property
     def is_part(self) -> bool:
@@ -64,7 +64,7 @@ class Dimension:
             return self.values
         if self.step is None:
             raise ConfigError(f"`{self.name}`: a grid search needs a step (low:high:step); "
-                              f"got {self.low}:{self.high}. Use --mode optuna for a continuous range.")
+                              f"got {self.low}:{self.high}. Use --mode optuna for a continuous range.", param=self.name)
         count = int(math.floor((self.high - self.low) / self.step + 1e-9)) + 1
         if self.is_integer:
             return tuple(int(self.low + i * self.step) for i in range(count))
@@ -89,7 +89,7 @@ def parse_dimension(text: str) -> Dimension:
     name, sep, rest = text.partition("=")
     name = name.strip()
     if not sep or not name:
-        raise ConfigError(f"`--space` entries are NAME=VALUES or NAME=LOW:HIGH[:STEP]; got {text!r}.")
+        raise ConfigError(f"`--space` entries are NAME=VALUES or NAME=LOW:HIGH[:STEP]; got {text!r}.", param='--space')
     return dimension(name, rest)
 
 
@@ -98,7 +98,7 @@ def dimension(name: str, spec: Any) -> Dimension:
     if isinstance(spec, Mapping):
         unknown = set(spec) - {"low", "high", "step", "values"}
         if unknown:
-            raise ConfigError(f"`{name}`: unknown key(s) {', '.join(sorted(unknown))}; use low, high, step or values.")
+            raise ConfigError(f"`{name}`: unknown key(s) {', '.join(sorted(unknown))}; use low, high, step or values.", param=name)
         if "values" in spec:
             return dimension(name, list(spec["values"]))
         return Dimension(name, low=spec.get("low"), high=spec.get("high"), step=spec.get("step"))
@@ -109,7 +109,7 @@ def dimension(name: str, spec: Any) -> Dimension:
     if ":" in spec and name not in PART_KINDS:
         bounds = spec.split(":")
         if len(bounds) not in (2, 3) or not all(b.strip() for b in bounds):
-            raise ConfigError(f"`{name}`: a range is LOW:HIGH or LOW:HIGH:STEP; got {spec!r}.")
+            raise ConfigError(f"`{name}`: a range is LOW:HIGH or LOW:HIGH:STEP; got {spec!r}.", param=name)
         low, high, *step = (_number(b, name) for b in bounds)
         return Dimension(name, low=low, high=high, step=step[0] if step else None)
     values = tuple(parse_value(v.strip()) if name not in PART_KINDS else v.strip() for v in spec.split(",") if v.strip())
@@ -132,18 +132,18 @@ class Space:
     def __attrs_post_init__(self) -> None:
         names = [d.name for d in self.dimensions]
         if not names:
-            raise ConfigError("`space` is empty: give at least one dimension, e.g. -s slot_threshold=0.5:0.9:0.1.")
+            raise ConfigError("`space` is empty: give at least one dimension, e.g. -s slot_threshold=0.5:0.9:0.1.", param='space')
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
-            raise ConfigError(f"`space`: {', '.join(twice)} given more than once; give each dimension once.")
+            raise ConfigError(f"`space`: {', '.join(twice)} given more than once; give each dimension once.", param='space')
         for dim in self.parts:
             for value in dim.values or ():
                 if not isinstance(value, str):
-                    raise ConfigError(f"`{dim.name}`: part names are text; got {value!r}.")
+                    raise ConfigError(f"`{dim.name}`: part names are text; got {value!r}.", param=dim.name)
                 try:
                     self.registry.entry(dim.name, value)
                 except UnknownNameError as exc:
-                    raise UnknownNameError(f"`space` field `{dim.name}`: {exc}") from None
+                    raise UnknownNameError(f"`space` field `{dim.name}`: {exc}", param='space') from None
         for dim in self.params:
             self._check_param(dim.name)
 
@@ -158,14 +158,14 @@ class Space:
     def _check_param(self, name: str) -> None:
         if name.split(".", 1)[0] not in PART_KINDS and "." in name:
             raise ConfigError(f"`space` field `{name}`: unknown part {name.split('.')[0]!r}; "
-                              f"parts are {', '.join(PART_KINDS)}.")
+                              f"parts are {', '.join(PART_KINDS)}.", param='space')
         for parts in self._part_combinations():
             if self.accepts(parts, name):
                 return
         accepted = sorted({p for parts in self._part_combinations() for kind in PART_KINDS
                            for p in self.registry.entry(kind, parts[kind]).parameters()})
         raise ConfigError(f"`space` field `{name}`: no part the space can choose declares it; "
-                          f"parameters are {', '.join(accepted + list(SPEC_PARAMS))}.")
+                          f"parameters are {', '.join(accepted + list(SPEC_PARAMS))}.", param='space')
 
     def _part_combinations(self) -> Iterator[dict[str, str]]:
         parts = self.parts

@@ -39,7 +39,7 @@ def _read(path: Path) -> Any:
     try:
         text = path.read_text()
     except OSError as exc:
-        raise ConfigError(f"`space file` {str(path)!r} cannot be read: {exc.strerror}.") from None
+        raise ConfigError(f"`space file` {str(path)!r} cannot be read: {exc.strerror}.", param='space file') from None
     suffix = path.suffix.lower()
     if suffix == ".toml":
         import tomllib
@@ -47,7 +47,7 @@ def _read(path: Path) -> Any:
         try:
             return tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"`space file` {str(path)!r} is not valid TOML: {exc}.") from None
+            raise ConfigError(f"`space file` {str(path)!r} is not valid TOML: {exc}.", param='space file') from None
     if suffix in (".yaml", ".yml"):
         try:
             import yaml
@@ -58,8 +58,8 @@ def _read(path: Path) -> Any:
         except yaml.YAMLError as exc:
             line = getattr(getattr(exc, "problem_mark", None), "line", None)
             where = f" at line {line + 1}" if line is not None else ""
-            raise ConfigError(f"`space file` {str(path)!r} is not valid YAML{where}: {exc}.") from None
-    raise ConfigError(f"`space file` {str(path)!r} must end in .yaml, .yml or .toml.")
+            raise ConfigError(f"`space file` {str(path)!r} is not valid YAML{where}: {exc}.", param='space file') from None
+    raise ConfigError(f"`space file` {str(path)!r} must end in .yaml, .yml or .toml.", param='space file')
 
 
 def load_space_file(path: str | Path) -> SpaceFile:
@@ -67,24 +67,24 @@ def load_space_file(path: str | Path) -> SpaceFile:
     path = Path(path)
     data = _read(path)
     if not isinstance(data, dict):
-        raise ConfigError(f"`space file` {str(path)!r} must hold a table with a `space` field.")
+        raise ConfigError(f"`space file` {str(path)!r} must hold a table with a `space` field.", param='space file')
     unknown = set(data) - set(KEYS)
     if unknown:
         raise ConfigError(f"`space file` {str(path)!r}: unknown field(s) {', '.join(sorted(unknown))}; "
-                          f"fields are {', '.join(KEYS)}.")
+                          f"fields are {', '.join(KEYS)}.", param='space file')
     space = data.get("space")
     if not isinstance(space, dict) or not space:
-        raise ConfigError(f"`space file` {str(path)!r}: field `space` must be a non-empty table of name: values.")
+        raise ConfigError(f"`space file` {str(path)!r}: field `space` must be a non-empty table of name: values.", param='space file')
     dims = []
     for name, spec in space.items():
         try:
             dims.append(dimension(str(name), spec))
         except ConfigError as exc:
-            raise ConfigError(f"`space file` {str(path)!r}, field `space.{name}`: {exc}") from None
+            raise ConfigError(f"`space file` {str(path)!r}, field `space.{name}`: {exc}", param='space file') from None
     length = data.get("gen_length")
     if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
-        raise ConfigError(f"`space file` {str(path)!r}: field `gen_length` must be an integer >= 1; got {length!r}.")
+        raise ConfigError(f"`space file` {str(path)!r}: field `gen_length` must be an integer >= 1; got {length!r}.", param='space file')
     preset = data.get("preset")
     if preset is not None and not isinstance(preset, str):
-        raise ConfigError(f"`space file` {str(path)!r}: field `preset` must be a preset name; got {preset!r}.")
+        raise ConfigError(f"`space file` {str(path)!r}: field `preset` must be a preset name; got {preset!r}.", param='space file')
     return SpaceFile(tuple(dims), preset, length)

@@ -28,7 +28,7 @@ class TaskSet:
 
     def __attrs_post_init__(self) -> None:
         if not self.examples:
-            raise ConfigError(f"`tasks` {self.name!r} holds no examples.")
+            raise ConfigError(f"`tasks` {self.name!r} holds no examples.", param='tasks')
 
 
 def load_tasks(spec: Any) -> Any:
@@ -43,12 +43,12 @@ def load_tasks(spec: Any) -> Any:
     if spec == HELD_OUT or spec.startswith(HELD_OUT + ":"):
         count = spec.partition(":")[2] or "10"
         if not count.isdigit() or int(count) < 1:
-            raise ConfigError(f"`tasks` {spec!r}: the count after `held-out:` must be an integer >= 1.")
+            raise ConfigError(f"`tasks` {spec!r}: the count after `held-out:` must be an integer >= 1.", param='tasks')
         return TaskSet(spec, tuple(held_out(int(count))))
     if spec.endswith(".jsonl"):
         return TaskSet(spec, read_jsonl(spec))
     raise ConfigError(f"`tasks` must be held-out, held-out:N, a .jsonl file of prompt/answer pairs or "
-                      f"lm-eval:TASK[,TASK]; got {spec!r}.")
+                      f"lm-eval:TASK[,TASK]; got {spec!r}.", param='tasks')
 
 
 def read_jsonl(path: str | Path) -> tuple[Example, ...]:
@@ -57,7 +57,7 @@ def read_jsonl(path: str | Path) -> tuple[Example, ...]:
     try:
         lines = Path(path).read_text().splitlines()
     except OSError as exc:
-        raise ConfigError(f"`tasks` file {str(path)!r} cannot be read: {exc.strerror}.") from None
+        raise ConfigError(f"`tasks` file {str(path)!r} cannot be read: {exc.strerror}.", param='tasks') from None
     out = []
     for number, line in enumerate(lines, 1):
         if not line.strip():

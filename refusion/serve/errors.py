@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import attrs
@@ -35,14 +34,13 @@ REQUEST_FIELDS = {"gen_length": "max_tokens", "prompt_ids": "prompt"}
 
 
 def bad_request(error: ConfigError, *, prompt_field: str = "prompt", params: Any = ()) -> APIError:
-    """A 400 for a :class:`ConfigError`, naming the request field from the first backticked name in its message.
+    """A 400 for a :class:`ConfigError`, naming the request field from the error's ``param``.
 
     A part parameter sent in ``params`` is named ``params.<key>``; the prompt
     is ``prompt_field`` (``messages`` for chat).
     """
     message = str(error)
-    found = re.search(r"`([^`]+)`", message)
-    name = found.group(1) if found else None
+    name = error.param
     if name is not None:
         if name in REQUEST_FIELDS:
             name = REQUEST_FIELDS[name]

@@ -13,16 +13,13 @@ from typing import Any, Mapping
 import attrs
 
 from refusion.api import build_decoder, encode_prompt
-from refusion.config import PART_KINDS
+from refusion.config import PART_KINDS, SAMPLING_PARAMS
 from refusion.decoding.decoder import Decoder
 from refusion.errors import ConfigError, UnknownNameError
 from refusion.config.params import parse_param
 from refusion.plugins.registry import registry
 from refusion.serve.errors import APIError, bad_request
 from refusion.serve.schema import ChatCompletionRequest, CompletionRequest, DecodingFields
-
-SAMPLING_FIELDS = ("temperature", "top_p", "top_k")
-
 
 @attrs.frozen
 class ServeDefaults:
@@ -69,7 +66,7 @@ def request_params(body: DecodingFields) -> dict[str, Any]:
 
 
 def decoding_options(body: DecodingFields, defaults: ServeDefaults) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(options, request_params)``: keywords for :func:`refusion.api.build_decoder` (preset, parts, parameters)."""
+    """``(options, request_params)``: keywords for :func:`refusion.api.decoder_spec` (preset, parts, parameters)."""
     own = request_params(body)
     options: dict[str, Any] = dict(defaults.parts)
     options.update(defaults.params)
@@ -79,7 +76,7 @@ def decoding_options(body: DecodingFields, defaults: ServeDefaults) -> tuple[dic
     for kind in PART_KINDS:
         if getattr(body, kind) is not None:
             options[kind] = getattr(body, kind)
-    for name in SAMPLING_FIELDS:
+    for name in SAMPLING_PARAMS:  # OpenAI's sampling fields are the spec's sampling parameters
         if getattr(body, name) is not None:
             options[name] = getattr(body, name)
     for key, value in own.items():

@@ -106,25 +106,25 @@ def check_output_path(path: Any, param: str = "path", formats: dict[str, str] = 
     import os
 
     if not isinstance(path, (str, Path)) or not str(path):
-        raise ConfigError(f"`{param}` must be a file path; got {path!r}.")
+        raise ConfigError(f"`{param}` must be a file path; got {path!r}.", param=param)
     out = Path(path)
     fmt = formats.get(out.suffix.lower())
     if fmt is None:
         raise ConfigError(f"`{param}` {str(path)!r} must end in one of {', '.join(formats)} (the format is taken "
-                          "from the suffix).")
+                          "from the suffix).", param=param)
     parent = out.parent if str(out.parent) else Path(".")
     if not parent.is_dir():
-        raise ConfigError(f"`{param}` {str(path)!r}: the directory {str(parent)!r} does not exist; create it first.")
+        raise ConfigError(f"`{param}` {str(path)!r}: the directory {str(parent)!r} does not exist; create it first.", param=param)
     if out.is_dir():
-        raise ConfigError(f"`{param}` {str(path)!r} is a directory; name a file in it.")
+        raise ConfigError(f"`{param}` {str(path)!r} is a directory; name a file in it.", param=param)
     if not os.access(parent, os.W_OK):
-        raise ConfigError(f"`{param}` {str(path)!r}: the directory {str(parent)!r} is not writable.")
+        raise ConfigError(f"`{param}` {str(path)!r}: the directory {str(parent)!r} is not writable.", param=param)
     return fmt
 
 
 def _check(result: Any, path: Any, param: str, formats: dict[str, str]) -> tuple[Path, str]:
     if not isinstance(result, DecodeResult):
-        raise ConfigError(f"`result` must be a DecodeResult; got {type(result).__name__}.")
+        raise ConfigError(f"`result` must be a DecodeResult; got {type(result).__name__}.", param='result')
     return Path(path), check_output_path(path, param, formats)
 
 

@@ -96,7 +96,7 @@ class ModelFamily(ABC):
         options = {k: kwargs.pop(k) for k in list(kwargs) if k in self.adapter_options}
         if "trust_remote_code" in kwargs:
             raise ConfigError("`trust_remote_code` is not used for a supported model family: refusion runs its "
-                              f"{self.name!r} checkpoints with transformers' own classes, never the checkpoint's code.")
+                              f"{self.name!r} checkpoints with transformers' own classes, never the checkpoint's code.", param='trust_remote_code')
         stock = self.stock_config(config)
         model = from_pretrained(self.model_class(), path, stock, self.key_mapping(config), dtype=dtype,
                                 attn_implementation=attn_implementation, **kwargs)
@@ -203,7 +203,7 @@ def from_pretrained(cls: type, path: str, config: Any, key_mapping: dict[str, st
         listing = "; ".join(f"{k.replace('_', ' ')}: {', '.join(map(str, v[:6]))}{' ...' if len(v) > 6 else ''}"
                             for k, v in problems.items())
         raise ConfigError(f"`model` {path!r}: the weights do not fit a {cls.__name__} built from its config.json "
-                          f"({listing}). Is the checkpoint complete and of the family its config names?")
+                          f"({listing}). Is the checkpoint complete and of the family its config names?", param='model')
     return model.eval()
 
 
@@ -257,7 +257,7 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, fallback: str | N
     try:
         settings = json.loads(settings_file.read_text(encoding="utf-8")) if settings_file.is_file() else {}
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"`model` {path!r}: tokenizer_config.json is not valid JSON ({exc}).") from exc
+        raise ConfigError(f"`model` {path!r}: tokenizer_config.json is not valid JSON ({exc}).", param='model') from exc
     custom = "AutoTokenizer" in (settings.get("auto_map") or {})
     named = getattr(transformers, str(settings.get("tokenizer_class")), None) if not custom else None
     if isinstance(named, type) and hasattr(named, "from_pretrained"):

@@ -14,7 +14,7 @@ from refusion.validators import positive_int
 def check_gen_length(gen_length: object) -> None:
     """Refuse a ``gen_length`` that is not an integer >= 1."""
     if isinstance(gen_length, bool) or not isinstance(gen_length, int) or gen_length < 1:
-        raise ConfigError(f"`gen_length` must be an integer >= 1; got {gen_length!r}.")
+        raise ConfigError(f"`gen_length` must be an integer >= 1; got {gen_length!r}.", param='gen_length')
 
 
 def slots_of(offset: int, length: int, slot_size: int, first_index: int, block: int) -> list[Slot]:
@@ -51,7 +51,7 @@ class FixedSlots(SlotPartitioner):
             raise ConfigError(
                 f"`gen_length` {gen_length} gives {num_slots} slots of `slot_size` {size}, which `serial_num_blocks` "
                 f"{blocks} does not divide. Nearest allowed `gen_length`: {nearest}; or `serial_num_blocks` in: "
-                f"{', '.join(map(str, allowed))}."
+                f"{', '.join(map(str, allowed))}.", param='gen_length'
             )
         per_block = num_slots // blocks
         slots = tuple(Slot(i, i * size, min(size, gen_length - i * size), i // per_block) for i in range(num_slots))

@@ -42,7 +42,7 @@ class SemiAutoregressive(SlotPartitioner):
             from refusion.errors import ConfigError
 
             raise ConfigError(
-                f"`block_length` ({self.block_length}) must be a multiple of `slot_size` ({self.slot_size})."
+                f"`block_length` ({self.block_length}) must be a multiple of `slot_size` ({self.slot_size}).", param='block_length'
             )
 
     def partition(self, gen_length: int) -> Partition:

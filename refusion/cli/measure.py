@@ -1,0 +1,131 @@
+"""``refusion bench``, ``refusion eval`` and ``refusion reproduce``: measure decoders, re-run records."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from refusion.cli.options import add_model_options, at_least, load, model_settings, write_record
+from refusion.errors import ConfigError
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from refusion.config import load_preset, preset as get_preset
+    from refusion.measure.bench import AR_METHOD, run_bench as bench, table
+    from refusion.training.tasks import held_out
+
+    if args.cost_model is not None:
+        from refusion.measure.costmodel import parse
+
+        parse(args.cost_model)  # before any work
+    at_least("--per-task", args.per_task, 1)
+    at_least("--gen-length", args.gen_length, 1)
+    files = [(f"file {f}", load_preset(f)) for f in args.preset_file or ()]  # bad files refused before any work
+    names = args.method or ([] if files else ["model", "ar", "fast-dllm"])
+    for name in names:  # unknown presets are refused before the model loads
+        if name != "model":
+            get_preset(name)
+    model = load(args)
+    if model.tokenizer is None:
+        raise ConfigError("`refusion bench` needs a model with a tokenizer (it decodes the synthetic tasks' text).",
+                          param="model")
+    methods: list[tuple[str, Any]] = [(AR_METHOD, None)] if model.capabilities.causal else []
+    chosen = [(name, model.preset if name == "model" and getattr(model, "preset", None) else get_preset(
+        "paper" if name == "model" else name)) for name in names]
+    for name, spec in chosen + files:  # every method takes the same --gen-length, checked before AR runs
+        decoder = spec.build()
+        try:
+            decoder.partition(args.gen_length)
+        except ConfigError as exc:
+            raise ConfigError(f"method {name!r} cannot decode `--gen-length` {args.gen_length}: {exc}",
+                              param="gen_length") from None
+        methods.append((name, decoder))
+    rows = bench(model, held_out(args.per_task), methods, args.gen_length, progress=not args.json,
+                 cost_model=args.cost_model)
+    if args.json or args.record:
+        from refusion.engines import choose_engine
+        from refusion.measure.records import bench_record, environment
+
+        settings = {"per_task": args.per_task, "gen_length": args.gen_length, "methods": names,
+                    "preset_files": list(args.preset_file or ()), "cost_model": args.cost_model,
+                    "model": model_settings(args)}
+        engines = [None if d is None else choose_engine(model, d).name for _, d in methods]
+        record = bench_record(rows, [d for _, d in methods], settings, environment(model), engines)
+        write_record(record, args.record, args.json)
+    if not args.json:
+        print(table(rows, rows[0].method, args.cost_model))
+    return 0
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    if args.limit is not None:
+        at_least("--limit", args.limit, 1)
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if not tasks:
+        raise ConfigError(f"`--tasks` must name at least one task; got {args.tasks!r}.", param="--tasks")
+    try:
+        from refusion.measure.lmeval import evaluate
+    except ImportError as exc:
+        raise ConfigError(f"`refusion eval` needs lm-evaluation-harness: pip install 'refusion[eval]' ({exc}).",
+                          param="tasks") from None
+    try:
+        results = evaluate(tasks, model_args=args.model_args, include_path=args.include_path, limit=args.limit)
+    except KeyError as exc:  # lm-eval's "not a registered task" and friends
+        raise ConfigError(f"`--tasks` {args.tasks!r}: {exc.args[0] if exc.args else exc}", param="--tasks") from None
+    scores = results["results"]
+    print(json.dumps(scores, indent=None if args.json else 2, default=str))
+    if args.record:
+        write_record(results["refusion_record"], args.record, False)
+    return 0
+
+
+def run_reproduce(args: argparse.Namespace) -> int:
+    from refusion.measure.records import load_record
+    from refusion.measure.reproduce import reproduce
+
+    outcome = reproduce(load_record(args.record), progress=not args.json)
+    print(json.dumps(outcome.as_dict()) if args.json else outcome.report())
+    return 0 if outcome.matches else 1
+
+
+def add_parsers(sub: Any) -> None:
+    bench = sub.add_parser("bench", help="accuracy and speed on the synthetic held-out tasks",
+                           description="Decode the synthetic held-out tasks with AR (transformers generate) and the "
+                           "named presets ('model' = the checkpoint's refusion.json); print accuracy, forwards, "
+                           "tokens per forward, wall time and ratios to AR.")
+    bench.add_argument("--per-task", type=int, default=10, help="held-out examples per task (default 10)")
+    bench.add_argument("--method", action="append", default=None, metavar="PRESET",
+                       help="a preset to measure (repeatable; default: model, ar, fast-dllm)")
+    bench.add_argument("--preset-file", action="append", default=None, metavar="FILE",
+                       help="also measure the decoder spec in this JSON file, e.g. a sweep's preset.json (repeatable)")
+    bench.add_argument("--gen-length", type=int, default=32, help="tokens to generate per prompt (default 32)")
+    bench.add_argument("--json", action="store_true",
+                       help="print a reproducible record as JSON: rows, outputs, environment, decoder specs")
+    bench.add_argument("--record", default=None, metavar="FILE",
+                       help="also write the record to FILE (re-run it with `refusion reproduce FILE`)")
+    bench.add_argument("--cost-model", default=None, metavar="MODEL@GPU",
+                       help="also estimate tokens/s of the same forwards on a GPU at a model size, e.g. qwen3-8b@h100 "
+                       "(roofline; see refusion/measure/costmodel.py)")
+    add_model_options(bench)
+    bench.set_defaults(func=run_bench)
+
+    ev = sub.add_parser("eval", help="run lm-evaluation-harness tasks with a refusion strategy",
+                        description="Run EleutherAI lm-evaluation-harness tasks with the `refusion` model type "
+                        "(needs `pip install refusion[eval]`).")
+    ev.add_argument("--tasks", required=True, help="comma-separated task names")
+    ev.add_argument("--model-args", default="", help="e.g. pretrained=DIR,preset=gsm8k,selector=topk,k=2")
+    ev.add_argument("--include-path", default=None, help="directory with extra task YAML files")
+    ev.add_argument("--limit", type=int, default=None, help="examples per task")
+    ev.add_argument("--json", action="store_true", help="compact JSON")
+    ev.add_argument("--record", default=None, metavar="FILE",
+                    help="write the run's reproducible record (environment, decoder spec, settings) to FILE")
+    ev.set_defaults(func=run_eval)
+
+    rep = sub.add_parser("reproduce", help="re-run a bench or eval record and compare numbers and tokens",
+                         description="Re-run the run a record describes (`bench --record FILE`, `eval --record FILE`) "
+                         "with its decoder specs, settings and thread count; report what differs and what changed in "
+                         "the environment. Exit status 0 when every number and token matches, 1 otherwise.")
+    rep.add_argument("record", help="record file (JSON)")
+    rep.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    rep.set_defaults(func=run_reproduce)

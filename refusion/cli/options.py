@@ -1,0 +1,167 @@
+"""What every command shares: the model flags, the decoding flags, prompts, records."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from refusion.config import PART_KINDS, PRESETS
+from refusion.config.params import parse_param
+from refusion.errors import ConfigError
+
+
+def _param(text: str) -> tuple[str, Any]:
+    try:
+        return parse_param(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    """The flags that say which model to load (``refusion.models.loading.MODEL_OPTIONS``)."""
+    group = parser.add_argument_group("model")
+    group.add_argument("--model", default=None,
+                       help="checkpoint directory: LLaDA, Dream, SDAR and ReFusion checkpoints are recognised from "
+                       "their config.json (default: the model shipped with refusion)")
+    group.add_argument("--device", default=None, help="torch device for the model, e.g. cuda")
+    group.add_argument("--dtype", default="auto", help="model dtype: auto, float32, bfloat16, ...")
+    group.add_argument("--mask-token-id", type=int, default=None, help="mask token id, if the checkpoint does not say")
+    group.add_argument("--eos-token-id", type=int, action="append", default=None, help="EOS id (repeatable)")
+    group.add_argument("--adapter", default=None,
+                       help="for architectures outside the supported families only: hf-causal (causal LMs), hf-mdm "
+                       "(bidirectional MDMs) or hf-block (block diffusion); default: recognised from config.json")
+    group.add_argument("--logit-shift", type=int, default=None, choices=(0, 1),
+                       help="with --adapter hf-mdm: 0 = LLaDA-style, 1 = Dream-style (logits predict the next position)")
+    group.add_argument("--model-block-length", type=int, default=None, metavar="N",
+                       help="block length of a block-diffusion model (SDAR: config.json's block_size, else 4)")
+    group.add_argument("--trust-remote-code", action="store_true", default=False,
+                       help="run the checkpoint's own code (only for architectures outside the supported families)")
+
+
+def load(args: argparse.Namespace) -> Any:
+    """The model the model flags describe."""
+    from refusion.models.loading import MODEL_OPTIONS, load_from_options
+
+    return load_from_options({name: getattr(args, name) for name in MODEL_OPTIONS})
+
+
+def model_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The model flags, as a record stores them (``refusion reproduce`` loads the model from them)."""
+    from refusion.models.loading import MODEL_OPTIONS
+
+    return {name: getattr(args, name) for name in MODEL_OPTIONS}
+
+
+#: decoding flags that set a spec parameter: flag, parameter, argparse keywords
+PARAMETER_FLAGS = (
+    ("--slot-size", "slot_size", dict(type=int, help="tokens per slot (partitioner `slot_size`)")),
+    ("--serial-blocks", "serial_num_blocks", dict(type=int, help="serial blocks (partitioner `serial_num_blocks`)")),
+    ("--slot-threshold", "slot_threshold", dict(type=float, help="selector `slot_threshold` in [0, 1]")),
+    ("--token-threshold", "token_threshold", dict(type=float, help="infiller `token_threshold` in [0, 1]")),
+    ("--temperature", "temperature", dict(type=float, help="sampling temperature for drafts (0 = greedy)")),
+    ("--top-k", "top_k", dict(type=int, help="sample among the k most likely tokens")),
+    ("--top-p", "top_p", dict(type=float, help="sample within the top-p probability mass")),
+    ("--seed", "seed", dict(type=int, help="seed of the sampling (each prompt has its own generator)")),
+    ("--engine", "engine", dict(help="what runs the model calls: branch (batched, shared-prefix branches), repeat "
+                                     "(the reference's), canvas (bidirectional models), block (block diffusion); "
+                                     "default: the best for the model")),
+)
+
+
+def add_decoding_options(parser: argparse.ArgumentParser) -> None:
+    """The flags that describe the decoder: preset, parts, parameters (see ``refusion plugins``)."""
+    group = parser.add_argument_group("decoding (see `refusion plugins` for every part and parameter)")
+    group.add_argument("--preset", default=None, choices=sorted(PRESETS),
+                       help="named configuration (default: the checkpoint's refusion.json, else paper)")
+    group.add_argument("--preset-file", default=None, metavar="FILE",
+                       help="a decoder spec file, e.g. the preset.json `refusion sweep` writes (instead of --preset)")
+    group.add_argument("--gen-length", type=int, default=None,
+                       help="tokens to generate, exactly (the last slot or block may be shorter; a length the "
+                       "partitioner cannot split is refused with the nearest allowed ones). Default: the preset's, "
+                       "shortened to fit the model's positions (the shipped model has 128) with a note")
+    for kind in PART_KINDS:
+        group.add_argument(f"--{kind}", default=None, help=f"{kind} name (`refusion plugins` lists them)")
+    for flag, _, options in PARAMETER_FLAGS:
+        group.add_argument(flag, default=None, **options)
+    group.add_argument("-p", "--param", type=_param, action="append", default=[], metavar="KEY=VALUE",
+                       help="any part parameter or decoder option, e.g. -p k=2 or -p selector.k=2 (repeatable)")
+    group.add_argument("--no-stop-at-eos", dest="stop_at_eos", action="store_false", default=None,
+                       help="decode every position even after an EOS (the answer is still cut at the first EOS)")
+    group.add_argument("--chat", dest="chat", action="store_true", default=None, help="apply the tokenizer's chat template")
+    group.add_argument("--no-chat", dest="chat", action="store_false", help="feed the prompt as is")
+
+
+#: ``-p`` keys that are options of their own
+NAMED = ("gen_length", "preset", "chat", *PART_KINDS)
+
+
+def decoding_params(args: argparse.Namespace) -> dict[str, Any]:
+    """The spec parameters the decoding flags and ``-p`` give (a key given both ways is refused).
+
+    ``-p selector=topk`` means ``--selector topk``: such keys are moved onto ``args``.
+    """
+    params = dict(args.param)
+    for key in NAMED:
+        if key in params:
+            if getattr(args, key, None) is not None:
+                raise ConfigError(f"`{key}` is given twice (as an option and as -p {key}=...); keep one.", param=key)
+            setattr(args, key, params.pop(key))
+    flags = [(flag.lstrip("-").replace("-", "_"), key) for flag, key, _ in PARAMETER_FLAGS]
+    for dest, key in [*flags, ("stop_at_eos", "stop_at_eos")]:
+        if getattr(args, dest, None) is not None:
+            if key in params:
+                raise ConfigError(f"`{key}` is given twice (as an option and as -p {key}=...); keep one.", param=key)
+            params[key] = getattr(args, dest)
+    return params
+
+
+def chosen_preset(args: argparse.Namespace) -> Any:
+    """``--preset NAME`` or the spec read from ``--preset-file FILE`` (not both)."""
+    if getattr(args, "preset_file", None) is None:
+        return args.preset
+    if args.preset is not None:
+        raise ConfigError("Give either `--preset` or `--preset-file`, not both.", param="preset_file")
+    from refusion.config import load_preset
+
+    return load_preset(args.preset_file)
+
+
+def prompts(args: argparse.Namespace) -> list[Any]:
+    """The prompt arguments: texts, or token ids with ``--ids``."""
+    given: list[Any] = list(args.prompt)
+    if getattr(args, "ids", False):
+        try:
+            given = [[int(t) for t in p.split(",")] for p in given]
+        except ValueError:
+            raise ConfigError(f"`prompt` with --ids must be comma-separated integers; got {args.prompt!r}.",
+                              param="prompt") from None
+    return given
+
+
+def decode(args: argparse.Namespace, texts: list[Any], model: Any) -> list[Any]:
+    """Decode ``texts`` with the decoder the decoding flags describe."""
+    from refusion.api import generate
+
+    params = decoding_params(args)
+    parts = {kind: getattr(args, kind) for kind in PART_KINDS}
+    return generate(texts, model, gen_length=args.gen_length, preset=chosen_preset(args), chat=args.chat,
+                    trace=getattr(args, "trace", None), **parts, **params)
+
+
+def at_least(flag: str, value: int, low: int) -> None:
+    if value < low:
+        raise ConfigError(f"`{flag}` must be an integer >= {low}; got {value}.", param=flag)
+
+
+def write_record(record: dict, path: str | None, to_stdout: bool) -> None:
+    """Print ``record`` as JSON and/or write it to ``path``."""
+    text = json.dumps(record)
+    if to_stdout:
+        print(text)
+    if path:
+        try:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text + "\n")
+        except OSError as exc:
+            raise ConfigError(f"`--record` file {path!r} could not be written: {exc}", param="--record") from exc

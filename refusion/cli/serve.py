@@ -1,0 +1,53 @@
+"""``refusion serve``: the OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from refusion.cli.options import add_decoding_options, add_model_options, chosen_preset, decoding_params, load
+from refusion.config import PART_KINDS
+from refusion.errors import ConfigError
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    try:
+        from refusion.serve import ServeDefaults, serve
+    except ImportError as exc:
+        raise ConfigError(f"`refusion serve` needs the serve extra: pip install 'refusion[serve]' ({exc}).",
+                          param="serve") from exc
+    params = decoding_params(args)
+    parts = {kind: getattr(args, kind) for kind in PART_KINDS if getattr(args, kind) is not None}
+    engine = params.pop("engine", None)
+    defaults = ServeDefaults(preset=chosen_preset(args), parts=parts, params=params, gen_length=args.gen_length)
+    serve(load(args), host=args.host, port=args.port, model_name=args.served_model_name or
+          (args.model.rstrip("/").rsplit("/", 1)[-1] if args.model else "refusion-default"), defaults=defaults,
+          max_rows=args.max_rows, max_batch_tokens=args.max_batch_tokens, max_queue=args.max_queue or None,
+          engine=engine, retry_after=args.retry_after, shutdown_timeout=args.shutdown_timeout,
+          log_level=args.log_level, torch_threads=args.threads)
+    return 0
+
+
+def add_parsers(sub: Any) -> None:
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server on continuous batching",
+                           description="Serve the model over OpenAI's /v1/completions and /v1/chat/completions "
+                           "(streaming too), /v1/models, /health and /metrics; requests join the running batch "
+                           "between steps. The decoding options below are every request's defaults. "
+                           "See docs/serving.md.")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    serve.add_argument("--served-model-name", default=None,
+                       help="the `model` clients send (default: the checkpoint folder's name, or refusion-default)")
+    serve.add_argument("--max-rows", type=int, default=16, help="requests decoding at once (default 16)")
+    serve.add_argument("--max-batch-tokens", type=int, default=None,
+                       help="positions (prompts plus answers) the live requests may reserve together")
+    serve.add_argument("--max-queue", type=int, default=256,
+                       help="waiting requests before new ones get 503 with Retry-After (default 256; 0 = unbounded)")
+    serve.add_argument("--retry-after", type=int, default=1, help="seconds in Retry-After when the queue is full")
+    serve.add_argument("--shutdown-timeout", type=float, default=30.0,
+                       help="seconds live streams may take to finish on shutdown before they are cut (default 30)")
+    serve.add_argument("--threads", type=int, default=None, help="torch threads")
+    serve.add_argument("--log-level", default="info", help="uvicorn log level (default info)")
+    add_model_options(serve)
+    add_decoding_options(serve)
+    serve.set_defaults(func=run_serve)

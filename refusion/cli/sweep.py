@@ -1,0 +1,90 @@
+"""``refusion sweep``: search a space of decoders."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from refusion.cli.options import add_model_options, load
+from refusion.config import PRESETS
+from refusion.errors import ConfigError
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    from refusion.search import sweep
+
+    tasks: Any = args.tasks
+    options = {k: getattr(args, k) for k in ("limit", "include_path", "metric") if getattr(args, k) is not None}
+    if tasks.startswith("lm-eval:"):
+        from refusion.search.harness import parse_harness
+
+        tasks = parse_harness(tasks, **options)
+    elif options:
+        flag = next(iter(options))
+        raise ConfigError(f"`--{flag.replace('_', '-')}` is for --tasks lm-eval:TASK; got --tasks {tasks}.", param=flag)
+    result = sweep(args.space, tasks, model=load(args), preset=args.preset, space_file=args.space_file,
+                   mode=args.mode, trials=args.trials, minutes=args.minutes, objective=args.objective, out=args.out,
+                   storage=args.storage, study=args.study, gen_length=args.gen_length, seed=args.seed,
+                   max_accuracy_drop=args.max_accuracy_drop, progress=not args.json, plot=not args.no_plot)
+    from refusion.search.outputs import describe_point
+
+    if args.json:
+        row = lambda r: {"trial": r.number, "point": r.point, **r.metrics}  # noqa: E731
+        print(json.dumps({"mode": result.mode, "trials": len(result.records), "new_trials": result.new_trials,
+                          "interrupted": result.interrupted, "ar": result.ar, "front": [row(r) for r in result.front],
+                          "chosen": row(result.chosen) if result.chosen else None,
+                          "files": {k: str(v) for k, v in result.files.items()}}))
+    else:
+        print(f"{result.mode} sweep: {len(result.records)} trials in the study ({result.new_trials} new); AR accuracy "
+              f"{result.ar['accuracy']:.1%}, {result.ar['forwards']} forwards")
+        print(f"{'trial':>5} {'acc':>6} {'forwards':>8} {'tok/fwd':>7} {'fwd ratio':>9} {'speed-up':>8}  point (Pareto front)")
+        for r in result.front:
+            mark = "*" if r is result.chosen else " "
+            print(f"{r.number:>5} {r['accuracy']:>6.1%} {r['forwards']:>8} {r['tokens_per_forward']:>7.2f} "
+                  f"{r['forward_ratio']:>8.2f}x {r['speedup']:>7.2f}x {mark}{describe_point(r.point)}")
+        print("wrote " + ", ".join(str(v) for v in result.files.values()), file=sys.stderr)
+    if result.interrupted:
+        print("refusion: interrupted; every finished trial is kept in the storage (run again to resume).",
+              file=sys.stderr)
+        return 130
+    return 0
+
+
+def add_parsers(sub: Any) -> None:
+    sw = sub.add_parser("sweep", help="search a space of decoders for the best accuracy/speed trade-offs",
+                        description="Evaluate a space of decoders (part names and parameter ranges) on a task set "
+                        "against AR on the same prompts; grid search for small spaces, optuna multi-objective search "
+                        "(accuracy up, forwards or wall time down) for large ones. Every trial is kept in an SQLite "
+                        "file (run again to resume); writes trials.csv, pareto.png and preset.json (use it with "
+                        "--preset-file). Needs `pip install refusion[research]`.")
+    sw.add_argument("-s", "--space", action="append", default=[], metavar="NAME=VALUES",
+                    help="a dimension: part names (selector=threshold,topk), values (slot_size=4,8) or a range "
+                    "LOW:HIGH[:STEP] (slot_threshold=0.5:0.9:0.1); repeatable")
+    sw.add_argument("--space-file", default=None, metavar="FILE", help="a YAML or TOML file with a `space` table")
+    sw.add_argument("--tasks", default="held-out",
+                    help="held-out, held-out:N (N per shipped task), a .jsonl file of prompt/answer objects, or "
+                    "lm-eval:TASK[,TASK] (lm-evaluation-harness tasks; needs refusion[eval])")
+    sw.add_argument("--limit", type=int, default=None, help="with lm-eval tasks: examples per task")
+    sw.add_argument("--include-path", default=None, help="with lm-eval tasks: a directory of task YAML files")
+    sw.add_argument("--metric", default=None, help="with lm-eval tasks: the metric to maximise (default: the first)")
+    sw.add_argument("--preset", default=None, choices=["model", *sorted(PRESETS)],
+                    help="the preset the space varies (default: the checkpoint's refusion.json)")
+    sw.add_argument("--gen-length", type=int, default=None, help="tokens to generate (default: the preset's)")
+    sw.add_argument("--mode", default="auto", choices=("auto", "grid", "optuna"),
+                    help="grid, optuna, or auto (grid up to 64 points)")
+    sw.add_argument("--trials", type=int, default=None, help="trials in the study, earlier runs included")
+    sw.add_argument("--minutes", type=float, default=None, help="time budget of this run")
+    sw.add_argument("--objective", default="forwards", choices=("forwards", "wall"),
+                    help="what to minimise besides maximising accuracy (wall = seconds per token)")
+    sw.add_argument("--out", default="sweep-out", help="output directory (default sweep-out)")
+    sw.add_argument("--storage", default=None, help="SQLite file of the trials (default OUT/sweep.db)")
+    sw.add_argument("--study", default="refusion-sweep", help="study name inside the storage")
+    sw.add_argument("--seed", type=int, default=0, help="seed of optuna's sampler")
+    sw.add_argument("--max-accuracy-drop", type=float, default=0.0,
+                    help="the chosen preset is the fastest front point within this much of AR's accuracy")
+    sw.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    sw.add_argument("--json", action="store_true", help="print the front, the chosen point and the files as JSON")
+    add_model_options(sw)
+    sw.set_defaults(func=run_sweep)

@@ -81,7 +81,7 @@ def main(argv=None) -> int:
         competitors[name] = ours(Decoder.from_names(serial_num_blocks=1, **params))
     print(header())
     print(f"# {len(examples)} held-out examples, gen_length {GEN_LENGTH}, batch 1, {args.rounds} rounds interleaved")
-    rows = interleave(competitors, adapter.model, rounds=args.rounds, memory=False)
+    rows = interleave(competitors, adapter, rounds=args.rounds, memory=False)
     loop = next(r for r in rows if r.name.startswith("AR: hand"))
     print(f"{'method':<46} {'acc':>6} {'CPU s [spread]':>20} {'wall s':>7} {'vs generate':>19} {'vs hand loop':>8} "
           f"{'fwd':>5} {'tok/fwd':>7} {'fed/fwd':>7} {'outside ms/fwd':>14}")

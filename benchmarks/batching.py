@@ -65,7 +65,7 @@ def part1(model_dir, prompts: int, rounds: int) -> None:
     competitors = {f"{engine} batch {batch}": method(engine, batch) for engine in ("repeat", "branch")
                    for batch in (1, 4, 16)}
     print(f"\n## part 1: {len(ids)} held-out prompts, gen_length {GEN}, {PRESET}, {rounds} rounds interleaved")
-    rows = interleave(competitors, adapter.model, rounds=rounds, baseline="repeat batch 1")
+    rows = interleave(competitors, adapter, rounds=rounds, baseline="repeat batch 1")
     print(f"{'engine':<17} {'CPU s [spread]':>20} {'wall s':>7} {'tokens/CPU s':>12} {'vs repeat@1':>19} {'fwd':>5} "
           f"{'fed/fwd':>8} {'pad/fwd':>8} {'KV re-copied/fwd':>16} {'KV written/fwd':>15} {'peak MB':>7}")
     for row in rows:

@@ -54,7 +54,7 @@ def main(argv=None) -> int:
         decoder = Decoder.from_names(partitioner="semi-ar", infiller="draft", block_length=BLOCK, **params)
         competitors = {engine: (lambda e=engine: refusion_counts(decoder.decode_batch(model, prompts, GEN, engine=e)))
                        for engine in ("block-recompute", "block")}
-        rows = interleave(competitors, model.model, rounds=args.rounds, baseline="block-recompute", memory=False)
+        rows = interleave(competitors, model, rounds=args.rounds, baseline="block-recompute", memory=False)
         if rows[0].counts["rows"] != rows[1].counts["rows"]:
             raise SystemExit(f"{label}: the cached and recomputed decodes differ")
         for row in rows:

@@ -28,6 +28,8 @@ from typing import Any, Callable
 import attrs
 import torch
 
+from refusion.decoding.counters import Counters, observe
+
 
 # -- models -------------------------------------------------------------------------
 SIZES = {
@@ -99,66 +101,6 @@ def _cut(row: list[int], eos: set[int]) -> list[int]:
 
 
 # -- measuring ---------------------------------------------------------------------------
-class NetworkClock:
-    """CPU time spent inside the network (backbone forwards and LM-head projections), while active.
-
-    Wraps the backbone with forward hooks and refusion's head functions, so
-    that every competitor's "network time" is measured the same way; what is
-    left of a run's time is the decoder's own work.
-    """
-
-    def __init__(self, model: torch.nn.Module):
-        self.model = model
-        self.seconds = 0.0
-        self.forwards = 0
-        self._start: list[float] = []
-        self._handles: list[Any] = []
-        self._patched: list[tuple[Any, str, Any]] = []
-
-    def __enter__(self) -> "NetworkClock":
-        top = self.model
-        backbone = getattr(top, "base_model", top)
-        head = top.get_output_embeddings() if hasattr(top, "get_output_embeddings") else None
-        for module in {backbone, head} - {None}:
-            self._handles.append(module.register_forward_pre_hook(self._enter))
-            self._handles.append(module.register_forward_hook(self._exit))
-        import refusion.models.head as head_module
-        import refusion_kernels as kernel_module
-
-        for owner, name in ((kernel_module, "lm_head_stats"), (head_module.LMHead, "logits"),
-                            (head_module.LMHead, "token_logits")):
-            original = getattr(owner, name)
-            self._patched.append((owner, name, original))
-            setattr(owner, name, self._timed(original))
-        return self
-
-    def _timed(self, fn):
-        clock = self
-
-        def wrapper(*args, **kwargs):
-            start = time.process_time()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                clock.seconds += time.process_time() - start
-
-        return wrapper
-
-    def _enter(self, module, args):
-        if module is getattr(self.model, "base_model", self.model):
-            self.forwards += 1
-        self._start.append(time.process_time())
-
-    def _exit(self, module, args, output):
-        self.seconds += time.process_time() - self._start.pop()
-
-    def __exit__(self, *exc) -> None:
-        for handle in self._handles:
-            handle.remove()
-        for owner, name, original in self._patched:
-            setattr(owner, name, original)
-
-
 class _MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
                                                       "fsmblks", "uordblks", "fordblks", "keepcost")]
@@ -287,11 +229,12 @@ class Row:
         return self.runs[-1].counts
 
 
-def interleave(competitors: dict[str, Callable[[], dict]], model: torch.nn.Module, *, rounds: int = 3,
+def interleave(competitors: dict[str, Callable[[], dict]], model: Any, *, rounds: int = 3,
                baseline: str | None = None, warmup: bool = True, memory: bool = True) -> list[Row]:
     """Run every competitor once per round, rotating their order; ratios are ``baseline cpu / method cpu``.
 
-    Each callable decodes and returns its counts (``tokens``, ``forwards`` ...).
+    Each callable decodes and returns its counts (``tokens``, ``forwards`` ...). ``model`` is the adapter (its
+    lazy LM head is timed with the network) or the transformers model.
     """
     names = list(competitors)
     baseline = baseline or names[0]
@@ -304,9 +247,9 @@ def interleave(competitors: dict[str, Callable[[], dict]], model: torch.nn.Modul
         this_round = {}
         for name in order:
             gc.collect()
-            clock = NetworkClock(model)
+            network = observe(model, Counters(), timing=True)  # forwards and CPU time inside the network
             rss = PeakMemory() if memory else None
-            with torch.no_grad(), clock, KVBufferPeak() as kv:
+            with torch.no_grad(), network as clock, KVBufferPeak() as kv:
                 if rss:
                     rss.__enter__()
                 cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -314,7 +257,7 @@ def interleave(competitors: dict[str, Callable[[], dict]], model: torch.nn.Modul
                 cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
                 if rss:
                     rss.__exit__()
-            run = Run(cpu, wall, clock.seconds, clock.forwards, rss.rise if rss else 0, counts, kv.peak)
+            run = Run(cpu, wall, clock.network_seconds, clock.forwards, rss.rise if rss else 0, counts, kv.peak)
             rows[name].runs.append(run)
             this_round[name] = run
         for name in names:

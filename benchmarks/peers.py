@@ -57,7 +57,7 @@ refusion: ``result.forwards``), generated tokens per forward, whether the tokens
 are identical (k of n prompts; every case is greedy or seeded, and
 tests/test_peer_checkpoints.py asserts identity for these functions), and where
 the CPU goes: inside the network per forward (peer: its top module, backbone and
-LM head; refusion: ``common.NetworkClock``) and outside it per forward (the
+LM head; refusion: ``refusion.decoding.counters.observe``) and outside it per forward (the
 decoder's own work). Caveat: SDAR's network runs with the fixtures' plain-torch
 CPU stand-ins for ``flash_attn`` (``tools/peer_fixtures/stubs``), not the real library.
 The table is printed and written as CSV (``--out``, default
@@ -333,25 +333,10 @@ class PeerSession:
         self._log.close()
 
 
-@contextlib.contextmanager
-def _network_clock(adapter):
-    """common.NetworkClock on the adapter's network (backbone forwards + LM-head projections), or None if it
-    cannot hook this refusion version (the times are still taken)."""
-    try:
-        clock = _common().NetworkClock(adapter.model)
-        clock.__enter__()
-    except Exception:  # noqa: BLE001 -- a diagnostic column only
-        yield None
-        return
-    try:
-        yield clock
-    finally:
-        clock.__exit__(None, None, None)
-
-
 def refusion_case(models: dict, case, prompts: list[list[int]]) -> list[dict]:
     """refusion's timed calls of one case: the peer function's preset with the peer's own arguments."""
     import refusion
+    from refusion.decoding.counters import Counters, observe
     from refusion.peers import peer_functions
 
     _name, family, function, args, seed = case
@@ -361,12 +346,12 @@ def refusion_case(models: dict, case, prompts: list[list[int]]) -> list[dict]:
         kwargs = call_args(args, function, len(prompt))
         if seed is not None:
             kwargs["seed"] = seed
-        with _network_clock(models[family]) as clock:
+        with observe(models[family], Counters(), count=False, timing=True) as clock:
             cpu, wall = time.process_time(), time.perf_counter()
             result = refusion.generate(prompt, models[family], preset=preset, **kwargs)
             cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
         rows.append({"cpu": cpu, "wall": wall, "forwards": int(result.forwards),
-                     "network_cpu": None if clock is None else clock.seconds,
+                     "network_cpu": clock.network_seconds,
                      "tokens": [int(t) for t in result.extra["all_tokens"]],
                      "stopped_at_eos": bool(getattr(result, "stopped_at_eos", False))})
     return rows

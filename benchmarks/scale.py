@@ -144,7 +144,7 @@ def main(argv=None) -> int:
                     continue
                 print(f"\n### gen {gen}, batch {batch} ({args.rounds} rounds, interleaved)", flush=True)
                 rows = interleave(competitors(model, adapter, gen, batch, args.methods.split(","),
-                                              args.engines.split(",")), model, rounds=args.rounds)
+                                              args.engines.split(",")), adapter, rounds=args.rounds)
                 check_lossless(rows)
                 layers, heads, dim, dtype = adapter.kv_shape()
                 token_bytes = layers * 2 * heads * dim * torch.finfo(dtype).bits // 8

@@ -227,7 +227,7 @@ def part2(count, gap_ms, batch, rounds, preset):
     times = arrivals(count, gap_ms / 1000)
     results = interleave({"static": lambda: static(adapter, ids, times, batch, preset),
                           "continuous": lambda: continuous(adapter, ids, times, batch, preset)},
-                         adapter.model, rounds=rounds, baseline="static", memory=False)
+                         adapter, rounds=rounds, baseline="static", memory=False)
     assert results[0].runs[0].counts["rows"] == results[1].runs[0].counts["rows"], "the two schedules differ"
     print(f"\n## Part 2: {count} requests arriving {gap_ms} ms apart, batches of at most {batch}, preset {preset} "
           f"(medians over {rounds} rounds [min-max])\n")

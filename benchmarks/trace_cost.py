@@ -96,7 +96,7 @@ def main() -> int:
     print(header())
     print(f"# {len(prompts)} held-out prompts, the shipped model's preset, batch 1, {args.rounds} rounds interleaved")
     rows = interleave({"decode": decode, "decode + write trace": decode_write,
-                       "decode + write + read trace": decode_write_read}, adapter.model, rounds=args.rounds,
+                       "decode + write + read trace": decode_write_read}, adapter, rounds=args.rounds,
                       memory=False)
     print(f"{'competitor':<30} {'CPU s [spread]':>22} {'wall s':>7} {'decode / this':>20}")
     for row in rows:

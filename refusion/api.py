@@ -63,7 +63,7 @@ def decoder_spec(
 def build_decoder(adapter: ModelAdapter | None, **options: Any) -> tuple[Decoder, int | None]:
     """``(decoder, gen_length)`` of :func:`decoder_spec` with the same arguments: the spec built, and its length."""
     spec = decoder_spec(adapter, **options)
-    return spec.build(), spec.gen_length
+    return Decoder.from_spec(spec), spec.gen_length
 
 
 def generate(

@@ -83,3 +83,25 @@ def finite_fields(instance: Any, where: str = "") -> None:
         value = getattr(instance, field.name, None)
         if isinstance(value, float) and not math.isfinite(value):
             raise bad_value(f"{where}{field.name}", value, "a finite number (NaN and infinities are refused)")
+
+
+def one_of(allowed: tuple) -> Any:
+    """A validator accepting only the values in ``allowed``."""
+
+    def check(instance: Any, attribute: Any, value: Any) -> None:
+        if isinstance(value, bool) or value not in allowed:
+            raise bad_value(attribute.name, value, "one of " + ", ".join(map(repr, allowed)))
+
+    return check
+
+
+def boolean(instance: Any, attribute: Any, value: Any) -> None:
+    """A validator accepting only ``True`` and ``False``."""
+    if not isinstance(value, bool):
+        raise bad_value(attribute.name, value, "True or False")
+
+
+def open_unit_interval(instance: Any, attribute: Any, value: Any) -> None:
+    """A finite number strictly between 0 and 1."""
+    if not is_number(value) or not 0 < float(value) < 1:
+        raise bad_value(attribute.name, value, "a number in (0, 1)")

@@ -2,7 +2,9 @@
 
 import pytest
 
-from refusion.measure.costmodel import GPUS, MODELS, ForwardShape, autoregressive, forward_seconds, head_seconds, parse, recording
+from refusion.decoding.counters import ForwardShape
+from refusion.measure.costmodel import (GPUS, MODELS, autoregressive, counted_seconds, forward_seconds, head_seconds,
+                                       parse, recording)
 from refusion.decoding.decoder import Decoder
 from refusion.engines import open_engine
 from refusion.errors import ConfigError, UnknownNameError
@@ -59,10 +61,12 @@ def test_engines_record_one_shape_per_forward_and_every_head_pass(engine):
     model = tiny(vocab=16, seed=3)
     decoder = Decoder.from_names(slot_size=2, serial_num_blocks=1)
     live = open_engine(model, decoder, engine)
-    with recording(live) as log:
+    with recording(live) as counters:
         results = decoder.decode_batch(model, [[1, 2], [3, 4, 5]], 8, engine=live)
-    assert len(log.forwards) == results[0].extra["engine_counters"]["forwards"]
-    assert sum(f.tokens for f in log.forwards) >= sum(r.extra["fed_tokens"] for r in results)
-    assert log.head_passes and all(rows >= 1 for rows in log.head_passes)
-    assert log.seconds(QWEN8B, H100) > len(log.forwards) * 5e-3
-    assert live.shape_log is None
+        shapes, heads = list(counters.shapes), list(counters.head_rows)
+        estimated = counted_seconds(counters, QWEN8B, H100)
+    assert len(shapes) == results[0].extra["engine_counters"]["forwards"]
+    assert sum(f.tokens for f in shapes) >= sum(r.extra["fed_tokens"] for r in results)
+    assert heads and all(rows >= 1 for rows in heads)
+    assert estimated > len(shapes) * 5e-3
+    assert live.counters.shapes is None and live.model.head[1].counters is None

@@ -184,7 +184,8 @@ def test_build_accepts_names_classes_instances_and_import_paths():
 
 
 def test_parameters_are_routed_to_the_part_that_declares_them():
-    decoder = DecoderSpec.of_parts(selector="topk").with_params({"k": 3, "slot_size": 4, "token_threshold": 0.5}).build()
+    spec = DecoderSpec.of_parts(selector="topk").with_params({"k": 3, "slot_size": 4, "token_threshold": 0.5})
+    decoder = Decoder.from_spec(spec)
     assert decoder.selector.k == 3 and decoder.partitioner.slot_size == 4
     assert decoder.infiller.token_threshold == 0.5
 

@@ -15,8 +15,8 @@ from refusion.decoding.sampling import Sampling
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_every_preset_decoder_survives_its_spec_as_json(name):
-    decoder = PRESETS[name].build()
-    assert DecoderSpec.from_dict(json.loads(json.dumps(decoder.spec.to_dict()))).build() == decoder
+    decoder = Decoder.from_spec(PRESETS[name])
+    assert Decoder.from_spec(DecoderSpec.from_dict(json.loads(json.dumps(decoder.spec.to_dict())))) == decoder
 
 
 @settings(max_examples=15)
@@ -27,7 +27,7 @@ def test_decoder_specs_round_trip(temperature, top_k, seed, engine, stop, k):
     top_k = top_k if temperature > 0 else None  # top_k without sampling is refused
     decoder = Decoder.from_names(selector="topk", k=k, sample=Sampling(temperature, top_k), seed=seed, engine=engine,
                                  stop_at_eos=stop)
-    assert DecoderSpec.from_dict(json.loads(json.dumps(decoder.spec.to_dict()))).build() == decoder
+    assert Decoder.from_spec(DecoderSpec.from_dict(json.loads(json.dumps(decoder.spec.to_dict())))) == decoder
 
 
 def test_a_spec_that_names_no_decoder_is_refused_naming_the_field():
@@ -39,12 +39,12 @@ def test_a_spec_that_names_no_decoder_is_refused_naming_the_field():
     spec = Decoder.from_names().spec.to_dict()
     spec["infiller"]["params"]["token_threshold"] = 7
     with pytest.raises(ConfigError, match=r"token_threshold") as err:
-        DecoderSpec.from_dict(spec).build()
+        Decoder.from_spec(DecoderSpec.from_dict(spec))
     assert err.value.param == "token_threshold"
     spec = Decoder.from_names().spec.to_dict()
     spec["sampler"] = {"name": "categorical", "params": {"temperature": 1.0, "typical_p": 0.5}}
     with pytest.raises(ConfigError, match=r"sampler 'categorical' takes"):
-        DecoderSpec.from_dict(spec).build()
+        Decoder.from_spec(DecoderSpec.from_dict(spec))
 
 
 def test_the_environment_names_versions_threads_and_the_model_source():

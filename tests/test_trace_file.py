@@ -143,7 +143,7 @@ def test_canvas_decodes_of_bidirectional_models_add_up_too(tmp_path, preset):
     from refusion.models.mdm import tiny_bidirectional
 
     chosen = PRESETS[preset]
-    decoder = chosen.with_params({"block_length": 8}).build()
+    decoder = Decoder.from_spec(chosen.with_params({"block_length": 8}))
     result = decoder.decode(tiny_bidirectional(vocab_size=16, seed=1), [3, 4, 5], 16)
     assert result.extra["engine"] == "canvas"
     _check_sums(result)

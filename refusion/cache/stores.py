@@ -179,3 +179,17 @@ class RowStore:
             self._detached_length = min(length, self._detached_length)
             return
         self.buffer.lengths[self.row] = min(length, len(self))
+
+
+class NoStore:
+    """A store that keeps nothing: for engines whose sequences keep no per-sequence keys/values (the canvas
+    re-reads committed tokens from the canvas; the block engine keeps its own cache of finished blocks)."""
+
+    def __len__(self) -> int:
+        return 0
+
+    def append(self, kv) -> None:
+        pass
+
+    def truncate(self, length: int) -> None:
+        pass

@@ -12,6 +12,7 @@ from refusion.errors import ConfigError
 
 def run_bench(args: argparse.Namespace) -> int:
     from refusion.config import load_preset, preset as get_preset
+    from refusion.decoding.decoder import Decoder
     from refusion.measure.bench import AR_METHOD, run_bench as bench, table
     from refusion.training.tasks import held_out
 
@@ -34,7 +35,7 @@ def run_bench(args: argparse.Namespace) -> int:
     chosen = [(name, model.preset if name == "model" and getattr(model, "preset", None) else get_preset(
         "paper" if name == "model" else name)) for name in names]
     for name, spec in chosen + files:  # every method takes the same --gen-length, checked before AR runs
-        decoder = spec.build()
+        decoder = Decoder.from_spec(spec)
         try:
             decoder.partition(args.gen_length)
         except ConfigError as exc:

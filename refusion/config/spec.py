@@ -11,8 +11,8 @@ decoder of a record or trace header, all in one JSON format
 (:meth:`DecoderSpec.merged`): part names replace the spec's (a replaced part
 loses its parameters), then parameters go where they belong (a decoder
 option, the sampler, or every part that declares them; ``"selector.k"``
-names one part). :meth:`DecoderSpec.build` is the one way from a spec to a
-:class:`~refusion.decoding.decoder.Decoder`; :meth:`DecoderSpec.of` goes back.
+names one part). :meth:`Decoder.from_spec <refusion.decoding.decoder.Decoder.from_spec>`
+is the one way from a spec to a decoder; :meth:`DecoderSpec.of` goes back.
 """
 
 from __future__ import annotations
@@ -160,11 +160,11 @@ def _engine(value: Any) -> Any:
 class DecoderSpec:
     """A decoder, described: parts, sampler, options, and a preset's length, description and peer.
 
-    Build it with :meth:`build`; change it with :meth:`merged` (or
-    :meth:`with_parts` / :meth:`with_params`); write and read it with
-    :meth:`to_dict` / :meth:`from_dict` (:meth:`save` / :meth:`load` for
-    files). Options are checked by the :class:`~refusion.decoding.decoder.Decoder`
-    they build; :meth:`check` builds once to check everything.
+    Build it with :meth:`Decoder.from_spec <refusion.decoding.decoder.Decoder.from_spec>`;
+    change it with :meth:`merged` (or :meth:`with_parts` / :meth:`with_params`);
+    write and read it with :meth:`to_dict` / :meth:`from_dict` (:meth:`save` /
+    :meth:`load` for files). Part parameters and options are checked when the
+    decoder is built, with errors naming the parameter.
     """
 
     partitioner: PartSpec = attrs.field(factory=lambda: PartSpec("fixed"))
@@ -287,19 +287,14 @@ class DecoderSpec:
         return spec.with_parts(**dict(parts or {})).with_params(params)
 
     # -- building ---------------------------------------------------------------
-    def build(self) -> Any:
-        """The :class:`~refusion.decoding.decoder.Decoder` this spec describes; errors name the parameter."""
-        from refusion.decoding.decoder import Decoder
+    def part_objects(self) -> dict[str, Any]:
+        """The four parts, built (errors name the part and the parameter); what a decoder is made of."""
+        return {kind: build_part(kind, spec.name, spec.params, spec.cls, spec.instance)
+                for kind, spec in self.parts().items()}
 
-        parts = {kind: build_part(kind, spec.name, spec.params, spec.cls, spec.instance)
-                 for kind, spec in self.parts().items()}
-        options = {name: getattr(self, name) for name in DECODER_OPTIONS}
-        return Decoder(**parts, sample=self.sampler.build(), **options)
-
-    def check(self) -> "DecoderSpec":
-        """Build once (every part and option validated, errors naming the parameter); return the spec."""
-        self.build()
-        return self
+    def options(self) -> dict[str, Any]:
+        """The decoder options and the built sampler, as :class:`~refusion.decoding.decoder.Decoder` takes them."""
+        return {"sample": self.sampler.build(), **{name: getattr(self, name) for name in DECODER_OPTIONS}}
 
     # -- JSON -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -23,6 +23,7 @@ import attrs
 import torch
 
 from refusion.cache.sequence import CacheEditor
+from refusion.config.spec import DecoderSpec, SamplerSpec
 from refusion.decoding.checks import (bounded, call_part, check_length, check_prompt, checked_partition, checked_result,
                              checked_selection, plugin_error)
 from refusion.errors import ConfigError
@@ -102,8 +103,6 @@ class Decoder:
         ``top_k``, ``top_p`` to the decoder (see :class:`~refusion.config.spec.DecoderSpec`,
         which this builds; ``sample=`` takes a ready-made sampler).
         """
-        from refusion.config.spec import DecoderSpec, SamplerSpec
-
         spec = DecoderSpec.of_parts(partitioner, selector, infiller, reorderer)
         sample = params.pop("sample", None)
         if sample is not None:
@@ -111,13 +110,17 @@ class Decoder:
                 raise ConfigError("Pass either `sample` or `sampler`/`temperature`/`top_k`/`top_p`, not both.",
                                   param="sample")
             spec = attrs.evolve(spec, sampler=SamplerSpec.of(sample))
-        return spec.with_params(params).build()
+        return cls.from_spec(spec.with_params(params))
+
+    @classmethod
+    def from_spec(cls, spec: DecoderSpec) -> "Decoder":
+        """The decoder a :class:`~refusion.config.spec.DecoderSpec` describes: the one way from a spec to a decoder.
+        Every part parameter and option is checked, errors naming the parameter."""
+        return cls(**spec.part_objects(), **spec.options())
 
     @property
-    def spec(self):
+    def spec(self) -> DecoderSpec:
         """This decoder as a :class:`~refusion.config.spec.DecoderSpec` (what records and traces store)."""
-        from refusion.config.spec import DecoderSpec
-
         return DecoderSpec.of(self)
 
     # -- checking ---------------------------------------------------------------

@@ -26,7 +26,7 @@ from typing import Any, ClassVar, Mapping
 import torch
 
 from refusion.cache.sequence import SequenceCache
-from refusion.decoding.counters import Counters
+from refusion.decoding.counters import Counters, ForwardShape
 from refusion.decoding.protocol import BlockReuse, Epoch, ExtendOutput, ModelCall
 
 
@@ -85,8 +85,6 @@ class Engine(ABC):
         #: the engine's totals; each sequence's counters report their bytes here too
         self.counters = Counters()
         self.epoch = Epoch()
-        #: when set (see :func:`refusion.measure.costmodel.recording`), every forward's shape is appended here
-        self.shape_log = None
 
     @classmethod
     @abstractmethod
@@ -134,15 +132,11 @@ class Engine(ABC):
         tokens read) describe the forward's shape for the GPU cost model.
         """
         total = sum(fed.values())
-        self.counters.forwards += 1
-        self.counters.fed_tokens += total
+        shape = ForwardShape(len(fed), total + padded, pairs, keys) if self.counters.shapes is not None else None
+        self.counters.forward(total, shape=shape)
         self.counters.padded_tokens += padded
         for state, n in fed.items():
             state.counters.forward(n, log=True)
-        if self.shape_log is not None:
-            from refusion.measure.costmodel import ForwardShape
-
-            self.shape_log.forwards.append(ForwardShape(len(fed), total + padded, pairs, keys))
 
     def new_counters(self) -> Counters:
         """Counters for a new sequence, reporting into the engine's totals."""

@@ -29,8 +29,8 @@ from typing import Any, Mapping
 import torch
 
 from refusion.cache.sequence import SequenceCache
+from refusion.cache.stores import NoStore
 from refusion.engines.base import Engine, SequenceState
-from refusion.engines.canvas import _NoStore
 from refusion.errors import ConfigError
 from refusion.plugins import hookimpl
 from refusion.decoding.protocol import BlockReuse, Extend, ExtendOutput, ModelCall
@@ -84,7 +84,7 @@ class BlockEngine(Engine):
         return None
 
     def admit(self, prompt: torch.Tensor, region_length: int) -> SequenceState:
-        context = SequenceCache(_NoStore(), prompt, torch.arange(prompt.shape[0]))
+        context = SequenceCache(NoStore(), prompt, torch.arange(prompt.shape[0]))
         return BlockSequence(context, self.new_counters(), prompt.shape[0], region_length, None, self.model)
 
     def run(self, calls: Mapping[SequenceState, ModelCall]) -> dict[SequenceState, tuple[ExtendOutput, ...]]:

@@ -30,6 +30,7 @@ import attrs
 import torch
 
 from refusion.cache.sequence import SequenceCache
+from refusion.cache.stores import NoStore
 from refusion.engines.base import Engine, SequenceState
 from refusion.plugins import hookimpl
 from refusion.decoding.protocol import BlockReuse, Extend, ExtendOutput, ModelCall
@@ -94,7 +95,7 @@ class CanvasEngine(Engine):
 
     def admit(self, prompt: torch.Tensor, region_length: int) -> SequenceState:
         counters = self.new_counters()
-        context = SequenceCache(_NoStore(), prompt, torch.arange(prompt.shape[0]))
+        context = SequenceCache(NoStore(), prompt, torch.arange(prompt.shape[0]))
         eos = self.model.eos_token_ids
         return CanvasSequence(context, counters, prompt.shape[0], region_length, min(eos) if eos else None)
 
@@ -179,19 +180,6 @@ class CanvasEngine(Engine):
         positions = torch.arange(block.prefix_end, block.suffix_start)
         logits = self._forward(state, canvas[block.prefix_end : block.suffix_start], positions, store)
         return ExtendOutput(extend, logits[wanted - block.prefix_end], [], 0, 0, self.epoch, self.epoch.value)
-
-
-class _NoStore:
-    """The canvas keeps no per-sequence keys/values: committed tokens are re-read from the canvas."""
-
-    def __len__(self) -> int:
-        return 0
-
-    def append(self, kv) -> None:
-        pass
-
-    def truncate(self, length: int) -> None:
-        pass
 
 
 @hookimpl

@@ -2,69 +2,25 @@
 
 Every method decodes the same examples one at a time (batch 1) on the same
 model; the clock runs around decoding only (tokenisation and scoring
-excluded) after a warm-up. Forwards are counted by a hook on the network, so
-transformers' ``generate`` and refusion's decoder are counted the same way.
+excluded) after a warm-up. Forwards are counted in one
+:class:`~refusion.decoding.counters.Counters` per method: the engine's for
+refusion's decoders, a hook on the network's backbone for transformers'
+``generate`` (both count one per network forward).
 Tokens are the generated tokens up to and including the first EOS; prompt
 tokens are never counted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
-import attrs
 import torch
 
+from refusion.decoding.counters import Counters, observe
+from refusion.measure.results import Result
 from refusion.training.tasks import Example, is_correct
-
-
-@attrs.frozen
-class Row:
-    """One method's totals over the examples."""
-
-    method: str
-    examples: int
-    correct: int
-    forwards: int
-    tokens: int
-    seconds: float
-    per_task: dict[str, float] = attrs.field(factory=dict)
-    #: estimated seconds on a GPU (``--cost-model``), when asked for
-    gpu_seconds: float | None = None
-    #: each example's generated token ids, in example order (what ``refusion reproduce`` compares)
-    outputs: tuple[tuple[int, ...], ...] = attrs.field(default=(), repr=False)
-
-    @property
-    def accuracy(self) -> float:
-        return self.correct / max(self.examples, 1)
-
-    @property
-    def tokens_per_forward(self) -> float:
-        return self.tokens / max(self.forwards, 1)
-
-
-class ForwardCounter:
-    """Counts calls of a network's forward (use as a context manager).
-
-    The hook sits on the backbone (``base_model``) when there is one, which
-    every forward goes through, whether the caller runs the whole model
-    (``generate``) or the backbone and its LM head apart (refusion's engines).
-    """
-
-    def __init__(self, module: torch.nn.Module):
-        module = getattr(module, "base_model", module)
-        self.module, self.count, self._handle = module, 0, None
-
-    def __enter__(self) -> "ForwardCounter":
-        self._handle = self.module.register_forward_pre_hook(self._hook)
-        return self
-
-    def _hook(self, module, args):
-        self.count += 1
-
-    def __exit__(self, *exc) -> None:
-        self._handle.remove()
 
 
 def _cut_at_eos(ids: list[int], eos: frozenset[int]) -> list[int]:
@@ -75,63 +31,68 @@ def _cut_at_eos(ids: list[int], eos: frozenset[int]) -> list[int]:
 
 
 class Method:
-    """A way to decode one prompt, callable as ``method(prompt) -> tokens``; ``shapes`` logs its forwards
-    for the GPU cost model when ``recording`` is on."""
+    """A way to decode one prompt, callable as ``method(prompt) -> tokens``, and the :class:`Counters` its
+    forwards are counted in (an engine's for refusion's decoders, a network hook's for ``generate``)."""
 
-    def __init__(self, run: Callable[[list[int]], list[int]]):
+    def __init__(self, run: Callable[[list[int]], list[int]], counters: Counters,
+                 recording: Callable[[], Any] | None = None):
         self.run = run
-        self.recording = False
-        self.shapes: Any = None
+        self.counters = counters
+        self._recording = recording
 
     def __call__(self, prompt: list[int]) -> list[int]:
         return self.run(prompt)
 
+    def recording(self) -> Any:
+        """A context in which :attr:`counters` record the forwards' shapes for the cost model."""
+        return self._recording() if self._recording is not None else _recording(self.counters)
+
+
+@contextlib.contextmanager
+def _recording(counters: Counters) -> Iterator[Counters]:
+    counters.record()
+    try:
+        yield counters
+    finally:
+        counters.record(False)
+
 
 def ar_method(adapter: Any, gen_length: int) -> Method:
-    """Greedy AR with transformers' ``generate`` and its KV cache (mask token suppressed)."""
-    from refusion.measure.costmodel import ShapeLog, autoregressive
+    """Greedy AR with transformers' ``generate`` and its KV cache (mask token suppressed); forwards counted by a
+    hook on the network, shapes (for the cost model) from :func:`~refusion.measure.costmodel.autoregressive`."""
+    from refusion.measure.costmodel import autoregressive
 
     eos = sorted(adapter.eos_token_ids)
+    counters = Counters()
 
     def run(prompt: list[int]) -> list[int]:
         ids = torch.tensor([prompt], device=adapter.device)
-        out = adapter.model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=gen_length, do_sample=False,
-            eos_token_id=eos or None, pad_token_id=adapter.mask_token_id, suppress_tokens=[adapter.mask_token_id],
-        )
+        with observe(adapter.model, counters):
+            out = adapter.model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=gen_length, do_sample=False,
+                eos_token_id=eos or None, pad_token_id=adapter.mask_token_id, suppress_tokens=[adapter.mask_token_id],
+            )
         tokens = _cut_at_eos(out[0, len(prompt):].tolist(), adapter.eos_token_ids)
-        if method.recording:
+        if counters.shapes is not None:
             forwards, heads = autoregressive([len(prompt)], len(tokens))
-            method.shapes.forwards += forwards
-            method.shapes.head_passes += heads
+            counters.shapes.extend(forwards)
+            counters.head_rows.extend(heads)
         return tokens
 
-    method = Method(run)
-    method.shapes = ShapeLog()
-    return method
+    return Method(run, counters)
 
 
 def decoder_method(decoder: Any, adapter: Any, gen_length: int) -> Method:
-    """refusion's decoder with the given parts, on one engine kept for all prompts."""
-    from refusion.measure.costmodel import recording
+    """refusion's decoder with the given parts, on one engine kept for all prompts (its counters count)."""
     from refusion.engines import open_engine
+    from refusion.measure.costmodel import recording
 
     engine = open_engine(adapter, decoder)
 
     def run(prompt: list[int]) -> list[int]:
-        if method.recording:
-            with recording(engine) as log:
-                tokens = decoder.decode(adapter, prompt, gen_length, engine=engine).tokens.tolist()
-            method.shapes.forwards += log.forwards
-            method.shapes.head_passes += log.head_passes
-            return tokens
         return decoder.decode(adapter, prompt, gen_length, engine=engine).tokens.tolist()
 
-    method = Method(run)
-    from refusion.measure.costmodel import ShapeLog
-
-    method.shapes = ShapeLog()
-    return method
+    return Method(run, engine.counters, lambda: recording(engine))  # the head's passes are recorded too
 
 
 def measure(
@@ -143,7 +104,7 @@ def measure(
     warmup: int = 3,
     progress: bool = False,
     cost_model: str | None = None,
-) -> Row:
+) -> Result:
     """Decode every example with ``method``; return accuracy, forwards, tokens and seconds.
 
     ``cost_model`` (e.g. ``"qwen3-8b@h100"``) also estimates the time the same
@@ -156,9 +117,9 @@ def measure(
     correct, tokens, seconds = 0, 0, 0.0
     outputs: list[tuple[int, ...]] = []
     per_task: dict[str, list[int]] = {}
-    if cost_model is not None and isinstance(method, Method):
-        method.recording = True
-    with ForwardCounter(adapter.model) as counter, torch.no_grad():
+    counters = method.counters
+    forwards = counters.forwards
+    with method.recording() if cost_model is not None else contextlib.nullcontext(), torch.no_grad():
         from tqdm.auto import tqdm
 
         for example, prompt in tqdm(list(zip(examples, prompts)), desc=name[:40], disable=not progress, leave=False):
@@ -170,23 +131,23 @@ def measure(
             ok = is_correct(example, tokenizer.decode(out, skip_special_tokens=True))
             correct += ok
             per_task.setdefault(example.task, []).append(ok)
-    gpu = None
-    if cost_model is not None and isinstance(method, Method):
-        from refusion.measure.costmodel import parse
+        gpu = None
+        if cost_model is not None:
+            from refusion.measure.costmodel import counted_seconds, parse
 
-        method.recording = False
-        gpu = method.shapes.seconds(*parse(cost_model))
-    return Row(name, len(examples), correct, counter.count, tokens, seconds,
-               {task: sum(v) / len(v) for task, v in per_task.items()}, gpu, tuple(outputs))
+            gpu = counted_seconds(counters, *parse(cost_model))
+    return Result(name, len(examples), correct, counters.forwards - forwards, tokens, seconds,
+                  per_task={task: sum(v) / len(v) for task, v in per_task.items()}, gpu_seconds=gpu,
+                  outputs=tuple(outputs))
 
 
 AR_METHOD = "AR: transformers generate"
 
 
 def run_bench(adapter: Any, examples: Sequence[Example], methods: Sequence[tuple[str, Any]], gen_length: int, *,
-              progress: bool = False, cost_model: str | None = None) -> list[Row]:
+              progress: bool = False, cost_model: str | None = None) -> list[Result]:
     """Measure each ``(name, decoder)`` of ``methods`` on ``examples``, in order; a ``None`` decoder is the AR
-    baseline (:func:`ar_method`). Returns one :class:`Row` per method."""
+    baseline (:func:`ar_method`). Returns one :class:`~refusion.measure.results.Result` per method."""
     rows = []
     for name, decoder in methods:
         method = ar_method(adapter, gen_length) if decoder is None else decoder_method(decoder, adapter, gen_length)
@@ -194,7 +155,7 @@ def run_bench(adapter: Any, examples: Sequence[Example], methods: Sequence[tuple
     return rows
 
 
-def table(rows: Sequence[Row], baseline: str, cost_model: str | None = None) -> str:
+def table(rows: Sequence[Result], baseline: str, cost_model: str | None = None) -> str:
     """A plain-text table with wall-time and forward ratios to ``baseline`` (and estimated GPU tokens/s)."""
     base = next(r for r in rows if r.method == baseline)
     head = f"{'method':<44} {'acc':>6} {'forwards':>9} {'tok/fwd':>8} {'wall s':>8} {'speed-up':>9} {'fwd ratio':>9}"

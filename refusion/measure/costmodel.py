@@ -1,8 +1,10 @@
 """A roofline estimate of what a decode would cost on a GPU, from the shapes of its forwards.
 
-No GPU is needed: engines record every forward's shape (:class:`ForwardShape`:
-sequences, tokens fed, query-key pairs of attention, key/value tokens read)
-and the LM head records its passes (rows projected per pass). For a named
+No GPU is needed: while recording, an engine's
+:class:`~refusion.decoding.counters.Counters` keep every forward's shape
+(:class:`~refusion.decoding.counters.ForwardShape`: sequences, tokens fed,
+query-key pairs of attention, key/value tokens read) and every LM-head pass
+(rows projected). For a named
 model size (:data:`MODELS`, e.g. Qwen3-8B) and GPU (:data:`GPUS`), each
 forward is charged ``max(FLOPs / (peak FLOP/s x compute efficiency),
 bytes / (HBM bandwidth x memory efficiency)) + launch overhead``, where
@@ -26,18 +28,8 @@ from typing import Iterable
 
 import attrs
 
+from refusion.decoding.counters import Counters, ForwardShape
 from refusion.errors import ConfigError, unknown_name
-
-
-@attrs.frozen
-class ForwardShape:
-    """One network forward: ``rows`` sequences, ``tokens`` fed (padding included), ``pairs`` query-key pairs
-    attended, ``keys`` key/value tokens read from the cache."""
-
-    rows: int
-    tokens: int
-    pairs: int
-    keys: int
 
 
 @attrs.frozen
@@ -152,33 +144,27 @@ def autoregressive(prompt_lengths: list[int], new_tokens: int) -> tuple[list[For
     return forwards, heads
 
 
-class ShapeLog:
-    """What an engine and its model's LM head did, shape by shape, while recording (see :func:`estimate`)."""
-
-    def __init__(self) -> None:
-        self.forwards: list[ForwardShape] = []
-        self.head_passes: list[int] = []
-
-    def seconds(self, model: ModelSize, gpu: GPU) -> float:
-        return estimate(self.forwards, self.head_passes, model, gpu)
+def counted_seconds(counters: Counters, model: ModelSize, gpu: GPU) -> float:
+    """:func:`estimate` of the forwards and LM-head passes ``counters`` recorded (see :class:`recording`)."""
+    return estimate(counters.shapes or (), counters.head_rows or (), model, gpu)
 
 
 class recording:
-    """``with recording(engine) as log:`` records the engine's forwards and its model's LM-head passes."""
+    """``with recording(engine) as counters:`` the engine's counters record every forward's shape and every pass
+    of its model's LM head (then :func:`counted_seconds`); they stop recording on exit."""
 
     def __init__(self, engine) -> None:
         self.engine = engine
         found = getattr(engine.model, "head", None)
         self.head = found[1] if found else None
-        self.log = ShapeLog()
 
-    def __enter__(self) -> ShapeLog:
-        self.engine.shape_log = self.log
+    def __enter__(self) -> Counters:
+        self.engine.counters.record()
         if self.head is not None:
-            self.head.shape_log = self.log
-        return self.log
+            self.head.counters = self.engine.counters
+        return self.engine.counters
 
     def __exit__(self, *exc) -> None:
-        self.engine.shape_log = None
+        self.engine.counters.record(False)
         if self.head is not None:
-            self.head.shape_log = None
+            self.head.counters = None

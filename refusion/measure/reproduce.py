@@ -17,6 +17,7 @@ import attrs
 
 from refusion.errors import ConfigError
 from refusion.config import DecoderSpec
+from refusion.decoding.decoder import Decoder
 from refusion.measure.records import check_record, environment
 
 #: environment entries whose change is reported (dotted paths into the environment)
@@ -120,7 +121,7 @@ def _bench(record: Mapping[str, Any], progress: bool) -> Reproduction:
     settings = record["settings"]
     model = load_model_from(settings)
     methods = [(row["method"], None if row["decoder"] is None else
-                DecoderSpec.from_dict(row["decoder"], where=f"field `rows[{i}].decoder`").build())
+                Decoder.from_spec(DecoderSpec.from_dict(row["decoder"], where=f"field `rows[{i}].decoder`")))
                for i, row in enumerate(record["rows"])]
     rows = run_bench(model, held_out(settings["per_task"]), methods, settings["gen_length"], progress=progress,
                      cost_model=settings.get("cost_model"))

@@ -11,6 +11,7 @@ own head returns) or just per-row statistics without materialising
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -29,8 +30,18 @@ class LMHead:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         self.weight = weight
         self.bias = bias
-        #: when set (:func:`refusion.measure.costmodel.recording`), the rows of every pass are appended here
-        self.shape_log = None
+        #: when set (:func:`refusion.measure.costmodel.recording`), counters that record the rows of every pass
+        self.counters = None
+        #: :class:`refusion.decoding.counters.observe` contexts timing the network (they are told of every pass)
+        self.observers: list = []
+
+    def _passed(self, rows: int, start: float) -> None:
+        if self.counters is not None:
+            self.counters.head_pass(rows)
+        if self.observers:
+            seconds = time.process_time() - start
+            for observer in self.observers:
+                observer.head_pass(rows, seconds)
 
     @property
     def vocab_size(self) -> int:
@@ -43,24 +54,31 @@ class LMHead:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits of shape ``(*hidden.shape[:-1], vocab)``, as the model's own head computes them."""
-        if self.shape_log is not None:
-            self.shape_log.head_passes.append(hidden.numel() // hidden.shape[-1])
-        return torch.nn.functional.linear(hidden.to(self.weight.dtype), self.weight, self.bias)
+        start = time.process_time()
+        out = torch.nn.functional.linear(hidden.to(self.weight.dtype), self.weight, self.bias)
+        self._passed(hidden.numel() // hidden.shape[-1], start)
+        return out
 
     def stats(self, hidden: torch.Tensor, exclude: int | None = None, temperature: float = 1.0):
         """``(tokens, best, lse)`` per row of ``hidden`` ``(n, d)``: argmax id (never ``exclude``), its tempered logit, log-sum-exp."""
         from refusion_kernels import lm_head_stats
 
-        if self.shape_log is not None:
-            self.shape_log.head_passes.append(hidden.shape[0])
-        return lm_head_stats(hidden, self.weight, self.bias, exclude, temperature)
+        start = time.process_time()
+        out = lm_head_stats(hidden, self.weight, self.bias, exclude, temperature)
+        self._passed(hidden.shape[0], start)
+        return out
 
     def token_logits(self, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """The logit of ``tokens[i]`` at row ``i`` (shape ``(n,)``), without the other logits."""
+        start = time.process_time() if self.observers else 0.0
         w = self.weight[tokens.to(self.weight.device)]
         out = (hidden.to(self.weight.dtype) * w).sum(-1)
         if self.bias is not None:
             out = out + self.bias[tokens.to(self.bias.device)]
+        if self.observers:  # a few rows of the head, not a pass: timed, not recorded
+            seconds = time.process_time() - start
+            for observer in self.observers:
+                observer.counters.network_seconds += seconds
         return out
 
 

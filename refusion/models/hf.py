@@ -27,21 +27,6 @@ def _ids(value: Any) -> frozenset[int]:
     return frozenset(int(v) for v in value)
 
 
-PRESET_FILE = "refusion.json"
-
-
-def read_model_preset(path: str) -> Any:
-    """The decoding preset a checkpoint recommends (``refusion.json`` next to its weights), or ``None``."""
-    from pathlib import Path
-
-    from refusion.config import load_preset
-
-    file = Path(path) / PRESET_FILE
-    if not file.is_file():
-        return None
-    return load_preset(file)
-
-
 def find_mask_token_id(model: Any, tokenizer: Any | None) -> int | None:
     """The mask token id from the model config, else from the tokenizer, else ``None``."""
     mask = getattr(model.config, "mask_token_id", None)
@@ -123,7 +108,7 @@ class HFCausalLM(ModelAdapter):
 
         from transformers import AutoModelForCausalLM
 
-        from refusion.models.families.base import load_tokenizer, quietly
+        from refusion.models.files import load_tokenizer, quietly
 
         own = [n for n, p in inspect.signature(cls.__init__).parameters.items() if p.kind is p.KEYWORD_ONLY]
         adapter_kwargs = {k: kwargs.pop(k) for k in own if k in kwargs}
@@ -131,9 +116,7 @@ class HFCausalLM(ModelAdapter):
                         **kwargs)
         if device is not None:
             model = model.to(device)
-        adapter = cls(model, load_tokenizer(path, trust_remote_code), **adapter_kwargs)
-        adapter.preset = read_model_preset(path)
-        return adapter
+        return cls(model, load_tokenizer(path, trust_remote_code), **adapter_kwargs)
 
     @property
     def device(self) -> torch.device:

@@ -62,17 +62,33 @@ def load_model(model: Any = None, *, tokenizer: Any = None, adapter: str | None 
         family = None if adapter is not None else find_family(config)
         if family is not None:
             check_options(options, family.adapter_options, f"the {family.name!r} family")
-            return _loading(model, family.load, model, config, tokenizer=tokenizer, **options)
-        adapter_cls = registry().get("model_adapter", adapter or "hf-causal")
-        if adapter is None and needs_own_code(config) and not trust_remote_code:
-            raise unknown_architecture(model, config)
-        loaded = _loading(model, adapter_cls.from_pretrained, model, trust_remote_code=trust_remote_code, **options)
-        if tokenizer is not None:
-            loaded.tokenizer = tokenizer
+            loaded = _loading(model, family.load, model, config, tokenizer=tokenizer, **options)
+        else:
+            adapter_cls = registry().get("model_adapter", adapter or "hf-causal")
+            if adapter is None and needs_own_code(config) and not trust_remote_code:
+                raise unknown_architecture(model, config)
+            loaded = _loading(model, adapter_cls.from_pretrained, model, trust_remote_code=trust_remote_code, **options)
+            if tokenizer is not None:
+                loaded.tokenizer = tokenizer
+        loaded.preset = read_model_preset(model)
         return loaded
     if hasattr(model, "config") and callable(model):
         return registry().get("model_adapter", adapter or "hf-causal")(model, tokenizer, **options)
     raise ConfigError(f"`model` must be a ModelAdapter, a transformers model or a path; got {type(model).__name__}.", param='model')
+
+
+#: the file beside a checkpoint's weights that names the decoder it recommends (a decoder spec)
+PRESET_FILE = "refusion.json"
+
+
+def read_model_preset(path: str) -> Any:
+    """The decoder spec a checkpoint recommends (``refusion.json`` next to its weights), or ``None``."""
+    from pathlib import Path
+
+    from refusion.config import load_preset
+
+    file = Path(path) / PRESET_FILE
+    return load_preset(file) if file.is_file() else None
 
 
 def _loading(path: str, load: Any, *args: Any, **kwargs: Any) -> ModelAdapter:

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import attrs
 
 from refusion.errors import ConfigError
-from refusion.search.evaluate import Metrics
+from refusion.measure.results import Result
 
 PREFIX = "lm-eval:"
 
@@ -103,11 +103,12 @@ def _score(results: dict, metric: str | None) -> tuple[float, int]:
 
 
 def evaluate_harness(adapter: Any, harness: HarnessTasks, task_dict: Any, decoder: Any = None,
-                     gen_length: int = 32) -> Metrics:
+                     gen_length: int = 32) -> Result:
     """Run the tasks with ``decoder`` (or, with ``None``, AR through transformers ``generate``)."""
     import lm_eval.evaluator
 
-    from refusion.measure.bench import ForwardCounter, ar_method
+    from refusion.decoding.counters import Counters, observe
+    from refusion.measure.bench import ar_method
     from refusion.measure.lmeval import RefusionLM
 
     lm = RefusionLM(pretrained=adapter)
@@ -123,9 +124,9 @@ def evaluate_harness(adapter: Any, harness: HarnessTasks, task_dict: Any, decode
 
         counting = _CountingDecoder(lambda n: n, ar)
     lm.decoder = counting
-    with ForwardCounter(adapter.model) as forwards:
+    with observe(adapter.model, Counters()) as counters:  # every forward, refusion's or generate's
         results = lm_eval.evaluator.evaluate(lm, task_dict, limit=harness.limit, bootstrap_iters=0,
                                              log_samples=False, verbosity="ERROR")
     score, count = _score(results, harness.metric)
-    return Metrics(examples=count, correct=round(score * count), forwards=forwards.count, tokens=counting.tokens,
-                   seconds=counting.seconds, score=score)
+    return Result("lm-eval", examples=count, correct=round(score * count), forwards=counters.forwards,
+                  tokens=counting.tokens, seconds=counting.seconds, score=score)

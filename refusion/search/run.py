@@ -18,9 +18,11 @@ from typing import Any, Callable, Sequence
 import attrs
 
 from refusion.config import DecoderSpec, preset as get_preset
+from refusion.decoding.decoder import Decoder
 from refusion.errors import ConfigError, RefusionError
 from refusion.search import outputs
-from refusion.search.evaluate import Metrics, evaluate_ar, evaluate_preset
+from refusion.measure.results import Result
+from refusion.search.evaluate import evaluate_ar, evaluate_preset
 from refusion.search.space import Space, build_space, point_key
 from refusion.search.spacefile import load_space_file
 from refusion.search.study import OBJECTIVES, TrialRecord, completed, open_study
@@ -57,13 +59,13 @@ def _base_preset(adapter: Any, name: str | None) -> DecoderSpec:
     return get_preset(name)
 
 
-def _ar_metrics(ar: Metrics) -> dict[str, Any]:
+def _ar_metrics(ar: Result) -> dict[str, Any]:
     return {"accuracy": ar.accuracy, "correct": ar.correct, "examples": ar.examples, "forwards": ar.forwards,
             "tokens": ar.tokens, "tokens_per_forward": ar.tokens_per_forward, "seconds": ar.seconds,
             "seconds_per_token": ar.seconds_per_token, "speedup": 1.0, "forward_ratio": 1.0}
 
 
-def _trial_metrics(m: Metrics, ar: Metrics) -> dict[str, Any]:
+def _trial_metrics(m: Result, ar: Result) -> dict[str, Any]:
     return {"accuracy": m.accuracy, "correct": m.correct, "examples": m.examples, "forwards": m.forwards,
             "tokens": m.tokens, "tokens_per_forward": m.tokens_per_forward, "seconds": m.seconds,
             "seconds_per_token": m.seconds_per_token, **m.relative_to(ar), "ar_accuracy": ar.accuracy,
@@ -90,7 +92,7 @@ def sweep(
     warmup: int = 1,
     progress: bool = True,
     plot: bool = True,
-    evaluate: Callable[[Any, DecoderSpec, TaskSet], Metrics] | None = None,
+    evaluate: Callable[[Any, DecoderSpec, TaskSet], Result] | None = None,
 ) -> SweepResult:
     """Evaluate a space of decoders on ``tasks`` and write ``trials.csv``, ``pareto.png`` and ``preset.json`` to ``out``.
 
@@ -163,15 +165,15 @@ def _measures(taskset: Any, warmup: int) -> tuple[Callable, Callable]:
 
     task_dict = taskset.task_dict()
 
-    def point(adapter: Any, preset: DecoderSpec, tasks: Any) -> Metrics:
-        decoder = preset.build()
+    def point(adapter: Any, preset: DecoderSpec, tasks: Any) -> Result:
+        decoder = Decoder.from_spec(preset)
         return evaluate_harness(adapter, tasks, task_dict, decoder, preset.gen_length)
 
     return point, lambda a, t, n: evaluate_harness(a, t, task_dict, None, n)
 
 
 def _search(study: Any, space: Space, points: list | None, mode: str, adapter: Any, taskset: TaskSet, length: int,
-            ar: Metrics, measure: Callable, objective: str, trials: int | None, minutes: float | None, seed: int,
+            ar: Result, measure: Callable, objective: str, trials: int | None, minutes: float | None, seed: int,
             progress: bool) -> int:
     import optuna
     from tqdm.auto import tqdm
@@ -236,7 +238,7 @@ def _search(study: Any, space: Space, points: list | None, mode: str, adapter: A
     return new
 
 
-def _finish(study: Any, db: Path, space: Space, length: int, ar: Metrics, mode: str, objective: str, out: Path,
+def _finish(study: Any, db: Path, space: Space, length: int, ar: Result, mode: str, objective: str, out: Path,
             max_accuracy_drop: float, plot: bool, new: int, interrupted: bool) -> SweepResult:
     from refusion.search.space import describe_point
 

@@ -46,12 +46,20 @@ class TrainConfig:
     held_out_per_task: int = 100
 
 
-#: Decoding settings shipped with the trained model (``refusion.json``); see benchmarks/ar_vs_refusion.py.
+#: Decoding settings shipped with the trained model (its ``refusion.json``, a decoder spec, written from these
+#: flat parameters of the paper preset); see benchmarks/ar_vs_refusion.py.
 RECOMMENDED_DECODING = {
     "description": "paper strategies tuned on the synthetic held-out tasks (answers fit 32 tokens)",
     "gen_length": 32,
     "params": {"slot_size": 4, "serial_num_blocks": 1, "slot_threshold": 0.7, "token_threshold": 0.5},
 }
+
+
+def recommended_spec() -> Any:
+    """:data:`RECOMMENDED_DECODING` as the :class:`~refusion.config.spec.DecoderSpec` shipped beside the weights."""
+    from refusion.config.spec import DecoderSpec
+
+    return DecoderSpec.from_dict(RECOMMENDED_DECODING, where="RECOMMENDED_DECODING")
 
 
 def build_model(config: TrainConfig, tokenizer: Any):
@@ -157,5 +165,5 @@ def train(config: TrainConfig, out_dir: str | Path, *, progress: bool = True) ->
         "final_loss": {k: round(v, 4) for k, v in smoothed.items()},
     }
     (out / "training.json").write_text(json.dumps(summary, indent=2))
-    (out / "refusion.json").write_text(json.dumps(RECOMMENDED_DECODING, indent=2))
+    recommended_spec().save(out / "refusion.json")
     return summary

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from refusion.decoding.types import DecodeResult
-from refusion.viz.plot import HTML_FORMATS, _check, _labels
+from refusion.viz.plot import HTML_FORMATS, checked_output, token_labels
 
 #: colour ramp for iterations (dark blue -> green -> yellow, like matplotlib's viridis)
 _RAMP = ((68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37))
@@ -89,8 +89,8 @@ slider.addEventListener('input',show);show();
 
 def render_html(result: DecodeResult, path: str | Path, *, tokenizer: Any = None, title: str | None = None) -> Path:
     """Write the self-contained HTML view of ``result`` to ``path``; return the path. Reads ``result`` only."""
-    out, _ = _check(result, path, "path", HTML_FORMATS)
-    labels = _labels(result, tokenizer)
+    out, _ = checked_output(result, path, "path", HTML_FORMATS)
+    labels = token_labels(result, tokenizer)
     steps = len(result.steps)
     heading = title or (f"{len(result.partition.slots)} slots, {steps} iterations, {result.forwards} forwards, "
                         f"{result.tokens_per_forward:.2f} tokens/forward")

@@ -20,7 +20,7 @@ from refusion.errors import ConfigError
 from refusion.decoding.types import DecodeResult
 
 
-def _labels(result: DecodeResult, tokenizer: Any) -> list[str]:
+def token_labels(result: DecodeResult, tokenizer: Any) -> list[str]:
     """Each position's label: its token's text (``tokenizer``, else the trace's ``pieces``, else the id)."""
     g = result.partition.gen_length
     pieces = result.extra.get("pieces") or {}
@@ -63,7 +63,7 @@ def _figure(result: DecodeResult, tokenizer: Any, upto: int | None, title: str |
     steps = max(len(result.steps), 1)
     cmap = colormaps["viridis"]
     norm = Normalize(vmin=0, vmax=max(steps - 1, 1))
-    labels = _labels(result, tokenizer)
+    labels = token_labels(result, tokenizer)
     fig = Figure(figsize=(max(4.0, 0.32 * per_row * width + 1.5), 0.45 * rows + 1.2), dpi=110)
     FigureCanvasAgg(fig)
     ax = fig.subplots()
@@ -122,7 +122,7 @@ def check_output_path(path: Any, param: str = "path", formats: dict[str, str] = 
     return fmt
 
 
-def _check(result: Any, path: Any, param: str, formats: dict[str, str]) -> tuple[Path, str]:
+def checked_output(result: Any, path: Any, param: str, formats: dict[str, str]) -> tuple[Path, str]:
     if not isinstance(result, DecodeResult):
         raise ConfigError(f"`result` must be a DecodeResult; got {type(result).__name__}.", param='result')
     return Path(path), check_output_path(path, param, formats)
@@ -135,7 +135,7 @@ def render_png(result: DecodeResult, path: str | Path, *, tokenizer: Any = None,
     ``.jpg``/``.jpeg``, ``.svg``, ``.pdf``); another suffix or a missing
     directory is a ConfigError before anything is drawn.
     """
-    out, fmt = _check(result, path, "path", IMAGE_FORMATS)
+    out, fmt = checked_output(result, path, "path", IMAGE_FORMATS)
     _figure(result, tokenizer, None, title).savefig(out, format=fmt)
     return out
 
@@ -146,7 +146,7 @@ def render_gif(result: DecodeResult, path: str | Path, *, tokenizer: Any = None,
 
     from PIL import Image
 
-    out, _ = _check(result, path, "path", GIF_FORMATS)
+    out, _ = checked_output(result, path, "path", GIF_FORMATS)
     frames = []
     for step in range(max(len(result.steps), 1)):
         buf = io.BytesIO()

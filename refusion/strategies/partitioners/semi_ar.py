@@ -8,7 +8,7 @@ from refusion.plugins import hookimpl
 from refusion.decoding.types import Partition
 from refusion.strategies.base import SlotPartitioner
 from refusion.strategies.partitioners.fixed import check_gen_length, slots_of
-from refusion.choices import one_of
+from refusion.validators import one_of
 from refusion.validators import positive_int
 
 ALIGNMENTS = ("region", "absolute")

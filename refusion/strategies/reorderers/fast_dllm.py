@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 
 from refusion.cache.sequence import CacheEditor
-from refusion.choices import boolean
+from refusion.validators import boolean
 from refusion.plugins import hookimpl
 from refusion.decoding.protocol import BlockReuse
 from refusion.decoding.types import InfillResult

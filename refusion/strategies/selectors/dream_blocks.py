@@ -7,13 +7,13 @@ from typing import Sequence
 import attrs
 import torch
 
-from refusion.choices import one_of
+from refusion.validators import one_of
 from refusion.plugins import hookimpl
 from refusion.decoding.types import Plan
 from refusion.strategies.base import SlotSelector
-from refusion.strategies.selectors.dream_steps import _eps, dream_scores
+from refusion.strategies.selectors.dream_steps import dream_scores
 from refusion.strategies.selectors.scored import top_k
-from refusion.validators import positive_int, probability
+from refusion.validators import open_unit_interval, positive_int, probability
 
 ALGS = ("confidence_threshold", "entropy")
 
@@ -40,7 +40,7 @@ class DreamBlocks(SlotSelector):
     alg: str = attrs.field(default="confidence_threshold", validator=one_of(ALGS))
     threshold: float = attrs.field(default=0.9, validator=probability)
     steps: int = attrs.field(default=128, validator=positive_int)
-    eps: float = attrs.field(default=1e-3, validator=_eps)
+    eps: float = attrs.field(default=1e-3, validator=open_unit_interval)
 
     def select(self, plan: Plan) -> Sequence[int]:
         key = (self.name, plan.slots[0].block)

@@ -7,20 +7,14 @@ from typing import Sequence
 import attrs
 import torch
 
-from refusion.errors import bad_value
 from refusion.plugins import hookimpl
 from refusion.decoding.types import Plan
 from refusion.strategies.base import SlotSelector
 from refusion.strategies.selectors.scored import top_k
-from refusion.choices import one_of
-from refusion.validators import positive_int
+from refusion.validators import one_of
+from refusion.validators import open_unit_interval, positive_int
 
 ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
-
-
-def _eps(instance, attribute, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
-        raise bad_value(attribute.name, value, "a number in (0, 1)")
 
 
 def dream_scores(plan: Plan, alg: str) -> torch.Tensor:
@@ -52,7 +46,7 @@ class DreamSteps(SlotSelector):
     name = "dream-steps"
 
     steps: int = attrs.field(default=128, validator=positive_int)
-    eps: float = attrs.field(default=1e-3, validator=_eps)
+    eps: float = attrs.field(default=1e-3, validator=open_unit_interval)
     alg: str = attrs.field(default="maskgit_plus", validator=one_of(ALGS))
 
     def select(self, plan: Plan) -> Sequence[int]:

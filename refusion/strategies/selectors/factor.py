@@ -10,7 +10,7 @@ import torch
 from refusion.plugins import hookimpl
 from refusion.decoding.types import Plan
 from refusion.strategies.base import SlotSelector
-from refusion.choices import one_of
+from refusion.validators import one_of
 from refusion.validators import positive_number
 
 

@@ -11,7 +11,7 @@ from refusion.plugins import hookimpl
 from refusion.decoding.types import Plan
 from refusion.strategies.base import SlotSelector
 from refusion.strategies.selectors.scored import top_k
-from refusion.choices import one_of
+from refusion.validators import one_of
 from refusion.validators import positive_int
 
 REMASKING = ("low_confidence", "random")

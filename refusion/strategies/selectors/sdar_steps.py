@@ -6,7 +6,7 @@ from typing import Sequence
 
 import attrs
 
-from refusion.choices import one_of
+from refusion.validators import one_of
 from refusion.plugins import hookimpl
 from refusion.decoding.types import Plan
 from refusion.strategies.base import SlotSelector

@@ -10,7 +10,7 @@ from refusion.plugins import hookimpl
 from refusion.decoding.types import Plan
 from refusion.strategies.base import SlotSelector
 from refusion.strategies.selectors.scored import top_k
-from refusion.choices import boolean
+from refusion.validators import boolean
 from refusion.validators import probability
 
 

@@ -8,27 +8,9 @@ from refusion.config import DecoderSpec, preset as get_preset
 from refusion.config.spec import DEFAULT_GEN_LENGTH
 from refusion.decoding.decoder import Decoder
 from refusion.errors import ConfigError, RefusionWarning
-from refusion.inputs import check_chat, check_known_characters
+from refusion.prompts import encode_prompt
 from refusion.models.base import ModelAdapter
 from refusion.models.loading import load_model
-
-
-def encode_prompt(prompt: Any, tokenizer: Any, chat: bool | None) -> list[int]:
-    """Token ids of ``prompt`` (text needs a tokenizer; ``chat`` applies its chat template)."""
-    if not isinstance(prompt, str):
-        return prompt
-    if tokenizer is None:
-        raise ConfigError("`prompt` is text but the model has no tokenizer; pass `tokenizer=` or token ids.", param='prompt')
-    use_chat = chat if chat is not None else bool(getattr(tokenizer, "chat_template", None))
-    if chat:
-        check_chat(tokenizer)
-    check_known_characters(prompt, tokenizer)
-    if use_chat:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding
-            ids = ids["input_ids"]
-        return list(ids)
-    return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
 
 def decoder_spec(
@@ -125,7 +107,8 @@ def generate(
 
 
 def fit_default_length(decoder: Decoder, adapter: ModelAdapter, prompts: list[Any], wanted: int) -> int:
-    """``wanted`` (a preset's default length), or the longest length that fits the model after the longest prompt.
+    """``wanted`` (a preset's default length), or the longest length the partitioner accepts that fits the model
+    after the longest prompt.
 
     Used only when the caller did not ask for a length; a fitted length is
     announced with a :class:`~refusion.errors.RefusionWarning`. A prompt that
@@ -140,18 +123,14 @@ def fit_default_length(decoder: Decoder, adapter: ModelAdapter, prompts: list[An
         return wanted  # malformed prompts: the decoder's checks name them
     if limit is None or longest + wanted <= limit or longest >= limit:
         return wanted
-    for n in range(limit - longest, 0, -1):
-        try:
-            decoder.partition(n)
-        except ConfigError:
-            continue
-        warnings.warn(
-            f"`gen_length` not given: the preset's {wanted} tokens plus the {longest}-token prompt exceed the "
-            f"model's {limit} positions, so {n} tokens are generated; pass `gen_length` to choose.",
-            RefusionWarning, stacklevel=3)
-        return n
-    return wanted
-
+    n = decoder.nearest_lengths(limit - longest)[0]
+    if n is None:
+        return wanted
+    warnings.warn(
+        f"`gen_length` not given: the preset's {wanted} tokens plus the {longest}-token prompt exceed the "
+        f"model's {limit} positions, so {n} tokens are generated; pass `gen_length` to choose.",
+        RefusionWarning, stacklevel=3)
+    return n
 
 def is_batch(prompt: Any) -> bool:
     """True for a list of prompts (texts or token-id sequences), False for one prompt."""

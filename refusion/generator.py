@@ -215,7 +215,8 @@ class Generator:
         that steps the generator. Bad input raises
         :class:`~refusion.errors.ConfigError` here.
         """
-        from refusion.api import build_decoder, encode_prompt
+        from refusion.api import build_decoder
+        from refusion.prompts import encode_prompt
 
         if self._closing:
             raise ConfigError("This generator is closed; it takes no new requests.")

@@ -34,7 +34,7 @@ def builtin_registry():
 @pytest.fixture(scope="session")
 def serve_process():
     """One ``refusion serve`` of the shipped model on a free loopback port, shared by the serving tests."""
-    from tests.serving import ServerProcess
+    from tests.support.serving import ServerProcess
 
     process = ServerProcess("--max-rows", "16").start()
     yield process

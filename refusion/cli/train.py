@@ -4,16 +4,30 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+from pathlib import Path
 from typing import Any
 
 from refusion.cli.options import at_least
+from refusion.errors import ConfigError
+
+
+def check_output_dir(path: Any, param: str = "out") -> None:
+    """Refuse an output directory that is an existing file or cannot be created (checks only, creates nothing)."""
+    if not isinstance(path, (str, Path)) or not str(path):
+        raise ConfigError(f"`{param}` must be a directory path; got {path!r}.", param=param)
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"`{param}` {str(path)!r} is an existing file; name a directory (it is created if missing).", param=param)
+    existing = next((p for p in (out, *out.parents) if p.exists()), Path("."))
+    if not existing.is_dir() or not os.access(existing, os.W_OK):
+        raise ConfigError(f"`{param}` {str(path)!r} cannot be created: {str(existing)!r} is not a writable directory.", param=param)
 
 
 def run_train(args: argparse.Namespace) -> int:
     import attrs
     import torch
 
-    from refusion.inputs import check_output_dir
     from refusion.training.trainer import TrainConfig, train
 
     for flag, value in (("--threads", args.threads), ("--steps", args.steps), ("--batch-size", args.batch_size)):

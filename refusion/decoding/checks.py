@@ -62,22 +62,13 @@ def check_prompt(prompt_ids: Any, model: Any) -> torch.Tensor:
     return prompt
 
 
-def check_length(model: Any, prompt_len: int, gen_length: int, decoder: Any = None, *, rounded: bool = True) -> None:
-    """Refuse a prompt plus generation longer than the model's positions, naming the longest length that fits.
-
-    ``rounded`` is ignored (partitioners honour the length exactly); it stays for existing callers.
-    """
+def check_length(model: Any, prompt_len: int, gen_length: int, decoder: Any = None) -> None:
+    """Refuse a prompt plus generation longer than the model's positions, naming the longest length that fits
+    (the longest ``decoder``'s partitioner accepts, when a decoder is given)."""
     limit = model.max_positions
     if limit is not None and prompt_len + gen_length > limit:
-        room, best = limit - prompt_len, None
-        if decoder is not None:
-            for n in range(room, 0, -1):  # the longest length the partitioner accepts that still fits
-                try:
-                    if decoder.partition(n).gen_length <= room:
-                        best = n
-                        break
-                except ConfigError:
-                    continue
+        room = limit - prompt_len
+        best = decoder.nearest_lengths(room)[0] if decoder is not None and room >= 1 else None  # longest that fits
         hint = f"use gen_length <= {best}" if best else "use a shorter prompt or a smaller slot/block size"
         what = f"({gen_length})"
         raise ConfigError(

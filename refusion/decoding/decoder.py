@@ -129,14 +129,23 @@ class Decoder:
         p = self.partitioner
         return checked_partition(p, call_part(p, p.partition_after, prompt_length, gen_length), gen_length)
 
+    def nearest_lengths(self, gen_length: int) -> tuple[int | None, int | None]:
+        """The partitioner's nearest accepted lengths around ``gen_length`` (longest below, shortest above)."""
+        p = self.partitioner
+        found = call_part(p, p.nearest_lengths, max(1, gen_length))
+        if not (isinstance(found, tuple) and len(found) == 2
+                and all(n is None or (isinstance(n, int) and n >= 1) for n in found)):
+            raise plugin_error(p, f"nearest_lengths({gen_length}) returned {found!r}; expected (below, above), each "
+                               "an accepted length >= 1 or None.")
+        return found
+
     def fit_length(self, gen_length: int) -> int:
         """The smallest generation length >= ``gen_length`` the partitioner accepts (for callers that may adjust it)."""
-        for n in range(max(1, gen_length), max(1, gen_length) + 65536):
-            try:
-                return self.partition(n).gen_length
-            except ConfigError:
-                continue
-        raise ConfigError(f"No generation length from {gen_length} on fits the partitioner {self.partitioner!r}.")
+        above = self.nearest_lengths(gen_length)[1]
+        if above is None:
+            raise ConfigError(f"No generation length from {gen_length} on fits the partitioner {self.partitioner!r}.",
+                              param="gen_length")
+        return above
 
     def check_model(self, model: ModelAdapter) -> None:
         """Refuse a model that lacks a capability one of the parts requires."""
@@ -157,9 +166,8 @@ class Decoder:
             _check_seed(seed)
         prompt = check_prompt(prompt_ids, model)
         self.check_model(model)
-        check_length(model, prompt.shape[0], gen_length, self, rounded=False)  # before any slot is built
-        partition = self.partition(gen_length, prompt.shape[0])
-        check_length(model, prompt.shape[0], partition.gen_length, self)
+        check_length(model, prompt.shape[0], gen_length, self)  # before any slot is built
+        partition = self.partition(gen_length, prompt.shape[0])  # honours gen_length exactly (checked)
         return Prepared(prompt, partition, self.seed if seed is None else seed)
 
     # -- running -------------------------------------------------------------

@@ -22,9 +22,10 @@ import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
-from refusion.api import build_decoder, encode_prompt, load_model
+from refusion.api import build_decoder, load_model
+from refusion.prompts import encode_prompt
 from refusion.errors import ConfigError
-from refusion.inputs import torch_dtype
+from refusion.models.checks import torch_dtype
 from refusion.config.params import parse_value
 
 

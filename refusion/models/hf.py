@@ -11,7 +11,7 @@ from typing import Any, Iterable
 import torch
 
 from refusion.errors import ConfigError
-from refusion.inputs import check_token_ids
+from refusion.models.checks import check_token_ids
 from refusion.models.base import ModelAdapter, ModelCapabilities
 from refusion.plugins import hookimpl
 from refusion.decoding.scores import Scores

@@ -15,7 +15,7 @@ import json
 from typing import Any, Mapping
 
 from refusion.errors import ConfigError
-from refusion.inputs import check_device, check_model_path, torch_dtype
+from refusion.models.checks import check_device, check_model_path, torch_dtype
 from refusion.models.base import ModelAdapter
 
 #: keywords :func:`load_model` passes on to transformers' ``from_pretrained``

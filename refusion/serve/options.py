@@ -12,7 +12,8 @@ from typing import Any, Mapping
 
 import attrs
 
-from refusion.api import build_decoder, encode_prompt
+from refusion.api import build_decoder
+from refusion.prompts import encode_prompt
 from refusion.config import PART_KINDS, SAMPLING_PARAMS
 from refusion.decoding.decoder import Decoder
 from refusion.errors import ConfigError, UnknownNameError

@@ -59,6 +59,28 @@ class SlotPartitioner(Part):
         does not fit the part's parameters, naming the nearest lengths that do.
         """
 
+    def nearest_lengths(self, gen_length: int) -> tuple[int | None, int | None]:
+        """``(below, above)``: the longest accepted length <= ``gen_length`` and the shortest >= it (``None``
+        where there is none; both are ``gen_length`` when it is accepted).
+
+        The default asks :meth:`partition` (lengths down to 1, and up to
+        ``gen_length + 4096``); a partitioner that knows its accepted lengths
+        overrides it with the answer.
+        """
+        from refusion.errors import ConfigError
+
+        def accepted(n: int) -> bool:
+            try:
+                self.partition(n)
+            except ConfigError:
+                return False
+            return True
+
+        below = next((n for n in range(gen_length, 0, -1) if accepted(n)), None)
+        above = gen_length if below == gen_length else next(
+            (n for n in range(gen_length + 1, gen_length + 4097) if accepted(n)), None)
+        return below, above
+
     def partition_after(self, prompt_length: int, gen_length: int) -> Partition:
         """The partition of a region that starts at absolute position ``prompt_length`` (the decoder calls this).
 

@@ -39,14 +39,22 @@ class FixedSlots(SlotPartitioner):
     slot_size: int = attrs.field(default=8, validator=positive_int)
     serial_num_blocks: int = attrs.field(default=2, validator=positive_int)
 
+    def nearest_lengths(self, gen_length: int) -> tuple[int | None, int | None]:
+        """Accepted lengths give a number of slots, ``ceil(n / slot_size)``, that ``serial_num_blocks`` divides."""
+        size, blocks = self.slot_size, self.serial_num_blocks
+        num_slots = -(-gen_length // size)
+        if num_slots % blocks == 0:
+            return gen_length, gen_length
+        below = (num_slots // blocks) * blocks * size  # the longest length with a whole number of slots per block
+        above = ((num_slots // blocks + 1) * blocks - 1) * size + 1  # the shortest longer one
+        return (below if below >= 1 else None), above
+
     def partition(self, gen_length: int) -> Partition:
         check_gen_length(gen_length)
         size, blocks = self.slot_size, self.serial_num_blocks
         num_slots = -(-gen_length // size)
         if num_slots % blocks:
-            below = (num_slots // blocks) * blocks * size  # the longest length with a whole number of slots per block
-            above = ((num_slots // blocks + 1) * blocks - 1) * size + 1  # the shortest longer one
-            nearest = " or ".join(str(n) for n in (below, above) if n >= 1)
+            nearest = " or ".join(str(n) for n in self.nearest_lengths(gen_length) if n is not None)
             allowed = [d for d in range(1, min(num_slots, 4096) + 1) if num_slots % d == 0]
             raise ConfigError(
                 f"`gen_length` {gen_length} gives {num_slots} slots of `slot_size` {size}, which `serial_num_blocks` "

@@ -45,6 +45,10 @@ class SemiAutoregressive(SlotPartitioner):
                 f"`block_length` ({self.block_length}) must be a multiple of `slot_size` ({self.slot_size}).", param='block_length'
             )
 
+    def nearest_lengths(self, gen_length: int) -> tuple[int | None, int | None]:
+        """Every length is accepted (the last block may be shorter)."""
+        return gen_length, gen_length
+
     def partition(self, gen_length: int) -> Partition:
         return self.partition_after(0, gen_length)
 

@@ -1,0 +1,60 @@
+"""The visualize, bench, eval and help commands; the trace picture."""
+
+import json
+
+import pytest
+from PIL import Image
+
+import refusion
+from refusion.cli import build_parser, main
+from refusion.viz.plot import render_gif, render_png
+
+
+def test_render_png_and_gif_of_a_trace(tmp_path):
+    model = refusion.load_model(None)
+    result = refusion.generate("sort qwertyuiop=", model, slot_size=2, slot_threshold=0.999, token_threshold=0.999)
+    assert len(result.steps) >= 2
+    png = render_png(result, tmp_path / "t.png", tokenizer=model.tokenizer)
+    gif = render_gif(result, tmp_path / "t.gif", tokenizer=model.tokenizer)
+    with Image.open(png) as image:
+        assert image.format == "PNG" and image.size[0] > 200
+        colours = image.convert("RGB").getcolors(maxcolors=100000)
+        assert len(colours) > 20  # cells in several iteration colours plus text, not a blank canvas
+    with Image.open(gif) as image:
+        assert image.format == "GIF" and image.n_frames == len(result.steps)
+
+
+def test_visualize_command(tmp_path, capsys):
+    out = tmp_path / "v.png"
+    assert main(["visualize", "copy abcdefgh=", "--out", str(out), "--gif", str(tmp_path / "v.gif"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["text"] == "abcdefgh" and out.exists() and len(report["files"]) == 2
+
+
+def test_bench_command_prints_rows(capsys):
+    assert main(["bench", "--per-task", "1", "--method", "model", "--method", "llada", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]  # a reproducible record (tests/measure/test_reproducible_records.py)
+    assert [r["method"] for r in rows] == ["AR: transformers generate", "model", "llada"]
+    assert all(r["examples"] == 6 and r["forwards"] > 0 for r in rows)
+
+
+def test_bench_estimates_gpu_throughput_with_a_cost_model(capsys):
+    assert main(["bench", "--per-task", "1", "--method", "model", "--cost-model", "qwen3-8b@h100"]) == 0
+    out = capsys.readouterr().out
+    assert "est. tok/s qwen3-8b@h100" in out
+    model_row = next(line for line in out.splitlines() if line.startswith("model "))
+    assert model_row.split()[-1].endswith("x") and float(model_row.split()[-1][:-1]) > 1.0  # fewer forwards, faster
+    assert main(["bench", "--cost-model", "qwen3-8b@tpu"]) == 2
+    assert "Unknown cost-model GPU 'tpu'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["generate", "visualize", "bench", "eval", "reproduce", "train", "plugins"])
+def test_every_command_explains_its_options(command, capsys):
+    with pytest.raises(SystemExit) as done:
+        build_parser().parse_args([command, "--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    assert "--json" in text or command == "train"
+    for line in text.splitlines():
+        if line.strip().startswith("--") and "  " in line.strip():
+            assert len(line.strip().split("  ", 1)[1].strip()) > 3, f"option without help: {line}"

@@ -1,0 +1,164 @@
+"""Bench and eval results carry their environment and decoder spec; `refusion reproduce` re-runs them."""
+
+import json
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from refusion.cli import main
+from refusion.config import PRESETS, DecoderSpec
+from refusion.decoding.decoder import Decoder
+from refusion.errors import ConfigError
+from refusion.measure.records import check_record, environment, load_record, model_source
+from refusion.decoding.sampling import Sampling
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_decoder_survives_its_spec_as_json(name):
+    decoder = Decoder.from_spec(PRESETS[name])
+    assert Decoder.from_spec(DecoderSpec.from_dict(json.loads(json.dumps(decoder.spec.to_dict())))) == decoder
+
+
+@settings(max_examples=15)
+@given(temperature=st.sampled_from([0.0, 0.5, 1.3]), top_k=st.sampled_from([None, 3]), seed=st.integers(0, 2**31),
+       engine=st.sampled_from([None, "branch", "repeat"]), stop=st.sampled_from([True, False, "block"]),
+       k=st.integers(1, 4))
+def test_decoder_specs_round_trip(temperature, top_k, seed, engine, stop, k):
+    top_k = top_k if temperature > 0 else None  # top_k without sampling is refused
+    decoder = Decoder.from_names(selector="topk", k=k, sample=Sampling(temperature, top_k), seed=seed, engine=engine,
+                                 stop_at_eos=stop)
+    assert Decoder.from_spec(DecoderSpec.from_dict(json.loads(json.dumps(decoder.spec.to_dict())))) == decoder
+
+
+def test_a_spec_that_names_no_decoder_is_refused_naming_the_field():
+    spec = Decoder.from_names().spec.to_dict()
+    del spec["selector"]["name"]
+    with pytest.raises(ConfigError, match=r"field `selector` must be an object with a `name`") as err:
+        DecoderSpec.from_dict(spec)
+    assert err.value.param == "selector"
+    spec = Decoder.from_names().spec.to_dict()
+    spec["infiller"]["params"]["token_threshold"] = 7
+    with pytest.raises(ConfigError, match=r"token_threshold") as err:
+        Decoder.from_spec(DecoderSpec.from_dict(spec))
+    assert err.value.param == "token_threshold"
+    spec = Decoder.from_names().spec.to_dict()
+    spec["sampler"] = {"name": "categorical", "params": {"temperature": 1.0, "typical_p": 0.5}}
+    with pytest.raises(ConfigError, match=r"sampler 'categorical' takes"):
+        Decoder.from_spec(DecoderSpec.from_dict(spec))
+
+
+def test_the_environment_names_versions_threads_and_the_model_source():
+    import refusion
+
+    env = environment(refusion.load_model(None), engine="branch", seeds=[3])
+    assert {"refusion", "torch", "transformers", "python", "device", "dtype", "torch_threads"} <= set(env)
+    assert env["engine"] == "branch" and env["seeds"] == [3] and env["dtype"] == "torch.float32"
+    assert env["model"]["shipped"] and len(env["model"]["sha256"]) == 64
+    assert model_source(None) == {"path": None, "shipped": False, "git_revision": None, "git_dirty": None, "sha256": None}
+
+
+@pytest.fixture
+def one_thread():
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_reproduce_round_trips_a_bench_record_and_flags_a_changed_token(tmp_path, capsys, one_thread):
+    path = tmp_path / "bench.json"
+    assert main(["bench", "--per-task", "1", "--method", "model", "--json", "--record", str(path)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    record = load_record(path)
+    assert printed == record and record["kind"] == "bench"
+    assert [r["method"] for r in record["rows"]] == ["AR: transformers generate", "model"]
+    assert record["rows"][0]["decoder"] is None and record["rows"][1]["decoder"]["partitioner"]["name"] == "fixed"
+    assert all(r["examples"] == 6 == len(r["outputs"]) and r["forwards"] > 0 for r in record["rows"])
+    assert record["environment"]["torch_threads"] == 1 and record["rows"][1]["engine"] == "branch"
+
+    assert main(["reproduce", str(path), "--json"]) == 0
+    outcome = json.loads(capsys.readouterr().out)
+    assert outcome["matches"] and outcome["differences"] == [] and len(outcome["timings"]) == 2
+
+    record["rows"] = record["rows"][1:]  # the ReFusion row alone, one token changed
+    record["rows"][0]["outputs"][2][0] += 1
+    changed = tmp_path / "changed.json"
+    changed.write_text(json.dumps(record))
+    assert main(["reproduce", str(changed)]) == 1
+    report = capsys.readouterr().out
+    assert "NOT reproduced" in report and "model: tokens of 1 example(s) differ (first: example 2)" in report
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda r: r.pop("environment"), "field `environment` is missing"),
+    (lambda r: r.update(kind="sweep"), "field `kind` must be one of 'bench', 'eval'"),
+    (lambda r: r.update(schema="other"), "field `schema` must be 'refusion-record'"),
+    (lambda r: r["settings"].pop("per_task"), "field `settings.per_task` is missing"),
+    (lambda r: r["rows"][0].update(forwards="many"), "field `rows\\[0\\].forwards` must be an integer"),
+    (lambda r: r["rows"][0].pop("decoder"), "field `rows\\[0\\].decoder` is missing"),
+    (lambda r: r.update(rows=[]), "field `rows` is empty"),
+])
+def test_a_malformed_record_is_refused_naming_the_field(edit, message):
+    record = {"schema": "refusion-record", "version": 1, "kind": "bench", "environment": {},
+              "settings": {"per_task": 1, "gen_length": 32, "methods": ["model"]},
+              "rows": [{"method": "model", "examples": 6, "correct": 6, "forwards": 9, "tokens": 30, "seconds": 0.5,
+                        "outputs": [], "decoder": None}]}
+    check_record(record)
+    edit(record)
+    with pytest.raises(ConfigError, match=message):
+        check_record(record)
+
+
+def test_reproduce_refuses_unreadable_and_non_json_files(tmp_path, capsys):
+    assert main(["reproduce", str(tmp_path / "missing.json")]) == 2
+    assert "could not be read" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text("{rows: 1")
+    assert main(["reproduce", str(bad)]) == 2
+    assert "not JSON" in capsys.readouterr().err
+
+
+def test_an_eval_record_carries_the_environment_decoder_and_settings(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("lm_eval")
+    from tests.support.lmeval_task import TASK
+    from refusion.training.tasks import held_out
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    data = tmp_path / "synthetic.jsonl"
+    data.write_text("".join(json.dumps({"prompt": e.prompt, "answer": e.answer}) + "\n"
+                            for e in held_out(1) if e.task in ("copy", "reverse")))
+    (tmp_path / "refusion_synthetic.yaml").write_text(TASK.format(data=data))
+    path = tmp_path / "eval.json"
+    assert main(["eval", "--tasks", "refusion_synthetic", "--include-path", str(tmp_path), "--model-args",
+                 "selector=topk,k=2", "--record", str(path)]) == 0
+    capsys.readouterr()
+    record = load_record(path)
+    assert record["kind"] == "eval" and record["generations"] == 2 and record["decoder"]["selector"]["params"] == {"k": 2}
+    assert record["environment"]["engine"] == "branch" and record["settings"]["torch_random_seed"] == 1234
+    assert record["results"]["refusion_synthetic"]["exact_match,none"] == 1.0
+
+
+def test_reproducing_an_eval_record_compares_every_metric_and_the_texts(monkeypatch):
+    import refusion.measure.lmeval as evaluation
+    from refusion.measure.reproduce import reproduce
+
+    env = {"refusion": "0.1.0", "torch": "2.13.0", "torch_threads": 1}
+    record = {"schema": "refusion-record", "version": 1, "kind": "eval", "environment": env, "decoder": None,
+              "settings": {"tasks": ["t"], "model_args": "k=2", "limit": None, "torch_random_seed": 7},
+              "results": {"t": {"exact_match,none": 1.0, "exact_match_stderr,none": float("nan")}},
+              "outputs_sha256": "a" * 64, "generations": 2}
+    calls = []
+
+    def rerun(tasks, **kwargs):  # what the re-run gives: the same metrics, the texts changed, a newer torch
+        calls.append((tasks, kwargs))
+        return {}, {**record, "environment": {**env, "torch": "2.14.0"}, "outputs_sha256": "b" * 64}
+
+    monkeypatch.setattr(evaluation, "evaluate_with_record", rerun)
+    outcome = reproduce(record)
+    assert calls == [(["t"], {"model_args": "k=2", "include_path": None, "limit": None, "torch_random_seed": 7})]
+    assert not outcome.matches and outcome.differences == ("generated texts differ (sha256 aaaaaaaaaaaa -> bbbbbbbbbbbb)",)
+    assert outcome.environment_changes == ("torch: 2.13.0 -> 2.14.0",)  # NaN stderr counts as equal

@@ -75,7 +75,7 @@ def _silence_stdout() -> None:
 
     try:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except OSError:  # pragma: no cover - stdout without a file descriptor
+    except (OSError, AttributeError, ValueError):  # stdout without a file descriptor
         pass
 
 

@@ -36,12 +36,17 @@ def pareto_front(records: Sequence[TrialRecord], objective: str) -> list[TrialRe
 
 
 def choose(front: Sequence[TrialRecord], ar_accuracy: float, objective: str, max_accuracy_drop: float = 0.0) -> TrialRecord:
-    """The fastest front point whose accuracy is at least AR's minus ``max_accuracy_drop``, else the most accurate."""
+    """The fastest front point whose accuracy is at least AR's minus ``max_accuracy_drop``, else the most accurate.
+
+    Ties on the objective and accuracy go to the other measure of speed (wall time per token for the forwards
+    objective, forwards for the wall objective), then to the earlier trial.
+    """
     cost = OBJECTIVES[objective]
+    other = OBJECTIVES["wall" if objective == "forwards" else "forwards"]
     good = [r for r in front if r["accuracy"] >= ar_accuracy - max_accuracy_drop - 1e-12]
     if good:
-        return min(good, key=lambda r: (r[cost], -r["accuracy"], r.number))
-    return max(front, key=lambda r: (r["accuracy"], -r[cost], -r.number))
+        return min(good, key=lambda r: (r[cost], -r["accuracy"], r[other], r.number))
+    return max(front, key=lambda r: (r["accuracy"], -r[cost], -r[other], -r.number))
 
 
 def write_csv(path: Path, records: Sequence[TrialRecord], front: Sequence[TrialRecord], ar: dict[str, Any]) -> Path:

@@ -56,11 +56,14 @@ def create_app(generator: Generator, *, model_name: str = "refusion", defaults: 
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, error: APIError) -> JSONResponse:
+        metrics.refused(request.url.path, error.status)
         return error.response()
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
-        return validation_error(error).response()
+        answer = validation_error(error)
+        metrics.refused(request.url.path, answer.status)
+        return answer.response()
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, error: HTTPException) -> JSONResponse:

@@ -32,6 +32,10 @@ class _EngineCollector:
                                 value=tokens / forwards if forwards else 0.0)
 
 
+#: the decoding endpoints' paths and their ``endpoint`` label
+ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
+
+
 class ServerMetrics:
     """The metrics of a server on ``generator``; :meth:`render` gives the Prometheus text format."""
 
@@ -41,7 +45,7 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("refusion_requests", "Requests by endpoint and outcome (stop, length, cancelled, "
-                                "error, rejected).", ("endpoint", "outcome"), registry=r)
+                                "error, rejected, invalid, not_found).", ("endpoint", "outcome"), registry=r)
         self.prompt_tokens = Counter("refusion_prompt_tokens", "Prompt tokens of admitted requests.", registry=r)
         self.generated_tokens = Counter("refusion_generated_tokens", "Tokens sent to clients.", registry=r)
         self.latency = Histogram("refusion_request_latency_seconds", "Submit to last token.", ("endpoint",),
@@ -63,6 +67,12 @@ class ServerMetrics:
         self.generated_tokens.inc(tokens)
         self.tokens_sent += tokens
         self.latency.labels(endpoint).observe(latency)
+
+    def refused(self, path: str, status: int) -> None:
+        """Count a request to a decoding endpoint answered 400 (``invalid``) or 404 (``not_found``) before decoding."""
+        endpoint = ENDPOINTS.get(path)
+        if endpoint is not None and status in (400, 404):
+            self.requests.labels(endpoint, "invalid" if status == 400 else "not_found").inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -58,3 +58,23 @@ def test_every_command_explains_its_options(command, capsys):
     for line in text.splitlines():
         if line.strip().startswith("--") and "  " in line.strip():
             assert len(line.strip().split("  ", 1)[1].strip()) > 3, f"option without help: {line}"
+
+
+def test_output_cut_short_by_a_closed_pipe_is_not_an_error(monkeypatch, capsys):
+    import io
+    import sys
+
+    class ClosedPipe(io.StringIO):  # what stdout is after `| head -1` has read its line
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    assert main(["plugins", "--json"]) == 0
+    assert "Broken pipe" not in capsys.readouterr().err
+
+
+def test_the_summary_line_counts_iterations_in_good_english(capsys):
+    assert main(["generate", "rev ab="]) == 0
+    summary = capsys.readouterr().err.strip().splitlines()[-1]
+    iterations = int(summary.split(" iteration")[0].rsplit(" ", 1)[1])
+    assert summary.endswith("1 iteration]") if iterations == 1 else summary.endswith(" iterations]")

@@ -34,6 +34,17 @@ def test_a_full_queue_answers_503_with_retry_after(model):
     assert 'refusion_requests_total{endpoint="completions",outcome="rejected"} 1.0' in client.get("/metrics").text
 
 
+def test_refused_requests_are_counted_by_outcome(model):
+    client = TestClient(create_app(Generator(model), manage_generator=False))
+    assert client.post("/v1/completions", json={**BODY, "temperature": -1}).status_code == 400
+    assert client.post("/v1/completions", json={**BODY, "model": "elsewhere"}).status_code == 404
+    assert client.post("/v1/chat/completions", json={"model": "refusion"}).status_code == 400  # no messages
+    text = client.get("/metrics").text
+    assert 'refusion_requests_total{endpoint="completions",outcome="invalid"} 1.0' in text
+    assert 'refusion_requests_total{endpoint="completions",outcome="not_found"} 1.0' in text
+    assert 'refusion_requests_total{endpoint="chat",outcome="invalid"} 1.0' in text
+
+
 def test_a_closing_server_refuses_new_requests_and_reports_it_on_health(model):
     generator = Generator(model)
     generator.close()

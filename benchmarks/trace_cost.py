@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import fmt_ratio, fmt_spread, header, interleave  # noqa: E402
 
 from refusion.api import build_decoder, load_model  # noqa: E402
-from refusion.decoding.decoder import DecodeSession  # noqa: E402
+from refusion.decoding.session import DecodeSession  # noqa: E402
 from refusion.measure.trace import read_trace, write_trace  # noqa: E402
 from refusion.training.tasks import held_out  # noqa: E402
 

@@ -39,7 +39,7 @@ _EXPORTS = {
     "DecoderSpec": "refusion.config.spec",
     "load_preset": "refusion.config.presets",
     "Decoder": "refusion.decoding.decoder",
-    "DecodeSession": "refusion.decoding.decoder",
+    "DecodeSession": "refusion.decoding.session",
     "DecodeResult": "refusion.decoding.types",
     "Plan": "refusion.decoding.types",
     "Slot": "refusion.decoding.types",

@@ -29,7 +29,8 @@ from typing import Any, Callable, Iterator
 
 import attrs
 
-from refusion.decoding.decoder import Decoder, DecodeSession, Prepared, with_text
+from refusion.decoding.decoder import Decoder, Prepared, with_text
+from refusion.decoding.session import DecodeSession
 from refusion.engines import Runner, engine_class, open_engine
 from refusion.errors import ConfigError, QueueFull
 from refusion.decoding.types import DecodeResult, StepRecord

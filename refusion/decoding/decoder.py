@@ -8,7 +8,7 @@ let the reorderer update the cache. Every iteration commits at least one slot,
 so decoding ends after at most as many iterations as there are slots.
 
 A decode is a *program*: a generator that yields the model calls it needs and
-receives their outputs (:meth:`DecodeSession.program`). Engines
+receives their outputs (:meth:`~refusion.decoding.session.DecodeSession.program`). Engines
 (:mod:`refusion.engines`) run them; :meth:`Decoder.decode_batch` runs a batch
 to the end, :class:`refusion.generator.Generator` lets requests join and leave
 a running engine.
@@ -16,22 +16,19 @@ a running engine.
 
 from __future__ import annotations
 
-import time
-from typing import Any, Generator, Sequence
+from typing import Any, Sequence
 
 import attrs
 import torch
 
-from refusion.cache.sequence import CacheEditor
 from refusion.config.spec import DecoderSpec, SamplerSpec
-from refusion.decoding.checks import (bounded, call_part, check_length, check_prompt, checked_partition, checked_result,
-                             checked_selection, plugin_error)
+from refusion.decoding.checks import call_part, check_length, check_prompt, checked_partition, plugin_error
+from refusion.decoding.sampling import Sampler, greedy
+from refusion.decoding.session import DecodeSession
+from refusion.decoding.types import DecodeResult, Partition
 from refusion.errors import ConfigError
 from refusion.models.base import ModelAdapter
-from refusion.decoding.protocol import BlockReuse, Branch, Extend, ModelCall, Projection
-from refusion.decoding.sampling import Sampler, apply_sampler, greedy, is_greedy
-from refusion.decoding.types import Commit, DecodeResult, Drafts, InfillResult, Partition, Plan, StepRecord
-from refusion.strategies.base import CacheReorderer, InfillContext, Infiller, SlotPartitioner, SlotSelector
+from refusion.strategies.base import CacheReorderer, Infiller, SlotPartitioner, SlotSelector
 from refusion.validators import positive_int
 
 
@@ -259,250 +256,3 @@ def _check_engine(value: Any) -> None:
     from refusion.engines import engine_class
 
     engine_class(value)
-
-
-
-
-class DecodeSession:
-    """One prompt's decode: its engine state, output buffer, trace and program.
-
-    :meth:`program` is the decode as a generator of model calls; :meth:`run`
-    executes it on the session's engine. ``state`` is what the engine keeps
-    for the sequence; ``cache`` (its committed context) stays inspectable
-    afterwards.
-    """
-
-    def __init__(self, decoder: Decoder, model: ModelAdapter, state: Any, partition: Partition, seed: int = 0, *,
-                 engine: Any = None):
-        self.decoder = decoder
-        self.model = model
-        self.state = state
-        self.engine = engine
-        self.partition = partition
-        self.prompt_len = state.prompt_length
-        g = partition.gen_length
-        self.tokens = torch.full((g,), model.mask_token_id, dtype=torch.long)
-        self.commit_step = torch.full((g,), -1, dtype=torch.long)
-        self.open = [True] * len(partition.slots)  # not yet committed nor dropped
-        self.eos_offset: int | None = None
-        self.steps: list[StepRecord] = []
-        self.generator = torch.Generator().manual_seed(seed)
-        #: the infiller's memory for this sequence across iterations (InfillContext.memory)
-        self.memory: dict = {}
-        #: drafts are argmaxes: a plan's rows are projected only when read
-        self.greedy = is_greedy(decoder.sample)
-        self._eos_ids = torch.tensor(sorted(model.eos_token_ids), dtype=torch.long)
-
-    @property
-    def cache(self):
-        """The sequence's committed context (a :class:`~refusion.cache.sequence.SequenceCache`)."""
-        return self.state.context
-
-    @property
-    def forwards(self) -> int:
-        """Model forwards that served this sequence so far (counted by the engine)."""
-        return self.state.counters.forwards
-
-    def sample(self, logits: Any, exclude: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The decoder's sampler, bound to this prompt's generator (Scores or logits)."""
-        return apply_sampler(self.decoder.sample, logits, exclude, self.generator)
-
-    def run(self) -> DecodeResult:
-        """Run :meth:`program` to the end on the session's engine."""
-        from refusion.engines import drive
-
-        return drive(self.engine, [self])[0]
-
-    def program(self) -> Generator[ModelCall, Any, DecodeResult]:
-        d = self.decoder
-        for block_index, block in enumerate(self.partition.blocks):
-            open_slots = [self.partition.slots[i] for i in block if self.open[i]]
-            if open_slots:
-                start = self.prompt_len + open_slots[0].offset
-                stop = self.prompt_len + open_slots[-1].stop
-                reuse = call_part(d.reorderer, d.reorderer.start_block, start, stop)
-                if reuse is not None and not isinstance(reuse, BlockReuse):
-                    raise plugin_error(d.reorderer, f"start_block returned {reuse!r}; expected None or a BlockReuse.")
-                self.state.start_block(start, stop, reuse)
-            while True:
-                remaining = [i for i in block if self.open[i]]
-                if not remaining:
-                    break
-                before = self._snapshot()
-                width = call_part(d.selector, d.selector.candidates, len(remaining))
-                if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= len(remaining):
-                    raise plugin_error(d.selector, f"candidates({len(remaining)}) returned {width!r}; expected an "
-                                       f"integer in [1, {len(remaining)}].")
-                candidates = tuple(self.partition.slots[i] for i in remaining[:width])
-                ctx = InfillContext(
-                    mask_token_id=self.model.mask_token_id,
-                    eos_token_ids=self.model.eos_token_ids,
-                    last_scores=self.cache.last_scores,
-                    last_position=self.cache.last_position,
-                    context_length=len(self.cache),
-                    sampler=self.sample,
-                    memory=self.memory,
-                    region_start=self.prompt_len,
-                )
-                drafted = d.selector.reads_scores or call_part(d.infiller, d.infiller.needs_drafts, ctx, candidates)
-                plan = yield from self._plan(candidates, drafted)
-                if drafted:  # the plan's forward encoded pending entries: what precedes the region is known now
-                    ctx = attrs.evolve(ctx, last_scores=self.cache.last_scores)
-                chosen = checked_selection(d.selector, plan, call_part(d.selector, d.selector.select, plan))
-                if drafted and self.greedy:  # the chosen slots' drafts, projected with the other sequences'
-                    rows = torch.cat([torch.arange(plan.offsets[i], plan.offsets[i + 1]) for i in chosen])
-                    yield Projection(plan.scores, rows)
-                budget = d.calls_per_token * sum(plan.slots[i].length for i in chosen) + 8
-                program = call_part(d.infiller, d.infiller.infill, ctx, plan, chosen)
-                result = yield from bounded(d.infiller, program, budget, self.model.vocab_size, self.model.max_positions)
-                result = checked_result(
-                    d.infiller, result, plan, chosen, self.model.eos_token_ids, self.model.mask_token_id, self.model.vocab_size
-                )
-                result = self._apply_eos(result)
-                encoded = self.cache.encoded
-                editor = self._reorder(result)
-                self.steps.append(self._step_record(block_index, remaining, plan, chosen, result, before, encoded, editor))
-            if d.stop_at_eos == "block" and self.eos_offset is not None:  # the block with the EOS is finished: stop
-                self.open = [False] * len(self.open)
-                break
-        return self._result()
-
-    def _plan(self, slots: tuple, drafted: bool) -> Generator[ModelCall, Any, Plan]:
-        """Draft ``slots`` with one forward of masks (or, when nobody reads the drafts, without one)."""
-        offsets = [0]
-        for slot in slots:
-            offsets.append(offsets[-1] + slot.length)
-        first, last = slots[0].offset, slots[-1].stop
-        if last - first == offsets[-1]:  # contiguous slots: one range
-            positions = torch.arange(first, last) + self.prompt_len
-        else:
-            positions = torch.cat([torch.arange(s.offset, s.stop) for s in slots]) + self.prompt_len
-        if not drafted:
-            return Plan(slots, positions, None, tuple(offsets), self.generator, **self._where())
-        masks = torch.full_like(positions, self.model.mask_token_id)
-        reads = torch.as_tensor(offsets[:-1]) if self.decoder.selector.reads_scores else None  # the slot scores
-        (out,) = yield ModelCall.of(Extend(Branch(), masks, positions, reads))
-        draw = lambda scores: self._draw(scores, positions)  # noqa: E731
-        drafts = Drafts(out.scores, draw, len(positions), lazy=self.greedy, exclude=self.model.mask_token_id)
-        return Plan(slots, positions, out.scores, tuple(offsets), self.generator, drafts, **self._where())
-
-    def _where(self) -> dict:
-        """The plan's place in the decode, for schedule-driven selectors."""
-        return dict(canvas_length=self.prompt_len + self.partition.gen_length,
-                    num_blocks=len(self.partition.blocks), memory=self.memory)
-
-    def _draw(self, scores: Any, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        canvas = self.prompt_len + self.partition.gen_length
-        block = None
-        if getattr(self.decoder.sample, "draws_block", False) and hasattr(self.model, "block_start"):
-            start = self.model.block_start(int(positions[0]), self.prompt_len)
-            block = (start, min(start + self.model.capabilities.block_length, canvas))
-        return apply_sampler(self.decoder.sample, scores, self.model.mask_token_id, self.generator,
-                             positions=positions, canvas_length=canvas, block=block)
-
-    def _apply_eos(self, result: InfillResult) -> InfillResult:
-        """Cut the answer at the earliest EOS: truncate its slot, drop every slot after it."""
-        eos = self.model.eos_token_ids
-        if not eos or self.decoder.stop_at_eos is False:
-            return result
-        every = torch.cat([c.tokens for c in result.commits]) if len(result.commits) > 1 else result.commits[0].tokens
-        hits = torch.isin(every.cpu(), self._eos_ids)
-        if not bool(hits.any()):
-            return result
-        first, start = None, 0
-        for c in result.commits:
-            found = hits[start : start + len(c.tokens)].nonzero()
-            start += len(c.tokens)
-            if len(found):
-                offset = c.slot.offset + int(found[0])
-                first = offset if first is None else min(first, offset)
-        self.eos_offset = first if self.eos_offset is None else min(self.eos_offset, first)
-        if self.decoder.stop_at_eos == "block":  # the block is decoded to its end, as if no EOS had come
-            return result
-        self.state.end_at(self.prompt_len + self.eos_offset)
-        for slot in self.partition.slots:
-            if slot.offset > first:
-                self.open[slot.index] = False
-        kept: list[Commit] = []
-        for c in result.commits:
-            if c.slot.offset > first:
-                continue
-            m = first - c.slot.offset + 1
-            if m < c.tokens.shape[0]:
-                kv = c.kv[: min(m, len(c.kv))] if c.kv is not None else None
-                c = Commit(c.slot, c.tokens[:m], c.positions[:m], kv, c.chain)
-            kept.append(c)
-        same = len(kept) == len(result.commits) and all(a is b for a, b in zip(kept, result.commits))
-        return result if same else InfillResult(kept, next_logits=None)
-
-    def _snapshot(self) -> tuple:
-        """What an iteration's record is measured from: counters, encoded entries and the clock at its start."""
-        c = self.state.counters
-        return (time.perf_counter(), c.forwards, len(c.fed_log), c.kv_context_bytes, c.kv_new_bytes, self.cache.encoded)
-
-    def _step_record(self, block: int, remaining: list, plan: Plan, chosen: Sequence[int], result: InfillResult,
-                     before: tuple, encoded: int, editor: CacheEditor) -> StepRecord:
-        """The iteration's :class:`StepRecord`: its decisions and what it cost since ``before`` (:meth:`_snapshot`)."""
-        start, forwards, logged, copied, written, encoded_before = before
-        c = self.state.counters
-        scored = plan.drafted and self.decoder.selector.reads_scores
-        return StepRecord(
-            iteration=len(self.steps),
-            block=block,
-            planned=tuple(remaining),
-            selected=tuple(plan.slots[i].index for i in chosen),
-            committed=tuple((m.slot.index, m.tokens.shape[0]) for m in result.commits),
-            forwards=c.forwards - forwards,
-            drafted=tuple(s.index for s in plan.slots) if plan.drafted else (),
-            confidence=tuple(plan.first_confidence.tolist()) if scored else (),
-            fed_tokens=tuple(c.fed_log[logged:]),
-            kv_appended=editor.appended_kv,
-            kv_pending=editor.appended - editor.appended_kv,
-            kv_encoded=encoded - encoded_before,
-            kv_invalidated=editor.invalidated,
-            kv_copied_bytes=c.kv_context_bytes - copied,
-            kv_written_bytes=c.kv_new_bytes - written,
-            seconds=time.perf_counter() - start,
-        )
-
-    def _reorder(self, result: InfillResult) -> CacheEditor:
-        d = self.decoder
-        expected = len(self.cache) + sum(c.tokens.shape[0] for c in result.commits)
-        editor = CacheEditor(self.cache)
-        call_part(d.reorderer, d.reorderer.reorder, editor, result)
-        if len(self.cache) != expected:
-            raise plugin_error(d.reorderer, f"left the cache with {len(self.cache)} entries; expected {expected}.")
-        added = self.cache.positions[expected - sum(c.tokens.shape[0] for c in result.commits) :]
-        committed = torch.cat([c.positions.cpu() for c in result.commits])
-        if not torch.equal(torch.sort(added).values, torch.sort(committed).values):
-            raise plugin_error(d.reorderer, "appended positions other than the committed ones; it must append each "
-                               "committed token exactly once.")
-        for c in result.commits:
-            offset = c.slot.offset
-            self.tokens[offset : offset + c.tokens.shape[0]] = c.tokens.cpu()
-            self.commit_step[offset : offset + c.tokens.shape[0]] = len(self.steps)
-            self.open[c.slot.index] = False
-        return editor
-
-    def _result(self) -> DecodeResult:
-        if self.eos_offset is None and self.model.eos_token_ids:  # stop_at_eos off: cut at the first EOS now
-            hits = torch.isin(self.tokens, torch.tensor(sorted(self.model.eos_token_ids))).nonzero()
-            self.eos_offset = int(hits[0]) if len(hits) else None
-        end = self.partition.gen_length if self.eos_offset is None else self.eos_offset + 1
-        if bool((self.commit_step[:end] < 0).any()):  # pragma: no cover - guarded by the checks above
-            raise RuntimeError("internal error: a position before the end of the answer was never committed")
-        return DecodeResult(
-            tokens=self.tokens[:end].clone(),
-            prompt_length=self.prompt_len,
-            partition=self.partition,
-            commit_step=self.commit_step,
-            forwards=self.forwards,
-            steps=tuple(self.steps),
-            stopped_at_eos=self.eos_offset is not None,
-            extra={
-                "all_tokens": [int(t) if s >= 0 else -1 for t, s in zip(self.tokens.tolist(), self.commit_step.tolist())],
-                "engine": getattr(self.engine, "name", None),
-                "fed_tokens": self.state.counters.fed_tokens,
-                "kv_bytes": self.state.counters.kv_bytes,
-            },
-        )

@@ -1,7 +1,7 @@
 """The runtime under the decoder: one interface, interchangeable engines.
 
 A decode is a program that yields :class:`~refusion.decoding.protocol.ModelCall` s
-(:meth:`refusion.decoding.decoder.DecodeSession.program`). An :class:`Engine` runs
+(:meth:`refusion.decoding.session.DecodeSession.program`). An :class:`Engine` runs
 them against one model:
 
 * :meth:`Engine.admit` creates the per-sequence state of an admitted prompt

@@ -55,7 +55,7 @@ medians, spreads and the header line come from ``benchmarks/common.py``.
 Counts beside the times: forwards per call (peer: a hook on its network;
 refusion: ``result.forwards``), generated tokens per forward, whether the tokens
 are identical (k of n prompts; every case is greedy or seeded, and
-tests/test_peer_checkpoints.py asserts identity for these functions), and where
+tests/models/test_peer_checkpoints.py asserts identity for these functions), and where
 the CPU goes: inside the network per forward (peer: its top module, backbone and
 LM head; refusion: ``refusion.decoding.counters.observe``) and outside it per forward (the
 decoder's own work). Caveat: SDAR's network runs with the fixtures' plain-torch

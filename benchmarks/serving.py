@@ -17,8 +17,8 @@ arriving ``--gap-ms`` apart are decoded by a continuous-batching
 ``Generator`` (requests join between steps, at most ``--batch`` rows) and by
 static batches of the same size (when idle, take up to ``--batch`` waiting
 requests and decode them together to the end), both with ``--preset``
-(default ``ar``: one token per step, so a batch lasts as long as its
-longest answer). Both run interleaved with
+(default ``ar``: lossless left to right, one 8-token slot per step, so
+a static batch lasts as many steps as its longest answer has slots). Both run interleaved with
 benchmarks/common.py's ``interleave`` (CPU and wall, medians over rounds);
 reports latency from arrival to the last token (p50/p99), the time to
 finish all requests and the ratios continuous / static.
@@ -258,8 +258,8 @@ def main(argv=None) -> int:
     parser.add_argument("--gap-ms", type=float, default=4.0)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--preset", default="ar", help="part 2's decoding preset (default ar: one token per step, "
-                        "so answers of different lengths take different numbers of steps)")
+    parser.add_argument("--preset", default="ar", help="part 2's decoding preset (default ar: one 8-token slot per "
+                        "step, so answers of different lengths take different numbers of steps)")
     parser.add_argument("--part", type=int, choices=(1, 2), action="append", default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)

@@ -13,8 +13,8 @@ from refusion.config.build import PART_KINDS
 from refusion.config.spec import DecoderSpec
 from refusion.errors import unknown_name
 
-#: a preset is a decoder spec (the name is kept for the public API)
 Preset = DecoderSpec
+"""A preset is a :class:`~refusion.config.spec.DecoderSpec` (the name is kept for the public API)."""
 
 
 def _paper(task: str, slot_size: int, blocks: int, slot_t: float, token_t: float) -> dict:
@@ -157,6 +157,7 @@ class _Presets(Mapping):
 
 
 PRESETS: Mapping[str, DecoderSpec] = _Presets(DEFINITIONS)
+"""The named presets, by name: each a :class:`~refusion.config.spec.DecoderSpec`, built when first looked up."""
 
 
 def preset(name: str) -> DecoderSpec:

@@ -121,7 +121,7 @@ def bench_record(rows: Sequence[Any], decoders: Sequence[Any], settings: Mapping
                  engines: Sequence[str | None] = ()) -> dict:
     """The JSON record of a ``refusion bench`` run.
 
-    ``rows`` are :class:`~refusion.measure.bench.Row` s, ``decoders[i]`` the decoder
+    ``rows`` are :class:`~refusion.measure.results.Result` s, ``decoders[i]`` the decoder
     of ``rows[i]`` (None for the AR baseline), ``settings`` the bench's
     options (``per_task``, ``gen_length``, ``methods``, ``cost_model``,
     ``model``: the model options), ``env`` an :func:`environment`,

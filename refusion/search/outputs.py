@@ -45,8 +45,8 @@ def choose(front: Sequence[TrialRecord], ar_accuracy: float, objective: str, max
     other = OBJECTIVES["wall" if objective == "forwards" else "forwards"]
     good = [r for r in front if r["accuracy"] >= ar_accuracy - max_accuracy_drop - 1e-12]
     if good:
-        return min(good, key=lambda r: (r[cost], -r["accuracy"], r[other], r.number))
-    return max(front, key=lambda r: (r["accuracy"], -r[cost], -r[other], -r.number))
+        return min(good, key=lambda r: (r[cost], -r["accuracy"], r.metrics.get(other, 0), r.number))
+    return max(front, key=lambda r: (r["accuracy"], -r[cost], -r.metrics.get(other, 0), -r.number))
 
 
 def write_csv(path: Path, records: Sequence[TrialRecord], front: Sequence[TrialRecord], ar: dict[str, Any]) -> Path:

@@ -13,7 +13,12 @@ the child, from ``resource.getrusage``) over the rounds with the spread
 ``refusion.search`` / ``refusion.training`` are among them. Each child runs
 with 1 torch thread (``OMP_NUM_THREADS=1``).
 
-    python benchmarks/startup.py --rounds 5 [--json]
+``--compare DIR`` also runs every command against another checkout of
+refusion (e.g. a ``git worktree`` of an earlier commit, put first on
+``PYTHONPATH``), interleaved with this one in the same rounds, and reports the
+per-round CPU-time ratio (other / this).
+
+    python benchmarks/startup.py --rounds 5 [--compare DIR] [--json]
 """
 
 from __future__ import annotations
@@ -22,15 +27,14 @@ import argparse
 import json
 import os
 import resource
-import shutil
 import statistics
 import subprocess
 import sys
 import time
 
 COMMANDS = {
-    "refusion --help": ["{refusion}", "--help"],
-    "refusion generate (shipped model)": ["{refusion}", "generate", "rev helloworld="],
+    "refusion --help": [sys.executable, "-m", "refusion.cli", "--help"],
+    "refusion generate (shipped model)": [sys.executable, "-m", "refusion.cli", "generate", "rev helloworld="],
     "python -c 'import refusion'": [sys.executable, "-c", "import refusion"],
 }
 
@@ -39,12 +43,14 @@ PROBE = ("import sys, refusion; mods = [m for m in sys.modules if m == 'refusion
          "any(m.startswith('refusion.training') for m in mods), len(sys.modules))")
 
 
-def run_once(argv: list[str]) -> tuple[float, float]:
-    """Wall and CPU seconds of one child process running ``argv``."""
+def run_once(argv: list[str], path: str | None = None) -> tuple[float, float]:
+    """Wall and CPU seconds of one child process running ``argv`` (with ``path`` first on ``PYTHONPATH``)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join([path, *filter(None, [os.environ.get("PYTHONPATH")])])
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, text=True, env=env)
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=path or None)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
@@ -59,31 +65,42 @@ def spread(values: list[float]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--compare", default=None, metavar="DIR", help="another refusion checkout to run beside this")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()
-    refusion = shutil.which("refusion") or os.path.join(os.path.dirname(sys.executable), "refusion")
-    commands = {name: [part.replace("{refusion}", refusion) for part in argv] for name, argv in COMMANDS.items()}
-    names = list(commands)
-    for name in names:  # warm-up: file caches, bytecode
-        run_once(commands[name])
-    times: dict[str, dict[str, list[float]]] = {n: {"wall": [], "cpu": []} for n in names}
+    sides = {"this": None} if args.compare is None else {"this": None, "other": os.path.abspath(args.compare)}
+    runs = [(name, side) for name in COMMANDS for side in sides]
+    for name, side in runs:  # warm-up: file caches, bytecode
+        run_once(COMMANDS[name], sides[side])
+    times = {(n, s): {"wall": [], "cpu": []} for n, s in runs}
+    ratios: dict[str, list[float]] = {n: [] for n in COMMANDS}
     for r in range(args.rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
-        for name in order:
-            wall, cpu = run_once(commands[name])
-            times[name]["wall"].append(wall)
-            times[name]["cpu"].append(cpu)
+        order = runs[r % len(runs):] + runs[: r % len(runs)]
+        this_round = {}
+        for name, side in order:
+            wall, cpu = run_once(COMMANDS[name], sides[side])
+            times[(name, side)]["wall"].append(wall)
+            times[(name, side)]["cpu"].append(cpu)
+            this_round[(name, side)] = cpu
+        if args.compare:
+            for name in COMMANDS:
+                ratios[name].append(this_round[(name, "other")] / this_round[(name, "this")])
     probe = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True).stdout.split()
     modules = {"refusion_modules": int(probe[0]), "loads_search": probe[1] == "True",
                "loads_training": probe[2] == "True", "all_modules": int(probe[3])}
     if args.json:
-        print(json.dumps({"rounds": args.rounds, "times": times, "import": modules}))
+        print(json.dumps({"rounds": args.rounds, "compare": args.compare, "import": modules, "ratios": ratios,
+                          "times": {f"{n} [{s}]": t for (n, s), t in times.items()}}))
         return 0
-    print(f"{args.rounds} interleaved rounds, fresh processes, 1 torch thread; median [min-max] seconds")
-    print(f"{'command':40} {'wall s':>20} {'CPU s':>20}")
-    for name in names:
-        print(f"{name:40} {spread(times[name]['wall']):>20} {spread(times[name]['cpu']):>20}")
-    print(f"import refusion: {modules['refusion_modules']} refusion modules ({modules['all_modules']} in all); "
+    print(f"{args.rounds} interleaved rounds, fresh processes, 1 torch thread; median [min-max] seconds"
+          + (f"; 'other' = {args.compare}" if args.compare else ""))
+    print(f"{'command':48} {'wall s':>20} {'CPU s':>20} {'other/this CPU':>20}")
+    for name, side in runs:
+        label = f"{name} [{side}]" if args.compare else name
+        ratio = spread(ratios[name]) + "x" if args.compare and side == "other" else ""
+        print(f"{label:48} {spread(times[(name, side)]['wall']):>20} {spread(times[(name, side)]['cpu']):>20} "
+              f"{ratio:>20}")
+    print(f"import refusion (this): {modules['refusion_modules']} refusion modules ({modules['all_modules']} in all); "
           f"refusion.search loaded: {modules['loads_search']}; refusion.training loaded: {modules['loads_training']}")
     return 0
 

@@ -75,7 +75,7 @@ def test_public_entry_points_validate_their_input(tmp_path):
         TrainConfig(steps=0)
 
 
-def test_soak_thousands_of_decodes_do_not_grow_memory():
+def test_hundreds_of_decodes_do_not_grow_memory():
     model = tiny(vocab=16, seed=3, scale=6.0, eos=2)
     decoders = [Decoder.from_names(slot_size=2, serial_num_blocks=1, slot_threshold=0.5, token_threshold=0.5),
                 Decoder.from_names(partitioner="semi-ar", selector="topk", infiller="draft", block_length=4, k=2)]
@@ -85,12 +85,12 @@ def test_soak_thousands_of_decodes_do_not_grow_memory():
         for i in range(n):
             decoders[i % 2].decode_batch(model, [prompts[i % 50], prompts[(i + 7) % 50]], 4)
 
-    run(200)  # warm-up: allocator pools, caches
+    run(100)  # warm-up: allocator pools, caches
     gc.collect()
     objects, rss = len(gc.get_objects()), rss_mb()
-    run(2000)
+    run(600)  # a leak of one object per decode fails; benchmarks/soak.py runs 20,000
     gc.collect()
-    assert len(gc.get_objects()) - objects < 2000, "Python objects accumulate across decodes"
+    assert len(gc.get_objects()) - objects < 500, "Python objects accumulate across decodes"
     assert rss_mb() - rss < 40, "resident memory grows across decodes"
 
 

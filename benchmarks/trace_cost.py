@@ -5,7 +5,7 @@ Run:  python benchmarks/trace_cost.py [--per-task 5] [--rounds 3] [--threads 1]
 On the shipped model (its preset, batch 1, held-out prompts), three
 competitors run interleaved round by round (common.interleave): decoding
 alone, decoding plus writing each result's trace file, and decoding, writing
-and reading it back (jsonschema checks every line). Ratios are to decoding
+and reading it back (every line checked against the schema and the header). Ratios are to decoding
 alone, within each round. Separately, the CPU time spent building the
 per-iteration StepRecords inside the decoder (DecodeSession._snapshot and
 _step_record, wrapped with a clock) is reported per iteration and as a share

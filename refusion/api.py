@@ -62,6 +62,7 @@ def generate(
     reorderer: Any = None,
     seeds: Any = None,
     trace: Any = None,
+    allow_special: bool = False,
     **params: Any,
 ) -> Any:
     """Decode ``prompt`` (text or token ids) with ReFusion's plan-and-infill algorithm.
@@ -79,6 +80,8 @@ def generate(
     :class:`~refusion.decoding.types.DecodeResult` (s) with ``text`` when a tokenizer is
     known. ``trace`` (a path) also writes the standard JSON Lines trace of the
     decode(s) there (:mod:`refusion.measure.trace`, ``docs/trace.md``).
+    Prompt text naming a special token (``"<|endoftext|>"``) is refused
+    unless ``allow_special=True``.
     """
     adapter = load_model(model, tokenizer=tokenizer)
     if "max_new_tokens" in params:  # a peer's name for the length (Dream): honoured exactly, like gen_length
@@ -93,7 +96,7 @@ def generate(
     batch = is_batch(prompt)
     if not batch and seeds is not None:
         raise ConfigError("`seeds` is for a list of prompts; for one prompt pass `seed=`.", param='seeds')
-    ids = [encode_prompt(p, adapter.tokenizer, chat) for p in (prompt if batch else [prompt])]
+    ids = [encode_prompt(p, adapter.tokenizer, chat, allow_special=allow_special) for p in (prompt if batch else [prompt])]
     if gen_length is None:
         gen_length = fit_default_length(decoder, adapter, ids, default_length or DEFAULT_GEN_LENGTH)
     length = gen_length

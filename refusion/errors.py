@@ -43,6 +43,14 @@ class QueueFull(RefusionError):
     """A :class:`~refusion.generator.Generator`'s queue holds ``max_queue`` requests already: retry later."""
 
 
+class CallbackError(RefusionError):
+    """A request's ``on_event`` callback raised: that request fails with this error (the cause chained), others go on."""
+
+
+class StalledError(RefusionError):
+    """A request can make no more progress (nothing of it is queued or decoding); raised instead of waiting forever."""
+
+
 class PluginError(RefusionError):
     """A plugin (a registered part) misbehaved: it raised or returned malformed data.
 

@@ -15,6 +15,14 @@ request, which steps the generator until that request has news), or call
 :meth:`Generator.start` to step it in a background thread; ``submit``,
 ``cancel`` and iteration are thread-safe.
 
+Requests are isolated: a request whose ``on_event`` callback raises fails
+alone (:class:`~refusion.errors.CallbackError`, its row freed), a step that
+raises fails the requests it was running and the generator goes on, and a
+request that can make no more progress raises
+:class:`~refusion.errors.StalledError` from :meth:`Request.wait` instead of
+waiting forever. The model may be shared with other generators and threads
+(:func:`refusion.models.base.exclusive`).
+
 Slots commit out of order: ``Progress.prefix_tokens`` are the tokens that
 extend the *contiguous committed prefix* of the answer (what a stream can
 show), ``Progress.commits`` every slot committed in the step, wherever it is.
@@ -32,7 +40,7 @@ import attrs
 from refusion.decoding.decoder import Decoder, Prepared, with_text
 from refusion.decoding.session import DecodeSession
 from refusion.engines import Runner, engine_class, open_engine
-from refusion.errors import ConfigError, QueueFull
+from refusion.errors import CallbackError, ConfigError, QueueFull, StalledError
 from refusion.decoding.types import DecodeResult, StepRecord
 
 
@@ -93,6 +101,7 @@ class Request:
         self._seen_steps = 0
         self._events: deque[Progress] = deque()
         self._cancel = False
+        self._callback_error: CallbackError | None = None
         self._changed = threading.Condition()
 
     @property
@@ -102,6 +111,15 @@ class Request:
     @property
     def region_length(self) -> int:
         return self.prepared.partition.gen_length
+
+    @property
+    def callback_error(self) -> CallbackError | None:
+        """The error of this request's ``on_event`` callback, if it raised (the callback is then detached).
+
+        Before the final event it fails the request (``error`` is this);
+        on the final event the request has already ended as it did.
+        """
+        return self._callback_error
 
     @property
     def done(self) -> bool:
@@ -127,13 +145,18 @@ class Request:
             if self.done and not self._events:
                 return
             if self.generator._thread is None:
-                self.generator.step()
+                self.generator._step_for(self)
 
     def wait(self, timeout: float | None = None) -> DecodeResult | None:
-        """Block until the request is done; its result (``None`` if cancelled); re-raises a failure."""
+        """Block until the request is done (or ``timeout`` seconds passed: then ``None``); its result (``None`` if
+        cancelled); re-raises its failure. Without a background thread it steps the generator itself and raises
+        :class:`~refusion.errors.StalledError` if a step leaves it with nothing to run."""
         if self.generator._thread is None:
-            while not self.done:
-                self.generator.step()
+            import time
+
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while not self.done and (deadline is None or time.monotonic() < deadline):
+                self.generator._step_for(self)
         else:
             with self._changed:
                 self._changed.wait_for(lambda: self.done, timeout=timeout)
@@ -145,8 +168,15 @@ class Request:
         with self._changed:
             self._events.append(event)
             self._changed.notify_all()
-        if self.on_event is not None:
-            self.on_event(event)
+        if self.on_event is not None and self._callback_error is None:
+            try:
+                self.on_event(event)
+            except Exception as exc:  # the caller's code: this request alone pays for it
+                error = CallbackError(f"The `on_event` callback of request {self.id} raised {type(exc).__name__}: "
+                                      f"{exc}; the request fails, the others go on.")
+                error.__cause__ = exc
+                self._callback_error, self._cancel = error, True
+                self.generator._wake()
 
 
 class Generator:
@@ -205,7 +235,7 @@ class Generator:
     # -- requests ----------------------------------------------------------------
     def submit(self, prompt: Any, *, gen_length: int | None = None, seed: int | None = None,
                decoder: Decoder | None = None, on_event: Callable[[Progress], None] | None = None,
-               preset: str | None = None, **params: Any) -> Request:
+               preset: str | None = None, allow_special: bool = False, **params: Any) -> Request:
         """Check ``prompt`` (text or token ids) and queue it; returns its :class:`Request`.
 
         The request decodes with ``decoder``, or with the generator's decoder
@@ -214,7 +244,8 @@ class Generator:
         the generator's) with sampling seed ``seed`` (default: the decoder's).
         ``on_event`` is called with each :class:`Progress` from the thread
         that steps the generator. Bad input raises
-        :class:`~refusion.errors.ConfigError` here.
+        :class:`~refusion.errors.ConfigError` here (prompt text naming a
+        special token too, unless ``allow_special``).
         """
         from refusion.api import build_decoder
         from refusion.prompts import encode_prompt
@@ -227,7 +258,7 @@ class Generator:
             decoder = build_decoder(self.model, preset=preset, **params)[0] if (preset or params) else self.decoder
         if decoder.engine is not None and engine_class(decoder.engine) is not type(self.engine):
             raise ConfigError(f"`engine` {decoder.engine!r} differs from this generator's engine {self.engine.name!r}.", param='engine')
-        ids = encode_prompt(prompt, self.model.tokenizer, self.chat)
+        ids = encode_prompt(prompt, self.model.tokenizer, self.chat, allow_special=allow_special)
         prepared = decoder.prepare(self.model, ids, self.gen_length if gen_length is None else gen_length, seed=seed)
         need = prepared.prompt.shape[0] + prepared.partition.gen_length
         if self.max_tokens is not None and need > self.max_tokens:
@@ -275,32 +306,61 @@ class Generator:
         return not self._running and not self._waiting
 
     def step(self) -> list[Progress]:
-        """Apply cancellations, admit what fits, run one engine step; return the events it produced."""
+        """Apply cancellations, admit what fits, run one engine step; return the events it produced.
+
+        Never raises for a request's failure: an engine or plugin error fails
+        the requests that step was running (their ``error``), a raising
+        callback fails its own request; the generator stays usable.
+        """
         with self._step_lock:
             events: list[Progress] = []
-            self._cancel_requested(events)
-            self._admit(events)
-            if self._runner:
-                try:
-                    finished = self._runner.step()
-                except Exception as error:  # the runner freed every live sequence: fail their requests only
-                    self._runner.failures.extend((r.session, error) for r in self._running.values())
+            try:
+                self._cancel_requested(events)
+                self._admit(events)
+                if self._runner:
+                    try:
+                        finished = self._runner.step()
+                    except Exception as error:  # the runner freed every live sequence: fail their requests only
+                        self._runner.failures.extend((r.session, error) for r in self._running.values())
+                        self._failed(events)
+                        return events
+                    for session, result in finished:
+                        self._report(self._running.pop(id(session)), events, result)
                     self._failed(events)
-                    return events
-                for session, result in finished:
-                    self._report(self._running.pop(id(session)), events, result)
-                self._failed(events)
-                for request in self._running.values():
-                    self._report(request, events, None)
+                    for request in list(self._running.values()):
+                        self._report(request, events, None)
+                self._cancel_requested(events)  # callbacks that raised during this step
+            except Exception as error:  # a fault of the generator's own bookkeeping: fail what was live, go on
+                self._fail_running(error, events)
             return events
+
+    def _step_for(self, request: Request) -> None:
+        """One :meth:`step` on behalf of ``request`` (a caller stepping the generator to wait for it)."""
+        events = self.step()
+        if not request.done and not events and not self._running and request not in self._waiting:
+            raise StalledError(f"Request {request.id} is {request.status!r} but nothing of it is queued or decoding; "
+                               "it can make no more progress.")
+
+    def _fail_running(self, error: Exception, events: list[Progress]) -> None:
+        for key, request in list(self._running.items()):
+            try:
+                self._runner.cancel(request.session)
+            except Exception:  # noqa: BLE001 - freeing is best effort once the step itself failed
+                pass
+            del self._running[key]
+            request.status, request.error, request.session = "failed", error, None
+            events.append(self._final_failure(request, error))
+
+    def _final_failure(self, request: Request, error: BaseException) -> Progress:
+        event = Progress(request, None, (), (), request.prefix, finished=True, error=error)
+        request._emit(event)
+        return event
 
     def _failed(self, events: list[Progress]) -> None:
         for session, error in self._runner.failures:
             request = self._running.pop(id(session))
             request.status, request.error, request.session = "failed", error, None
-            event = Progress(request, None, (), (), request.prefix, finished=True, error=error)
-            request._emit(event)
-            events.append(event)
+            events.append(self._final_failure(request, error))
         self._runner.failures.clear()
 
     def run_until_idle(self) -> None:
@@ -319,16 +379,13 @@ class Generator:
                     return
                 self._waiting.popleft()
             if request._cancel:
-                request.status = "cancelled"
-                events.append(self._final(request, None))
+                self._end_cancelled(request, events)
                 continue
             try:
                 session = request.decoder.start(self.model, self.engine, request.prepared)
             except Exception as error:  # e.g. no room for its cache: this request alone fails
                 request.status, request.error = "failed", error
-                event = Progress(request, None, (), (), 0, finished=True, error=error)
-                request._emit(event)
-                events.append(event)
+                events.append(self._final_failure(request, error))
                 continue
             request.session, request.status = session, "running"
             self._running[id(session)] = request
@@ -343,15 +400,22 @@ class Generator:
             for r in queued:
                 self._waiting.remove(r)
         for request in queued:
-            request.status = "cancelled"
-            events.append(self._final(request, None))
+            self._end_cancelled(request, events)
         for key, request in list(self._running.items()):
             if request._cancel:
                 self._runner.cancel(request.session)
                 del self._running[key]
-                request.status = "cancelled"
                 request.session = None
-                events.append(self._final(request, None))
+                self._end_cancelled(request, events)
+
+    def _end_cancelled(self, request: Request, events: list[Progress]) -> None:
+        """End a request taken out of the queue or the batch: cancelled, or failed if its callback raised."""
+        if request._callback_error is not None:
+            request.status, request.error = "failed", request._callback_error
+            events.append(self._final_failure(request, request._callback_error))
+        else:
+            request.status = "cancelled"
+            events.append(self._final(request, None))
 
     def _report(self, request: Request, events: list[Progress], result: DecodeResult | None) -> None:
         """Events for the iterations ``request`` finished since the last report, and its end."""

@@ -10,8 +10,13 @@ from typing import Any
 from refusion.errors import ConfigError
 
 
-def encode_prompt(prompt: Any, tokenizer: Any, chat: bool | None) -> list[int]:
-    """Token ids of ``prompt`` (text needs a tokenizer; ``chat`` applies its chat template)."""
+def encode_prompt(prompt: Any, tokenizer: Any, chat: bool | None, *, allow_special: bool = False) -> list[int]:
+    """Token ids of ``prompt`` (text needs a tokenizer; ``chat`` applies its chat template).
+
+    Text holding a special token's text (``"<|endoftext|>"``, the mask token,
+    ...) is refused unless ``allow_special``: a tokenizer would turn it into
+    that token's id, so typed text could end the prompt or plant masks.
+    """
     if not isinstance(prompt, str):
         return prompt
     if tokenizer is None:
@@ -19,6 +24,9 @@ def encode_prompt(prompt: Any, tokenizer: Any, chat: bool | None) -> list[int]:
     use_chat = chat if chat is not None else bool(getattr(tokenizer, "chat_template", None))
     if chat:
         check_chat(tokenizer)
+    check_encodable(prompt, "prompt")
+    if not allow_special:
+        check_no_special_text(prompt, tokenizer, "prompt")
     check_known_characters(prompt, tokenizer)
     if use_chat:
         ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
@@ -33,6 +41,37 @@ def check_chat(tokenizer: Any) -> None:
     if not getattr(tokenizer, "chat_template", None):
         raise ConfigError("`chat` is on but the tokenizer has no chat template; drop `--chat` (`chat=True`) to feed "
                           "the prompt as is, or use a checkpoint whose tokenizer defines `chat_template`.", param='chat')
+
+
+def check_encodable(text: str, field: str) -> None:
+    """Refuse text that is not valid Unicode (lone surrogates: undecodable bytes of a command line or file)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigError(f"`{field}` is not valid text: character {exc.start} ({text[exc.start]!r}) is not Unicode "
+                          "(undecodable bytes in the input?); give UTF-8 text.", param=field) from None
+
+
+def special_texts(tokenizer: Any) -> tuple[str, ...]:
+    """The texts a tokenizer turns into special-token ids (its special tokens and added tokens marked special)."""
+    texts = set(getattr(tokenizer, "all_special_tokens", None) or ())
+    for added in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+        if getattr(added, "special", False) and getattr(added, "content", None):
+            texts.add(added.content)
+    return tuple(sorted((t for t in texts if isinstance(t, str) and t), key=len, reverse=True))
+
+
+def check_no_special_text(text: str, tokenizer: Any, field: str) -> None:
+    """Refuse ``text`` (the request field ``field``) if it holds a special token's text, naming the token.
+
+    Callers that mean it (a chat template already rendered to text, a trusted
+    file) pass ``allow_special=True`` to :func:`encode_prompt` instead.
+    """
+    found = [t for t in special_texts(tokenizer) if t in text]
+    if found:
+        raise ConfigError(f"`{field}` holds the text of special token(s) {', '.join(map(repr, found))}, which the "
+                          "tokenizer would turn into their special ids (an end of text, a mask, ...). Remove them, or "
+                          "opt in with `allow_special=True` (CLI `--allow-special-tokens`).", param=field)
 
 
 def unknown_token_id(tokenizer: Any) -> int | None:

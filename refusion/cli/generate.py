@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from refusion.cli.options import add_decoding_options, add_model_options, decode, load, prompts
+from refusion.cli.options import add_decoding_options, add_model_options, add_prompt_options, decode, load, prompts
 from refusion.errors import ConfigError
 
 
@@ -81,7 +81,7 @@ def add_parsers(sub: Any) -> None:
     gen = sub.add_parser("generate", help="decode prompts", description="Decode prompts with ReFusion's algorithm "
                          "(or any registered strategy); several prompts are decoded as one batch.")
     gen.add_argument("prompt", nargs="+", help="prompt text (or token ids with --ids)")
-    gen.add_argument("--ids", action="store_true", help="the prompts are comma-separated token ids, not text")
+    add_prompt_options(gen)
     gen.add_argument("--json", action="store_true", help="print one JSON object per prompt (text, tokens, trace)")
     gen.add_argument("--trace", default=None, metavar="FILE",
                      help="write the standard JSON Lines trace (one record per iteration; docs/trace.md) to FILE")
@@ -97,7 +97,7 @@ def add_parsers(sub: Any) -> None:
     vis.add_argument("--from-trace", default=None, metavar="FILE",
                      help="draw a decode read from a trace file (generate --trace) instead of decoding a prompt")
     vis.add_argument("--sequence", type=int, default=0, help="with --from-trace: which sequence of a batch (default 0)")
-    vis.add_argument("--ids", action="store_true", help="the prompt is comma-separated token ids")
+    add_prompt_options(vis)
     vis.add_argument("--out", default=None, help="PNG file to write (default: trace.png unless --gif/--html is given)")
     vis.add_argument("--gif", default=None, help="also write an animated GIF, one frame per iteration")
     vis.add_argument("--html", default=None, metavar="FILE",

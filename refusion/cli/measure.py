@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from refusion.cli.options import add_model_options, at_least, load, model_settings, write_record
+from refusion.cli.options import add_model_options, load, model_settings, write_record
 from refusion.errors import ConfigError
 
 
@@ -20,13 +20,14 @@ def run_bench(args: argparse.Namespace) -> int:
         from refusion.measure.costmodel import parse
 
         parse(args.cost_model)  # before any work
-    at_least("--per-task", args.per_task, 1)
-    at_least("--gen-length", args.gen_length, 1)
+    check_bench_options(args)
     files = [(f"file {f}", load_preset(f)) for f in args.preset_file or ()]  # bad files refused before any work
     names = args.method or ([] if files else ["model", "ar", "fast-dllm"])
     for name in names:  # unknown presets are refused before the model loads
         if name != "model":
             get_preset(name)
+    for name, spec in files + [(n, get_preset(n)) for n in names if n != "model"]:
+        _fits(name, Decoder.from_spec(spec), args.gen_length)  # bad parameters and lengths too
     model = load(args)
     if model.tokenizer is None:
         raise ConfigError("`refusion bench` needs a model with a tokenizer (it decodes the synthetic tasks' text).",
@@ -35,13 +36,7 @@ def run_bench(args: argparse.Namespace) -> int:
     chosen = [(name, model.preset if name == "model" and getattr(model, "preset", None) else get_preset(
         "paper" if name == "model" else name)) for name in names]
     for name, spec in chosen + files:  # every method takes the same --gen-length, checked before AR runs
-        decoder = Decoder.from_spec(spec)
-        try:
-            decoder.partition(args.gen_length)
-        except ConfigError as exc:
-            raise ConfigError(f"method {name!r} cannot decode `--gen-length` {args.gen_length}: {exc}",
-                              param="gen_length") from None
-        methods.append((name, decoder))
+        methods.append((name, _fits(name, Decoder.from_spec(spec), args.gen_length)))
     rows = bench(model, held_out(args.per_task), methods, args.gen_length, progress=not args.json,
                  cost_model=args.cost_model)
     if args.json or args.record:
@@ -59,9 +54,47 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fits(name: str, decoder: Any, gen_length: int) -> Any:
+    """``decoder`` if it can decode ``gen_length`` tokens, else a ConfigError naming the method."""
+    try:
+        decoder.partition(gen_length)
+    except ConfigError as exc:
+        raise ConfigError(f"method {name!r} cannot decode `--gen-length` {gen_length}: {exc}",
+                          param="gen_length") from None
+    return decoder
+
+
+def check_bench_options(args: argparse.Namespace) -> None:
+    """Every numeric option of ``refusion bench`` in range (:mod:`refusion.measure.limits`), before any work."""
+    from refusion.measure.limits import MAX_GEN_LENGTH, integer
+    from refusion.training.tasks import MAX_PER_TASK, TASKS
+
+    integer("--per-task", args.per_task, 1, MAX_PER_TASK, f"held-out examples per task; {len(TASKS)} tasks")
+    integer("--gen-length", args.gen_length, 1, MAX_GEN_LENGTH, "tokens generated per prompt")
+    check_model_flags(args)
+
+
+def check_model_flags(args: argparse.Namespace) -> None:
+    """The numeric model flags (token ids, block length) in range, before the model loads."""
+    from refusion.measure.limits import MAX_GEN_LENGTH, integer
+
+    if getattr(args, "mask_token_id", None) is not None:
+        integer("--mask-token-id", args.mask_token_id, 0, MAX_TOKEN_ID, "a token id")
+    for token in getattr(args, "eos_token_id", None) or ():
+        integer("--eos-token-id", token, 0, MAX_TOKEN_ID, "a token id")
+    if getattr(args, "model_block_length", None) is not None:
+        integer("--model-block-length", args.model_block_length, 1, MAX_GEN_LENGTH)
+
+
+#: token ids on the command line lie below 2**31
+MAX_TOKEN_ID = 2**31 - 1
+
+
 def run_eval(args: argparse.Namespace) -> int:
+    from refusion.measure.limits import MAX_EXAMPLES, integer
+
     if args.limit is not None:
-        at_least("--limit", args.limit, 1)
+        integer("--limit", args.limit, 1, MAX_EXAMPLES, "examples per task")
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if not tasks:
         raise ConfigError(f"`--tasks` must name at least one task; got {args.tasks!r}.", param="--tasks")
@@ -82,10 +115,12 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def run_reproduce(args: argparse.Namespace) -> int:
+    from refusion.files import where
     from refusion.measure.records import load_record
     from refusion.measure.reproduce import reproduce
 
-    outcome = reproduce(load_record(args.record), progress=not args.json)
+    outcome = reproduce(load_record(args.record), progress=not args.json, allow_imports=args.allow_imports,
+                        source=where("`RECORD` file", args.record))
     print(json.dumps(outcome.as_dict()) if args.json else outcome.report())
     return 0 if outcome.matches else 1
 
@@ -95,12 +130,13 @@ def add_parsers(sub: Any) -> None:
                            description="Decode the synthetic held-out tasks with AR (transformers generate) and the "
                            "named presets ('model' = the checkpoint's refusion.json); print accuracy, forwards, "
                            "tokens per forward, wall time and ratios to AR.")
-    bench.add_argument("--per-task", type=int, default=10, help="held-out examples per task (default 10)")
+    bench.add_argument("--per-task", type=int, default=10, help="held-out examples per task, 1 to 1000 (default 10)")
     bench.add_argument("--method", action="append", default=None, metavar="PRESET",
                        help="a preset to measure (repeatable; default: model, ar, fast-dllm)")
     bench.add_argument("--preset-file", action="append", default=None, metavar="FILE",
                        help="also measure the decoder spec in this JSON file, e.g. a sweep's preset.json (repeatable)")
-    bench.add_argument("--gen-length", type=int, default=32, help="tokens to generate per prompt (default 32)")
+    bench.add_argument("--gen-length", type=int, default=32,
+                       help="tokens to generate per prompt, 1 to 65536 and within the model's positions (default 32)")
     bench.add_argument("--json", action="store_true",
                        help="print a reproducible record as JSON: rows, outputs, environment, decoder specs")
     bench.add_argument("--record", default=None, metavar="FILE",
@@ -117,7 +153,7 @@ def add_parsers(sub: Any) -> None:
     ev.add_argument("--tasks", required=True, help="comma-separated task names")
     ev.add_argument("--model-args", default="", help="e.g. pretrained=DIR,preset=gsm8k,selector=topk,k=2")
     ev.add_argument("--include-path", default=None, help="directory with extra task YAML files")
-    ev.add_argument("--limit", type=int, default=None, help="examples per task")
+    ev.add_argument("--limit", type=int, default=None, help="examples per task (1 to 100000)")
     ev.add_argument("--json", action="store_true", help="compact JSON")
     ev.add_argument("--record", default=None, metavar="FILE",
                     help="write the run's reproducible record (environment, decoder spec, settings) to FILE")
@@ -129,4 +165,7 @@ def add_parsers(sub: Any) -> None:
                          "the environment. Exit status 0 when every number and token matches, 1 otherwise.")
     rep.add_argument("record", help="record file (JSON)")
     rep.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    rep.add_argument("--allow-imports", action="store_true", default=False,
+                     help="build decoders whose parts or engine the record names by module path (\"module:Class\"), "
+                     "which imports and runs that module; only for records you trust (refused otherwise)")
     rep.set_defaults(func=run_reproduce)

@@ -146,7 +146,16 @@ def decode(args: argparse.Namespace, texts: list[Any], model: Any) -> list[Any]:
     params = decoding_params(args)
     parts = {kind: getattr(args, kind) for kind in PART_KINDS}
     return generate(texts, model, gen_length=args.gen_length, preset=chosen_preset(args), chat=args.chat,
-                    trace=getattr(args, "trace", None), **parts, **params)
+                    trace=getattr(args, "trace", None), allow_special=getattr(args, "allow_special_tokens", False),
+                    **parts, **params)
+
+
+def add_prompt_options(parser: argparse.ArgumentParser) -> None:
+    """The flags about how prompt text is read: ``--ids`` and ``--allow-special-tokens``."""
+    parser.add_argument("--ids", action="store_true", help="the prompts are comma-separated token ids, not text")
+    parser.add_argument("--allow-special-tokens", action="store_true", default=False,
+                        help="let prompt text name special tokens (e.g. <|endoftext|>), which become their ids; "
+                        "refused by default")
 
 
 def at_least(flag: str, value: int, low: int) -> None:

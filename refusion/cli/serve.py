@@ -9,6 +9,30 @@ from refusion.cli.options import add_decoding_options, add_model_options, chosen
 from refusion.config import PART_KINDS
 from refusion.errors import ConfigError
 
+#: serve()'s keywords spelled as this command's flags
+FLAGS = {"host": "--host", "port": "--port", "max_rows": "--max-rows", "max_batch_tokens": "--max-batch-tokens",
+         "max_queue": "--max-queue", "retry_after": "--retry-after", "shutdown_timeout": "--shutdown-timeout",
+         "log_level": "--log-level", "torch_threads": "--threads"}
+
+
+def server_options(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    """``(serve()'s keywords, the ServePolicy)`` from the flags, each checked; :class:`ConfigError` names the flag."""
+    from refusion.serve import ServePolicy
+    from refusion.serve.runner import check_number, check_server_options
+
+    check_number("--max-queue", args.max_queue, 0, note="0 = unbounded")
+    check_number("--max-body-bytes", args.max_body_bytes, 1, optional=True)
+    check_number("--max-prompt-chars", args.max_prompt_chars, 1, optional=True)
+    options = {"host": args.host, "port": args.port, "max_rows": args.max_rows,
+               "max_batch_tokens": args.max_batch_tokens, "max_queue": args.max_queue or None,
+               "retry_after": args.retry_after, "shutdown_timeout": args.shutdown_timeout,
+               "log_level": args.log_level, "torch_threads": args.threads}
+    check_server_options(**options, names=FLAGS)
+    limits = {"max_body_bytes": args.max_body_bytes} if args.max_body_bytes is not None else {}
+    policy = ServePolicy(**limits, max_prompt_chars=args.max_prompt_chars, allow_imports=args.allow_imports,
+                         allow_special_tokens=args.allow_special_tokens)
+    return options, policy
+
 
 def run_serve(args: argparse.Namespace) -> int:
     try:
@@ -16,15 +40,14 @@ def run_serve(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise ConfigError(f"`refusion serve` needs the serve extra: pip install 'refusion[serve]' ({exc}).",
                           param="serve") from exc
+    options, policy = server_options(args)
     params = decoding_params(args)
     parts = {kind: getattr(args, kind) for kind in PART_KINDS if getattr(args, kind) is not None}
     engine = params.pop("engine", None)
     defaults = ServeDefaults(preset=chosen_preset(args), parts=parts, params=params, gen_length=args.gen_length)
-    serve(load(args), host=args.host, port=args.port, model_name=args.served_model_name or
+    serve(None, loader=lambda: load(args), model_name=args.served_model_name or
           (args.model.rstrip("/").rsplit("/", 1)[-1] if args.model else "refusion-default"), defaults=defaults,
-          max_rows=args.max_rows, max_batch_tokens=args.max_batch_tokens, max_queue=args.max_queue or None,
-          engine=engine, retry_after=args.retry_after, shutdown_timeout=args.shutdown_timeout,
-          log_level=args.log_level, torch_threads=args.threads)
+          engine=engine, policy=policy, **options)
     return 0
 
 
@@ -47,7 +70,20 @@ def add_parsers(sub: Any) -> None:
     serve.add_argument("--shutdown-timeout", type=float, default=30.0,
                        help="seconds live streams may take to finish on shutdown before they are cut (default 30)")
     serve.add_argument("--threads", type=int, default=None, help="torch threads")
-    serve.add_argument("--log-level", default="info", help="uvicorn log level (default info)")
+    serve.add_argument("--log-level", default="info", help="uvicorn log level: critical, error, warning, info "
+                       "(default), debug or trace")
+    limits = serve.add_argument_group("limits and trust (see docs/serving.md)")
+    limits.add_argument("--max-body-bytes", type=int, default=None,
+                        help="largest request body; larger ones get 413 (default 262144 = 256 KiB)")
+    limits.add_argument("--max-prompt-chars", type=int, default=None,
+                        help="longest prompt text (all chat messages together), refused before it is tokenised "
+                        "(default: 8 per model position)")
+    limits.add_argument("--allow-imports", action="store_true", default=False,
+                        help="let requests name parts and the engine by 'module:Class' path, which imports and runs "
+                        "that module on the server; only for trusted clients (refused by default)")
+    limits.add_argument("--allow-special-tokens", action="store_true", default=False,
+                        help="let prompt and message text name special tokens (e.g. <|endoftext|>), which become "
+                        "their ids (refused by default)")
     add_model_options(serve)
     add_decoding_options(serve)
     serve.set_defaults(func=run_serve)

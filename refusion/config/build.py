@@ -19,7 +19,7 @@ def part_class(kind: str, name: str) -> type:
     """The class a part name or ``"module:Class"`` path stands for (registered names first)."""
     from refusion.plugins.registry import import_class, registry
 
-    return import_class(name) if ":" in name else registry().get(kind, name)
+    return import_class(name, kind) if ":" in name else registry().get(kind, name)
 
 
 def part_parameters(kind: str, name: str, cls: type | None = None) -> dict[str, Any]:

@@ -24,7 +24,8 @@ from typing import Any, Mapping
 import attrs
 
 from refusion.config.build import PART_KINDS, build_part, class_path, part_parameters
-from refusion.errors import ConfigError
+from refusion.errors import ConfigError, UnknownNameError
+from refusion.measure.limits import MAX_GEN_LENGTH, shown
 
 #: the decoder's own options, besides its parts and sampler (``Decoder`` fields of the same names)
 DECODER_OPTIONS = ("engine", "seed", "stop_at_eos", "cfg_scale", "calls_per_token")
@@ -36,6 +37,8 @@ SPEC_PARAMS = (*DECODER_OPTIONS, "sampler", *SAMPLING_PARAMS)
 DEFAULT_GEN_LENGTH = 128
 #: the JSON format's name and version
 FORMAT = "refusion.decoder/1"
+#: spec files larger than this are refused before they are parsed
+MAX_SPEC_BYTES = 16 * 2**20
 #: fields of the JSON format besides the parts
 SPEC_FIELDS = ("format", "description", "gen_length", "peer", "sampler", *DECODER_OPTIONS)
 
@@ -139,7 +142,9 @@ class SamplerSpec:
         return cls(class_path(type(sample)), instance=sample)
 
 
-def _sampler_name(value: Any) -> str:
+def sampler_name(value: Any) -> str:
+    """``value`` if it names a sampler (``greedy`` or one of :data:`refusion.decoding.sampling.SAMPLERS`), else a
+    :class:`ConfigError` listing them."""
     from refusion.decoding.sampling import SAMPLERS
 
     if value != "greedy" and value not in SAMPLERS:
@@ -223,7 +228,7 @@ class DecoderSpec:
         fields: dict[str, Any] = {}
         sampler = self.sampler
         if "sampler" in params:
-            name = _sampler_name(params.pop("sampler"))
+            name = sampler_name(params.pop("sampler"))
             if name != sampler.name:
                 keep = SamplerSpec(name).accepts()
                 sampler = SamplerSpec(name, {k: v for k, v in sampler.params.items() if k in keep})
@@ -329,8 +334,10 @@ class DecoderSpec:
         if not isinstance(data, Mapping):
             raise ConfigError(f"{where} must be a JSON object; got {type(data).__name__}.", param=where)
         data = dict(data)
-        if "format" not in data:
+        if "format" not in data and ("sample" in data or "params" in data or not any(
+                isinstance(data.get(kind), Mapping) for kind in (*PART_KINDS, "sampler"))):
             return cls._from_earlier(data, where)
+        data.setdefault("format", FORMAT)  # a spec written by hand may leave it out
         if data["format"] != FORMAT:
             raise ConfigError(f"{where}: field `format` must be {FORMAT!r}; got {data['format']!r}.", param="format")
         unknown = sorted(set(data) - set(SPEC_FIELDS) - set(PART_KINDS))
@@ -348,7 +355,11 @@ class DecoderSpec:
                                   f"(an object); got {part!r:.80}.", param=kind)
             fields[kind] = (SamplerSpec if kind == "sampler" else PartSpec)(part["name"], part.get("params", {}))
         if "sampler" in fields:
-            _sampler_name(fields["sampler"].name)
+            sampler_name(fields["sampler"].name)
+            _check_sampler_params(fields["sampler"], where)
+        for kind in PART_KINDS:
+            if kind in fields:
+                _check_part_params(kind, fields[kind], where)
         for name in ("description", "gen_length", "peer", *DECODER_OPTIONS):
             if name in data:
                 fields[name] = data[name]
@@ -364,16 +375,22 @@ class DecoderSpec:
                 if not isinstance(part, Mapping) or not isinstance(part.get("name"), str):
                     raise ConfigError(f"{where}: field `{kind}` must be an object with a `name`; got {part!r:.80}.",
                                       param=kind)
-                parts[kind] = PartSpec(part["name"] if _registered(kind, part["name"], part.get("class"))
-                                       else part.get("class", part["name"]), part.get("params", {}))
+                params = part.get("params", {})
+                if not isinstance(params, Mapping):
+                    raise ConfigError(f"{where}: field `{kind}.params` must be an object; got {params!r:.80}.",
+                                      param=f"{kind}.params")
+                parts[kind] = _check_part_params(kind, PartSpec(
+                    part["name"] if _registered(kind, part["name"], part.get("class"))
+                    else part.get("class", part["name"]), params), where)
             if sample == "greedy":
                 sampler = SamplerSpec()
             elif isinstance(sample, Mapping):
                 sample = dict(sample)
-                sampler = SamplerSpec(_sampler_name(sample.pop("sampler", "categorical")), sample)
+                sampler = SamplerSpec(sampler_name(sample.pop("sampler", "categorical")), sample)
             else:
                 raise ConfigError(f"{where}: field `sample` must be 'greedy' or an object; got {sample!r:.80}.",
                                   param="sample")
+            _check_sampler_params(sampler, where)
             known = set(DECODER_OPTIONS)
             unknown = sorted(set(data) - known)
             if unknown:
@@ -406,15 +423,49 @@ class DecoderSpec:
     @classmethod
     def load(cls, path: Any) -> "DecoderSpec":
         """Read a spec file (``refusion.json``, ``--preset-file``, a sweep's ``preset.json``); errors name the file."""
-        file = Path(path)
-        where = f"`preset file` {str(file)!r}"
+        from refusion.files import read_json, where as named
+
+        data = read_json(path, what="`preset file`", param="preset_file", max_bytes=MAX_SPEC_BYTES)
+        return cls.from_dict(data, where=named("`preset file`", path))
+
+
+def _check_part_params(kind: str, part: PartSpec, where: str) -> PartSpec:
+    """Refuse a registered part's name that is unknown, or parameters it does not declare, naming the field
+    (``selector.params.slot_treshold``) and listing what it takes. ``"module:Class"`` paths are not imported here:
+    their parameters are checked when the decoder is built."""
+    import inspect
+
+    from refusion.plugins.registry import registry
+
+    if ":" in part.name:
+        return part
+    reg = registry()
+    if part.name not in reg.names(kind):
+        raise UnknownNameError(f"{where}: field `{kind}.name`: unknown {kind} {part.name!r}; known {kind}s: "
+                               f"{', '.join(sorted(reg.names(kind)))}.", param=kind)
+    cls = reg.get(kind, part.name)
+    if not attrs.has(cls):
         try:
-            data = json.loads(file.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ConfigError(f"{where} cannot be read: {exc.strerror}.", param="preset_file") from None
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-            raise ConfigError(f"{where} is not valid JSON ({exc}).", param="preset_file") from None
-        return cls.from_dict(data, where=where)
+            if any(p.kind is p.VAR_KEYWORD for p in inspect.signature(cls).parameters.values()):
+                return part  # takes any keyword
+        except (TypeError, ValueError):
+            return part
+    accepted = part_parameters(kind, part.name, cls)
+    unknown = sorted(set(part.params) - set(accepted))
+    if unknown:
+        field = f"{kind}.params.{unknown[0]}"
+        raise ConfigError(f"{where}: field `{field}`: {kind} {part.name!r} has no parameter {unknown[0]!r}; it "
+                          f"accepts: {', '.join(sorted(accepted)) or 'none'}.", param=field)
+    return part
+
+
+def _check_sampler_params(sampler: SamplerSpec, where: str) -> None:
+    unknown = sorted(set(sampler.params) - set(sampler.accepts()))
+    if unknown:
+        field = f"sampler.params.{unknown[0]}"
+        raise ConfigError(f"{where}: field `{field}`: sampler {sampler.name!r} takes "
+                          f"{', '.join(sampler.accepts()) or 'no parameters'}; it has no parameter {unknown[0]!r}.",
+                          param=field)
 
 
 def _registered(kind: str, name: str, path: Any) -> bool:
@@ -437,7 +488,7 @@ def _checked_fields(spec: DecoderSpec, where: str) -> DecoderSpec:
         kinds = kinds if isinstance(kinds, tuple) else (kinds,)
         if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
             raise ConfigError(f"{where}: field `{name}` has the wrong type: {value!r:.80}.", param=name)
-    if spec.gen_length is not None and spec.gen_length < 1:
-        raise ConfigError(f"{where}: field `gen_length` must be an integer >= 1; got {spec.gen_length!r}.",
-                          param="gen_length")
+    if spec.gen_length is not None and not 1 <= spec.gen_length <= MAX_GEN_LENGTH:
+        raise ConfigError(f"{where}: field `gen_length` must be an integer in [1, {MAX_GEN_LENGTH}]; got "
+                          f"{shown(spec.gen_length)}.", param="gen_length")
     return spec

@@ -28,6 +28,34 @@ def plugin_error(part: Any, message: str) -> PluginError:
     return PluginError(f"{describe(part)} {message}", plugin=getattr(part, "name", None), source=type(part).__module__)
 
 
+def guarded(check: Any) -> Any:
+    """Make a ``checked_*(part, ...)`` function turn anything unexpected that reading the part's answer raises
+    (a lazy sequence that fails, an attribute that is missing) into a PluginError naming the part."""
+    import functools
+
+    @functools.wraps(check)
+    def wrapper(part: Any, *args: Any) -> Any:
+        try:
+            return check(part, *args)
+        except RefusionError:
+            raise
+        except Exception as exc:
+            raise plugin_error(part, f"returned a malformed answer: reading it raised {type(exc).__name__}: {exc}") \
+                from exc
+
+    return wrapper
+
+
+def integer_tensor(part: Any, value: Any, what: str) -> torch.Tensor:
+    """``value`` if it is a 1-D integer tensor, else a PluginError naming ``part`` and ``what`` it was."""
+    if not isinstance(value, torch.Tensor):
+        raise plugin_error(part, f"gave {what} as {type(value).__name__}; expected a 1-D integer torch.Tensor.")
+    if value.dim() != 1 or value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+        raise plugin_error(part, f"gave {what} of dtype {value.dtype} and shape {tuple(value.shape)}; expected a 1-D "
+                           "integer tensor (e.g. torch.long).")
+    return value
+
+
 def call_part(part: Any, method: Any, *args: Any) -> Any:
     """Call a part's method; anything it raises (other than a refusion error) becomes a PluginError naming it."""
     try:
@@ -77,6 +105,7 @@ def check_length(model: Any, prompt_len: int, gen_length: int, decoder: Any = No
         )
 
 
+@guarded
 def checked_partition(partitioner: Any, partition: Any, gen_length: int) -> Partition:
     """Slots numbered in order, contiguous from 0, covering the region once; each slot in exactly one block."""
     if not isinstance(partition, Partition):
@@ -103,16 +132,20 @@ def checked_partition(partitioner: Any, partition: Any, gen_length: int) -> Part
     return partition
 
 
+@guarded
 def checked_selection(selector: Any, plan: Plan, chosen: Any) -> tuple[int, ...]:
-    """The selector's answer as sorted, unique, in-range slot indices."""
+    """The selector's answer as sorted, unique, in-range slot indices (Python or numpy integers, or a tensor)."""
+    import numbers
+
     try:
         values = chosen.tolist() if isinstance(chosen, torch.Tensor) else list(chosen)
     except TypeError:
-        raise plugin_error(selector, f"returned {chosen!r}; expected a sequence of slot indices.") from None
+        raise plugin_error(selector, f"returned {chosen!r:.80}; expected a sequence of slot indices.") from None
     if not values:
         raise plugin_error(selector, "returned an empty selection; it must choose at least one slot.")
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        raise plugin_error(selector, f"returned non-integer indices {values!r}.")
+    if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in values):
+        raise plugin_error(selector, f"returned non-integer indices {values!r:.120}.")
+    values = [int(v) for v in values]
     bad = [v for v in values if not 0 <= v < len(plan)]
     if bad:
         raise plugin_error(selector, f"returned indices {bad} outside range(0, {len(plan)}) of the plan's slots.")
@@ -121,7 +154,10 @@ def checked_selection(selector: Any, plan: Plan, chosen: Any) -> tuple[int, ...]
     return tuple(sorted(values))
 
 
+@guarded
 def checked_call(infiller: Any, call: Any, vocab_size: int, max_positions: int | None) -> ModelCall:
+    """The infiller's model call, if its token ids and positions are in range (an :class:`Extend` holds 1-D
+    integer tokens and positions of one length by construction)."""
     if not isinstance(call, ModelCall):
         raise plugin_error(infiller, f"yielded {type(call).__name__}; an infiller must yield ModelCall objects.")
     if len(call.extends) == 1:
@@ -165,6 +201,7 @@ def bounded(infiller: Any, program: Generator, budget: int, vocab_size: int, max
         raise plugin_error(infiller, f"raised {type(exc).__name__}: {exc}") from exc
 
 
+@guarded
 def checked_result(
     infiller: Any, result: Any, plan: Plan, chosen: Sequence[int], eos_ids: frozenset[int], mask_id: int, vocab: int
 ) -> InfillResult:
@@ -184,8 +221,9 @@ def checked_result(
         if slot.index in seen:
             raise plugin_error(infiller, f"committed slot {slot.index} twice.")
         seen.add(slot.index)
-        tokens, positions = commit.tokens, commit.positions
-        m = tokens.shape[0] if tokens.dim() == 1 else -1
+        tokens = integer_tensor(infiller, commit.tokens, f"the tokens of slot {slot.index}")
+        positions = integer_tensor(infiller, commit.positions, f"the positions of slot {slot.index}")
+        m = tokens.shape[0]
         if not 1 <= m <= slot.length:
             raise plugin_error(infiller, f"committed {tuple(tokens.shape)} tokens for slot {slot.index} of length {slot.length}.")
         if m < slot.length and int(tokens[-1]) not in eos_ids:

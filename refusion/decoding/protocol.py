@@ -67,7 +67,10 @@ class KVSegment:
 
 
 def _as_long_1d(name: str, value) -> torch.Tensor:
-    t = torch.as_tensor(value, dtype=torch.long)
+    raw = torch.as_tensor(value)
+    if raw.numel() and (raw.is_floating_point() or raw.is_complex() or raw.dtype == torch.bool):
+        raise ValueError(f"`{name}` must be integer ids; got dtype {raw.dtype}.")
+    t = raw.to(torch.long)
     if t.dim() != 1:
         raise ValueError(f"`{name}` must be a 1-D sequence of ints; got shape {tuple(t.shape)}.")
     return t

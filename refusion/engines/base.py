@@ -28,6 +28,7 @@ import torch
 from refusion.cache.sequence import SequenceCache
 from refusion.decoding.counters import Counters, ForwardShape
 from refusion.decoding.protocol import BlockReuse, Epoch, ExtendOutput, ModelCall
+from refusion.models.base import exclusive
 
 
 class SequenceState:
@@ -67,8 +68,10 @@ class Engine(ABC):
     ``name`` is the registry key; among the engines that can run a model,
     :func:`~refusion.engines.choose.choose_engine` takes the one with the
     highest ``priority``. Subclasses implement :meth:`unsupported`,
-    :meth:`admit` and :meth:`run`, count every network forward with
-    :meth:`served` and every key/value copy on the sequence's counters.
+    :meth:`admit` and :meth:`run`, call the network through :meth:`scores`
+    (which holds the model's forward lock, so several engines may share one
+    model across threads), count every network forward with :meth:`served`
+    and every key/value copy on the sequence's counters.
     """
 
     name: ClassVar[str]
@@ -125,6 +128,13 @@ class Engine(ABC):
         state.released = True
 
     # -- counting ----------------------------------------------------------------
+    def scores(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: Any, cache: Any) -> Any:
+        """One network forward (:meth:`ModelAdapter.scores <refusion.models.base.ModelAdapter.scores>`) while holding
+        the model's lock (:func:`refusion.models.base.exclusive`); hold that lock yourself around any change to
+        the network's state that the forward needs."""
+        with exclusive(self.model):
+            return self.model.scores(input_ids, position_ids, attention_mask, cache)
+
     def served(self, fed: Mapping[SequenceState, int], padded: int = 0, *, pairs: int = 0, keys: int = 0) -> None:
         """Count one network forward that fed ``fed[state]`` query tokens of each sequence, plus padding.
 

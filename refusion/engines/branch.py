@@ -35,6 +35,7 @@ import torch
 from refusion.cache.sequence import SequenceCache
 from refusion.cache.stores import PreallocatedKV, RowStore
 from refusion.engines.base import Engine, SequenceState
+from refusion.models.base import exclusive
 from refusion.plugins import hookimpl
 from refusion.decoding.protocol import ExtendOutput, ModelCall
 
@@ -66,8 +67,9 @@ class BranchSequence(SequenceState):
 
 
 def attention_implementation(model: Any) -> str:
-    config = getattr(getattr(model, "model", None), "config", None)
-    return getattr(config, "_attn_implementation", None) or "sdpa"
+    from refusion.engines.ragged import own_attention
+
+    return own_attention(getattr(getattr(model, "model", None), "config", None))
 
 
 class BranchEngine(Engine):
@@ -226,8 +228,8 @@ class BranchEngine(Engine):
             layout = RaggedLayout(n_rows, n_max, (row_of * n_max + local).to(device), row_of.to(device),
                                   (q0[row_of] + local).to(device), mask, keys)
         network = self.model.model
-        with switched(network.config):
-            scores = self.model.scores(ids[None].to(device), pos[None].to(device),
+        with exclusive(self.model), switched(network.config):  # no other forward may see the switched config
+            scores = self.scores(ids[None].to(device), pos[None].to(device),
                                        {"full_attention": layout, "sliding_attention": layout},
                                        RaggedCache(buf.data, layout))[0]
         self.served({row.state: row.n for row in rows}, pairs=sum(row.n * (row.context + row.width + row.n) for row in rows),
@@ -285,7 +287,7 @@ class BranchEngine(Engine):
                     m[a:b, p0 : p0 + len(e.parent)] = True
 
         scratch = _ScratchCache(buf.data, n_rows, query_at, q_max)
-        scores = self.model.scores(ids.to(device), pos.to(device), self._mask_for_model(mask.to(device)), scratch)
+        scores = self.scores(ids.to(device), pos.to(device), self._mask_for_model(mask.to(device)), scratch)
         fed = {row.state: row.n for row in rows}
         self.served(fed, padded=n_rows * q_max - sum(fed.values()), pairs=n_rows * q_max * (query_at + q_max),
                     keys=n_rows * query_at)

@@ -14,7 +14,7 @@ def engine_class(spec: Any) -> type[Engine]:
     from refusion.plugins.registry import import_class, registry
 
     if isinstance(spec, str):
-        cls = import_class(spec) if ":" in spec else registry().get("engine", spec)
+        cls = import_class(spec, "engine") if ":" in spec else registry().get("engine", spec)
     else:
         cls = spec
     if not inspect.isclass(cls) or not issubclass(cls, Engine):

@@ -123,6 +123,12 @@ def switched(config: Any):
         config._attn_implementation_internal = inner
 
 
+def own_attention(config: Any) -> str:
+    """The network's own attention implementation, also while another thread's forward has it switched."""
+    current = getattr(config, "_attn_implementation", None) or "sdpa"
+    return getattr(config, "_refusion_inner_attention", current) if current == NAME else current
+
+
 def supports(model: Any) -> str | None:
     """Why packed forwards cannot run on ``model`` (an HF adapter), or ``None``."""
     network = getattr(model, "model", None)

@@ -76,7 +76,7 @@ class RepeatEngine(Engine):
         pos = cache.positions[cache.encoded :].to(device)
         mask = torch.ones(1, len(cache), dtype=torch.long, device=device)
         fed = cache.pending
-        scores = self.model.scores(ids[None], pos[None], mask, cache.store.cache)
+        scores = self.scores(ids[None], pos[None], mask, cache.store.cache)
         self.served({state: fed}, pairs=fed * len(cache), keys=cache.encoded)
         self._copied(state, cache.encoded, fed)
         cache.mark_encoded(scores[0, -1])
@@ -91,7 +91,7 @@ class RepeatEngine(Engine):
         pos = torch.cat((cache.positions[cache.encoded :].to(device), extend.positions.to(device)))
         start = cache.encoded + pending
         mask = torch.ones(1, start + q, dtype=torch.long, device=device)
-        scores = self.model.scores(ids[None], pos[None], mask, dynamic)[0]
+        scores = self.scores(ids[None], pos[None], mask, dynamic)[0]
         self.served({state: pending + q}, pairs=(pending + q) * (start + q), keys=cache.encoded)
         self._copied(state, cache.encoded, pending + q)  # DynamicCache.update concatenates: all of it is copied
         layers = [(layer.keys, layer.values) for layer in dynamic.layers]
@@ -136,7 +136,7 @@ class RepeatEngine(Engine):
                 keys, values = keys.contiguous(), values.contiguous()
             layers.append((keys, values))
         batch_cache = DynamicCache(layers)
-        scores = self.model.scores(ids, pos, mask, batch_cache)
+        scores = self.scores(ids, pos, mask, batch_cache)
         self.served({state: sum(query_lens)}, padded=k * width_q - sum(query_lens),
                     pairs=k * width_q * (context + width_b + width_q), keys=k * (context + width_b))
         self._copied(state, k * (2 * context + width_b), k * (width_b + width_q))  # the repeat, then the cat

@@ -19,6 +19,8 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from refusion.decoding.counters import Counters, observe
+from refusion.errors import ConfigError
+from refusion.measure.limits import MAX_EXAMPLES, MAX_GEN_LENGTH, check_room, integer
 from refusion.measure.results import Result
 from refusion.training.tasks import Example, is_correct
 
@@ -109,7 +111,15 @@ def measure(
 
     ``cost_model`` (e.g. ``"qwen3-8b@h100"``) also estimates the time the same
     forwards would take on that GPU at that model size (:mod:`refusion.measure.costmodel`).
+    ``warmup`` (0 to :data:`~refusion.measure.limits.MAX_EXAMPLES`) prompts are decoded first, untimed;
+    at most ``MAX_EXAMPLES`` examples.
     """
+    integer("warmup", warmup, 0, MAX_EXAMPLES, "prompts decoded before timing")
+    _check_examples(examples)
+    if cost_model is not None:
+        from refusion.measure.costmodel import parse
+
+        parse(cost_model)
     tokenizer = adapter.tokenizer
     prompts = [tokenizer(e.prompt, add_special_tokens=False)["input_ids"] for e in examples]
     for prompt in prompts[:warmup]:
@@ -144,10 +154,28 @@ def measure(
 AR_METHOD = "AR: transformers generate"
 
 
+def _check_examples(examples: Sequence[Example]) -> None:
+    if len(examples) > MAX_EXAMPLES:
+        raise ConfigError(f"`examples`: {len(examples)} examples asked for; the limit is {MAX_EXAMPLES}.",
+                          param="examples")
+
+
 def run_bench(adapter: Any, examples: Sequence[Example], methods: Sequence[tuple[str, Any]], gen_length: int, *,
               progress: bool = False, cost_model: str | None = None) -> list[Result]:
     """Measure each ``(name, decoder)`` of ``methods`` on ``examples``, in order; a ``None`` decoder is the AR
-    baseline (:func:`ar_method`). Returns one :class:`~refusion.measure.results.Result` per method."""
+    baseline (:func:`ar_method`). Returns one :class:`~refusion.measure.results.Result` per method.
+
+    Checked before anything decodes: ``gen_length`` in [1, 65,536] and, after the longest prompt, within the
+    model's positions; at most :data:`~refusion.measure.limits.MAX_EXAMPLES` examples; ``cost_model``."""
+    integer("gen_length", gen_length, 1, MAX_GEN_LENGTH, "tokens generated per prompt")
+    _check_examples(examples)
+    if cost_model is not None:
+        from refusion.measure.costmodel import parse
+
+        parse(cost_model)
+    if adapter.tokenizer is not None and examples:
+        lengths = [len(adapter.tokenizer(e.prompt, add_special_tokens=False)["input_ids"]) for e in examples]
+        check_room(adapter, lengths, gen_length, where="the examples")
     rows = []
     for name, decoder in methods:
         method = ar_method(adapter, gen_length) if decoder is None else decoder_method(decoder, adapter, gen_length)

@@ -35,7 +35,13 @@ def _parse(value: Any) -> Any:
 
 @register_model("refusion")
 class RefusionLM(LM):
-    """lm-eval ``LM`` backed by refusion's decoder."""
+    """lm-eval ``LM`` backed by refusion's decoder.
+
+    Task texts are encoded with ``allow_special=True``: they come from the
+    harness's task definitions (not from an untrusted user), and lm-eval's own
+    Hugging Face model reads special-token text in them as special ids, so
+    scores stay comparable.
+    """
 
     def __init__(
         self,
@@ -82,7 +88,7 @@ class RefusionLM(LM):
             chunk = jobs[start : start + self.batch_size]
             for length in sorted({job[0] for job in chunk}):
                 same = [job for job in chunk if job[0] == length]
-                ids = [encode_prompt(job[2], self.model.tokenizer, self.chat) for job in same]
+                ids = [encode_prompt(job[2], self.model.tokenizer, self.chat, allow_special=True) for job in same]
                 for job, result in zip(same, self.decoder.decode_batch(self.model, ids, length)):
                     text = result.text
                     for stop in job[4]:
@@ -105,8 +111,8 @@ class RefusionLM(LM):
         for request in requests:
             context, continuation = request.args
             tok = self.model.tokenizer
-            ctx = encode_prompt(context, tok, False)
-            cont = encode_prompt(continuation, tok, False)
+            ctx = encode_prompt(context, tok, False, allow_special=True)
+            cont = encode_prompt(continuation, tok, False, allow_special=True)
             if not ctx or not cont:
                 raise ConfigError("loglikelihood needs a non-empty context and continuation.")
             ids = torch.tensor([ctx + cont], device=self.model.device)
@@ -124,7 +130,7 @@ class RefusionLM(LM):
         results = []
         for request in requests:
             (text,) = request.args
-            ids = encode_prompt(text, tok, False)
+            ids = encode_prompt(text, tok, False, allow_special=True)
             first = tok.decode(ids[:1])
             rest = tok.decode(ids[1:])
             if not ids[1:]:

@@ -18,7 +18,7 @@ import attrs
 from refusion.errors import ConfigError
 from refusion.config import DecoderSpec
 from refusion.decoding.decoder import Decoder
-from refusion.measure.records import check_record, environment
+from refusion.measure.records import check_model_options, check_record, environment
 
 #: environment entries whose change is reported (dotted paths into the environment)
 WATCHED = ("refusion", "torch", "transformers", "python", "device", "dtype", "torch_threads", "model.sha256",
@@ -80,30 +80,71 @@ def environment_changes(recorded: Mapping[str, Any], now: Mapping[str, Any]) -> 
 
 def load_model_from(settings: Mapping[str, Any]) -> Any:
     """The model a record's ``settings.model`` options describe (the same loading as the command line)."""
-    from refusion.models.loading import MODEL_OPTIONS, load_from_options
+    from refusion.models.loading import load_from_options
 
-    options = settings.get("model") or {}
-    if not isinstance(options, Mapping):
-        raise ConfigError(f"field `settings.model` must be an object of model options; got {options!r:.80}.",
-                          param="settings.model")
-    unknown = sorted(set(options) - set(MODEL_OPTIONS))
-    if unknown:
-        raise ConfigError(f"field `settings.model.{unknown[0]}` is not a model option; known: "
-                          f"{', '.join(MODEL_OPTIONS)}.", param=f"settings.model.{unknown[0]}")
+    options = check_model_options(settings.get("model"))
     if options.get("trust_remote_code"):
         raise ConfigError("field `settings.model.trust_remote_code` is true: reproducing this record would run the "
                           "checkpoint's own code; load that model yourself if you trust it.",
                           param="settings.model.trust_remote_code")
     return load_from_options(options)
 
-def reproduce(record: Mapping[str, Any], *, progress: bool = False) -> Reproduction:
-    """Re-run ``record`` (a checked bench or eval record) and compare; see the module docstring.
 
-    Runs with the recorded torch thread count and restores the current one afterwards.
+#: what an error about a ``"module:Class"`` name in a record tells the user
+OPT_IN = ("Reproduce it only if you trust the record: `refusion reproduce --allow-imports` "
+          "(Python: `reproduce(record, allow_imports=True)`).")
+
+
+def refuse_imports(record: Mapping[str, Any], source: str = "record") -> None:
+    """Refuse a (checked) record whose decoders name a part or engine by ``"module:Class"`` path, or whose eval
+    ``model_args`` do: reproducing it would import and run that module. The error's ``param`` is the field
+    (``rows[1].decoder.selector``, ``settings.model_args.selector``). Nothing is imported."""
+    from refusion.config.params import parse_param
+    from refusion.config.trust import refuse_import_paths
+
+    def refuse(config: Any, field: str) -> None:
+        try:
+            refuse_import_paths(config, where=f"{source}: field `{field}`", opt_in=OPT_IN)
+        except ConfigError as exc:
+            raise type(exc)(str(exc), param=f"{field}.{exc.param}") from None
+
+    decoders = ([(f"rows[{i}].decoder", row.get("decoder")) for i, row in enumerate(record.get("rows", ()))]
+                if record["kind"] == "bench" else [("decoder", record.get("decoder"))])
+    for field, decoder in decoders:
+        if decoder is None:
+            continue
+        refuse(decoder, field)  # the earlier preset format names parts by plain strings; read back, it imports
+        refuse(DecoderSpec.from_dict(decoder, where=f"{source}: field `{field}`"), field)
+    if record["kind"] == "eval":
+        args = {}
+        for item in filter(None, (a.strip() for a in record["settings"]["model_args"].split(","))):
+            try:
+                key, value = parse_param(item)
+            except ValueError:
+                continue  # lm-evaluation-harness reports it
+            args[key] = value
+        refuse(args, "settings.model_args")
+        if record["settings"].get("include_path"):
+            raise ConfigError(f"{source}: field `settings.include_path` names a directory of lm-evaluation-harness "
+                              "task files, which may run Python (`!function`). " + OPT_IN,
+                              param="settings.include_path")
+
+
+def reproduce(record: Mapping[str, Any], *, progress: bool = False, allow_imports: bool = False,
+              source: str = "record") -> Reproduction:
+    """Re-run ``record`` (a bench or eval record, checked here) and compare; see the module docstring.
+
+    Every field is checked before the model loads (:func:`~refusion.measure.records.check_record`). A record
+    whose decoders (or eval ``model_args``) name a part or engine by ``"module:Class"`` path is refused, since
+    building it would import and run that module, unless ``allow_imports`` (CLI: ``--allow-imports``): only
+    for records you trust. Errors start with ``source`` (for a file, its name). Runs with the recorded torch
+    thread count and restores the current one afterwards.
     """
     import torch
 
-    check_record(record)
+    check_record(record, source)
+    if not allow_imports:
+        refuse_imports(record, source)
     threads = torch.get_num_threads()
     wanted = record["environment"].get("torch_threads")
     if isinstance(wanted, int) and wanted >= 1:

@@ -4,10 +4,19 @@ A :class:`ModelAdapter` wraps a network and states what it can do
 (:class:`ModelCapabilities`). The decoder and the strategies never touch the
 network directly: they go through :meth:`ModelAdapter.forward`, which also
 counts model forwards so that no strategy can misreport its cost.
+
+Threads: one loaded model may be used by several threads and generators at
+once. Every forward runs while holding :func:`exclusive` (one lock per
+network, shared by every adapter that wraps it), and so does anything that
+changes the network's state for a forward (the branch engine's attention
+switch); a decode's own state lives in its engine and session. So forwards of
+one model run one at a time, and every thread gets the tokens it would get
+alone.
 """
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
@@ -34,6 +43,30 @@ class ModelCapabilities:
     logit_shift: int = 0
     kv_cache: bool = True
     block_length: int = 0
+
+
+_LOCK_ATTRIBUTE = "_refusion_forward_lock"
+_LOCKS_GUARD = threading.Lock()
+
+
+def exclusive(model: Any) -> threading.RLock:
+    """The re-entrant lock that serialises forwards of ``model``'s network (use it as ``with exclusive(model):``).
+
+    ``model`` is an adapter or a network. The lock lives on the network
+    (``model.model`` of an adapter when that is a ``torch.nn.Module``), so two
+    adapters wrapping the same network share it. Engines hold it around each
+    forward and around any change they make to the network for that forward.
+    """
+    network = model if isinstance(model, torch.nn.Module) else getattr(model, "model", None)
+    owner = network if isinstance(network, torch.nn.Module) else model
+    lock = getattr(owner, _LOCK_ATTRIBUTE, None)
+    if lock is None:
+        with _LOCKS_GUARD:
+            lock = getattr(owner, _LOCK_ATTRIBUTE, None)
+            if lock is None:
+                lock = threading.RLock()
+                object.__setattr__(owner, _LOCK_ATTRIBUTE, lock)
+    return lock
 
 
 class ModelAdapter(ABC):
@@ -82,6 +115,8 @@ class ModelAdapter(ABC):
     ) -> torch.Tensor:
         """Run the network and return logits.
 
+        Engines call it holding :func:`exclusive`; it may not change state
+        that another thread's forward reads (besides ``forwards``).
         Receives ``input_ids`` and ``position_ids`` of shape ``(batch, q)``, an
         ``attention_mask`` of shape ``(batch, cached + q)`` (1 = attend) or a
         prepared 4-D mask, and ``cache`` holding ``cached`` entries, which the

@@ -75,7 +75,9 @@ class HFBlockDiffusionLM(HFCausalLM):
         q = block_ids(query_positions, prompt_length, self.block_length, self.layout)
         k = block_ids(key_positions, prompt_length, self.block_length, self.layout)
         allowed = (k[None, :] <= q[:, None])[None, None].to(self.device)
-        if getattr(self.model.config, "_attn_implementation", "sdpa") == "eager":
+        from refusion.engines.ragged import own_attention
+
+        if own_attention(self.model.config) == "eager":
             dtype = next(self.model.parameters()).dtype
             return torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill(~allowed, torch.finfo(dtype).min)
         return allowed

@@ -71,3 +71,37 @@ def check_token_ids(name: str, ids: Iterable[int], vocab_size: int) -> None:
     bad = sorted(i for i in ids if not 0 <= i < vocab_size)
     if bad:
         raise ConfigError(f"`{name}` must be token ids in [0, {vocab_size}) (the model's vocabulary); got {bad}.", param=name)
+
+
+#: a checkpoint's size fields and the largest value each may hold (far beyond any published model)
+CONFIG_SIZES = {"vocab_size": 2**24, "hidden_size": 2**17, "intermediate_size": 2**20, "num_hidden_layers": 2**12,
+                "num_attention_heads": 2**12, "num_key_value_heads": 2**12, "head_dim": 2**12,
+                "max_position_embeddings": 2**26}
+
+
+def check_config(config: dict, path: str) -> None:
+    """Refuse a ``config.json`` whose size fields are not positive integers within :data:`CONFIG_SIZES`.
+
+    Also checks ``model_type`` (text) and ``architectures`` (a list of
+    text); the same fields nested under ``text_config`` are checked too. A
+    damaged or hostile config is refused here, before transformers builds
+    a network from it (a negative or astronomical size would fail deep inside
+    ``torch`` or allocate for ever).
+    """
+    for place, section in (("", config), ("text_config.", config.get("text_config"))):
+        if not isinstance(section, dict):
+            continue
+        for field, high in CONFIG_SIZES.items():
+            value = section.get(field)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+                raise ConfigError(f"`model` {path!r}: config.json field `{place}{field}` must be an integer in "
+                                  f"[1, {high}]; got {value!r:.60}.", param="model")
+    if "model_type" in config and not isinstance(config["model_type"], str):
+        raise ConfigError(f"`model` {path!r}: config.json field `model_type` must be text; got "
+                          f"{config['model_type']!r:.60}.", param="model")
+    archs = config.get("architectures")
+    if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        raise ConfigError(f"`model` {path!r}: config.json field `architectures` must be a list of class names; got "
+                          f"{archs!r:.60}.", param="model")

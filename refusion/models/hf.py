@@ -154,7 +154,11 @@ class HFCausalLM(ModelAdapter):
         the network's own logits on a two-token input.
         """
         if not hasattr(self, "_head"):
-            self._head = self._find_head()
+            from refusion.models.base import exclusive
+
+            with exclusive(self):  # found once, by one thread, with no other forward in between
+                if not hasattr(self, "_head"):
+                    self._head = self._find_head()
         return self._head
 
     def _find_head(self):

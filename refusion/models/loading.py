@@ -11,11 +11,10 @@ may run, so it never asks on standard input.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Mapping
 
 from refusion.errors import ConfigError
-from refusion.models.checks import check_device, check_model_path, torch_dtype
+from refusion.models.checks import check_config, check_device, check_model_path, torch_dtype
 from refusion.models.base import ModelAdapter
 
 #: keywords :func:`load_model` passes on to transformers' ``from_pretrained``
@@ -92,30 +91,42 @@ def read_model_preset(path: str) -> Any:
 
 
 def _loading(path: str, load: Any, *args: Any, **kwargs: Any) -> ModelAdapter:
-    """``load(*args, **kwargs)``, with transformers' I/O and format errors named after the checkpoint."""
+    """``load(*args, **kwargs)``; any failure other than a ConfigError is one naming the checkpoint.
+
+    A damaged checkpoint fails in many libraries' own ways (safetensors'
+    ``SafetensorError`` for truncated weights, torch's size mismatches,
+    huggingface_hub's config validation, ``OSError`` for missing files): the
+    user gets one :class:`ConfigError` with the cause's type and first line,
+    the cause chained for debugging.
+    """
     try:
         return load(*args, **kwargs)
     except ConfigError:
         raise
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"`model` {path!r} could not be loaded as a checkpoint: {exc}", param='model') from exc
+    except Exception as exc:  # noqa: BLE001 - every way a checkpoint can be damaged, reported as one error
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ConfigError(f"`model` {path!r} could not be loaded as a checkpoint ({type(exc).__name__}: {first:.300})",
+                          param='model') from exc
 
 
 def read_config(path: str) -> dict[str, Any]:
-    """The checkpoint's parsed ``config.json`` (a local directory, or a hub id where the hub is reachable)."""
+    """The checkpoint's parsed and checked ``config.json`` (a local directory, or a hub id where the hub is reachable).
+
+    Unreadable, non-UTF-8, over-nested or non-object JSON and size fields out of
+    range (:func:`~refusion.models.checks.check_config`) are ConfigErrors naming the checkpoint.
+    """
     from transformers.utils import cached_file
+
+    from refusion.files import read_json
 
     try:
         file = cached_file(path, "config.json")
     except OSError as exc:
         raise ConfigError(f"`model` {path!r}: its config.json cannot be read ({exc}).", param='model') from exc
-    try:
-        with open(file, encoding="utf-8") as handle:
-            config = json.load(handle)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"`model` {path!r}: config.json is not valid JSON ({exc}).", param='model') from exc
+    config = read_json(file, what="`model` config.json", param="model", max_bytes=16 * 2**20)
     if not isinstance(config, dict):
         raise ConfigError(f"`model` {path!r}: config.json must hold a JSON object; got {type(config).__name__}.", param='model')
+    check_config(config, path)
     return config
 
 

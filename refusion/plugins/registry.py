@@ -168,7 +168,7 @@ class Registry:
             finite_fields(spec, f"{kind}.")
             return spec
         if isinstance(spec, str):
-            cls = import_class(spec) if ":" in spec else self.get(kind, spec)
+            cls = import_class(spec, kind) if ":" in spec else self.get(kind, spec)
         elif inspect.isclass(spec):
             cls = spec
         else:
@@ -194,15 +194,30 @@ class Registry:
         return self._entries[self._kind_name(kind)]
 
 
-def import_class(path: str) -> type:
-    """The object a ``"module:Class"`` path names (imports the module); errors name the path."""
+def import_class(path: str, param: str | None = None) -> type:
+    """The class a ``"module:Class"`` path names (imports the module); every failure is a :class:`ConfigError`
+    naming the path and ``param``: a malformed or relative path, a module that cannot be imported or raises while
+    it is imported, a missing attribute, or one that is not a class."""
     module_name, _, attr = path.partition(":")
+    if not module_name or not attr or module_name.startswith(".") or not all(
+            part.isidentifier() for part in (*module_name.split("."), *attr.split("."))):
+        raise ConfigError(f"{path!r} is not a class path: write it as `package.module:Class` (an absolute module, "
+                          "a colon, then the class).", param=param)
     try:
         obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"Cannot import {path!r}: {exc}.", param=param) from exc
+    except Exception as exc:  # the module itself is broken: say which, with its error
+        raise ConfigError(f"Cannot import {path!r}: importing {module_name!r} raised "
+                          f"{type(exc).__name__}: {exc}.", param=param) from exc
+    try:
         for part in attr.split("."):
             obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"Cannot import {path!r}: {exc}.") from exc
+    except AttributeError as exc:
+        raise ConfigError(f"Cannot import {path!r}: {exc}.", param=param) from exc
+    if not isinstance(obj, type):
+        raise ConfigError(f"{path!r} names a {type(obj).__name__}, not a class; name the class itself "
+                          "(`package.module:Class`).", param=param)
     return obj
 
 

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import attrs
 
 from refusion.errors import ConfigError
+from refusion.measure.limits import MAX_EXAMPLES, integer, shown
 from refusion.measure.results import Result
 
 PREFIX = "lm-eval:"
@@ -33,6 +34,12 @@ class HarnessTasks:
     def __attrs_post_init__(self) -> None:
         if not self.tasks or not all(self.tasks):
             raise ConfigError(f"`tasks`: name at least one lm-evaluation-harness task after `{PREFIX}`.", param='tasks')
+        if self.limit is not None:
+            integer("limit", self.limit, 1, MAX_EXAMPLES, "examples per task")
+        for name in ("include_path", "metric"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ConfigError(f"`{name}` must be non-empty text; got {shown(value)}.", param=name)
 
     @property
     def name(self) -> str:

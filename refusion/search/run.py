@@ -18,12 +18,16 @@ from typing import Any, Callable, Sequence
 import attrs
 
 from refusion.config import DecoderSpec, preset as get_preset
+from refusion.config.spec import DEFAULT_GEN_LENGTH
 from refusion.decoding.decoder import Decoder
 from refusion.errors import ConfigError, RefusionError
-from refusion.search import outputs
+from refusion.files import where
+from refusion.measure.limits import (MAX_EXAMPLES, MAX_GEN_LENGTH, MAX_MINUTES, MAX_TRIALS, SEED_LIMIT, integer,
+                                     number, shown)
 from refusion.measure.results import Result
+from refusion.search import outputs
 from refusion.search.evaluate import evaluate_ar, evaluate_preset
-from refusion.search.space import Space, build_space, point_key
+from refusion.search.space import MAX_GRID, Dimension, Space, build_space, parse_dimension, point_key
 from refusion.search.spacefile import load_space_file
 from refusion.search.study import OBJECTIVES, TrialRecord, completed, open_study
 from refusion.search.tasks import TaskSet, load_tasks
@@ -72,6 +76,93 @@ def _trial_metrics(m: Result, ar: Result) -> dict[str, Any]:
             "ar_forwards": ar.forwards, "ar_seconds_per_token": ar.seconds_per_token}
 
 
+@attrs.frozen
+class SweepPlan:
+    """A sweep's inputs, checked before any model is loaded (:func:`plan_sweep`): the dimensions (from the
+    command line and the space file), the task set, and the options."""
+
+    dimensions: tuple[Dimension, ...]
+    tasks: Any
+    preset: str | None
+    gen_length: int | None
+    mode: str
+    trials: int | None
+    minutes: float | None
+    objective: str
+    seed: int
+    max_accuracy_drop: float
+    warmup: int
+    space: Space | None = None
+    space_file: str | None = None
+    file_dimensions: tuple[str, ...] = ()
+
+
+def plan_sweep(
+    space: Sequence[str | Dimension] | Space = (),
+    tasks: str | TaskSet = "held-out",
+    *,
+    preset: str | None = None,
+    space_file: str | Path | None = None,
+    mode: str = "auto",
+    trials: int | None = None,
+    minutes: float | None = None,
+    objective: str = "forwards",
+    gen_length: int | None = None,
+    seed: int = 0,
+    max_accuracy_drop: float = 0.0,
+    warmup: int = 1,
+) -> SweepPlan:
+    """Check everything of a sweep that needs no model: the options' ranges, the space file, every dimension
+    (values, ranges, and for a grid search the number of points, computed without listing them) and the task set.
+
+    Every error is a :class:`ConfigError` whose ``param`` names the option, the dimension or the file.
+    """
+    if mode not in MODES:
+        raise ConfigError(f"`mode` must be one of {', '.join(MODES)}; got {shown(mode)}.", param='mode')
+    if objective not in OBJECTIVES:
+        raise ConfigError(f"`objective` must be one of {', '.join(OBJECTIVES)}; got {shown(objective)}.",
+                          param='objective')
+    if trials is not None:
+        integer("trials", trials, 1, MAX_TRIALS, "trials in the study")
+    if minutes is not None:
+        number("minutes", minutes, 0, MAX_MINUTES, low_open=True)
+    if gen_length is not None:
+        integer("gen_length", gen_length, 1, MAX_GEN_LENGTH, "tokens generated per prompt")
+    integer("seed", seed, 0, SEED_LIMIT - 1)
+    number("max_accuracy_drop", max_accuracy_drop, 0, 1)
+    integer("warmup", warmup, 0, MAX_EXAMPLES)
+    if preset is not None and preset != "model":
+        get_preset(preset)
+    file = load_space_file(space_file) if space_file is not None else None
+    ready = space if isinstance(space, Space) else None
+    if ready is not None:
+        dims = ready.dimensions
+    else:
+        if isinstance(space, (str, bytes)) or not isinstance(space, Sequence):
+            raise ConfigError(f"`space` must be a list of dimensions (NAME=VALUES); got {shown(space)}.", param="space")
+        dims = (*(file.dimensions if file else ()),
+                *(d if isinstance(d, Dimension) else parse_dimension(_text(d)) for d in space))
+    if mode == "grid":
+        for dim in dims:  # a grid has at least as many points as any one dimension has values
+            count = dim.count()
+            if count is None or count > MAX_GRID:
+                dim.grid()  # the error names the dimension
+    if file is not None:
+        preset = preset or file.preset
+        gen_length = gen_length or file.gen_length
+        if preset is not None and preset != "model":
+            get_preset(preset)
+    return SweepPlan(tuple(dims), load_tasks(tasks), preset, gen_length, mode, trials, minutes, objective, seed,
+                     float(max_accuracy_drop), warmup, ready, file.path if file else None,
+                     tuple(d.name for d in file.dimensions) if file else ())
+
+
+def _text(spec: Any) -> str:
+    if not isinstance(spec, str):
+        raise ConfigError(f"`space` entries are NAME=VALUES text or Dimensions; got {shown(spec)}.", param="space")
+    return spec
+
+
 def sweep(
     space: Sequence[str] | Space = (),
     tasks: str | TaskSet = "held-out",
@@ -106,53 +197,74 @@ def sweep(
     is what optuna minimises besides maximising accuracy: ``forwards`` or
     ``wall`` (seconds per token). ``storage`` (default ``out/sweep.db``) keeps
     every trial; the same storage and ``study`` resume a sweep. The chosen
-    point is the fastest Pareto point within ``max_accuracy_drop`` of AR's
+    point is the fastest Pareto point within ``max_accuracy_drop`` (in [0, 1]) of AR's
     accuracy (else the most accurate). ``evaluate`` replaces the measurement
     (for tests). Never touches the model's weights.
-    """
-    from refusion.api import load_model
 
-    if mode not in MODES:
-        raise ConfigError(f"`mode` must be one of {', '.join(MODES)}; got {mode!r}.", param='mode')
-    if objective not in OBJECTIVES:
-        raise ConfigError(f"`objective` must be one of {', '.join(OBJECTIVES)}; got {objective!r}.", param='objective')
-    for name, value in (("trials", trials), ("minutes", minutes)):
-        if value is not None and (isinstance(value, bool) or not value > 0):
-            raise ConfigError(f"`{name}` must be a positive number; got {value!r}.", param=name)
+    Limits (:mod:`refusion.measure.limits`): ``gen_length`` <= 65,536 and within
+    the model's positions after the longest prompt, ``trials`` <= 100,000, a
+    grid search <= 100,000 points, ``minutes`` <= 43,200. Every input is
+    checked (:func:`plan_sweep`) before the model is loaded; the task set's
+    text against the model's tokenizer before the study is created.
+    """
+    plan = plan_sweep(space, tasks, preset=preset, space_file=space_file, mode=mode, trials=trials, minutes=minutes,
+                      objective=objective, gen_length=gen_length, seed=seed, max_accuracy_drop=max_accuracy_drop,
+                      warmup=warmup)
+    return run_plan(plan, model=model, out=out, storage=storage, study=study, progress=progress, plot=plot,
+                    evaluate=evaluate)
+
+
+def run_plan(plan: SweepPlan, *, model: Any = None, out: str | Path = "sweep-out", storage: str | Path | None = None,
+             study: str = "refusion-sweep", progress: bool = True, plot: bool = True,
+             evaluate: Callable[[Any, DecoderSpec, TaskSet], Result] | None = None) -> SweepResult:
+    """Run a checked :class:`SweepPlan` on ``model`` (see :func:`sweep`)."""
+    from refusion.api import load_model
+    from refusion.search.tasks import check_examples
+
     adapter = load_model(model)
     if adapter.tokenizer is None:
-        raise ConfigError("`refusion sweep` needs a model with a tokenizer (it scores decoded text).", param='refusion sweep')
-    if not isinstance(space, Space):
-        file = load_space_file(space_file) if space_file is not None else None
-        base = _base_preset(adapter, preset or (file.preset if file else None))
-        space = build_space(base, [*(file.dimensions if file else ()), *space])
-        gen_length = gen_length or (file.gen_length if file else None)
-    length = gen_length or space.base.gen_length
-    taskset = load_tasks(tasks)
+        raise ConfigError("`refusion sweep` needs a model with a tokenizer (it scores decoded text).", param='model')
+    space = plan.space
+    if space is None:
+        base = _base_preset(adapter, plan.preset)
+        try:
+            space = build_space(base, plan.dimensions)
+        except ConfigError as exc:
+            if exc.param in plan.file_dimensions:
+                raise ConfigError(f"{where('`space file`', plan.space_file)}, field `space.{exc.param}`: {exc}",
+                                  param=exc.param) from None
+            raise
+    length = plan.gen_length or space.base.gen_length or DEFAULT_GEN_LENGTH
+    integer("gen_length", length, 1, MAX_GEN_LENGTH, "tokens generated per prompt")
+    taskset = plan.tasks
+    check_examples(taskset, adapter, length)
     size = space.grid_size()
+    mode = plan.mode
     if mode == "auto":
         mode = "grid" if size is not None and size <= GRID_LIMIT else "optuna"
     points = space.grid() if mode == "grid" else None
-    if mode == "optuna" and trials is None and minutes is None:
+    trials = plan.trials
+    if mode == "optuna" and trials is None and plan.minutes is None:
         trials = 30
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     signature = {"space": space.describe(), "base": attrs.evolve(space.base, description="").to_dict(),
                  "tasks": taskset.name, "examples": len(taskset.examples), "gen_length": length,
-                 "objective": objective, "mode": mode}
+                 "objective": plan.objective, "mode": mode}
     db = Path(storage) if storage is not None else out / "sweep.db"
     the_study = open_study(db, study, signature)
-    measure, measure_ar = _measures(taskset, warmup)
+    measure, measure_ar = _measures(taskset, plan.warmup)
     measure = evaluate or measure
 
     ar = measure_ar(adapter, taskset, length)
     new, interrupted = 0, False
     try:
-        new = _search(the_study, space, points, mode, adapter, taskset, length, ar, measure, objective,
-                      trials, minutes, seed, progress)
+        new = _search(the_study, space, points, mode, adapter, taskset, length, ar, measure, plan.objective,
+                      trials, plan.minutes, plan.seed, progress)
     except KeyboardInterrupt:
         interrupted = True
-    return _finish(the_study, db, space, length, ar, mode, objective, out, max_accuracy_drop, plot, new, interrupted)
+    return _finish(the_study, db, space, length, ar, mode, plan.objective, out, plan.max_accuracy_drop, plot, new,
+                   interrupted)
 
 
 def _measures(taskset: Any, warmup: int) -> tuple[Callable, Callable]:
@@ -185,7 +297,7 @@ def _search(study: Any, space: Space, points: list | None, mode: str, adapter: A
         total = len(todo) if trials is None else max(0, min(len(todo), trials - len(done)))
     else:
         total = None if trials is None else max(0, trials - len(done))
-        sampler = optuna.samplers.TPESampler(seed=seed + len(study.trials))
+        sampler = optuna.samplers.TPESampler(seed=(seed + len(study.trials)) % SEED_LIMIT)
         study.sampler = sampler
     size = space.grid_size()
     new, repeats = 0, 0

@@ -10,45 +10,108 @@ This module knows nothing about models or evaluation.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import attrs
 
 from refusion.config import PART_KINDS, SPEC_PARAMS, DecoderSpec
 from refusion.config.params import parse_value
 from refusion.errors import ConfigError, UnknownNameError
+from refusion.measure.limits import MAX_TRIALS, shown
+
+
+#: a grid search tries at most this many points (each is a trial of the study)
+MAX_GRID = MAX_TRIALS
+#: numbers in a space (values and range bounds) lie within +-this
+MAX_MAGNITUDE = 2**64
+#: the smallest step of a float range (points are compared to 9 decimals)
+MIN_FLOAT_STEP = 1e-6
 
 
 def _number(text: str, field: str) -> float | int:
     value = parse_value(text.strip())
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"`{field}`: range bounds must be numbers; got {text!r}.", param=field)
+        raise ConfigError(f"`{field}`: range bounds must be numbers; got {text.strip()[:80]!r}.", param=field)
     return value
+
+
+def _is_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float))
+
+
+def _value_problem(value: Any) -> str | None:
+    """Why ``value`` cannot be a value of a dimension, or ``None`` when it can."""
+    if value is None or isinstance(value, (str, bool)):
+        return None
+    if not _is_number(value):
+        return f"values are numbers, text, true/false or none; got {type(value).__name__} {shown(value)}"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"values must be finite numbers; got {value}"
+    if abs(value) > MAX_MAGNITUDE:
+        return f"numbers must lie within +-2**64; got {shown(value)}"
+    return None
+
+
+def _key(value: Any) -> Any:
+    return round(value, 9) if isinstance(value, float) else value
+
+
+def _tuple(values: Any) -> tuple | None:
+    if values is None or isinstance(values, tuple):
+        return values
+    if isinstance(values, list):
+        return tuple(values)
+    raise ConfigError(f"a dimension's values are a list; got {type(values).__name__} {shown(values)}.", param="space")
 
 
 @attrs.frozen
 class Dimension:
-    """One axis of the space: ``values`` (an explicit list) or a range ``low..high`` (inclusive) with an optional ``step``."""
+    """One axis of the space: ``values`` (an explicit list) or a range ``low..high`` (inclusive) with an optional ``step``.
+
+    Values are numbers, text, true/false or none; numbers are finite and within
+    +-2**64, range bounds too; a float range's step is at least
+    :data:`MIN_FLOAT_STEP`. Anything else is a :class:`ConfigError` naming the dimension.
+    """
 
     name: str
-    values: tuple[Any, ...] | None = None
+    values: tuple[Any, ...] | None = attrs.field(default=None, converter=_tuple)
     low: float | None = None
     high: float | None = None
     step: float | None = None
 
     def __attrs_post_init__(self) -> None:
+        name = self.name
         if self.values is not None:
             if not self.values:
-                raise ConfigError(f"`{self.name}`: the list of values is empty; give at least one.", param=self.name)
+                raise ConfigError(f"`{name}`: the list of values is empty; give at least one.", param=name)
+            for value in self.values:
+                problem = _value_problem(value)
+                if problem:
+                    raise ConfigError(f"`{name}`: {problem}.", param=name)
             return
+        if self.is_part:
+            raise ConfigError(f"`{name}`: a part dimension lists part names (e.g. {name}=a,b); got a range.",
+                              param=name)
         if self.low is None or self.high is None:
-            raise ConfigError(f"`{self.name}`: give a list of values or a range low:high[:step].", param=self.name)
+            raise ConfigError(f"`{name}`: give a list of values or a range low:high[:step].", param=name)
+        for bound in ("low", "high", "step"):
+            value = getattr(self, bound)
+            if value is None:
+                continue
+            if not _is_number(value) or _value_problem(value):
+                raise ConfigError(f"`{name}`: the range's {bound} must be a finite number within +-2**64; got "
+                                  f"{shown(value)}.", param=name)
         if self.low > self.high:
-            raise ConfigError(f"`{self.name}`: the range {self.low}:{self.high} is empty (low > high).", param=self.name)
-        if self.step is not None and not self.step > 0:
-            raise ConfigError(f"`{self.name}`: the step must be > 0; got {self.step}.", param=self.name)
+            raise ConfigError(f"`{name}`: the range {self.low}:{self.high} is empty (low > high).", param=name)
+        if self.step is not None:
+            if not self.step > 0:
+                raise ConfigError(f"`{name}`: the step must be > 0; got {self.step}.", param=name)
+            if not self.is_integer and self.step < MIN_FLOAT_STEP:
+                raise ConfigError(f"`{name}`: the step of a float range must be >= {MIN_FLOAT_STEP:g} (points are "
+                                  f"compared to 9 decimals); got {self.step:g}.", param=name)
 
     @property
     def is_part(self) -> bool:
@@ -58,21 +121,44 @@ class Dimension:
     def is_integer(self) -> bool:
         return self.values is None and all(isinstance(v, int) for v in (self.low, self.high, self.step or 1))
 
-    def grid(self) -> tuple[Any, ...]:
-        """Every value a grid search tries (a range needs a ``step``)."""
+    def _distinct(self) -> tuple[Any, ...]:
+        seen: dict[Any, Any] = {}
+        for value in self.values or ():
+            seen.setdefault(_key(value), value)
+        return tuple(seen.values())
+
+    def count(self) -> int | None:
+        """How many values a grid search tries on this axis (computed, not listed); ``None`` for a range without a
+        step (continuous). Huge ranges count as ``2**62``."""
         if self.values is not None:
-            return self.values
+            return len(self._distinct())
         if self.step is None:
+            return None
+        if self.is_integer:
+            return (self.high - self.low) // self.step + 1
+        spans = (self.high - self.low) / self.step
+        return math.floor(spans + 1e-9) + 1 if spans < 2**62 else 2**62
+
+    def grid(self) -> tuple[Any, ...]:
+        """Every value a grid search tries, each once (a range needs a ``step``; at most :data:`MAX_GRID`)."""
+        count = self.count()
+        if count is None:
             raise ConfigError(f"`{self.name}`: a grid search needs a step (low:high:step); "
                               f"got {self.low}:{self.high}. Use --mode optuna for a continuous range.", param=self.name)
-        count = int(math.floor((self.high - self.low) / self.step + 1e-9)) + 1
+        if count > MAX_GRID:
+            raise ConfigError(f"`{self.name}`: {self.describe()} has {count} values; a grid search tries at most "
+                              f"{MAX_GRID} points. Use a larger step or --mode optuna.", param=self.name)
+        if self.values is not None:
+            return self._distinct()
         if self.is_integer:
             return tuple(int(self.low + i * self.step) for i in range(count))
         return tuple(round(self.low + i * self.step, 10) for i in range(count))
 
     def suggest(self, trial: Any, grid: bool = False) -> Any:
         """The value optuna's ``trial`` proposes on this axis (among the grid values when ``grid``)."""
-        if self.values is not None or grid:
+        if self.values is not None:
+            return trial.suggest_categorical(self.name, list(self._distinct()))
+        if grid:
             return trial.suggest_categorical(self.name, list(self.grid()))
         if self.is_integer:
             return trial.suggest_int(self.name, self.low, self.high, step=self.step or 1)
@@ -98,8 +184,14 @@ def dimension(name: str, spec: Any) -> Dimension:
     if isinstance(spec, Mapping):
         unknown = set(spec) - {"low", "high", "step", "values"}
         if unknown:
-            raise ConfigError(f"`{name}`: unknown key(s) {', '.join(sorted(unknown))}; use low, high, step or values.", param=name)
+            raise ConfigError(f"`{name}`: unknown key(s) {', '.join(sorted(map(str, unknown)))}; use low, high, step "
+                              "or values.", param=name)
         if "values" in spec:
+            if set(spec) != {"values"}:
+                raise ConfigError(f"`{name}`: give either `values` or low, high and step; got "
+                                  f"{', '.join(sorted(map(str, spec)))}.", param=name)
+            if not isinstance(spec["values"], (list, tuple)):
+                raise ConfigError(f"`{name}`: `values` must be a list; got {shown(spec['values'])}.", param=name)
             return dimension(name, list(spec["values"]))
         return Dimension(name, low=spec.get("low"), high=spec.get("high"), step=spec.get("step"))
     if isinstance(spec, (list, tuple)):
@@ -146,6 +238,8 @@ class Space:
                     raise UnknownNameError(f"`space` field `{dim.name}`: {exc}", param='space') from None
         for dim in self.params:
             self._check_param(dim.name)
+        for dim in self.params:
+            self._check_values(dim)
 
     @property
     def parts(self) -> tuple[Dimension, ...]:
@@ -167,9 +261,46 @@ class Space:
         raise ConfigError(f"`space` field `{name}`: no part the space can choose declares it; "
                           f"parameters are {', '.join(accepted + list(SPEC_PARAMS))}.", param='space')
 
+    def _check_values(self, dim: Dimension) -> None:
+        """Refuse a value (a listed one, or a range's bounds) that a part or option declaring ``dim`` refuses:
+        such points would all fail, silently dropped from the results."""
+        checks = self._checks(dim.name)
+        values = dim._distinct() if dim.values is not None else (dim.low, dim.high)
+        for value in values:
+            for check in checks:
+                error = check(value)
+                if error is not None:
+                    raise ConfigError(f"`space` field `{dim.name}`: the value {shown(value)} cannot be tried: {error}",
+                                      param=dim.name)
+
+    def _checks(self, name: str) -> list[Callable[[Any], ConfigError | None]]:
+        """One check per class that takes parameter ``name`` in some point of the space (its field's validator)."""
+        from refusion.config.spec import DECODER_OPTIONS, SAMPLING_PARAMS, sampler_name
+        from refusion.decoding.decoder import Decoder
+        from refusion.decoding.sampling import SAMPLERS
+
+        if name in DECODER_OPTIONS:
+            return [functools.partial(_field_error, Decoder, name)]
+        if name == "sampler":
+            return [functools.partial(_call_error, sampler_name)]
+        if name in SAMPLING_PARAMS:
+            names = {self.base.sampler.name}
+            names.update(v for d in self.params if d.name == "sampler" for v in d._distinct())
+            classes = [SAMPLERS.get("categorical" if n == "greedy" else n) for n in names]
+            return [functools.partial(_field_error, cls, name) for cls in classes if cls is not None]
+        kind, _, field = name.rpartition(".")
+        checks = []
+        for k in ([kind] if kind else PART_KINDS):
+            candidates = {self.base_names()[k], *(v for d in self.parts if d.name == k for v in d._distinct())}
+            for part in sorted(candidates):
+                entry = self.registry.entry(k, part)
+                if field in entry.parameters():
+                    checks.append(functools.partial(_field_error, entry.cls, field))
+        return checks
+
     def _part_combinations(self) -> Iterator[dict[str, str]]:
         parts = self.parts
-        for choice in itertools.product(*(d.values for d in parts)):
+        for choice in itertools.product(*(d._distinct() for d in parts)):
             combo = self.base_names()
             combo.update(zip((d.name for d in parts), choice))
             yield combo
@@ -184,7 +315,16 @@ class Space:
         return any(name in self.registry.entry(kind, parts[kind]).parameters() for kind in PART_KINDS)
 
     def grid(self) -> list[dict[str, Any]]:
-        """Every distinct point of a grid search, parts first, in a fixed order."""
+        """Every distinct point of a grid search, parts first, in a fixed order (at most :data:`MAX_GRID`; the
+        size is computed before any point is listed)."""
+        size = self.grid_size()
+        if size is None:
+            for dim in self.dimensions:
+                dim.grid()  # the error names the range without a step
+        if size > MAX_GRID:
+            raise ConfigError(f"`space` has {size} grid points ({' x '.join(str(d.count()) for d in self.dimensions)} "
+                              f"values); a grid search tries at most {MAX_GRID}. Use larger steps, fewer values, or "
+                              "--mode optuna with --trials.", param="space")
         points, seen = [], set()
         for parts in itertools.product(*(d.grid() for d in self.parts)):
             chosen = dict(zip((d.name for d in self.parts), parts))
@@ -198,10 +338,18 @@ class Space:
         return points
 
     def grid_size(self) -> int | None:
-        """Number of grid points, or ``None`` when a range has no step (the space is continuous)."""
-        if any(d.values is None and d.step is None for d in self.dimensions):
+        """Number of grid points, computed without listing them, or ``None`` when a range has no step (the space
+        is continuous)."""
+        if any(d.count() is None for d in self.dimensions):
             return None
-        return len(self.grid())
+        total = 0
+        for parts in self._part_combinations():
+            size = 1
+            for dim in self.params:
+                if self.accepts(parts, dim.name):
+                    size *= dim.count()
+            total += size
+        return total
 
     def suggest(self, trial: Any, grid: bool = False) -> dict[str, Any]:
         """The point optuna's ``trial`` proposes: parts first, then the parameters those parts take
@@ -225,6 +373,33 @@ class Space:
 
     def describe(self) -> list[str]:
         return [d.describe() for d in self.dimensions]
+
+
+def _field_error(cls: type, name: str, value: Any) -> ConfigError | None:
+    """The error the validator of ``cls``'s field ``name`` gives ``value``, or ``None`` (also when it cannot tell)."""
+    if not attrs.has(cls):
+        return None
+    field = next((f for f in attrs.fields(cls) if (f.alias or f.name) == name and f.init), None)
+    if field is None:
+        return None
+    try:
+        if field.converter is not None:
+            value = field.converter(value)
+        if field.validator is not None:
+            field.validator(None, field, value)
+    except ConfigError as exc:
+        return exc
+    except Exception:  # a validator that needs the other fields: the decoder checks it when built
+        return None
+    return None
+
+
+def _call_error(check: Callable[[Any], Any], value: Any) -> ConfigError | None:
+    try:
+        check(value)
+    except ConfigError as exc:
+        return exc
+    return None
 
 
 def point_key(point: Mapping[str, Any]) -> tuple:

@@ -21,70 +21,95 @@ from typing import Any
 import attrs
 
 from refusion.errors import ConfigError
+from refusion.files import MAX_DEPTH, check_depth, read_text, where
+from refusion.measure.limits import MAX_GEN_LENGTH, integer, shown
 from refusion.search.space import Dimension, dimension
 
+#: space files larger than this are refused before they are parsed
+MAX_SPACE_BYTES = 4 * 2**20
+
 KEYS = ("space", "preset", "gen_length")
+WHAT = "`space file`"
+PARAM = "space_file"
 
 
 @attrs.frozen
 class SpaceFile:
-    """What a space file says: its dimensions, the base preset's name (or ``None``) and a generation length."""
+    """What a space file says: its dimensions, the base preset's name (or ``None``), a generation length and the
+    file's ``path`` (errors about its dimensions name it)."""
 
     dimensions: tuple[Dimension, ...]
     preset: str | None = None
     gen_length: int | None = None
+    path: str | None = None
 
 
 def _read(path: Path) -> Any:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"`space file` {str(path)!r} cannot be read: {exc.strerror}.", param='space file') from None
     suffix = path.suffix.lower()
-    if suffix == ".toml":
-        import tomllib
+    if suffix not in (".toml", ".yaml", ".yml"):
+        raise ConfigError(f"{where(WHAT, path)} must end in .yaml, .yml or .toml.", param=PARAM)
+    text = read_text(path, what=WHAT, param=PARAM, max_bytes=MAX_SPACE_BYTES)
+    place = where(WHAT, path)
+    try:
+        if suffix == ".toml":
+            import tomllib
 
-        try:
-            return tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"`space file` {str(path)!r} is not valid TOML: {exc}.", param='space file') from None
-    if suffix in (".yaml", ".yml"):
-        try:
-            import yaml
-        except ImportError:
-            raise ConfigError("A YAML space file needs PyYAML: pip install 'refusion[research]'.") from None
-        try:
-            return yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            line = getattr(getattr(exc, "problem_mark", None), "line", None)
-            where = f" at line {line + 1}" if line is not None else ""
-            raise ConfigError(f"`space file` {str(path)!r} is not valid YAML{where}: {exc}.", param='space file') from None
-    raise ConfigError(f"`space file` {str(path)!r} must end in .yaml, .yml or .toml.", param='space file')
+            try:
+                data = tomllib.loads(text)
+            except tomllib.TOMLDecodeError as exc:
+                raise ConfigError(f"{place} is not valid TOML: {exc}.", param=PARAM) from None
+        else:
+            try:
+                import yaml
+            except ImportError:
+                raise ConfigError("A YAML space file needs PyYAML: pip install 'refusion[research]'.",
+                                  param=PARAM) from None
+            try:
+                data = yaml.safe_load(text)
+            except yaml.YAMLError as exc:
+                line = getattr(getattr(exc, "problem_mark", None), "line", None)
+                at = f" at line {line + 1}" if line is not None else ""
+                raise ConfigError(f"{place} is not valid YAML{at}: {exc}.", param=PARAM) from None
+    except RecursionError:
+        raise ConfigError(f"{place}: values are nested too deeply (more than {MAX_DEPTH} levels are refused).",
+                          param=PARAM) from None
+    except ValueError as exc:  # a number of more than 4300 digits
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"{place}: a value cannot be read ({exc}).", param=PARAM) from None
+    return check_depth(data, place=place, param=PARAM)
 
 
 def load_space_file(path: str | Path) -> SpaceFile:
-    """Read a space file; every error names the file and the field."""
+    """Read a space file; every error names the file and the field (``param``: the dimension's name for a bad
+    dimension, else the field, else ``space_file``)."""
     path = Path(path)
     data = _read(path)
+    place = where(WHAT, path)
     if not isinstance(data, dict):
-        raise ConfigError(f"`space file` {str(path)!r} must hold a table with a `space` field.", param='space file')
-    unknown = set(data) - set(KEYS)
+        raise ConfigError(f"{place} must hold a table with a `space` field.", param=PARAM)
+    unknown = sorted(map(str, set(data) - set(KEYS)))
     if unknown:
-        raise ConfigError(f"`space file` {str(path)!r}: unknown field(s) {', '.join(sorted(unknown))}; "
-                          f"fields are {', '.join(KEYS)}.", param='space file')
+        raise ConfigError(f"{place}: unknown field(s) {', '.join(unknown)}; fields are {', '.join(KEYS)}.",
+                          param=unknown[0])
     space = data.get("space")
     if not isinstance(space, dict) or not space:
-        raise ConfigError(f"`space file` {str(path)!r}: field `space` must be a non-empty table of name: values.", param='space file')
+        raise ConfigError(f"{place}: field `space` must be a non-empty table of name: values.", param="space")
     dims = []
     for name, spec in space.items():
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{place}: the names in `space` are text; got {shown(name)}.", param="space")
         try:
-            dims.append(dimension(str(name), spec))
+            dims.append(dimension(name, spec))
         except ConfigError as exc:
-            raise ConfigError(f"`space file` {str(path)!r}, field `space.{name}`: {exc}", param='space file') from None
+            raise ConfigError(f"{place}, field `space.{name}`: {exc}", param=name) from None
     length = data.get("gen_length")
-    if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
-        raise ConfigError(f"`space file` {str(path)!r}: field `gen_length` must be an integer >= 1; got {length!r}.", param='space file')
+    if length is not None:
+        try:
+            integer("gen_length", length, 1, MAX_GEN_LENGTH, "tokens generated per prompt")
+        except ConfigError as exc:
+            raise ConfigError(f"{place}: field {exc}", param="gen_length") from None
     preset = data.get("preset")
     if preset is not None and not isinstance(preset, str):
-        raise ConfigError(f"`space file` {str(path)!r}: field `preset` must be a preset name; got {preset!r}.", param='space file')
-    return SpaceFile(tuple(dims), preset, length)
+        raise ConfigError(f"{place}: field `preset` must be a preset name; got {shown(preset)}.", param="preset")
+    return SpaceFile(tuple(dims), preset, length, str(path))

@@ -5,11 +5,17 @@ Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (plain or
 ``GET /metrics``. Every error is an OpenAI error body. The app starts the
 generator's thread when it starts and, when it stops, cancels what uvicorn's
 graceful shutdown left unfinished.
+
+Bodies are bounded (:class:`~refusion.serve.limits.BodyLimit`); parsing,
+validating and planning a request (tokenising its prompt) run in a worker
+thread, one request at a time, so the event loop (``/health``, the streams)
+never waits on them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from contextlib import asynccontextmanager
 from typing import Any
@@ -17,31 +23,38 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from refusion.errors import ConfigError, QueueFull
 from refusion.generator import Generator
 from refusion.serve import responses
-from refusion.serve.errors import APIError, validation_error
+from refusion.serve.errors import APIError, invalid_json, validation_error
+from refusion.serve.limits import BodyLimit
 from refusion.serve.metrics import ServerMetrics
-from refusion.serve.options import ServeDefaults, plan_request
-from refusion.serve.schema import ChatCompletionRequest, CompletionRequest
+from refusion.serve.options import Plan, ServeDefaults, ServePolicy, plan_request
+from refusion.serve.schema import ChatCompletionRequest, CompletionRequest, InvalidJSON, parse_body
 from refusion.serve.session import LiveRequest, pieces
 
 OUTCOMES = {"stop": "stop", "length": "length", "abort": "cancelled", "error": "error", None: "cancelled"}
 
 
 def create_app(generator: Generator, *, model_name: str = "refusion", defaults: ServeDefaults | None = None,
-               retry_after: int = 1, manage_generator: bool = True) -> FastAPI:
+               retry_after: int = 1, manage_generator: bool = True, policy: ServePolicy | None = None) -> FastAPI:
     """An app serving ``generator`` under the name ``model_name``.
 
-    ``defaults`` are the decoding defaults of every request; a full queue
-    answers 503 with ``Retry-After: retry_after``. With ``manage_generator``
-    the app starts the generator's thread on start-up and closes it on
-    shutdown (leave it off to drive the generator yourself in tests).
+    ``defaults`` are the decoding defaults of every request; ``policy`` what
+    requests may send (body size, prompt length, imports, special tokens). A
+    full queue answers 503 with ``Retry-After: retry_after``. With
+    ``manage_generator`` the app starts the generator's thread on start-up and
+    closes it on shutdown (leave it off to drive the generator yourself in
+    tests).
     """
     defaults = defaults or ServeDefaults()
+    policy = policy or ServePolicy()
     metrics = ServerMetrics(generator)
+    planning = threading.Lock()  # the tokenizer and the registry are not promised to be thread-safe
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -52,7 +65,8 @@ def create_app(generator: Generator, *, model_name: str = "refusion", defaults: 
             await asyncio.to_thread(generator.close, drain=False, timeout=30)
 
     app = FastAPI(title="refusion", lifespan=lifespan)
-    app.state.generator, app.state.metrics = generator, metrics
+    app.state.generator, app.state.metrics, app.state.policy = generator, metrics, policy
+    app.add_middleware(BodyLimit, max_bytes=policy.max_body_bytes)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, error: APIError) -> JSONResponse:
@@ -85,20 +99,31 @@ def create_app(generator: Generator, *, model_name: str = "refusion", defaults: 
         return Response(metrics.render(), media_type=metrics.content_type)
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request) -> Any:
-        return await _answer(body, request, "completions")
+    async def completions(request: Request) -> Any:
+        return await _answer(request, CompletionRequest, "completions")
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
-        return await _answer(body, request, "chat")
+    async def chat_completions(request: Request) -> Any:
+        return await _answer(request, ChatCompletionRequest, "chat")
 
-    async def _answer(body: Any, request: Request, endpoint: str) -> Any:
+    def _prepare(raw: bytes, schema: Any) -> tuple[Any, Plan]:
+        """The request as ``schema`` and its plan; raises :class:`APIError`. Runs in a worker thread."""
+        try:
+            body = parse_body(raw, schema)
+        except InvalidJSON as exc:
+            raise invalid_json(str(exc)) from None
+        except ValidationError as exc:
+            raise validation_error(exc) from None
         if body.model != model_name:
             raise APIError(404, f"`model` {body.model!r} is not served here; this server serves {model_name!r}.",
                            type="not_found_error", param="model", code="model_not_found")
         if generator.closing:
             raise _unavailable("The server is shutting down; it takes no new requests.", "shutting_down", retry_after)
-        plan = plan_request(body, generator, defaults)
+        with planning:
+            return body, plan_request(body, generator, defaults, policy)
+
+    async def _answer(request: Request, schema: Any, endpoint: str) -> Any:
+        body, plan = await run_in_threadpool(_prepare, await request.body(), schema)
         try:
             live = LiveRequest(generator, plan, asyncio.get_running_loop())
         except QueueFull as exc:

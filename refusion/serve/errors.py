@@ -7,6 +7,7 @@ from typing import Any
 import attrs
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 
 from refusion.errors import ConfigError
 
@@ -23,10 +24,16 @@ class APIError(Exception):
     headers: dict[str, str] | None = None
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        """The JSON body; text echoed from the request that is not valid Unicode is escaped, never a 500."""
+        return {"error": {"message": _printable(self.message), "type": self.type, "param": _printable(self.param),
+                          "code": self.code}}
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def _printable(text: str | None) -> str | None:
+    return None if text is None else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 #: decoder-side names that a request spells differently
@@ -52,8 +59,9 @@ def bad_request(error: ConfigError, *, prompt_field: str = "prompt", params: Any
     return APIError(400, message, param=name, code="invalid_value")
 
 
-def validation_error(error: RequestValidationError) -> APIError:
-    """A 400 for pydantic's first complaint, naming the field as ``messages[0].content``."""
+def validation_error(error: RequestValidationError | ValidationError) -> APIError:
+    """A 400 for pydantic's first complaint (from FastAPI or from validating a body), naming the field as
+    ``messages[0].content``."""
     first = error.errors()[0]
     loc = [part for part in first.get("loc", ()) if part != "body"]
     param = ""
@@ -69,5 +77,17 @@ def validation_error(error: RequestValidationError) -> APIError:
     if first.get("type") == "extra_forbidden":
         return APIError(400, f"`{param}` is not a field of this endpoint (see docs/serving.md for the fields).",
                         param=param or None, code="unknown_field")
-    got = first.get("input")
-    return APIError(400, f"`{param}`: {first.get('msg')}; got {got!r}.", param=param or None, code="invalid_type")
+    got = repr(first.get("input"))
+    got = got if len(got) <= 200 else got[:200] + "..."  # the field may be huge; the error need not be
+    return APIError(400, f"`{param}`: {first.get('msg')}; got {got}.", param=param or None, code="invalid_type")
+
+
+def invalid_json(reason: str) -> APIError:
+    """A 400 for a body that is not one JSON object."""
+    return APIError(400, f"The body is not valid JSON: {reason}.", code="invalid_json")
+
+
+def too_large(limit: int) -> APIError:
+    """The 413 for a body over ``limit`` bytes."""
+    return APIError(413, f"The request body is larger than this server's limit of {limit} bytes "
+                    "(`--max-body-bytes`).", param=None, code="request_too_large")

@@ -8,19 +8,63 @@ request; a request's fields override them.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import attrs
 
 from refusion.api import build_decoder
-from refusion.prompts import encode_prompt
 from refusion.config import PART_KINDS, SAMPLING_PARAMS
-from refusion.decoding.decoder import Decoder
-from refusion.errors import ConfigError, UnknownNameError
 from refusion.config.params import parse_param
+from refusion.config.trust import is_import_path, refuse_import_paths
+from refusion.decoding.decoder import Decoder
+from refusion.engines.base import Engine
+from refusion.errors import ConfigError, UnknownNameError
 from refusion.plugins.registry import registry
+from refusion.prompts import check_encodable, check_no_special_text, encode_prompt
 from refusion.serve.errors import APIError, bad_request
 from refusion.serve.schema import ChatCompletionRequest, CompletionRequest, DecodingFields
+
+#: the default bound on a request body, in bytes (``refusion serve --max-body-bytes``)
+MAX_BODY_BYTES = 256 * 1024
+#: prompt text may hold this many characters per model position before it is refused untokenised
+CHARS_PER_POSITION = 8
+
+
+def _positive(name: str, optional: bool = False):
+    def check(instance: Any, attribute: Any, value: Any) -> None:
+        if optional and value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"`{name}` must be {'None or ' if optional else ''}an integer >= 1; got {value!r}.",
+                              param=name)
+    return check
+
+
+@attrs.frozen
+class ServePolicy:
+    """What a server accepts from its clients (the ``refusion serve`` flags in brackets).
+
+    ``max_body_bytes`` bounds a request body (``--max-body-bytes``; larger is
+    413); ``max_prompt_chars`` bounds prompt text, checked before it is
+    tokenised (``--max-prompt-chars``; default ``CHARS_PER_POSITION`` per model
+    position). Requests may name parts by ``"module:Class"`` path only with
+    ``allow_imports`` (``--allow-imports``), and put special-token text in
+    prompts only with ``allow_special_tokens`` (``--allow-special-tokens``).
+    """
+
+    max_body_bytes: int = attrs.field(default=MAX_BODY_BYTES, validator=_positive("max_body_bytes"))
+    max_prompt_chars: int | None = attrs.field(default=None, validator=_positive("max_prompt_chars", optional=True))
+    allow_imports: bool = False
+    allow_special_tokens: bool = False
+
+    def prompt_chars(self, model: Any) -> int | None:
+        """The most characters of prompt text ``model`` is sent (``None``: no bound but the body's)."""
+        if self.max_prompt_chars is not None:
+            return self.max_prompt_chars
+        positions = getattr(model, "max_positions", None)
+        return None if positions is None else CHARS_PER_POSITION * positions
+
 
 @attrs.frozen
 class ServeDefaults:
@@ -66,9 +110,9 @@ def request_params(body: DecodingFields) -> dict[str, Any]:
     return parsed
 
 
-def decoding_options(body: DecodingFields, defaults: ServeDefaults) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(options, request_params)``: keywords for :func:`refusion.api.decoder_spec` (preset, parts, parameters)."""
-    own = request_params(body)
+def decoding_options(body: DecodingFields, defaults: ServeDefaults, own: Mapping[str, Any]) -> dict[str, Any]:
+    """Keywords for :func:`refusion.api.build_decoder`: the server's defaults, then the request's fields and ``own``
+    (its ``params``)."""
     options: dict[str, Any] = dict(defaults.parts)
     options.update(defaults.params)
     preset = body.preset if body.preset is not None else defaults.preset
@@ -84,14 +128,62 @@ def decoding_options(body: DecodingFields, defaults: ServeDefaults) -> tuple[dic
         if key in PART_KINDS or key == "preset":
             raise APIError(400, f"`params.{key}`: name the {key} as the top-level field `{key}`.",
                            param=f"params.{key}", code="invalid_value")
+        if key == "gen_length":
+            raise APIError(400, "`params.gen_length`: set the answer's length with `max_tokens`.",
+                           param="params.gen_length", code="invalid_value")
         options[key] = value
-    return options, own
+    return options
 
 
-def chat_prompt(body: ChatCompletionRequest, tokenizer: Any) -> Any:
-    """The chat template applied to the messages; without a template, their texts joined by newlines."""
+#: how a trusted deployment lets requests name classes by module path
+IMPORT_OPT_IN = "A trusted deployment may allow it by starting the server with `--allow-imports`."
+
+
+def refuse_imports(body: DecodingFields, own: Mapping[str, Any]) -> None:
+    """400 naming the first part or engine the request names by ``"module:Class"`` path (nothing is imported).
+
+    ``own`` is the request's ``params``; the server's own defaults are trusted
+    and not checked.
+    """
+    fields: dict[str, Any] = {kind: getattr(body, kind) for kind in PART_KINDS}
+    fields["params"] = dict(own)
+    try:
+        refuse_import_paths(fields, where="request", opt_in=IMPORT_OPT_IN)
+    except ConfigError as exc:
+        raise APIError(400, str(exc), param=exc.param, code="import_refused") from None
+
+
+def check_prompt_size(body: CompletionRequest | ChatCompletionRequest, field: str, bound: int | None) -> None:
+    """400 naming ``field`` when the prompt text (all messages together) is over ``bound`` characters.
+
+    Checked before anything is tokenised; token-id prompts are bounded by the
+    model's positions instead.
+    """
+    if bound is None:
+        return
+    if isinstance(body, ChatCompletionRequest):
+        size = sum(len(m.text) for m in body.messages)
+    else:
+        size = len(body.prompt) if isinstance(body.prompt, str) else 0
+    if size > bound:
+        raise APIError(400, f"`{field}` holds {size} characters of text; this server takes at most {bound} "
+                       "(`--max-prompt-chars`).", param=field, code="context_length_exceeded")
+
+
+def chat_prompt(body: ChatCompletionRequest, tokenizer: Any, allow_special: bool = False) -> Any:
+    """The chat template applied to the messages; without a template, their texts joined by newlines.
+
+    Each message's text is checked first (``messages[i].content`` names it):
+    valid Unicode, and, unless ``allow_special``, no special token's text; the
+    template's own special tokens are not the client's and stay.
+    """
     if tokenizer is None:
         raise APIError(400, "`messages` need a model with a tokenizer.", param="messages", code="invalid_value")
+    for i, message in enumerate(body.messages):
+        field = f"messages[{i}].content"
+        check_encodable(message.text, field)
+        if not allow_special:
+            check_no_special_text(message.text, tokenizer, field)
     if getattr(tokenizer, "chat_template", None):
         ids = tokenizer.apply_chat_template([{"role": m.role, "content": m.text} for m in body.messages],
                                             add_generation_prompt=True, tokenize=True)
@@ -101,28 +193,52 @@ def chat_prompt(body: ChatCompletionRequest, tokenizer: Any) -> Any:
     return "\n".join(m.text for m in body.messages)
 
 
-def plan_request(body: CompletionRequest | ChatCompletionRequest, generator: Any, defaults: ServeDefaults) -> Plan:
+def check_guidance(decoder: Decoder, engine: Any) -> None:
+    """Refuse ``cfg_scale`` > 0 when ``engine`` has no classifier-free guidance (decoding would fail later)."""
+    if decoder.cfg_scale > 0 and type(engine).guide is Engine.guide:
+        raise ConfigError(f"`cfg_scale` > 0 needs an engine with classifier-free guidance; this server's engine "
+                          f"{engine.name!r} has none (use cfg_scale 0).", param="cfg_scale")
+
+
+def check_part_names(options: Mapping[str, Any]) -> None:
+    """400 naming the part whose name is not registered (``"module:Class"`` paths are left to the build)."""
+    for kind in PART_KINDS:
+        name = options.get(kind)
+        if isinstance(name, str) and not is_import_path(name):
+            try:
+                registry().get(kind, name)
+            except UnknownNameError as exc:
+                raise APIError(400, str(exc), param=kind, code="unknown_name") from None
+
+
+def plan_request(body: CompletionRequest | ChatCompletionRequest, generator: Any, defaults: ServeDefaults,
+                 policy: ServePolicy | None = None) -> Plan:
     """Check ``body``'s parts, parameters and prompt; raises :class:`APIError` (400) naming the field.
 
-    The generator's ``submit`` makes the remaining checks (length against the
-    model, seed); map its :class:`ConfigError` with :meth:`Plan.config_error`.
+    Under ``policy`` (default :class:`ServePolicy`): module paths are refused
+    before anything is merged or built, prompt text is bounded before it is
+    tokenised, special-token text is refused. The generator's ``submit``
+    makes the remaining checks (length against the model, seed); map its
+    :class:`ConfigError` with :meth:`Plan.config_error`.
     """
+    policy = policy or ServePolicy()
     model = generator.model
     chat = isinstance(body, ChatCompletionRequest)
     prompt_field = "messages" if chat else "prompt"
-    options, own = decoding_options(body, defaults)
+    own = request_params(body)
+    if not policy.allow_imports:
+        refuse_imports(body, own)
+    check_prompt_size(body, prompt_field, policy.prompt_chars(model))
+    options = decoding_options(body, defaults, own)
     try:
-        for kind in PART_KINDS:
-            if kind in options and isinstance(options[kind], str):
-                try:
-                    registry().get(kind, options[kind])
-                except UnknownNameError as exc:
-                    raise APIError(400, str(exc), param=kind, code="unknown_name") from None
+        check_part_names(options)
         decoder = build_decoder(model, **options)[0] if options else None
-        raw = chat_prompt(body, model.tokenizer) if chat else body.prompt
+        check_guidance(decoder or generator.decoder, generator.engine)
+        raw = chat_prompt(body, model.tokenizer, policy.allow_special_tokens) if chat else body.prompt
         if isinstance(raw, str) and not raw:
             raise APIError(400, f"`{prompt_field}` is empty.", param=prompt_field, code="invalid_value")
-        ids = encode_prompt(raw, model.tokenizer, False) if isinstance(raw, str) else list(raw)
+        ids = (encode_prompt(raw, model.tokenizer, False, allow_special=policy.allow_special_tokens)
+               if isinstance(raw, str) else list(raw))
         limit = model.max_positions
         if limit is not None and len(ids) >= limit:
             raise APIError(400, f"`{prompt_field}` is {len(ids)} tokens long; the model holds {limit} positions, "

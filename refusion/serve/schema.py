@@ -6,11 +6,44 @@ typo or an unsupported OpenAI option never passes silently.
 
 from __future__ import annotations
 
-from typing import Literal, Union
+import json
+from typing import Any, Literal, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
 
 ParamValue = Union[StrictBool, StrictInt, StrictFloat, StrictStr, None]
+Body = TypeVar("Body", bound=BaseModel)
+
+
+class InvalidJSON(ValueError):
+    """The body is not one JSON object (the message says why)."""
+
+
+JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
+              type(None): "null"}
+
+
+def _no_constant(name: str) -> Any:
+    raise InvalidJSON(f"{name} is not a JSON number")
+
+
+def parse_body(raw: bytes, schema: type[Body]) -> Body:
+    """``raw`` (a request body) as ``schema``: raises :class:`InvalidJSON` or pydantic's ``ValidationError``.
+
+    Strict JSON: ``NaN`` and ``Infinity`` are refused, as are nesting deeper
+    than Python's recursion limit and integers of more than 4300 digits.
+    """
+    try:
+        data = json.loads(raw, parse_constant=_no_constant)
+    except InvalidJSON:
+        raise
+    except RecursionError:
+        raise InvalidJSON("it is nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, bad UTF-8, an integer with too many digits
+        raise InvalidJSON(str(exc)) from None
+    if not isinstance(data, dict):
+        raise InvalidJSON(f"the body must be a JSON object, not {JSON_TYPES.get(type(data), 'that')}")
+    return schema.model_validate(data)
 
 
 class StreamOptions(BaseModel):

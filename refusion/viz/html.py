@@ -33,12 +33,13 @@ def _colour(step: int, steps: int) -> str:
 
 def _grid(result: DecodeResult, labels: list[str]) -> str:
     steps = max(len(result.steps), 1)
+    commit_step = result.commit_step.tolist()
     out = []
     for slot in result.partition.slots:
         cells = []
         for j in range(slot.length):
             pos = slot.offset + j
-            step = int(result.commit_step[pos])
+            step = commit_step[pos]
             if step < 0:
                 cells.append('<span class="cell never" title="never committed"></span>')
                 continue

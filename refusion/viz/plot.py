@@ -21,30 +21,31 @@ from refusion.decoding.types import DecodeResult
 
 
 def token_labels(result: DecodeResult, tokenizer: Any) -> list[str]:
-    """Each position's label: its token's text (``tokenizer``, else the trace's ``pieces``, else the id)."""
-    g = result.partition.gen_length
+    """Each position's label: its token's text (``tokenizer``, else the trace's ``pieces``, else the id), "" where
+    nothing was committed; one pass over the generation region."""
     pieces = result.extra.get("pieces") or {}
     eos = int(result.tokens[-1]) if result.stopped_at_eos and len(result.tokens) else None
+    tokenizer_eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
     labels = []
-    for i in range(g):
-        if result.commit_step[i] < 0:
+    for i, (step, token) in enumerate(zip(result.commit_step.tolist(), _all_tokens(result))):
+        if step < 0:
             labels.append("")
             continue
-        token = int(_all_tokens(result)[i])
-        if tokenizer is not None and token == getattr(tokenizer, "eos_token_id", None):
-            text = "EOS"
-        elif tokenizer is not None:
-            text = tokenizer.decode([token])
-        elif token == eos:
-            text = "EOS"
+        if tokenizer is not None:
+            text = "EOS" if token == tokenizer_eos else tokenizer.decode([token])
         else:
-            text = pieces.get(i, str(token))
+            text = "EOS" if token == eos else pieces.get(i, str(token))
         labels.append({" ": "␣", "": "∅"}.get(text, text)[:4])
     return labels
 
 
 def _all_tokens(result: DecodeResult) -> Sequence[int]:
-    return result.extra.get("all_tokens", result.tokens.tolist() + [-1] * (result.partition.gen_length - len(result.tokens)))
+    """Every position's token id (-1 where none was committed), from ``extra["all_tokens"]`` when a decode kept it."""
+    known = result.extra.get("all_tokens")
+    if known is not None:
+        return known
+    tokens = result.tokens.tolist()
+    return tokens + [-1] * (result.partition.gen_length - len(tokens))
 
 
 def _figure(result: DecodeResult, tokenizer: Any, upto: int | None, title: str | None):
@@ -64,6 +65,7 @@ def _figure(result: DecodeResult, tokenizer: Any, upto: int | None, title: str |
     cmap = colormaps["viridis"]
     norm = Normalize(vmin=0, vmax=max(steps - 1, 1))
     labels = token_labels(result, tokenizer)
+    commit_step = result.commit_step.tolist()
     fig = Figure(figsize=(max(4.0, 0.32 * per_row * width + 1.5), 0.45 * rows + 1.2), dpi=110)
     FigureCanvasAgg(fig)
     ax = fig.subplots()
@@ -72,7 +74,7 @@ def _figure(result: DecodeResult, tokenizer: Any, upto: int | None, title: str |
         x0 = c * width
         for j in range(slot.length):
             pos = slot.offset + j
-            step = int(result.commit_step[pos])
+            step = commit_step[pos]
             shown = step >= 0 and (upto is None or step <= upto)
             face = cmap(norm(step)) if shown else (0.88, 0.88, 0.88, 1.0)
             ax.add_patch(Rectangle((x0 + j, -r), 0.96, 0.9, facecolor=face, edgecolor="white"))

@@ -93,12 +93,33 @@ CLI_CASES = [
     (["generate", "x", "--seed", "-1"], 2, "`seed`"),
     (["generate", "x", "--preset", "nope"], 2, "invalid choice: 'nope'"),
     (["generate", "x", "--adapter", "nope"], 2, "Unknown model adapter 'nope'"),
+    # issue 21: special-token text, text that is not Unicode, class paths that cannot be imported safely
+    (["generate", "rev <|endoftext|>="], 2, "special token(s) '<|endoftext|>'"),
+    (["generate", "rev ab<|mask|>="], 2, "'<|mask|>'"),
+    (["generate", "rev \udcff="], 2, "is not valid text"),
+    (["generate", "x", "--engine", ":X"], 2, "':X' is not a class path"),
+    (["generate", "x", "--selector", ".relative:X"], 2, "'.relative:X' is not a class path"),
+    (["generate", "x", "--selector", "os:path"], 2, "names a module, not a class"),
+    (["generate", "x", "--selector", "no_such_module_xyz:Sel"], 2, "Cannot import 'no_such_module_xyz:Sel'"),
+    (["generate", "x", "--model", "{tmp}/damaged"], 2, "could not be loaded as a checkpoint (SafetensorError"),
+    (["generate", "x", "--model", "{tmp}/bad_config"], 2, "`vocab_size` must be an integer in [1, 16777216]"),
 ]
 
 
 @pytest.fixture
 def tmp(tmp_path):
+    import json
+    import shutil
+
+    from refusion.models.default import default_model_path
+
     (tmp_path / "a_file").write_text("not a directory")
+    shutil.copytree(default_model_path(), tmp_path / "damaged")
+    weights = tmp_path / "damaged" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # a download cut short
+    shutil.copytree(default_model_path(), tmp_path / "bad_config")
+    config = json.loads((tmp_path / "bad_config" / "config.json").read_text())
+    (tmp_path / "bad_config" / "config.json").write_text(json.dumps({**config, "vocab_size": -5}))
     return tmp_path
 
 
@@ -150,6 +171,14 @@ API_CASES = [
     (lambda m: Decoder.from_names(selector="factor", factor=NAN), ConfigError, "`factor`"),
     (lambda m: Decoder.from_names(partitioner="semi-ar", block_length=0), ConfigError, "`block_length`"),
     (lambda m: Decoder.from_names(selector="nope"), UnknownNameError, "Unknown selector 'nope'"),
+    # issue 21
+    (lambda m: refusion.generate("rev <|endoftext|>=", m), ConfigError, "special token(s) '<|endoftext|>'"),
+    (lambda m: refusion.generate("rev \ud800=", m), ConfigError, "is not valid text"),
+    (lambda m: refusion.generate("rev ab=", m, sample="abc"), ConfigError, "Unknown parameter `sample`"),
+    (lambda m: refusion.generate("rev ab=", m, engine="os:getcwd"), ConfigError, "names a builtin_function_or_method"),
+    (lambda m: refusion.generate("rev ab=", m, selector="json:"), ConfigError, "is not a class path"),
+    (lambda m: refusion.generate("rev ab=", m, selector="tests.cli.broken_module_for_imports:X"), ConfigError,
+     "raised RuntimeError: this module refuses to be imported"),
 ]
 
 
@@ -297,3 +326,14 @@ def test_a_shell_user_sees_one_error_line(argv):
     done = subprocess.run([sys.executable, "-m", "refusion.cli", *argv], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.startswith("refusion: error: ") and "Traceback" not in done.stderr
+
+
+def test_special_token_text_is_read_as_special_only_when_the_caller_opts_in(shipped, capsys):
+    eos = shipped.tokenizer.eos_token_id
+    from refusion.prompts import encode_prompt
+
+    ids = encode_prompt("rev ab<|endoftext|>=", shipped.tokenizer, None, allow_special=True)
+    assert eos in ids  # what the caller opted into: the text becomes the special id
+    result = refusion.generate("rev ab<|endoftext|>=", shipped, allow_special=True, gen_length=4)
+    assert result.prompt_length == len(ids) == len("rev ab") + 2  # the special text is one id
+    assert _run(["generate", "rev ab<|endoftext|>=", "--allow-special-tokens", "--gen-length", "4"]) == 0

@@ -79,10 +79,19 @@ class Returns(SlotSelector):
         return self.value
 
 
+class LazilyFailing:
+    """A sequence that breaks while it is read (as a buggy lazy selection would)."""
+
+    def __iter__(self):
+        yield 0
+        raise KeyError("lazy")
+
+
 @pytest.mark.parametrize(
     "value, message",
     [([], "empty selection"), ([7], r"indices \[7\] outside range\(0, 2\)"), ([0, 0], "duplicate"),
-     (["a"], "non-integer"), (None, "expected a sequence")],
+     (["a"], "non-integer"), (None, "expected a sequence"), ([0.0], "non-integer"), ([True], "non-integer"),
+     (LazilyFailing(), "malformed answer: reading it raised KeyError")],
 )
 def test_malformed_selection_names_the_selector(model, value, message):
     with pytest.raises(PluginError, match=f"selector 'returns' .*Returns.*{message}"):
@@ -94,6 +103,25 @@ class Raises(SlotSelector):
 
     def select(self, plan):
         raise ZeroDivisionError("oops")
+
+
+def test_numpy_and_tensor_indices_are_slot_indices(model):
+    import numpy as np
+
+    for value in (np.array([0]), [np.int64(0)], torch.tensor([0])):
+        assert len(paper(selector=Returns(value)).decode(model, [1, 2], 4).tokens) == 4
+
+
+class FloatFeeder(Infiller):
+    name = "float-feeder"
+
+    def infill(self, ctx, plan, chosen):
+        yield ModelCall.of(ctx.extend(plan.tokens[:1].float() + 0.5, plan.positions[:1]))
+
+
+def test_an_infiller_feeding_float_token_ids_is_named(model):
+    with pytest.raises(PluginError, match="infiller 'float-feeder'.*`tokens` must be integer ids; got dtype"):
+        paper(infiller=FloatFeeder()).decode(model, [1, 2], 4)
 
 
 def test_a_raising_plugin_is_named_and_the_decoder_stays_usable(model):
@@ -139,13 +167,23 @@ class BadCommits(Infiller):
             return InfillResult([Commit(slot, torch.full_like(tokens, ctx.mask_token_id), positions)])
         if self.mode == "positions":
             return InfillResult([Commit(slot, tokens, positions + 1)])
+        if self.mode == "float":
+            return InfillResult([Commit(slot, tokens.float(), positions)])
+        if self.mode == "list":
+            return InfillResult([Commit(slot, tokens.tolist(), positions)])
+        if self.mode == "2d":
+            return InfillResult([Commit(slot, tokens[None], positions[None])])
+        if self.mode == "lazy":
+            return InfillResult(LazilyFailing())
         return "not a result"
 
 
 @pytest.mark.parametrize(
     "mode, message",
     [("none", "committed no slot"), ("unchosen", "which was not chosen"), ("short", "partial slot .* not ending in EOS"),
-     ("mask", "invalid token ids"), ("positions", "wrong position ids"), ("junk", "expected an InfillResult")],
+     ("mask", "invalid token ids"), ("positions", "wrong position ids"), ("junk", "expected an InfillResult"),
+     ("float", "dtype torch.float32 .* expected a 1-D integer tensor"), ("list", "as list; expected a 1-D integer"),
+     ("2d", "shape \\(1, 2\\)"), ("lazy", "KeyError: 'lazy'")],
 )
 def test_malformed_commits_name_the_infiller(model, mode, message):
     decoder = paper(selector="topk", infiller=BadCommits(mode))  # plans every slot: another one exists
@@ -218,8 +256,10 @@ def test_calls_per_token_is_validated():
 
 
 def test_an_import_path_to_a_non_class_is_refused():
-    with pytest.raises(ConfigError, match="is not a SlotSelector"):
+    with pytest.raises(ConfigError, match="names a function, not a class"):
         Decoder.from_names(selector="refusion.decoding.sampling:greedy")
+    with pytest.raises(ConfigError, match="is not a SlotSelector"):  # a class, of the wrong kind
+        Decoder.from_names(selector="refusion.strategies.infillers.draft:AcceptDraft")
 
 
 def test_a_wrong_kind_of_instance_is_refused():

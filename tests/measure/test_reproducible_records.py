@@ -113,11 +113,11 @@ def test_a_malformed_record_is_refused_naming_the_field(edit, message):
 
 def test_reproduce_refuses_unreadable_and_non_json_files(tmp_path, capsys):
     assert main(["reproduce", str(tmp_path / "missing.json")]) == 2
-    assert "could not be read" in capsys.readouterr().err
+    assert "cannot be read" in capsys.readouterr().err
     bad = tmp_path / "bad.json"
     bad.write_text("{rows: 1")
     assert main(["reproduce", str(bad)]) == 2
-    assert "not JSON" in capsys.readouterr().err
+    assert "not valid JSON" in capsys.readouterr().err
 
 
 def test_an_eval_record_carries_the_environment_decoder_and_settings(tmp_path, capsys, monkeypatch):
@@ -162,3 +162,190 @@ def test_reproducing_an_eval_record_compares_every_metric_and_the_texts(monkeypa
     assert calls == [(["t"], {"model_args": "k=2", "include_path": None, "limit": None, "torch_random_seed": 7})]
     assert not outcome.matches and outcome.differences == ("generated texts differ (sha256 aaaaaaaaaaaa -> bbbbbbbbbbbb)",)
     assert outcome.environment_changes == ("torch: 2.13.0 -> 2.14.0",)  # NaN stderr counts as equal
+
+
+# -- every field of a record checked when it is read; "module:Class" names only with --allow-imports ------------------
+
+
+def _bench_record(**settings):
+    return {"schema": "refusion-record", "version": 1, "kind": "bench", "environment": {"torch_threads": 1},
+            "settings": {"per_task": 1, "gen_length": 32, "methods": ["model"], **settings},
+            "rows": [{"method": "model", "examples": 6, "correct": 6, "forwards": 9, "tokens": 30, "seconds": 0.5,
+                      "outputs": [[1, 2]], "decoder": PRESETS["paper"].to_dict()}]}
+
+
+@pytest.mark.parametrize("edit, param", [
+    (lambda r: r["settings"].update(per_task=100_000), "settings.per_task"),  # 600,000 examples
+    (lambda r: r["settings"].update(gen_length="abc"), "settings.gen_length"),
+    (lambda r: r["settings"].update(gen_length=[32]), "settings.gen_length"),
+    (lambda r: r["settings"].update(gen_length=10**9), "settings.gen_length"),
+    (lambda r: r["settings"].update(methods="model"), "settings.methods"),
+    (lambda r: r["settings"].update(cost_model="qwen3-8b@tpu"), "settings.cost_model"),
+    (lambda r: r["settings"].update(model={"mask_token_id": [1]}), "settings.model.mask_token_id"),
+    (lambda r: r["settings"].update(model={"dtype": 16}), "settings.model.dtype"),
+    (lambda r: r["settings"].update(model={"pretrained": "x"}), "settings.model.pretrained"),
+    (lambda r: r["settings"].update(per_tasks=1), "settings.per_tasks"),
+    (lambda r: r.update(comment="hi"), "comment"),
+    (lambda r: r["environment"].update(torch_threads="many"), "environment.torch_threads"),
+    (lambda r: r["environment"].update(gpu="x"), "environment.gpu"),
+    (lambda r: r["rows"][0].update(examples=[6]), "rows[0].examples"),
+    (lambda r: r["rows"][0].update(examples=600_000), "rows[0].examples"),
+    (lambda r: r["rows"][0].update(correct=7), "rows[0].correct"),
+    (lambda r: r["rows"][0].update(seconds=float("nan")), "rows[0].seconds"),
+    (lambda r: r["rows"][0].update(outputs=[["a"]]), "rows[0].outputs[0]"),
+    (lambda r: r["rows"][0].update(forward=9), "rows[0].forward"),
+    (lambda r: r["rows"][0]["decoder"]["selector"]["params"].update(slot_treshold=0.9),
+     "rows[0].decoder.selector.params.slot_treshold"),
+])
+def test_a_record_with_a_wrong_field_is_refused_naming_the_file_and_field(tmp_path, edit, param):
+    record = _bench_record()
+    check_record(record)
+    edit(record)
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(record))
+    with pytest.raises(ConfigError) as err:
+        load_record(path)
+    named = f"`{param}`" if not param.startswith("rows[0].decoder.") else "`selector.params.slot_treshold`"
+    assert err.value.param == param and str(path) in str(err.value) and named in str(err.value)
+
+
+@pytest.mark.parametrize("edit, param", [
+    (lambda r: r["settings"].update(limit=10**9), "settings.limit"),
+    (lambda r: r["settings"].update(tasks="t"), "settings.tasks"),
+    (lambda r: r["settings"].update(torch_random_seed=-1), "settings.torch_random_seed"),
+    (lambda r: r.update(outputs=[]), "outputs"),
+])
+def test_an_eval_record_with_a_wrong_field_is_refused(edit, param):
+    record = {"schema": "refusion-record", "version": 1, "kind": "eval", "environment": {}, "decoder": None,
+              "settings": {"tasks": ["t"], "model_args": "", "limit": None}, "results": {"t": {}}}
+    check_record(record)
+    edit(record)
+    with pytest.raises(ConfigError) as err:
+        check_record(record)
+    assert err.value.param == param
+
+
+def test_a_record_file_that_is_not_utf8_or_too_deep_is_refused(tmp_path):
+    path = tmp_path / "run.json"
+    path.write_bytes(b'{"schema": "refusion-record",\n "kind": "b\xe9nch"}')
+    with pytest.raises(ConfigError, match="line 2: not UTF-8") as err:
+        load_record(path)
+    assert err.value.param == "RECORD"
+    path.write_bytes(b"[" * 100_000)
+    with pytest.raises(ConfigError, match="nested"):
+        load_record(path)
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Loading the record's model raises a marker: a test sees whether reproduce got that far."""
+    import refusion.measure.reproduce as reproduction
+
+    class Loaded(Exception):
+        pass
+
+    def load_model_from(settings):
+        raise Loaded()
+
+    monkeypatch.setattr(reproduction, "load_model_from", load_model_from)
+    return Loaded
+
+
+@pytest.mark.parametrize("decoder, field", [
+    ({**PRESETS["paper"].to_dict(), "selector": {"name": "no_such_module_xyz:Selector", "params": {}}}, "selector"),
+    ({**PRESETS["paper"].to_dict(), "engine": "no_such_module_xyz:Engine"}, "engine"),
+    ({"gen_length": 32, "params": {}, "infiller": "no_such_module_xyz:Infiller"}, "infiller"),  # earlier format
+])
+def test_reproduce_refuses_module_paths_unless_allowed(no_model, decoder, field):
+    from refusion.measure.reproduce import reproduce
+
+    record = _bench_record()
+    record["rows"][0]["decoder"] = decoder
+    with pytest.raises(ConfigError, match="--allow-imports") as err:
+        reproduce(record)
+    assert err.value.param == f"rows[0].decoder.{field}"
+    with pytest.raises(no_model):  # allowed: on to loading the model (nothing was imported before)
+        reproduce(record, allow_imports=True)
+
+
+def test_reproduce_refuses_module_paths_in_eval_model_args(no_model, monkeypatch):
+    import refusion.measure.reproduce as reproduction
+
+    record = {"schema": "refusion-record", "version": 1, "kind": "eval", "environment": {}, "decoder": None,
+              "settings": {"tasks": ["t"], "model_args": "selector=no_such_module_xyz:Selector,k=2"},
+              "results": {"t": {}}}
+    with pytest.raises(ConfigError, match="--allow-imports") as err:
+        reproduction.reproduce(record)
+    assert err.value.param == "settings.model_args.selector"
+
+
+def test_reproduce_on_the_command_line_takes_allow_imports(no_model, tmp_path, capsys, monkeypatch):
+    import refusion.measure.reproduce as reproduction
+
+    record = _bench_record()
+    record["rows"][0]["decoder"]["selector"]["name"] = "no_such_module_xyz:Selector"
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(record))
+    assert main(["reproduce", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "--allow-imports" in err and str(path) in err and "rows[0].decoder" in err
+    monkeypatch.setattr(reproduction, "_bench", lambda record, progress: reproduction.Reproduction("bench", (), ()))
+    assert main(["reproduce", str(path), "--allow-imports"]) == 0
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["bench", "--per-task", "100000"], "--per-task"),
+    (["bench", "--gen-length", "1000000000"], "--gen-length"),
+    (["bench", "--mask-token-id", "-1"], "--mask-token-id"),
+    (["bench", "--eos-token-id", "99999999999"], "--eos-token-id"),
+    (["bench", "--model-block-length", "0"], "--model-block-length"),
+    (["eval", "--tasks", "x", "--limit", "1000000000"], "--limit"),
+])
+def test_bench_and_eval_numbers_are_range_checked_before_the_model_loads(monkeypatch, capsys, argv, flag):
+    import refusion.cli.measure as command
+
+    monkeypatch.setattr(command, "load", lambda args: (_ for _ in ()).throw(AssertionError("model loaded")))
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"`{flag}`" in err and "allowed" in err
+
+
+def test_run_bench_checks_the_length_against_the_model_before_decoding():
+    import refusion
+    from refusion.measure.bench import measure, run_bench
+    from refusion.training.tasks import held_out
+
+    model = refusion.load_model(None)
+    with pytest.raises(ConfigError, match="exceeds the model's 128 positions") as err:
+        run_bench(model, held_out(1), [("AR", None)], 1000)
+    assert err.value.param == "gen_length"
+    with pytest.raises(ConfigError) as err:
+        run_bench(model, held_out(1), [("AR", None)], 10**9)
+    assert err.value.param == "gen_length"
+    with pytest.raises(ConfigError) as err:
+        measure("AR", None, model, held_out(1), warmup=-1)
+    assert err.value.param == "warmup"
+
+
+def test_an_eval_record_with_an_include_path_is_reproduced_only_when_imports_are_allowed(monkeypatch):
+    import refusion.measure.lmeval as evaluation
+    from refusion.measure.reproduce import reproduce
+
+    env = {"refusion": "0.1.0", "torch": "2.13.0", "torch_threads": 1}
+    record = {"schema": "refusion-record", "version": 1, "kind": "eval", "environment": env, "decoder": None,
+              "settings": {"tasks": ["t"], "model_args": "k=2", "limit": None, "torch_random_seed": 7,
+                           "include_path": "/somewhere/tasks"},
+              "results": {"t": {"exact_match,none": 1.0}}, "outputs_sha256": "a" * 64, "generations": 2}
+    monkeypatch.setattr(evaluation, "evaluate_with_record", lambda tasks, **kw: ({}, record))
+    with pytest.raises(ConfigError) as info:
+        reproduce(record)
+    assert info.value.param == "settings.include_path" and "--allow-imports" in str(info.value)
+    assert reproduce(record, allow_imports=True).matches
+
+
+def test_a_part_named_by_an_object_with_a_class_path_is_seen_as_an_import():
+    from refusion.config.trust import import_paths
+
+    assert import_paths({"selector": {"name": "evil.module:Sel", "params": {}}, "engine": "branch"}) == {
+        "selector": "evil.module:Sel"}
+    assert import_paths({"params": {"engine": "x.y:Z"}}) == {"params.engine": "x.y:Z"}

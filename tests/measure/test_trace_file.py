@@ -92,12 +92,12 @@ def test_generate_command_writes_a_trace_with_token_pieces(tmp_path):
 
 
 @pytest.mark.parametrize("edit, message", [
-    (lambda lines: lines[:1] + ["{not json"] + lines[1:], ":2: not a JSON object"),
-    (lambda lines: [lines[0].replace('"gen_length": ', '"gen_len": ')] + lines[1:], "field `(record)`: 'gen_length' is a required"),
+    (lambda lines: lines[:1] + ["{not json"] + lines[1:], ":2: field `(line)`: not a JSON object"),
+    (lambda lines: [lines[0].replace('"gen_length": ', '"gen_len": ')] + lines[1:], ":1: header record, field `gen_length`: is missing"),
     (lambda lines: lines[:1] + [lines[1].replace('"forwards": ', '"forwards": -')] + lines[2:], "step record, field `forwards`"),
     (lambda lines: lines[1:], "before its header"),
     (lambda lines: lines[:-1], "has no end record"),
-    (lambda lines: [lines[0].replace('"record": "header"', '"record": "head"')] + lines[1:], "field `record` must be"),
+    (lambda lines: [lines[0].replace('"record": "header"', '"record": "head"')] + lines[1:], ":1: field `record`: must be 'header', 'step' or 'end'"),
 ])
 def test_a_malformed_trace_is_refused_naming_the_line_and_field(tmp_path, edit, message):
     decoder = Decoder.from_names(slot_size=2, serial_num_blocks=1)

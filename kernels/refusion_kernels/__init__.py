@@ -1,8 +1,10 @@
 """refusion_kernels: fused kernels for refusion (Triton), each with a pure-torch reference.
 
-Installed from the repository's ``kernels/`` folder under the import name
-``refusion_kernels`` (a PyPI package called ``kernels`` exists, and
-transformers probes for it). Every public function picks its backend with
+Installed from the repository's ``kernels/refusion_kernels/`` folder under the
+import name ``refusion_kernels``. ``kernels/`` itself is not a package: a PyPI
+package called ``kernels`` exists, transformers (>= 5.25) requires and imports
+it, and a ``kernels/__init__.py`` at the repository root would shadow it
+whenever the root is on ``sys.path`` (``python -m pytest`` there). Every public function picks its backend with
 :func:`refusion_kernels.backend.choose`: Triton for CUDA tensors when Triton
 is installed, the torch reference otherwise; ``backend=`` or the environment
 variable ``REFUSION_KERNELS`` (``auto``, ``torch``, ``triton``) forces one.

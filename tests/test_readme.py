@@ -30,7 +30,8 @@ def test_every_package_is_listed_in_pyproject():
     listed = set(config["packages"])
     found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "refusion").rglob("__init__.py")}
     assert found <= listed, found - listed
-    assert config["package-dir"]["refusion_kernels"] == "kernels"
+    assert config["package-dir"]["refusion_kernels"] == "kernels/refusion_kernels"
+    assert not (ROOT / "kernels" / "__init__.py").exists()  # a package `kernels` at the root shadows PyPI's
 
 
 def test_readme_is_under_200_lines():

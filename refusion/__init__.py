@@ -18,6 +18,10 @@ Serve many requests on one running engine (continuous batching)::
     for event in request:                                   # slots as they commit
         print(event.prefix_tokens)
 
+Generate for every row of a JSON Lines file, resumably (``refusion batch`` from the shell)::
+
+    refusion.batch("prompts.jsonl", "results.jsonl", max_rows=16)
+
 The names below are imported when first used, so ``import refusion`` is
 quick and loads no model code, strategy search or training.
 """
@@ -53,7 +57,13 @@ _EXPORTS = {
 }
 
 
+#: public subpackages that are also called as functions (``refusion.batch(...)``), imported on first use
+_CALLABLE_PACKAGES = ("batch",)
+
+
 def __getattr__(name: str) -> Any:
+    if name in _CALLABLE_PACKAGES:  # the package itself, callable: the same object however it was first imported
+        return importlib.import_module(f"refusion.{name}")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'refusion' has no attribute {name!r}")
@@ -63,7 +73,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+    return sorted({*globals(), *_EXPORTS, *_CALLABLE_PACKAGES})
 
 
-__all__ = ["__version__", "errors", *sorted(_EXPORTS)]
+__all__ = ["__version__", "errors", *sorted([*_EXPORTS, *_CALLABLE_PACKAGES])]

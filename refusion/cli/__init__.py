@@ -1,7 +1,7 @@
-"""The ``refusion`` command line: generate, visualize, bench, eval, reproduce, sweep, train, plugins, serve.
+"""The ``refusion`` command line: generate, visualize, batch, bench, eval, reproduce, sweep, train, plugins, serve.
 
-One module per group of subcommands (``generate``, ``measure``, ``sweep``,
-``train``, ``plugins``, ``serve``), each adding its parsers; ``options`` holds
+One module per group of subcommands (``generate``, ``batch``, ``measure``,
+``sweep``, ``train``, ``plugins``, ``serve``), each adding its parsers; ``options`` holds
 the flags they share. Every subcommand explains its options in ``--help``;
 ``--json`` prints machine-readable output; long work shows a progress bar on
 stderr. Building the parser imports no model code, so ``--help`` is quick.
@@ -13,7 +13,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from refusion.cli import generate, measure, plugins, serve, sweep, train
+from refusion.cli import batch, generate, measure, plugins, serve, sweep, train
 from refusion.errors import RefusionError
 
 
@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="refusion", description="Plan-and-infill decoding for diffusion LMs (ReFusion).")
     parser.add_argument("--debug", action="store_true", help="show the traceback of a failure")
     sub = parser.add_subparsers(dest="command", required=True)
-    for group in (generate, measure, train, sweep, plugins, serve):
+    for group in (generate, batch, measure, train, sweep, plugins, serve):
         group.add_parsers(sub)
     for command in sub.choices.values():  # `refusion generate ... --debug` works too
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,

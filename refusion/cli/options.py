@@ -158,6 +158,20 @@ def add_prompt_options(parser: argparse.ArgumentParser) -> None:
                         "refused by default")
 
 
+def add_trust_options(parser: Any, *, what: str) -> None:
+    """``--allow-imports`` and ``--allow-special-tokens`` for a command reading untrusted ``what`` (rows, requests).
+
+    Both default to off: a ``module:Class`` name imports and runs that module,
+    and special-token text becomes special ids.
+    """
+    parser.add_argument("--allow-imports", action="store_true", default=False,
+                        help=f"let {what} name parts and the engine by 'module:Class' path, which imports and runs "
+                        "that module; only for trusted input (refused by default)")
+    parser.add_argument("--allow-special-tokens", action="store_true", default=False,
+                        help=f"let the text of {what} name special tokens (e.g. <|endoftext|>), which become their "
+                        "ids (refused by default)")
+
+
 def at_least(flag: str, value: int, low: int) -> None:
     if value < low:
         raise ConfigError(f"`{flag}` must be an integer >= {low}; got {value}.", param=flag)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import functools
 from typing import Any
 
-from refusion.cli.options import add_decoding_options, add_model_options, chosen_preset, decoding_params, load
+from refusion.cli.options import (add_decoding_options, add_model_options, add_trust_options, chosen_preset,
+                                   decoding_params, load)
 from refusion.config import PART_KINDS
 from refusion.errors import ConfigError
 
@@ -13,6 +15,9 @@ from refusion.errors import ConfigError
 FLAGS = {"host": "--host", "port": "--port", "max_rows": "--max-rows", "max_batch_tokens": "--max-batch-tokens",
          "max_queue": "--max-queue", "retry_after": "--retry-after", "shutdown_timeout": "--shutdown-timeout",
          "log_level": "--log-level", "torch_threads": "--threads"}
+
+#: the flags that only mean something with ``--ray``
+REPLICA_FLAGS = ("--replicas", "--min-replicas", "--max-replicas", "--cpus-per-replica", "--gpus-per-replica")
 
 
 def server_options(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
@@ -34,6 +39,44 @@ def server_options(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     return options, policy
 
 
+def ray_options(args: argparse.Namespace) -> dict[str, Any] | None:
+    """``deploy()``'s Ray keywords from ``--ray`` and the replica flags, each checked; ``None`` without ``--ray``.
+
+    :class:`ConfigError` names the flag: a replica flag without ``--ray``,
+    ``--replicas`` with autoscaling bounds, ``--min-replicas`` without
+    ``--max-replicas``, a count or a resource out of range.
+    """
+    from refusion.serve.runner import check_number
+
+    given = [flag for flag in REPLICA_FLAGS if getattr(args, flag[2:].replace("-", "_")) is not None]
+    if args.ray is None:
+        if given:
+            raise ConfigError(f"`{given[0]}` needs `--ray` (replicas run on Ray Serve); add `--ray` for a local Ray "
+                              "or `--ray ADDRESS` for a cluster.", param=given[0])
+        return None
+    if not args.ray.strip():
+        raise ConfigError("`--ray` takes no value (a local Ray), `auto`, `host:port` or `ray://host:port`; got ''.",
+                          param="--ray")
+    if args.replicas is not None and (args.min_replicas is not None or args.max_replicas is not None):
+        raise ConfigError("`--replicas` and `--min-replicas`/`--max-replicas` exclude each other: give a fixed count "
+                          "or autoscaling bounds.", param="--replicas")
+    if args.min_replicas is not None and args.max_replicas is None:
+        raise ConfigError("`--min-replicas` needs `--max-replicas` (the autoscaling bounds).", param="--min-replicas")
+    if args.max_replicas is not None:
+        low = 1 if args.min_replicas is None else args.min_replicas
+        check_number("--min-replicas", low, 0)
+        check_number("--max-replicas", args.max_replicas, max(1, low), note="and >= --min-replicas")
+        replicas: Any = (low, args.max_replicas)
+    else:
+        replicas = 1 if args.replicas is None else args.replicas
+        check_number("--replicas", replicas, 1)
+    cpus = 1 if args.cpus_per_replica is None else args.cpus_per_replica
+    gpus = 0 if args.gpus_per_replica is None else args.gpus_per_replica
+    check_number("--cpus-per-replica", cpus, 0, integer=False)
+    check_number("--gpus-per-replica", gpus, 0, integer=False)
+    return {"address": args.ray, "replicas": replicas, "cpus_per_replica": cpus, "gpus_per_replica": gpus}
+
+
 def run_serve(args: argparse.Namespace) -> int:
     try:
         from refusion.serve import ServeDefaults, serve
@@ -41,13 +84,25 @@ def run_serve(args: argparse.Namespace) -> int:
         raise ConfigError(f"`refusion serve` needs the serve extra: pip install 'refusion[serve]' ({exc}).",
                           param="serve") from exc
     options, policy = server_options(args)
+    on_ray = ray_options(args)
     params = decoding_params(args)
     parts = {kind: getattr(args, kind) for kind in PART_KINDS if getattr(args, kind) is not None}
     engine = params.pop("engine", None)
     defaults = ServeDefaults(preset=chosen_preset(args), parts=parts, params=params, gen_length=args.gen_length)
-    serve(None, loader=lambda: load(args), model_name=args.served_model_name or
-          (args.model.rstrip("/").rsplit("/", 1)[-1] if args.model else "refusion-default"), defaults=defaults,
-          engine=engine, policy=policy, **options)
+    model_name = args.served_model_name or (args.model.rstrip("/").rsplit("/", 1)[-1] if args.model
+                                            else "refusion-default")
+    if on_ray is not None:
+        from refusion.cli.options import model_settings
+        from refusion.models.loading import load_from_options
+        from refusion.serve.ray_app import serve_on_ray
+
+        # each replica loads the model itself: the loader travels to the replicas, so it holds only the model flags
+        loader = functools.partial(load_from_options, model_settings(args))
+        serve_on_ray(None, loader=loader, model_name=model_name, defaults=defaults, engine=engine, policy=policy,
+                     **options, **on_ray)
+        return 0
+    serve(None, loader=lambda: load(args), model_name=model_name, defaults=defaults, engine=engine, policy=policy,
+          **options)
     return 0
 
 
@@ -78,12 +133,19 @@ def add_parsers(sub: Any) -> None:
     limits.add_argument("--max-prompt-chars", type=int, default=None,
                         help="longest prompt text (all chat messages together), refused before it is tokenised "
                         "(default: 8 per model position)")
-    limits.add_argument("--allow-imports", action="store_true", default=False,
-                        help="let requests name parts and the engine by 'module:Class' path, which imports and runs "
-                        "that module on the server; only for trusted clients (refused by default)")
-    limits.add_argument("--allow-special-tokens", action="store_true", default=False,
-                        help="let prompt and message text name special tokens (e.g. <|endoftext|>), which become "
-                        "their ids (refused by default)")
+    add_trust_options(limits, what="requests")
+    ray = serve.add_argument_group("several replicas on Ray Serve (pip install 'refusion[ray]'; see docs/serving.md)")
+    ray.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                     help="serve on Ray Serve: alone, a new local Ray; or `auto`, `host:port`, `ray://host:port` "
+                     "(a cluster). Ray Serve's proxy listens on --host/--port")
+    ray.add_argument("--replicas", type=int, default=None,
+                     help="replicas, each with its own model and generator (default 1)")
+    ray.add_argument("--min-replicas", type=int, default=None,
+                     help="autoscaling: the fewest replicas (default 1; 0 lets Ray scale to zero)")
+    ray.add_argument("--max-replicas", type=int, default=None,
+                     help="autoscaling: the most replicas (Ray adds one while replicas hold over --max-rows requests)")
+    ray.add_argument("--cpus-per-replica", type=float, default=None, help="CPUs Ray reserves per replica (default 1)")
+    ray.add_argument("--gpus-per-replica", type=float, default=None, help="GPUs Ray reserves per replica (default 0)")
     add_model_options(serve)
     add_decoding_options(serve)
     serve.set_defaults(func=run_serve)

@@ -1,0 +1,197 @@
+"""``run_batch``: a JSON Lines input through one :class:`~refusion.batch.worker.BatchWorker` (or Ray) to an output
+that a rerun resumes.
+
+The input is read line by line; a row whose id is already in the output is
+skipped, a second row with the same id is an error row (id ``line-N``), the
+rest go to the worker (embedded, in this process) or, with ``ray``, to
+:func:`refusion.batch.ray_data.run_on_ray`. Result rows are appended as they
+finish, each as one whole line; a progress bar on stderr shows rows and
+tokens per second. Options are checked before the model loads.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections import deque
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Callable
+
+import attrs
+
+from refusion.batch.lines import count_pending, input_lines, is_dataset, pending_lines
+from refusion.batch.output import ResultWriter
+from refusion.errors import ConfigError
+
+
+@attrs.frozen
+class BatchSummary:
+    """What a run did: rows written (``errors`` of them error rows), rows ``skipped`` as already in the output,
+    tokens generated and the ``seconds`` it took."""
+
+    rows: int
+    skipped: int
+    errors: int
+    tokens: int
+    seconds: float
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+#: Python keyword -> how errors name it (the command line passes its flags' spellings)
+NAMES = {"input": "input", "out": "out", "max_rows": "max_rows", "max_tokens": "max_tokens", "workers": "workers",
+         "gpus_per_worker": "gpus_per_worker", "cpus_per_worker": "cpus_per_worker", "gen_length": "gen_length"}
+
+
+def check_number(name: str, value: Any, low: float, *, integer: bool = True, strict: bool = False,
+                 names: dict | None = None) -> None:
+    """Refuse ``value`` unless it is an integer (or a finite number) ``>= low`` (``> low`` if ``strict``)."""
+    shown = (names or NAMES).get(name, name)
+    kind = "an integer" if integer else "a number"
+    ok = not isinstance(value, bool) and isinstance(value, int if integer else (int, float))
+    ok = ok and math.isfinite(value) and (value > low if strict else value >= low)
+    if not ok:
+        raise ConfigError(f"`{shown}` must be {kind} {'>' if strict else '>='} {low:g}; got {value!r}.", param=shown)
+
+
+def check_paths(input_path: Any, output_path: Any, names: dict | None = None) -> None:
+    """The input is a readable file, the output's folder exists and the output is not the input."""
+    names = names or NAMES
+    if not isinstance(input_path, (str, os.PathLike)):
+        return  # rows or a Dataset from Python
+    source, out = Path(input_path), Path(output_path)
+    if not source.is_file():
+        why = "is a directory" if source.is_dir() else "does not exist"
+        raise ConfigError(f"`{names['input']}` {str(source)!r} {why}; give a JSON Lines file.", param=names["input"])
+    if not os.access(source, os.R_OK):
+        raise ConfigError(f"`{names['input']}` {str(source)!r} cannot be read (permission denied).",
+                          param=names["input"])
+    if out.is_dir() or not out.parent.is_dir():
+        why = "is a directory" if out.is_dir() else f"is in a folder that does not exist ({str(out.parent)!r})"
+        raise ConfigError(f"`{names['out']}` {str(out)!r} {why}.", param=names["out"])
+    if out.exists() and out.resolve() == source.resolve():
+        raise ConfigError(f"`{names['out']}` is the input file {str(source)!r}; write the results elsewhere.",
+                          param=names["out"])
+
+
+def check_options(input_path: Any, output_path: Any, *, model: Any, ray: str | None, max_rows: int, max_tokens: int,
+                  workers: int, gpus_per_worker: float, cpus_per_worker: float, names: dict | None = None,
+                  **decoder_options: Any) -> None:
+    """Every option checked before the model loads: numbers in range, Ray's only with ``ray``, paths usable, the
+    default decoder buildable."""
+    from refusion.api import build_decoder
+    from refusion.models.checks import check_model_path
+
+    shown = names or NAMES
+    check_number("max_rows", max_rows, 1, names=names)
+    check_number("max_tokens", max_tokens, 1, names=names)
+    check_number("workers", workers, 1, names=names)
+    check_number("gpus_per_worker", gpus_per_worker, 0, integer=False, names=names)
+    check_number("cpus_per_worker", cpus_per_worker, 0, integer=False, strict=True, names=names)
+    if ray is None:
+        for name, value, default in (("workers", workers, 1), ("gpus_per_worker", gpus_per_worker, 0),
+                                     ("cpus_per_worker", cpus_per_worker, 1)):
+            if value != default:
+                raise ConfigError(f"`{shown.get(name, name)}` applies only to a run on Ray (`ray=`, `--ray`); "
+                                  "an embedded run has one generator in this process.", param=shown.get(name, name))
+    if ray is not None and not isinstance(ray, str):
+        raise ConfigError(f"`ray` must be None, 'local' or a Ray address; got {ray!r}.", param="ray")
+    if decoder_options.get("gen_length") is not None:
+        check_number("gen_length", decoder_options["gen_length"], 1, names=names)
+    path = model.get("model") if isinstance(model, Mapping) else model
+    if isinstance(path, (str, os.PathLike)):
+        check_model_path(str(path))
+    check_paths(input_path, output_path, names)
+    build_decoder(None, **{k: v for k, v in decoder_options.items()
+                           if k not in ("gen_length", "chat", "allow_special") and v is not None})
+
+
+def run_batch(input_path: Any, output_path: str | os.PathLike, *, model: Any = None, ray: str | None = None,
+              workers: int = 1, gpus_per_worker: float = 0, cpus_per_worker: float = 1, max_rows: int = 16,
+              max_tokens: int = 8192, allow_imports: bool = False, progress: bool = True,
+              names: dict | None = None, **decoder_options: Any) -> BatchSummary:
+    """Generate for every row of ``input_path`` into ``output_path``; a :class:`BatchSummary`.
+
+    ``input_path``: a JSON Lines file, a list of row objects or (with Ray) a
+    ``ray.data.Dataset`` of ``{"line": str}`` or row objects. ``model``: a
+    path, ``None`` (the shipped model), a mapping of model options or (embedded
+    only) a loaded adapter. ``decoder_options`` are every row's defaults (see
+    :class:`~refusion.batch.worker.BatchWorker`). ``ray`` (an address, or
+    ``"local"``) runs the rows on Ray Data with ``workers`` actors of
+    ``gpus_per_worker``/``cpus_per_worker`` each. Rows already in the output
+    are skipped, so a rerun resumes; ``KeyboardInterrupt`` stops the run with
+    every written line whole. ``names`` maps keywords to the spellings errors
+    use (the command line's flags).
+    """
+    dataset = is_dataset(input_path)
+    if dataset and ray is None:
+        ray = "local"
+    check_options(input_path, output_path, model=model, ray=ray, max_rows=max_rows, max_tokens=max_tokens,
+                  workers=workers, gpus_per_worker=gpus_per_worker, cpus_per_worker=cpus_per_worker, names=names,
+                  **decoder_options)
+    worker_options = dict(max_rows=max_rows, max_tokens=max_tokens, allow_imports=allow_imports, **decoder_options)
+    start = time.monotonic()
+    counts = {"rows": 0, "skipped": 0, "errors": 0, "tokens": 0}
+    with ResultWriter(output_path) as writer:
+        early: deque = deque()
+        lines = None if dataset else pending_lines(input_lines(input_path), writer.done, early, counts)
+        total = None if dataset else count_pending(input_path, writer.done)
+        bar = progress_bar(total, progress)
+        worker = None
+        try:
+            if ray is not None:
+                from refusion.batch.ray_data import run_on_ray
+
+                rows = run_on_ray(input_path, writer, lines, workers=workers, gpus_per_worker=gpus_per_worker,
+                                  cpus_per_worker=cpus_per_worker, address=ray, model=model,
+                                  worker_options=worker_options, progress=progress)
+            else:
+                from refusion.batch.worker import BatchWorker
+
+                worker = BatchWorker(model, **worker_options)
+                rows = worker.run(lines)
+            record = recorder(writer, counts, bar, time.monotonic())  # tokens/s counted once the model is loaded
+            try:
+                for row in rows:
+                    while early:
+                        record(early.popleft())
+                    record(row)
+                while early:
+                    record(early.popleft())
+            finally:
+                close = getattr(rows, "close", None)
+                if close is not None:
+                    close()
+        finally:
+            if worker is not None:
+                worker.close()
+            bar.close()
+    return BatchSummary(counts["rows"], counts["skipped"], counts["errors"], counts["tokens"],
+                        time.monotonic() - start)
+
+
+def recorder(writer: ResultWriter, counts: dict, bar: Any, start: float) -> Callable[[dict], None]:
+    """A function that writes one result row, counts it and advances the progress bar."""
+    def record(row: dict) -> None:
+        if not writer.write(row):
+            return
+        counts["rows"] += 1
+        if row.get("error") is not None:
+            counts["errors"] += 1
+        counts["tokens"] += len(row.get("tokens") or ())
+        elapsed = time.monotonic() - start
+        bar.update(1)
+        bar.set_postfix_str(f"{counts['tokens'] / elapsed if elapsed > 0 else 0:.1f} tok/s, {counts['errors']} errors",
+                            refresh=False)
+    return record
+
+
+def progress_bar(total: int | None, show: bool) -> Any:
+    """A tqdm bar on stderr counting rows (disabled when not ``show``)."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, disable=not show, unit="row", desc="batch", dynamic_ncols=True, leave=True)

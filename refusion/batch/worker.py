@@ -1,0 +1,186 @@
+"""``BatchWorker``: one model and one continuous-batching :class:`~refusion.generator.Generator` running rows.
+
+A worker turns raw input lines into result rows (:func:`refusion.batch.output.result_row`).
+It is what the embedded run uses and what each Ray actor holds. Each row is
+parsed and checked (:func:`refusion.batch.rows.parse_line`), its decoder built
+from the worker's defaults overridden by the row's own fields (as
+:func:`refusion.generate` would build it from the same keywords) and
+submitted; a bad row yields its error row at once, a request that fails
+yields one when it ends, and the run goes on. A row's tokens equal
+``refusion.generate(prompt, model, gen_length=..., seed=..., **options)``
+with the same options (continuous batching decodes each request as it would
+alone).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from typing import Any, Iterable, Iterator, Mapping
+
+from refusion.batch.output import result_row
+from refusion.batch.rows import BatchRow, RowError, parse_line
+from refusion.errors import ConfigError
+
+#: decoders built for distinct option sets, kept for reuse (rows usually share a few)
+DECODER_CACHE = 64
+#: keywords of the worker that are not decoder options
+OWN_OPTIONS = ("gen_length", "chat", "allow_special")
+
+
+def load(model: Any) -> Any:
+    """The model adapter of ``model``: an adapter, a path, ``None`` (the shipped model) or a mapping of
+    :data:`~refusion.models.loading.MODEL_OPTIONS` (what the command line's model flags give)."""
+    from refusion.models.loading import load_from_options, load_model
+
+    if isinstance(model, Mapping):
+        return load_from_options(model)
+    return load_model(model)
+
+
+class BatchWorker:
+    """Runs batch rows on one model with continuous batching.
+
+    ``model``: see :func:`load` (loaded once, here). At most ``max_rows``
+    requests decode at once, reserving at most ``max_tokens`` positions
+    together; a row needing more is an error row. ``decoder_options`` are
+    every row's defaults, as :func:`refusion.generate` takes them
+    (``preset``, part names, part parameters, sampling, ``seed``,
+    ``gen_length``, ``chat``, ``allow_special``); a row's own fields override
+    them. ``allow_imports`` lets rows name parts by ``"module:Class"`` path.
+    Bad defaults raise :class:`ConfigError` here, before any row is read.
+    """
+
+    def __init__(self, model: Any = None, *, max_rows: int = 16, max_tokens: int = 8192, allow_imports: bool = False,
+                 **decoder_options: Any):
+        from refusion.generator import Generator
+
+        self.model = load(model)
+        options = dict(decoder_options)
+        self.gen_length = options.pop("gen_length", None)
+        self.chat = options.pop("chat", None)
+        self.allow_special = bool(options.pop("allow_special", False))
+        self.allow_imports = allow_imports
+        if self.chat:
+            from refusion.prompts import check_chat
+
+            check_chat(self.model.tokenizer)
+        self.defaults = {k: v for k, v in options.items() if v is not None}
+        self.generator = Generator(self.model, max_rows=max_rows, max_tokens=max_tokens,
+                                   **{k: v for k, v in self.defaults.items() if k != "seed"})
+        self.lookahead = max_rows + max(1, max_rows // 2)  # the live rows and a small queue to refill from
+        self._decoders: OrderedDict[str, tuple[Any, int | None]] = OrderedDict()
+
+    # -- one row ---------------------------------------------------------------------
+    def decoder(self, options: Mapping[str, Any]) -> tuple[Any, int | None]:
+        """``(decoder, its preset's gen_length)`` for merged decoder ``options`` (built once per distinct set)."""
+        from refusion.api import build_decoder
+
+        try:
+            key = json.dumps(options, sort_keys=True, default=repr)
+        except (TypeError, ValueError):
+            key = None
+        if key is not None and key in self._decoders:
+            self._decoders.move_to_end(key)
+            return self._decoders[key]
+        built = build_decoder(self.model, **options)
+        if key is not None:
+            self._decoders[key] = built
+            if len(self._decoders) > DECODER_CACHE:
+                self._decoders.popitem(last=False)
+        return built
+
+    def prompt_ids(self, row: BatchRow) -> list[int]:
+        """The row's prompt as token ids: text encoded (with the chat template if the defaults say ``chat``), ids as
+        they are, ``messages`` through the tokenizer's chat template (none: an error naming ``messages``)."""
+        from refusion.prompts import check_encodable, check_no_special_text, encode_prompt
+
+        tokenizer = self.model.tokenizer
+        if not row.chat:
+            return encode_prompt(row.prompt, tokenizer, self.chat, allow_special=self.allow_special)
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            raise ConfigError("`messages` need a tokenizer with a chat template, and this model's has none; give the "
+                              "row a `prompt` instead.", param="messages")
+        for i, message in enumerate(row.prompt):
+            field = f"messages[{i}].content"
+            check_encodable(message["content"], field)
+            if not self.allow_special:
+                check_no_special_text(message["content"], tokenizer, field)
+        ids = tokenizer.apply_chat_template(row.prompt, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding
+            ids = ids["input_ids"]
+        return list(ids)
+
+    def submit(self, row: BatchRow) -> Any:
+        """Queue ``row`` on the generator; its :class:`~refusion.generator.Request`. Raises :class:`ConfigError`."""
+        from refusion.api import fit_default_length
+        from refusion.config.spec import DEFAULT_GEN_LENGTH
+
+        options = {**self.defaults, **row.options}
+        gen_length = options.pop("gen_length", self.gen_length)
+        seed = options.pop("seed", None)
+        decoder, preset_length = self.decoder(options)
+        ids = self.prompt_ids(row)
+        if gen_length is None:  # as refusion.generate chooses it
+            gen_length = fit_default_length(decoder, self.model, [ids], preset_length or DEFAULT_GEN_LENGTH)
+        return self.generator.submit(ids, decoder=decoder, gen_length=gen_length, seed=seed)
+
+    # -- many rows -------------------------------------------------------------------
+    def run(self, lines: Iterable[tuple[int, str]]) -> Iterator[dict]:
+        """Result rows of ``(line number, raw JSON text)`` pairs, in order of completion.
+
+        Lines are read only as rows finish (at most ``max_rows`` live plus a
+        small queue). Each line is handled on its own: ids are not compared
+        across lines (the caller skips done ids and refuses duplicates).
+        Closing the iterator early cancels the rows still decoding.
+        """
+        pending = iter(lines)
+        live: dict[Any, str] = {}  # request -> row id
+        exhausted = False
+        try:
+            while True:
+                while not exhausted and len(live) < self.lookahead:
+                    try:
+                        number, text = next(pending)
+                    except StopIteration:
+                        exhausted = True
+                        break
+                    row_id = None
+                    try:
+                        row = parse_line(text, number, allow_imports=self.allow_imports)
+                        row_id = row.id
+                        live[self.submit(row)] = row_id
+                    except RowError as error:
+                        yield result_row(error.row_id, error=error)
+                    except ConfigError as error:
+                        yield result_row(row_id, error=error)
+                if not live:
+                    if exhausted:
+                        return
+                    continue
+                finished = [event for event in self.generator.step() if event.finished]
+                for event in finished:
+                    row_id = live.pop(event.request)
+                    if event.error is not None:
+                        yield result_row(row_id, error=event.error)
+                    elif event.result is None:
+                        yield result_row(row_id, error="row: cancelled")
+                    else:
+                        yield result_row(row_id, event.result)
+                if not finished and self.generator.idle():  # nothing queued or decoding: what is left is stuck
+                    for request, row_id in list(live.items()):
+                        del live[request]
+                        yield result_row(row_id, error=f"row: request stopped as {request.status!r}")
+        finally:
+            for request in live:
+                request.cancel()
+
+    def close(self) -> None:
+        """Cancel what is still queued or decoding and release the generator."""
+        self.generator.close(drain=False)
+
+    def __enter__(self) -> "BatchWorker":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -15,15 +15,19 @@ file from it:
   (1 CPU and 1 torch thread per actor) and loading the model in every actor.
 
 Every run counts its whole wall time: model loading, for Ray also starting the
-actors. Reported per competitor (median over rounds, [min-max] beside it):
-wall seconds, rows/s and tokens/s over that wall time, seconds to the first
-row, rows/s after the first rows are back (start-up and model loading left
-out; on Ray the first batch comes back whole), this process's CPU seconds (for Ray: the driver's share only) and the
-workers' CPU seconds, the speed ratio to embedded within each round
-(embedded wall / this wall), the Ray overhead per row ((ray 1 worker wall -
-embedded wall) / rows, per round) and each worker's peak resident memory
-(``getrusage`` in the actor; for embedded, this process's peak). Every run
-must write the same rows (checked), so the figures compare equal work.
+actors (this process has torch and transformers imported already, so the
+embedded run's model loads in a fraction of a second; a fresh ``refusion
+batch`` pays those imports too). Reported per competitor, the median over
+rounds with [min-max] beside it: wall seconds; rows/s and tokens/s over that
+wall time; seconds to the first row; rows/s after the first rows are back
+(start-up and model loading left out; a Ray batch comes back whole, ``-``
+when all rows came back at once); this process's CPU seconds (for Ray the
+driver's share only) and the workers' CPU seconds; the speed ratio to
+embedded within each round (embedded wall / this wall); the peak resident
+memory of the largest worker (``getrusage`` in the actor; for embedded, this
+process's). Below the table, the Ray overhead per row: (ray 1 worker wall -
+embedded wall) / rows, per round. Every run must write the same rows
+(checked), so the figures compare equal work.
 """
 
 from __future__ import annotations
@@ -79,7 +83,7 @@ def timed(source: Path, out: Path, rows_of) -> dict:
 
 def after_first_rows(run: dict) -> float:
     """Rows per second after the first rows are back (those within 50 ms of the first: a Ray batch comes back
-    whole), so start-up and model loading are left out; ``nan`` if everything came back at once."""
+    whole), so start-up and model loading are left out; ``nan`` (shown as ``-``) if all came back at once."""
     arrivals = run["arrivals"]
     first = sum(1 for t in arrivals if t <= arrivals[0] + 0.05)
     if first == len(arrivals):
@@ -120,6 +124,10 @@ def on_ray(source: Path, out: Path, options: dict, workers: int) -> dict:
 
 
 def spread(values: list[float], fmt: str = "{:.2f}") -> str:
+    """``median [min-max]``; ``-`` when there is no figure (``nan``)."""
+    values = [v for v in values if v == v]
+    if not values:
+        return "-"
     return f"{fmt.format(statistics.median(values))} [{fmt.format(min(values))}-{fmt.format(max(values))}]"
 
 

@@ -24,12 +24,13 @@ import json
 import logging
 import os
 import sys
+import warnings
 from collections import deque
 from typing import Any, Iterable, Iterator, Mapping
 
 import attrs
 
-from refusion.errors import ConfigError
+from refusion.errors import ConfigError, RefusionWarning
 
 #: what a run without Ray says
 NEEDS_RAY = "`--ray` needs Ray: pip install 'refusion[ray]'"
@@ -78,6 +79,24 @@ def connect(ray: Any, address: str | None) -> bool:
     except ConnectionError as exc:
         raise ConfigError(f"`ray`: cannot connect to the Ray cluster at {address!r}: {exc}", param="ray") from None
     return True
+
+
+def check_room(ray: Any, cpus_per_worker: float, gpus_per_worker: float, started: bool) -> None:
+    """Refuse a worker no node of the cluster can hold (Ray Data would wait for it in silence): a
+    :class:`ConfigError` naming the resource on a Ray this run started, a warning on a cluster joined (an
+    autoscaler may still add such a node)."""
+    nodes = [node.get("Resources", {}) for node in ray.nodes() if node.get("Alive")]
+    if any(n.get("CPU", 0) >= cpus_per_worker and n.get("GPU", 0) >= gpus_per_worker for n in nodes):
+        return
+    gpus_short = not any(n.get("GPU", 0) >= gpus_per_worker for n in nodes)
+    param, kind, wanted = (("gpus_per_worker", "GPU", gpus_per_worker) if gpus_short else
+                           ("cpus_per_worker", "CPU", cpus_per_worker))
+    most = max((n.get(kind, 0) for n in nodes), default=0)
+    message = (f"`{param}` (`--{param.replace('_', '-')}`) is {wanted:g}, but no node of the Ray cluster has that "
+               f"many {kind}s (the most on one node: {most:g}), so no worker could start")
+    if started:
+        raise ConfigError(message + ".", param=param)
+    warnings.warn(message + " yet; the run waits until the cluster has such a node.", RefusionWarning, stacklevel=3)
 
 
 def model_for_workers(model: Any) -> Any:
@@ -329,6 +348,12 @@ def run_on_ray(input_path: Any, writer: Any, pending_lines: Iterable[tuple[int, 
 
         pending_lines = still_to_run(dataset_lines(input_path), writer.done, early, {"skipped": 0})
     started = connect(ray, address)
+    try:
+        check_room(ray, cpus_per_worker, gpus_per_worker, started)
+    except ConfigError:
+        if started:
+            ray.shutdown()
+        raise
     return RayRun(ray, pending_lines, early, workers=workers, gpus_per_worker=gpus_per_worker,
                   cpus_per_worker=cpus_per_worker, model=model, worker_options=dict(worker_options or {}),
                   started=started)

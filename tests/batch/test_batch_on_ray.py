@@ -13,11 +13,11 @@ import pytest
 ray = pytest.importorskip("ray")  # a guard only: CI installs the [ray] extra, so these run there
 pytest.importorskip("ray.data")
 
-from refusion.batch.embedded import run_batch  # noqa: E402
 from refusion.batch import ray_data  # noqa: E402
-from refusion.batch.ray_data import dataset_lines, run_on_ray  # noqa: E402
+from refusion.batch.embedded import run_batch  # noqa: E402
+from refusion.batch.ray_data import check_room, dataset_lines, run_on_ray  # noqa: E402
 from refusion.cli import main  # noqa: E402
-from refusion.errors import ConfigError  # noqa: E402
+from refusion.errors import ConfigError, RefusionWarning  # noqa: E402
 
 PROMPTS = ["rev hello=", "copy abc=", "add 12+34=", "sort dcba=", "rev abcdef=", "copy xyz=", "add 3+4=", "sort cab="]
 #: every other row samples, so a row's tokens depend on its seed
@@ -70,9 +70,9 @@ def embedded(input_file):
 
 @pytest.fixture(scope="module")
 def command_line(local_ray, input_file):
-    """``refusion batch IN --out OUT --ray --workers 2 --max-rows 2`` (9 batches) through ``main``, one worker killed with
-    ``ray.kill`` (Ray restarts it) as soon as the first rows are back: its status, its rows, the killed worker and
-    the worker processes of the run."""
+    """``refusion batch IN --out OUT --ray --workers 2 --max-rows 2`` (9 batches of 8 rows) through ``main``, one
+    worker killed with ``ray.kill`` (Ray restarts it) as soon as the first rows are back: its status, its rows, the
+    killed worker and the worker processes of the run."""
     out = input_file.parent / "ray.jsonl"
     seen = {}
 
@@ -148,3 +148,20 @@ def test_without_ray_the_flag_says_how_to_install_it(monkeypatch, tmp_path, caps
     source.write_text('{"id": "a", "prompt": "rev ab="}\n')
     assert main(["batch", str(source), "--out", str(tmp_path / "out.jsonl"), "--ray", "--no-progress"]) == 2
     assert "pip install 'refusion[ray]'" in capsys.readouterr().err
+
+
+def test_a_worker_no_node_can_hold_is_refused_instead_of_waiting_forever():
+    """On a Ray the run started (it cannot grow) an error naming the resource; on a cluster joined, a warning."""
+
+    class Cluster:
+        def nodes(self):
+            return [{"Alive": True, "Resources": {"CPU": 2.0}}, {"Alive": False, "Resources": {"CPU": 8, "GPU": 1}}]
+
+    check_room(Cluster(), 2, 0, started=True)
+    with pytest.raises(ConfigError) as error:
+        check_room(Cluster(), 1, 1, started=True)
+    assert error.value.param == "gpus_per_worker" and "most on one node: 0" in str(error.value)
+    with pytest.raises(ConfigError, match="`cpus_per_worker`"):
+        check_room(Cluster(), 4, 0, started=True)
+    with pytest.warns(RefusionWarning, match="waits until the cluster has such a node"):
+        check_room(Cluster(), 1, 1, started=False)

@@ -69,16 +69,32 @@ def connect(ray: Any, address: str | None) -> bool:
     connected (then the run shuts Ray down at its end)."""
     if ray.is_initialized():
         return False
-    options: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
+    options: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.ERROR}
     if address in (None, "local"):  # a new Ray on this machine, even where `ray start` runs one
         options.update(address="local", include_dashboard=False)
     else:
+        check_reachable(address)
         options["address"] = address
     try:
         ray.init(**options)
     except ConnectionError as exc:
         raise ConfigError(f"`ray`: cannot connect to the Ray cluster at {address!r}: {exc}", param="ray") from None
     return True
+
+
+def check_reachable(address: str, timeout: float = 5.0) -> None:
+    """A ``host:port`` or ``ray://host:port`` address must accept a connection (Ray itself retries an unreachable
+    head for minutes); :class:`ConfigError` naming ``ray`` if it does not. ``auto`` is left to Ray."""
+    import socket
+
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ConfigError(f"`ray`: no Ray cluster answers at {address!r} ({exc.strerror or exc}); give the head's "
+                          "host:port (`ray start --head` prints it), ray://host:10001, or auto.", param="ray") from None
 
 
 def check_room(ray: Any, cpus_per_worker: float, gpus_per_worker: float, started: bool) -> None:

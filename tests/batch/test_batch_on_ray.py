@@ -6,6 +6,7 @@ shipped model, one of them killed mid-run), which the tests below read; the work
 """
 
 import json
+import socket
 import sys
 
 import pytest
@@ -15,7 +16,7 @@ pytest.importorskip("ray.data")
 
 from refusion.batch import ray_data  # noqa: E402
 from refusion.batch.embedded import run_batch  # noqa: E402
-from refusion.batch.ray_data import check_room, dataset_lines, run_on_ray  # noqa: E402
+from refusion.batch.ray_data import check_reachable, check_room, dataset_lines, run_on_ray  # noqa: E402
 from refusion.cli import main  # noqa: E402
 from refusion.errors import ConfigError, RefusionWarning  # noqa: E402
 
@@ -165,3 +166,14 @@ def test_a_worker_no_node_can_hold_is_refused_instead_of_waiting_forever():
         check_room(Cluster(), 4, 0, started=True)
     with pytest.warns(RefusionWarning, match="waits until the cluster has such a node"):
         check_room(Cluster(), 1, 1, started=False)
+
+
+def test_an_address_no_cluster_answers_at_is_refused_at_once():
+    """Ray would retry an unreachable head for minutes; the run says so at once, naming ``ray``."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+        with pytest.raises(ConfigError, match="no Ray cluster answers") as error:
+            check_reachable(address)
+        assert error.value.param == "ray"

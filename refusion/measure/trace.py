@@ -234,11 +234,7 @@ def _array(item: Callable[[Any], None] | None, least: int) -> Callable[[Any], No
         if item is None or (every is not None and every(v)):
             return
         for i, x in enumerate(v):  # the fast test failed (or there is none): find the bad item, if any
-            try:
-                item(x)
-            except _Bad as bad:
-                bad.path.insert(0, i)
-                raise
+            _within(i, item, x)
     return check
 
 
@@ -255,12 +251,17 @@ def _object(fields: dict[str, Callable[[Any], None]], required: tuple, closed: b
                 if closed:
                     raise _Bad("is not a field of the trace format", key)
                 continue
-            try:
-                field(sub)
-            except _Bad as bad:
-                bad.path.insert(0, key)
-                raise
+            _within(key, field, sub)
     return check
+
+
+def _within(step: str | int, check: Callable[[Any], None], value: Any) -> None:
+    """``check(value)``, a failure's field path prefixed with ``step`` (the key or index ``value`` sits at)."""
+    try:
+        check(value)
+    except _Bad as bad:
+        bad.path.insert(0, step)
+        raise
 
 
 def _plain(kinds: list[str]) -> Callable[[Any], None]:

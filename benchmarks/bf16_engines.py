@@ -18,7 +18,7 @@ sys.path.insert(0, ".")
 
 from refusion.models.hf import HFCausalLM  # noqa: E402
 from refusion.models.tiny import tiny_qwen3  # noqa: E402
-from tests.test_engines import decoder_from  # noqa: E402
+from tests.engines.test_engines import decoder_from  # noqa: E402
 
 
 def draw(rng: random.Random):

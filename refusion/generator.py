@@ -40,6 +40,7 @@ import attrs
 from refusion.decoding.decoder import Decoder, Prepared, with_text
 from refusion.decoding.session import DecodeSession
 from refusion.engines import Runner, engine_class, open_engine
+from refusion.engines.choose import check_invariance
 from refusion.errors import CallbackError, ConfigError, QueueFull, StalledError
 from refusion.decoding.types import DecodeResult, StepRecord
 
@@ -258,6 +259,7 @@ class Generator:
             decoder = build_decoder(self.model, preset=preset, **params)[0] if (preset or params) else self.decoder
         if decoder.engine is not None and engine_class(decoder.engine) is not type(self.engine):
             raise ConfigError(f"`engine` {decoder.engine!r} differs from this generator's engine {self.engine.name!r}.", param='engine')
+        check_invariance(self.engine, decoder.batch_invariant)
         ids = encode_prompt(prompt, self.model.tokenizer, self.chat, allow_special=allow_special)
         prepared = decoder.prepare(self.model, ids, self.gen_length if gen_length is None else gen_length, seed=seed)
         need = prepared.prompt.shape[0] + prepared.partition.gen_length

@@ -80,15 +80,22 @@ def lm_head_stats_reference(hidden, weight, bias=None, exclude=None, temperature
     return tokens, best, lse
 
 
-def lm_head_stats(hidden, weight, bias=None, exclude=None, temperature=1.0, *, backend: str | None = None):
-    """Argmax token, its tempered logit and the tempered log-sum-exp per row; see the module docstring."""
+def lm_head_stats(hidden, weight, bias=None, exclude=None, temperature=1.0, *, backend: str | None = None,
+                  chunk: int | None = None):
+    """Argmax token, its tempered logit and the tempered log-sum-exp per row; see the module docstring.
+
+    ``chunk`` fixes the vocabulary chunk of the torch path (default: narrower
+    as rows grow, about 2M logits at a time); with a fixed chunk a row's
+    result does not depend on the number of rows. The Triton kernel reduces
+    each row in the same order whatever the row count and ignores it.
+    """
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(f"`hidden` (n, d) and `weight` (vocab, d) must agree; got {tuple(hidden.shape)} and "
                          f"{tuple(weight.shape)}.")
     if not temperature > 0:
         raise ValueError(f"`temperature` must be > 0; got {temperature!r}.")
     if choose(weight, backend) == "torch" or hidden.shape[0] == 0:
-        return lm_head_stats_reference(hidden, weight, bias, exclude, temperature)
+        return lm_head_stats_reference(hidden, weight, bias, exclude, temperature, chunk=chunk)
     return _lm_head_triton(hidden, weight, bias, exclude, temperature)
 
 

@@ -2,7 +2,8 @@
 
 A spec names the four parts with their parameters (:class:`PartSpec`), the
 sampler with its parameters (:class:`SamplerSpec`) and the decoder's options
-(``engine``, ``seed``, ``stop_at_eos``, ``cfg_scale``, ``calls_per_token``),
+(``engine``, ``seed``, ``stop_at_eos``, ``cfg_scale``, ``calls_per_token``,
+``batch_invariant``),
 plus what a preset adds: a default ``gen_length``, a ``description`` and the
 ``peer`` function it reproduces. Presets are specs; so are a checkpoint's
 ``refusion.json``, ``--preset-file``, a sweep's ``preset.json`` and the
@@ -28,7 +29,7 @@ from refusion.errors import ConfigError, UnknownNameError
 from refusion.measure.limits import MAX_GEN_LENGTH, shown
 
 #: the decoder's own options, besides its parts and sampler (``Decoder`` fields of the same names)
-DECODER_OPTIONS = ("engine", "seed", "stop_at_eos", "cfg_scale", "calls_per_token")
+DECODER_OPTIONS = ("engine", "seed", "stop_at_eos", "cfg_scale", "calls_per_token", "batch_invariant")
 #: the sampler's parameters a flat parameter may set (on whichever sampler the spec has)
 SAMPLING_PARAMS = ("temperature", "top_k", "top_p")
 #: every flat parameter a spec takes whatever its parts: its options, the sampler's name and parameters
@@ -182,6 +183,7 @@ class DecoderSpec:
     stop_at_eos: bool | str = True
     cfg_scale: float = 0.0
     calls_per_token: int = 4
+    batch_invariant: bool = False
     gen_length: int | None = None
     description: str = ""
     peer: str | None = None
@@ -304,7 +306,8 @@ class DecoderSpec:
     # -- JSON -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON: ``{"format", "description", "gen_length", "peer", "partitioner": {"name", "params"}, ...,
-        "sampler": {"name", "params"}, "engine", "seed", "stop_at_eos", "cfg_scale", "calls_per_token"}``."""
+        "sampler": {"name", "params"}, "engine", "seed", "stop_at_eos", "cfg_scale", "calls_per_token",
+        "batch_invariant"}``."""
         out: dict[str, Any] = {"format": FORMAT, "description": self.description, "gen_length": self.gen_length,
                                "peer": self.peer}
         for kind, spec in self.parts().items():
@@ -482,7 +485,7 @@ def _checked_fields(spec: DecoderSpec, where: str) -> DecoderSpec:
     """Refuse field values of the wrong type (the decoder checks ranges when it is built)."""
     checks = (("gen_length", (int, type(None))), ("description", str), ("peer", (str, type(None))),
               ("seed", int), ("stop_at_eos", (bool, str)), ("cfg_scale", (int, float)), ("calls_per_token", int),
-              ("engine", (str, type(None))))
+              ("engine", (str, type(None))), ("batch_invariant", bool))
     for name, kinds in checks:
         value = getattr(spec, name)
         kinds = kinds if isinstance(kinds, tuple) else (kinds,)

@@ -9,6 +9,7 @@ cache, so one bad plugin can never corrupt a decode or make it loop forever.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Generator, Sequence
 
 import torch
@@ -16,6 +17,33 @@ import torch
 from refusion.errors import ConfigError, PluginError, RefusionError
 from refusion.decoding.protocol import KVSegment, ModelCall
 from refusion.decoding.types import Commit, InfillResult, Partition, Plan
+
+
+_CHECK_BUILTINS = False
+
+
+def check_builtins(enabled: bool = True) -> bool:
+    """Check the answers of refusion's own parts too (off by default); returns the previous setting.
+
+    The built-in parts' answers are proven to meet their contracts by the
+    test suite (which turns this on for that purpose), so the decoder does
+    not re-check them on every call; a part from anywhere else is checked on
+    every call.
+    """
+    global _CHECK_BUILTINS
+    previous, _CHECK_BUILTINS = _CHECK_BUILTINS, bool(enabled)
+    return previous
+
+
+@functools.cache
+def _builtin(cls: type) -> bool:
+    return cls.__module__.startswith("refusion.strategies.")
+
+
+def checks_answers(part: Any) -> bool:
+    """Whether the decoder checks ``part``'s answers on every call: any part but refusion's own built-ins
+    (decided once per part when a decode starts; see :func:`check_builtins`)."""
+    return _CHECK_BUILTINS or not _builtin(type(part))
 
 
 def describe(part: Any) -> str:
@@ -31,8 +59,6 @@ def plugin_error(part: Any, message: str) -> PluginError:
 def guarded(check: Any) -> Any:
     """Make a ``checked_*(part, ...)`` function turn anything unexpected that reading the part's answer raises
     (a lazy sequence that fails, an attribute that is missing) into a PluginError naming the part."""
-    import functools
-
     @functools.wraps(check)
     def wrapper(part: Any, *args: Any) -> Any:
         try:
@@ -81,10 +107,11 @@ def check_prompt(prompt_ids: Any, model: Any) -> torch.Tensor:
         raise ConfigError(f"`prompt_ids` must be one prompt of shape (prompt_len,); got shape {tuple(prompt.shape)}.", param='prompt_ids')
     if prompt.shape[0] == 0:
         raise ConfigError("`prompt_ids` must hold at least one token; got an empty prompt.", param='prompt_ids')
-    if int(prompt.min()) < 0 or int(prompt.max()) >= model.vocab_size:
-        raise ConfigError(f"`prompt_ids` must be token ids in [0, {model.vocab_size}); got {prompt.min()}..{prompt.max()}.", param='prompt_ids')
-    masked = (prompt == model.mask_token_id).nonzero().flatten().tolist()
-    if masked:
+    low, high = (int(x) for x in torch.aminmax(prompt))
+    if low < 0 or high >= model.vocab_size:
+        raise ConfigError(f"`prompt_ids` must be token ids in [0, {model.vocab_size}); got {low}..{high}.", param='prompt_ids')
+    if bool((prompt == model.mask_token_id).any()):
+        masked = (prompt == model.mask_token_id).nonzero().flatten().tolist()
         raise ConfigError(f"`prompt_ids` holds the mask token id {model.mask_token_id} at position(s) {masked[:8]}; "
                           "a prompt must not contain the mask token (the decoder fills masks only in the answer).", param='prompt_ids')
     return prompt
@@ -181,8 +208,10 @@ def checked_call(infiller: Any, call: Any, vocab_size: int, max_positions: int |
     return call
 
 
-def bounded(infiller: Any, program: Generator, budget: int, vocab_size: int, max_positions: int | None):
-    """Drive an infiller's generator for at most ``budget`` model calls; wrap its errors."""
+def bounded(infiller: Any, program: Generator, budget: int, vocab_size: int, max_positions: int | None,
+            check: bool = True):
+    """Drive an infiller's generator for at most ``budget`` model calls; wrap its errors.
+    ``check``: check each call's ids and positions (:func:`checked_call`)."""
     calls = 0
     try:
         call = next(program)
@@ -191,7 +220,7 @@ def bounded(infiller: Any, program: Generator, budget: int, vocab_size: int, max
             if calls > budget:
                 program.close()
                 raise plugin_error(infiller, f"made more than {budget} model calls in one iteration; it must terminate.")
-            outputs = yield checked_call(infiller, call, vocab_size, max_positions)
+            outputs = yield checked_call(infiller, call, vocab_size, max_positions) if check else call
             call = program.send(outputs)
     except StopIteration as stop:
         return stop.value

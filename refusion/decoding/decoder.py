@@ -16,13 +16,15 @@ a running engine.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Sequence
 
 import attrs
 import torch
 
 from refusion.config.spec import DecoderSpec, SamplerSpec
-from refusion.decoding.checks import call_part, check_length, check_prompt, checked_partition, plugin_error
+from refusion.decoding.checks import (call_part, check_length, check_prompt, checked_partition, checks_answers,
+                                      plugin_error)
 from refusion.decoding.sampling import Sampler, greedy
 from refusion.decoding.session import DecodeSession
 from refusion.decoding.types import DecodeResult, Partition
@@ -68,7 +70,12 @@ class Decoder:
     first EOS at the end; ``"block"`` finishes the serial block in which an
     EOS was committed and stops there (SDAR's ``stopping_criteria_idx``). ``cfg_scale`` > 0 applies LLaDA's classifier-free
     guidance (a second forward with the prompt masked; see
-    :meth:`~refusion.engines.base.Engine.guide`).
+    :meth:`~refusion.engines.base.Engine.guide`). ``batch_invariant=True``
+    makes every prompt's tokens identical alone and in any batch, in every
+    dtype (bf16 and fp16 included), at a cost: the engine runs each
+    sequence's attention on its own and its matrix products in fixed row
+    tiles where the backend needs them (:mod:`refusion.engines.invariant`,
+    docs/batching.md).
     """
 
     partitioner: SlotPartitioner = _part(SlotPartitioner)
@@ -81,6 +88,7 @@ class Decoder:
     stop_at_eos: bool | str = attrs.field(default=True, validator=lambda i, a, v: _check_stop(v))
     seed: int = attrs.field(default=0, validator=lambda i, a, v: _check_seed(v))
     cfg_scale: float = attrs.field(default=0.0, validator=lambda i, a, v: _check_cfg_scale(v))
+    batch_invariant: bool = attrs.field(default=False, validator=lambda i, a, v: _check_batch_invariant(v))
 
     @classmethod
     def from_names(
@@ -96,7 +104,7 @@ class Decoder:
         ``params`` go to whichever part declares them (``slot_size=``,
         ``token_threshold=``, ...) or, spelled ``"selector.k"``, to one part;
         the decoder's own options (``engine``, ``seed``, ``stop_at_eos``,
-        ``cfg_scale``, ``calls_per_token``), ``sampler`` and its ``temperature``,
+        ``cfg_scale``, ``calls_per_token``, ``batch_invariant``), ``sampler`` and its ``temperature``,
         ``top_k``, ``top_p`` to the decoder (see :class:`~refusion.config.spec.DecoderSpec`,
         which this builds; ``sample=`` takes a ready-made sampler).
         """
@@ -124,6 +132,8 @@ class Decoder:
     def partition(self, gen_length: int, prompt_length: int = 0) -> Partition:
         """The partitioner's (checked) partition of ``gen_length`` tokens after a ``prompt_length``-token prompt."""
         p = self.partitioner
+        if not checks_answers(p):  # refusion's own partitioners are pure functions of their parameters
+            return _builtin_partition(p, prompt_length, gen_length)
         return checked_partition(p, call_part(p, p.partition_after, prompt_length, gen_length), gen_length)
 
     def nearest_lengths(self, gen_length: int) -> tuple[int | None, int | None]:
@@ -170,6 +180,10 @@ class Decoder:
     # -- running -------------------------------------------------------------
     def start(self, model: ModelAdapter, engine: Any, prepared: Prepared) -> "DecodeSession":
         """Admit a prepared prompt into ``engine`` (a live :class:`~refusion.engines.base.Engine`) and set up its session."""
+        if self.batch_invariant:
+            from refusion.engines.choose import check_invariance
+
+            check_invariance(engine, True)
         state = engine.admit(prepared.prompt, prepared.partition.gen_length)
         if self.cfg_scale > 0:
             engine.guide(state, self.cfg_scale)
@@ -208,8 +222,10 @@ class Decoder:
 
         Each prompt keeps its own slots, progress, stopping point and sampling
         generator (seeded by ``seeds[i]``, default: the decoder's ``seed``); a
-        prompt's result is the same as decoding it alone (exactly in fp32/fp64;
-        in bf16 the batch's padding can shift rounding and flip a close call).
+        prompt's result is the same as decoding it alone (in fp32/fp64 up to
+        last-bit rounding; in bf16/fp16 the batch's layout can shift rounding
+        and flip a close call; with ``batch_invariant=True`` exactly, in every
+        dtype: docs/batching.md).
         ``engine`` (name, class or live instance) overrides the decoder's.
         """
         from refusion.engines import drive, open_engine
@@ -228,6 +244,12 @@ class Decoder:
         return with_text(results, tokenizer if tokenizer is not None else getattr(model, "tokenizer", None))
 
 
+@functools.lru_cache(maxsize=1024)
+def _builtin_partition(partitioner: SlotPartitioner, prompt_length: int, gen_length: int) -> Partition:
+    """A built-in partitioner's partition, computed once per (partitioner, lengths)."""
+    return call_part(partitioner, partitioner.partition_after, prompt_length, gen_length)
+
+
 def with_text(results: list[DecodeResult], tokenizer: Any) -> list[DecodeResult]:
     """The results with ``text`` decoded by ``tokenizer`` (unchanged without one)."""
     if tokenizer is None:
@@ -243,6 +265,11 @@ def _check_stop(value: Any) -> None:
 def _check_seed(value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64:
         raise ConfigError(f"`seed` must be an integer in [0, 2**64); got {value!r}.", param='seed')
+
+
+def _check_batch_invariant(value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"`batch_invariant` must be True or False; got {value!r}.", param="batch_invariant")
 
 
 def _check_cfg_scale(value: Any) -> None:

@@ -67,6 +67,8 @@ class KVSegment:
 
 
 def _as_long_1d(name: str, value) -> torch.Tensor:
+    if isinstance(value, torch.Tensor) and value.dtype == torch.long and value.dim() == 1:
+        return value
     raw = torch.as_tensor(value)
     if raw.numel() and (raw.is_floating_point() or raw.is_complex() or raw.dtype == torch.bool):
         raise ValueError(f"`{name}` must be integer ids; got dtype {raw.dtype}.")
@@ -107,6 +109,10 @@ class Branch:
             positions=torch.cat((self.positions, ext.positions[:n].to(self.positions.device))),
             kv=KVSegment.cat((self.kv, output.kv[:n])),
         )
+
+
+#: the empty branch (branches are immutable: one serves every extend from the committed context)
+ROOT = Branch()
 
 
 @attrs.frozen(eq=False)
@@ -235,4 +241,4 @@ class BlockReuse:
     prefix_at_block: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
 
-__all__ = ["BlockReuse", "Branch", "Epoch", "Extend", "ExtendOutput", "KVSegment", "ModelCall", "Projection"]
+__all__ = ["ROOT", "BlockReuse", "Branch", "Epoch", "Extend", "ExtendOutput", "KVSegment", "ModelCall", "Projection"]

@@ -34,7 +34,7 @@ class Scores:
     ``Scores(logits=x)`` (``x`` of shape ``(..., vocab)``).
     """
 
-    __slots__ = ("hidden", "head", "_logits", "_cache")
+    __slots__ = ("hidden", "head", "_logits", "_stats", "_view")
 
     def __init__(self, hidden: torch.Tensor | None = None, head: Any = None, logits: torch.Tensor | None = None):
         if logits is None and (hidden is None or head is None):
@@ -42,7 +42,19 @@ class Scores:
         self.hidden = hidden
         self.head = head
         self._logits = logits
-        self._cache: _StatsCache | None = None  # argmax statistics of some rows, computed in a batch
+        self._stats: _StatsCache | None = None  # argmax statistics of some rows, computed in a batch
+        self._view: tuple[_StatsCache, Any] | None = None  # (a parent's statistics, our rows there), cut when read
+
+    @property
+    def _cache(self) -> "_StatsCache | None":
+        if self._view is not None:
+            parent, index = self._view
+            self._stats, self._view = parent.subset(index), None
+        return self._stats
+
+    @_cache.setter
+    def _cache(self, value: "_StatsCache | None") -> None:
+        self._stats, self._view = value, None
 
     @staticmethod
     def of(value: "Scores | torch.Tensor") -> "Scores":
@@ -73,9 +85,15 @@ class Scores:
             out = Scores(self.hidden[index] if self.hidden is not None else None, self.head, self._logits[index])
         else:
             out = Scores(self.hidden[index], self.head)
-        if self._cache is not None:
-            out._cache = self._cache.subset(index)
+        if self._view is not None or self._stats is not None:
+            parent = self._cache
+            out._view = (parent, index)
         return out
+
+    @property
+    def projected(self) -> bool:
+        """Whether some rows' argmax statistics are cached (by :func:`project`, or a parent's)."""
+        return self._stats is not None or self._view is not None
 
     @property
     def batchable(self) -> bool:
@@ -85,7 +103,7 @@ class Scores:
     def cached_stats(self, exclude: int | None):
         """``(tokens, best, lse)`` of every row if a batched projection computed them, else ``None``."""
         cache = self._cache
-        if cache is None or cache.exclude != exclude or not bool(cache.known.all()):
+        if cache is None or cache.exclude != exclude or not cache.all_known():
             return None
         return cache.tokens, cache.best, cache.lse
 
@@ -107,6 +125,9 @@ class Scores:
 
     def greedy(self, exclude: int | None = None, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
         """Argmax token (never ``exclude``) and its probability under ``softmax(logits / temperature)``."""
+        cache = self._cache
+        if temperature == 1.0 and cache is not None and cache.exclude == exclude and cache.all_known():
+            return cache.tokens, cache.prob
         tokens, best, lse = self.stats(exclude, temperature)
         return tokens, torch.exp(best - lse).nan_to_num_(0.0)
 
@@ -114,8 +135,10 @@ class Scores:
         """Softmax probability of ``tokens[i]`` at row ``i`` (shape ``(n,)``)."""
         if self._logits is None:
             cache = self._cache
-            if cache is not None and bool(cache.known.all()):
-                lse = cache.lse
+            if cache is not None and cache.targets_are(tokens):  # projected with the rows: nothing to compute
+                return cache.target_prob
+            if cache is not None and cache.all_known():
+                lse = cache.lse.to(self.hidden.device)
             else:
                 _, _, lse = self.head.stats(self.hidden)
             picked = self.head.token_logits(self.hidden, tokens).to(lse.dtype)
@@ -125,55 +148,142 @@ class Scores:
 
 
 class _StatsCache:
-    """Argmax statistics of the rows of one Scores (``known`` marks the rows computed), for one ``exclude``."""
+    """Argmax statistics of the rows of one Scores, for one ``exclude``, held on the host.
 
-    __slots__ = ("exclude", "known", "tokens", "best", "lse")
+    ``known`` marks the rows computed; ``tokens``, ``best``, ``lse`` and
+    ``prob`` (the argmax's softmax probability) are host tensors, copied from
+    the device once per batched projection for all sequences together, so
+    that reading them never waits on the device. ``target`` (-1 where none)
+    and ``target_prob`` hold the probability of one given token per row, when
+    the projection was told which (:func:`project`'s ``targets``).
+    """
 
-    def __init__(self, exclude, known, tokens, best, lse):
-        self.exclude, self.known, self.tokens, self.best, self.lse = exclude, known, tokens, best, lse
+    __slots__ = ("exclude", "known", "tokens", "best", "lse", "prob", "target", "target_prob")
+
+    def __init__(self, exclude, known, tokens, best, lse, prob, target, target_prob):
+        self.exclude, self.known, self.tokens, self.best, self.lse, self.prob = exclude, known, tokens, best, lse, prob
+        self.target, self.target_prob = target, target_prob
+
+    @classmethod
+    def empty(cls, exclude: int | None, n: int, dtype: torch.dtype) -> "_StatsCache":
+        floats, ids = torch.zeros(4, n, dtype=dtype), torch.full((2, n), -1, dtype=torch.long)
+        return cls(exclude, torch.zeros(n, dtype=torch.bool), ids[0], floats[0], floats[1], floats[2], ids[1],
+                   floats[3])
 
     def subset(self, index: Any) -> "_StatsCache":
-        return _StatsCache(self.exclude, self.known[index], self.tokens[index], self.best[index], self.lse[index])
+        if isinstance(index, torch.Tensor):
+            index = index.cpu()
+        return _StatsCache(self.exclude, self.known[index], self.tokens[index], self.best[index], self.lse[index],
+                           self.prob[index], self.target[index], self.target_prob[index])
+
+    def all_known(self, index: Any = None) -> bool:
+        known = self.known if index is None else self.known[index]
+        return bool(known.all())
+
+    def targets_are(self, tokens: torch.Tensor) -> bool:
+        """Every row was projected with ``tokens[i]`` as its target."""
+        return (tokens.shape == self.target.shape and tokens.device.type == "cpu"
+                and bool((self.target == tokens).all()) and self.all_known())
 
 
-def project(requests: list[tuple[Scores, Any]], exclude: int | None) -> None:
+def project(requests: list[tuple], exclude: int | None) -> None:
     """Compute argmax statistics for ``rows`` of each ``Scores`` in as few fused LM-head passes as possible.
 
-    Rows of Scores that share a head are concatenated into one pass (one read
-    of the head's weight for many sequences); the results are cached on each
-    Scores, so that a later ``greedy()``, ``stats()`` or ``probability()`` of
-    those rows computes nothing. Materialised or logits-only Scores are left
-    alone (they are cheap to reduce on their own).
+    ``requests`` holds ``(scores, rows)`` or ``(scores, rows, fed)`` items;
+    ``fed`` (the token ids fed at the rows of ``scores``, on the host) also
+    gives each row's probability of the token fed after it (what verifying a
+    draft asks ``scores.probability`` for). Rows of Scores that share a head are
+    concatenated into one pass (one read of the head's weight for many
+    sequences), and the results come to the host in one copy per pass,
+    whatever the number of sequences; they are cached on each Scores, so
+    that a later ``greedy()``, ``stats()`` or ``probability()`` of those rows
+    computes (and waits for) nothing. Materialised or logits-only Scores are
+    left alone (they are cheap to reduce on their own).
     """
-    groups: dict[int, list[tuple[Scores, torch.Tensor]]] = {}
-    for scores, rows in requests:
+    groups: dict[int, list[tuple[Scores, Any, Any]]] = {}
+    for request in requests:
+        scores, rows = request[0], request[1]
+        fed = request[2] if len(request) > 2 else None
         if not scores.batchable:
             continue
         n = scores.hidden.shape[0]
-        index = torch.arange(n)[rows] if not isinstance(rows, torch.Tensor) else rows
         cache = scores._cache
-        if cache is not None and cache.exclude == exclude:
+        fresh = cache is None or cache.exclude != exclude
+        if isinstance(rows, slice) and fresh:
+            start, stop, step = rows.indices(n)
+            if step == 1:  # a contiguous range of a Scores with nothing cached: no index needed
+                if stop > start:
+                    groups.setdefault(id(scores.head), []).append((scores, slice(start, stop), fed))
+                continue
+        index = torch.arange(n)[rows] if not isinstance(rows, torch.Tensor) else rows.cpu()
+        if not fresh:
             index = index[~cache.known[index]]
         if len(index):
-            groups.setdefault(id(scores.head), []).append((scores, index))
+            groups.setdefault(id(scores.head), []).append((scores, index, fed))
     for items in groups.values():
-        head = items[0][0].head
-        hidden = torch.cat([s.hidden[i] for s, i in items]) if len(items) > 1 else items[0][0].hidden[items[0][1]]
-        tokens, best, lse = head.stats(hidden, exclude)
-        start = 0
-        for scores, index in items:
-            stop = start + len(index)
-            cache = scores._cache
+        _project_group(items, exclude)
+
+
+def _project_group(items: list[tuple[Scores, Any, Any]], exclude: int | None) -> None:
+    """One LM-head pass for the rows of Scores sharing a head; one copy of the results to the host."""
+    head = items[0][0].head
+    device = items[0][0].hidden.device
+    on_device = [index if isinstance(index, slice) else index.to(device) for _, index, _ in items]
+    hidden = torch.cat([s.hidden[i] for (s, _, _), i in zip(items, on_device)]) if len(items) > 1 \
+        else items[0][0].hidden[on_device[0]]
+    tokens, best, lse = head.stats(hidden, exclude)
+    targets = None
+    if any(fed is not None for _, _, fed in items):
+        wanted = [_next_fed(fed, index) for _, index, fed in items]
+        targets = torch.cat(wanted) if len(wanted) > 1 else wanted[0]
+        picked = head.token_logits(hidden, targets.clamp_min(0)).to(lse.dtype)
+        tokens, best, lse, picked = _to_host(tokens, best, lse, picked)
+        target_prob = torch.exp(picked - lse)
+    else:
+        tokens, best, lse = _to_host(tokens, best, lse)
+    prob = torch.exp(best - lse).nan_to_num_(0.0)
+    start = 0
+    for scores, index, _ in items:
+        stop = start + _count(index)
+        cache = scores._cache
+        n = scores.hidden.shape[0]
+        if (cache is None or cache.exclude != exclude) and stop - start == n:  # every row at once: views, no copies
+            cache = scores._cache = _StatsCache(
+                exclude, torch.ones(n, dtype=torch.bool), tokens[start:stop], best[start:stop], lse[start:stop],
+                prob[start:stop], targets[start:stop] if targets is not None else torch.full((n,), -1, dtype=torch.long),
+                target_prob[start:stop] if targets is not None else torch.zeros(n, dtype=prob.dtype))
+        else:
             if cache is None or cache.exclude != exclude:
-                n = scores.hidden.shape[0]
-                cache = _StatsCache(exclude, torch.zeros(n, dtype=torch.bool, device=tokens.device),
-                                    torch.zeros(n, dtype=torch.long, device=tokens.device),
-                                    torch.zeros(n, dtype=best.dtype, device=best.device),
-                                    torch.zeros(n, dtype=lse.dtype, device=lse.device))
-                scores._cache = cache
-            index = index.to(tokens.device)
+                cache = scores._cache = _StatsCache.empty(exclude, n, best.dtype)
             cache.known[index] = True
             cache.tokens[index] = tokens[start:stop]
             cache.best[index] = best[start:stop]
             cache.lse[index] = lse[start:stop]
-            start = stop
+            cache.prob[index] = prob[start:stop]
+            if targets is not None:
+                cache.target[index] = targets[start:stop]
+                cache.target_prob[index] = target_prob[start:stop]
+        start = stop
+
+
+def _to_host(tokens: torch.Tensor, *values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Token ids and float statistics of one pass on the host: one copy (one wait) from a device; on the CPU
+    they are there already (each ``cpu()`` returns the tensor itself)."""
+    if tokens.device.type == "cpu":
+        return (tokens.cpu(), *(v.cpu() for v in values))
+    dtype = values[0].dtype
+    host = torch.stack((tokens.to(torch.float64), *(v.to(torch.float64) for v in values))).cpu()
+    return (host[0].long(), *(row.to(dtype) for row in host[1:]))
+
+
+def _next_fed(fed: torch.Tensor | None, index: Any) -> torch.Tensor:
+    """The token fed after each row of ``index`` (-1 after the last row, or when ``fed`` is unknown)."""
+    if fed is not None and isinstance(index, slice) and index.stop < len(fed):
+        return fed[index.start + 1 : index.stop + 1]
+    if fed is None:
+        return torch.full((_count(index),), -1, dtype=torch.long)
+    return torch.cat((fed[1:], torch.tensor([-1])))[index]
+
+
+def _count(index: Any) -> int:
+    return index.stop - index.start if isinstance(index, slice) else len(index)

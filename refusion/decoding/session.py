@@ -18,8 +18,8 @@ import attrs
 import torch
 
 from refusion.cache.sequence import CacheEditor
-from refusion.decoding.checks import bounded, call_part, checked_result, checked_selection, plugin_error
-from refusion.decoding.protocol import BlockReuse, Branch, Extend, ModelCall, Projection
+from refusion.decoding.checks import bounded, call_part, checked_result, checked_selection, checks_answers, plugin_error
+from refusion.decoding.protocol import ROOT, BlockReuse, Extend, ModelCall, Projection
 from refusion.decoding.sampling import apply_sampler, is_greedy
 from refusion.decoding.types import Commit, DecodeResult, Drafts, InfillResult, Partition, Plan, StepRecord
 from refusion.models.base import ModelAdapter
@@ -55,7 +55,8 @@ class DecodeSession:
         self.memory: dict = {}
         #: drafts are argmaxes: a plan's rows are projected only when read
         self.greedy = is_greedy(decoder.sample)
-        self._eos_ids = torch.tensor(sorted(model.eos_token_ids), dtype=torch.long)
+        #: whose answers are checked on every call (parts from outside refusion; see checks.check_builtins)
+        self._checked = {kind: checks_answers(getattr(decoder, kind)) for kind in ("selector", "infiller", "reorderer")}
 
     @property
     def cache(self):
@@ -112,16 +113,19 @@ class DecodeSession:
                 plan = yield from self._plan(candidates, drafted)
                 if drafted:  # the plan's forward encoded pending entries: what precedes the region is known now
                     ctx = attrs.evolve(ctx, last_scores=self.cache.last_scores)
-                chosen = checked_selection(d.selector, plan, call_part(d.selector, d.selector.select, plan))
+                chosen = call_part(d.selector, d.selector.select, plan)
+                chosen = checked_selection(d.selector, plan, chosen) if self._checked["selector"] else tuple(sorted(chosen))
                 if drafted and self.greedy:  # the chosen slots' drafts, projected with the other sequences'
                     rows = torch.cat([torch.arange(plan.offsets[i], plan.offsets[i + 1]) for i in chosen])
                     yield Projection(plan.scores, rows)
                 budget = d.calls_per_token * sum(plan.slots[i].length for i in chosen) + 8
                 program = call_part(d.infiller, d.infiller.infill, ctx, plan, chosen)
-                result = yield from bounded(d.infiller, program, budget, self.model.vocab_size, self.model.max_positions)
-                result = checked_result(
-                    d.infiller, result, plan, chosen, self.model.eos_token_ids, self.model.mask_token_id, self.model.vocab_size
-                )
+                check = self._checked["infiller"]
+                result = yield from bounded(d.infiller, program, budget, self.model.vocab_size, self.model.max_positions,
+                                            check)
+                if check:
+                    result = checked_result(d.infiller, result, plan, chosen, self.model.eos_token_ids,
+                                            self.model.mask_token_id, self.model.vocab_size)
                 result = self._apply_eos(result)
                 encoded = self.cache.encoded
                 editor = self._reorder(result)
@@ -145,7 +149,7 @@ class DecodeSession:
             return Plan(slots, positions, None, tuple(offsets), self.generator, **self._where())
         masks = torch.full_like(positions, self.model.mask_token_id)
         reads = torch.as_tensor(offsets[:-1]) if self.decoder.selector.reads_scores else None  # the slot scores
-        (out,) = yield ModelCall.of(Extend(Branch(), masks, positions, reads))
+        (out,) = yield ModelCall.of(Extend(ROOT, masks, positions, reads))
         draw = lambda scores: self._draw(scores, positions)  # noqa: E731
         drafts = Drafts(out.scores, draw, len(positions), lazy=self.greedy, exclude=self.model.mask_token_id)
         return Plan(slots, positions, out.scores, tuple(offsets), self.generator, drafts, **self._where())
@@ -170,15 +174,16 @@ class DecodeSession:
         if not eos or self.decoder.stop_at_eos is False:
             return result
         every = torch.cat([c.tokens for c in result.commits]) if len(result.commits) > 1 else result.commits[0].tokens
-        hits = torch.isin(every.cpu(), self._eos_ids)
-        if not bool(hits.any()):
+        ids = every.tolist()  # committed tokens live on the host: one read for the whole result
+        if eos.isdisjoint(ids):
             return result
         first, start = None, 0
         for c in result.commits:
-            found = hits[start : start + len(c.tokens)].nonzero()
-            start += len(c.tokens)
-            if len(found):
-                offset = c.slot.offset + int(found[0])
+            n = len(c.tokens)
+            found = next((j for j, t in enumerate(ids[start : start + n]) if t in eos), None)
+            start += n
+            if found is not None:
+                offset = c.slot.offset + found
                 first = offset if first is None else min(first, offset)
         self.eos_offset = first if self.eos_offset is None else min(self.eos_offset, first)
         if self.decoder.stop_at_eos == "block":  # the block is decoded to its end, as if no EOS had come
@@ -236,11 +241,12 @@ class DecodeSession:
         call_part(d.reorderer, d.reorderer.reorder, editor, result)
         if len(self.cache) != expected:
             raise plugin_error(d.reorderer, f"left the cache with {len(self.cache)} entries; expected {expected}.")
-        added = self.cache.positions[expected - sum(c.tokens.shape[0] for c in result.commits) :]
-        committed = torch.cat([c.positions.cpu() for c in result.commits])
-        if not torch.equal(torch.sort(added).values, torch.sort(committed).values):
-            raise plugin_error(d.reorderer, "appended positions other than the committed ones; it must append each "
-                               "committed token exactly once.")
+        if self._checked["reorderer"]:
+            added = self.cache.positions[expected - sum(c.tokens.shape[0] for c in result.commits) :]
+            committed = torch.cat([c.positions.cpu() for c in result.commits])
+            if not torch.equal(torch.sort(added).values, torch.sort(committed).values):
+                raise plugin_error(d.reorderer, "appended positions other than the committed ones; it must append "
+                                   "each committed token exactly once.")
         for c in result.commits:
             offset = c.slot.offset
             self.tokens[offset : offset + c.tokens.shape[0]] = c.tokens.cpu()

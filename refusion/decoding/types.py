@@ -81,13 +81,12 @@ class Drafts:
         if not self.lazy:
             return self.tokens[index], self.confidence[index]
         cache = self.scores._cache
-        if cache is None or cache.exclude != self.exclude or not bool(cache.known[index].all()):
+        if cache is None or cache.exclude != self.exclude or not cache.all_known(index):
             from refusion.decoding.scores import project
 
             project([(self.scores, index)], self.exclude)
             cache = self.scores._cache
-        confidence = torch.exp(cache.best[index] - cache.lse[index]).nan_to_num_(0.0)
-        return cache.tokens[index].cpu(), confidence.cpu()
+        return cache.tokens[index], cache.prob[index]  # host tensors
 
 
 @attrs.frozen(eq=False)

@@ -72,19 +72,39 @@ class Engine(ABC):
     (which holds the model's forward lock, so several engines may share one
     model across threads), count every network forward with :meth:`served`
     and every key/value copy on the sequence's counters.
+
+    ``batch_invariant=True`` (the decoder option of that name, passed by
+    :func:`~refusion.engines.choose.open_engine`) makes every sequence's
+    tokens the ones it gets alone, in every dtype: :meth:`scores` runs each
+    forward under an :class:`~refusion.engines.invariant.Invariance`. An
+    engine whose forwards hold one sequence's tokens only sets
+    ``mixes_sequences = False`` (its forwards are batch-invariant already).
     """
 
     name: ClassVar[str]
     kind: ClassVar[str] = "engine"
     priority: ClassVar[int] = 0
+    #: whether one forward may hold several sequences' tokens (then batch-invariance tiles its linear layers)
+    mixes_sequences: ClassVar[bool] = True
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Any, *, batch_invariant: bool = False):
+        from refusion.errors import ConfigError
+
         reason = self.unsupported(model)
         if reason is not None:
-            from refusion.errors import ConfigError
-
             raise ConfigError(f"engine {self.name!r} cannot run {type(model).__name__}: {reason}.", param="engine")
+        if not isinstance(batch_invariant, bool):
+            raise ConfigError(f"`batch_invariant` must be True or False; got {batch_invariant!r}.",
+                              param="batch_invariant")
         self.model = model
+        #: the batch-invariance of every forward (:mod:`refusion.engines.invariant`), or ``None``
+        self.invariance = None
+        if batch_invariant:
+            from refusion.engines.invariant import Invariance
+
+            self.invariance = Invariance.for_model(model)
+        #: where the network runs (read once: adapters may find it by walking the parameters)
+        self.device = model.device
         #: the engine's totals; each sequence's counters report their bytes here too
         self.counters = Counters()
         self.epoch = Epoch()
@@ -133,7 +153,16 @@ class Engine(ABC):
         the model's lock (:func:`refusion.models.base.exclusive`); hold that lock yourself around any change to
         the network's state that the forward needs."""
         with exclusive(self.model):
-            return self.model.scores(input_ids, position_ids, attention_mask, cache)
+            if self.invariance is None:
+                return self.model.scores(input_ids, position_ids, attention_mask, cache)
+            with self.invariance.forward(self.mixes_sequences):
+                out = self.model.scores(input_ids, position_ids, attention_mask, cache)
+            return self.invariance.scores(out)
+
+    @property
+    def batch_invariant(self) -> bool:
+        """Whether every sequence gets the tokens it gets alone (see the class docstring)."""
+        return self.invariance is not None
 
     def served(self, fed: Mapping[SequenceState, int], padded: int = 0, *, pairs: int = 0, keys: int = 0) -> None:
         """Count one network forward that fed ``fed[state]`` query tokens of each sequence, plus padding.

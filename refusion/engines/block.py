@@ -70,6 +70,7 @@ class BlockEngine(Engine):
 
     name = "block"
     priority = 30
+    mixes_sequences = False  # one sequence per forward
     recompute = False
 
     @classmethod
@@ -113,7 +114,7 @@ class BlockEngine(Engine):
         if self.recompute or state.kv is None:
             state.kv = self.model.new_cache()
         mask = self.model.block_mask(positions, torch.arange(0, stop), state.prompt_length)
-        device = self.model.device
+        device = self.device
         scores = self.scores(window[None].to(device), positions[None].to(device), mask, state.kv)[0]
         n = stop - first
         self.served({state: n}, pairs=n * stop, keys=first)

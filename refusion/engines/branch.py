@@ -82,8 +82,8 @@ class BranchEngine(Engine):
     name = "branch"
     priority = 20
 
-    def __init__(self, model: Any, *, rows: int = 1, packed: bool | None = None):
-        super().__init__(model)
+    def __init__(self, model: Any, *, rows: int = 1, packed: bool | None = None, batch_invariant: bool = False):
+        super().__init__(model, batch_invariant=batch_invariant)
         from refusion.engines.ragged import supports
 
         self.initial_rows = max(1, int(rows))
@@ -117,7 +117,7 @@ class BranchEngine(Engine):
         if self.buffer is None:
             layers, heads, dim, dtype = self.model.kv_shape()
             self.buffer = PreallocatedKV(layers, self.initial_rows, heads, need, dim, dtype=dtype,
-                                         device=self.model.device, counters=self.counters)
+                                         device=self.device, counters=self.counters)
         row = self.buffer.allocate(need)
         counters = self.new_counters()
         store = RowStore(self.buffer, row, counters)
@@ -178,17 +178,21 @@ class BranchEngine(Engine):
         rows = [_Row.of(state, calls[state]) for state in states]
         if self.packed:
             return self._run_packed(rows)
+        if self.batch_invariant and len(rows) > 1:  # padding to the widest row changes each row's sums: one forward each
+            self.buffer.ensure_capacity(max(row.context + row.width + row.n for row in rows))
+            return {s: out for r, row in enumerate(rows) for s, out in self._run_padded([row], first=r).items()}
         return self._run_padded(rows)
 
-    def _write_parents(self, rows: list["_Row"], column_of) -> None:
-        """Scatter every row's parent branches' keys/values into its scratch columns (one kernel call)."""
+    def _write_parents(self, rows: list["_Row"], column_of, first: int = 0) -> None:
+        """Scatter every row's parent branches' keys/values into its scratch columns (one kernel call); ``rows[r]``
+        is buffer row ``first + r``."""
         src, row_idx, col_idx = [], [], []
         buf = self.buffer
         for r, row in enumerate(rows):
             for parent in row.parents:
                 n = len(parent)
                 src.append(parent.kv.data)
-                row_idx.append(torch.full((n,), r, dtype=torch.long))
+                row_idx.append(torch.full((n,), first + r, dtype=torch.long))
                 col_idx.append(torch.arange(n) + column_of(row) + row.parent_at[id(parent)])
                 row.state.counters.copied(new=n * buf.token_bytes)
         if src:
@@ -201,7 +205,7 @@ class BranchEngine(Engine):
         from refusion.engines.ragged import RaggedCache, RaggedLayout, switched
 
         buf = self.buffer
-        device = self.model.device
+        device = self.device
         n_rows = len(rows)
         buf.ensure_capacity(max(row.context + row.width + row.n for row in rows))
         self._write_parents(rows, lambda row: row.context)
@@ -254,17 +258,18 @@ class BranchEngine(Engine):
             start += row.n
         return outputs
 
-    def _run_padded(self, rows: list["_Row"]) -> dict[SequenceState, tuple[ExtendOutput, ...]]:
-        """Adapters without attention functions: rows padded to the widest, one 4-D mask, scratch after the longest context."""
+    def _run_padded(self, rows: list["_Row"], first: int = 0) -> dict[SequenceState, tuple[ExtendOutput, ...]]:
+        """Adapters without attention functions: rows padded to the widest, one 4-D mask, scratch after the longest
+        context; ``rows[r]`` is buffer row ``first + r``."""
         buf = self.buffer
-        device = self.model.device
+        device = self.device
         n_rows = len(rows)
         start = max(row.context for row in rows)
         width = max(row.width for row in rows)
         q_max = max(row.n for row in rows)
         query_at = start + width
         buf.ensure_capacity(query_at + q_max)
-        self._write_parents(rows, lambda row: start)
+        self._write_parents(rows, lambda row: start, first)
 
         ids = torch.full((n_rows, q_max), self.model.mask_token_id, dtype=torch.long)
         pos = torch.zeros((n_rows, q_max), dtype=torch.long)
@@ -286,7 +291,7 @@ class BranchEngine(Engine):
                     p0 = start + row.parent_at[id(e.parent)]
                     m[a:b, p0 : p0 + len(e.parent)] = True
 
-        scratch = _ScratchCache(buf.data, n_rows, query_at, q_max)
+        scratch = _ScratchCache(buf.data[:, :, first:], n_rows, query_at, q_max)
         scores = self.scores(ids.to(device), pos.to(device), self._mask_for_model(mask.to(device)), scratch)
         fed = {row.state: row.n for row in rows}
         self.served(fed, padded=n_rows * q_max - sum(fed.values()), pairs=n_rows * q_max * (query_at + q_max),
@@ -297,12 +302,12 @@ class BranchEngine(Engine):
             state, cache = row.state, row.state.context
             state.counters.copied(new=row.n * buf.token_bytes)
             if row.pending:
-                moved = buf.data[:, :, r, :, query_at : query_at + row.pending].clone()
-                buf.write(r, row.context, moved, state.counters)
-                buf.lengths[r] = row.context + row.pending
+                moved = buf.data[:, :, first + r, :, query_at : query_at + row.pending].clone()
+                buf.write(first + r, row.context, moved, state.counters)
+                buf.lengths[first + r] = row.context + row.pending
                 cache.mark_encoded(scores[r, row.pending - 1])
             outputs[state] = tuple(
-                ExtendOutput(e, scores[r, a:b], layers, r, query_at + a, self.epoch, self.epoch.value)
+                ExtendOutput(e, scores[r, a:b], layers, first + r, query_at + a, self.epoch, self.epoch.value)
                 for e, (a, b) in zip(row.call.extends, row.spans)
             )
         return outputs

@@ -84,6 +84,7 @@ class CanvasEngine(Engine):
 
     name = "canvas"
     priority = 10
+    mixes_sequences = False  # one sequence per forward
 
     @classmethod
     def unsupported(cls, model: Any) -> str | None:
@@ -137,9 +138,9 @@ class CanvasEngine(Engine):
         unconditional = canvas.clone()
         prompt = unconditional[: state.prompt_length]
         prompt[prompt != self.model.mask_token_id] = self.model.mask_token_id
-        ids = torch.stack((canvas, unconditional)).to(self.model.device)
-        positions = torch.arange(canvas.shape[0], device=self.model.device).expand(2, -1)
-        mask = torch.ones(2, canvas.shape[0], dtype=torch.long, device=self.model.device)
+        ids = torch.stack((canvas, unconditional)).to(self.device)
+        positions = torch.arange(canvas.shape[0], device=self.device).expand(2, -1)
+        mask = torch.ones(2, canvas.shape[0], dtype=torch.long, device=self.device)
         both = self.scores(ids, positions, mask, None)
         n = canvas.shape[0]
         self.served({state: 2 * n}, pairs=2 * n * n)
@@ -148,7 +149,7 @@ class CanvasEngine(Engine):
         return ExtendOutput(extend, Scores(logits=logits[wanted.to(logits.device)]), [], 0, 0, self.epoch, self.epoch.value)
 
     def _forward(self, state: CanvasSequence, ids, positions, cache_obj):
-        device = self.model.device
+        device = self.device
         past = cache_obj.get_seq_length() if cache_obj is not None else 0
         mask = torch.ones(1, past + ids.shape[0], dtype=torch.long, device=device)
         scores = self.scores(ids[None].to(device), positions[None].to(device), mask, cache_obj)[0]

@@ -49,14 +49,34 @@ def choose_engine(model: Any, decoder: Any = None) -> type[Engine]:
 
 
 def open_engine(model: Any, decoder: Any = None, engine: Any = None, **options: Any) -> Engine:
-    """A live engine for ``model``: ``engine`` (instance, name or class) if given, else :func:`choose_engine`."""
+    """A live engine for ``model``: ``engine`` (instance, name or class) if given, else :func:`choose_engine`.
+
+    The decoder's ``batch_invariant`` option is passed to the engine (a live
+    engine must have been opened with it).
+    """
+    invariant = bool(getattr(decoder, "batch_invariant", False))
     if isinstance(engine, Engine):
         if engine.model is not model:
             raise ConfigError("`engine` was opened for another model; open one for this model or pass its name.", param='engine')
+        check_invariance(engine, invariant)
         return engine
     cls = engine_class(engine) if engine is not None else choose_engine(model, decoder)
     if engine is not None:
         reason = cls.unsupported(model)
         if reason is not None:
             raise ConfigError(f"`engine` {cls.name!r} cannot run {type(model).__name__}: {reason}.", param='engine')
+    if invariant:
+        parameters = inspect.signature(cls).parameters
+        if "batch_invariant" not in parameters and not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+            raise ConfigError(f"`batch_invariant` needs an engine that takes it; engine {cls.name!r} does not (its "
+                              "__init__ must accept `batch_invariant` and pass it to Engine.__init__).",
+                              param="batch_invariant")
+        options["batch_invariant"] = True
     return cls(model, **options)
+
+
+def check_invariance(engine: Engine, invariant: bool) -> None:
+    """Refuse to run a decoder with ``batch_invariant=True`` on a live engine opened without it."""
+    if invariant and not getattr(engine, "batch_invariant", False):
+        raise ConfigError(f"The decoder asks for `batch_invariant`=True but engine {engine.name!r} was opened without "
+                          "it; open the engine with batch_invariant=True (or from this decoder).", param="batch_invariant")

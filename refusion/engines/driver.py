@@ -58,8 +58,7 @@ class Runner:
         with torch.no_grad():
             try:
                 outputs = self.engine.run(self._calls)
-                project([(o.scores, o.extend.reads) for outs in outputs.values() for o in outs
-                         if o.extend.reads is not None], self.engine.model.mask_token_id)
+                project(_reads(outputs), self.engine.model.mask_token_id)
             except BaseException:
                 self._abort_all()
                 raise
@@ -118,6 +117,18 @@ class Runner:
             self.engine.release(state)
         self._live.clear()
         self._calls = {}
+
+
+def _reads(outputs: dict) -> list[tuple]:
+    """What a step's outputs will be read for: each extend's declared rows (with the tokens it fed, for the
+    probability of each next one), and each sequence's new next-token row (an AR step reads it)."""
+    requests = [(o.scores, o.extend.reads, o.extend.tokens) for outs in outputs.values() for o in outs
+                if o.extend.reads is not None]
+    for state in outputs:
+        last = state.context.last_scores
+        if last is not None and last.batchable and not last.projected:
+            requests.append((last, slice(None)))
+    return requests
 
 
 def drive(engine: Engine, sessions: Iterable[Any]) -> list[DecodeResult]:

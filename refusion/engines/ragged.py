@@ -9,6 +9,10 @@ buffer under a boolean mask, and packs the result back. The keys/values of
 the fed tokens are written by :class:`RaggedCache` straight into their row, at
 the columns the layout gives them.
 
+Under a batch-invariant engine (:mod:`refusion.engines.invariant`) each row
+attends with exactly its own queries and keys instead, one call per row, so
+that its result does not depend on the other rows' lengths.
+
 The model's attention implementation is switched to ``refusion-ragged`` only
 for the duration of the engine's forward (and the function falls back to
 the model's own implementation when called without a layout).
@@ -84,6 +88,11 @@ def ragged_attention(module, query, key, value, attention_mask, scaling=None, dr
         return fn(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     heads, dim = query.shape[1], query.shape[3]
     gqa = key.shape[1] != heads
+    from refusion.engines.invariant import current
+
+    invariance = current()
+    if invariance is not None:
+        return _attend_per_row(query, key, value, layout, invariance.spans(layout), scaling, gqa), None
     if layout.rows == 1:
         q = query
     else:
@@ -95,6 +104,28 @@ def ragged_attention(module, query, key, value, attention_mask, scaling=None, dr
         return out.transpose(1, 2), None
     packed = out.transpose(1, 2).reshape(layout.rows * layout.n_max, heads, dim)[layout.dest]
     return packed[None], None
+
+
+def _attend_per_row(query, key, value, layout: RaggedLayout, spans, scaling, gqa) -> torch.Tensor:
+    """Batch-invariant attention: each row with exactly its own queries and keys, under an explicit mask.
+
+    ``spans`` holds ``(start, stop, keys)`` per row (:meth:`Invariance.spans
+    <refusion.engines.invariant.Invariance.spans>`); the call a row makes is
+    the same whatever else is packed with it, alone included. Returns
+    ``(1, T, heads, dim)``.
+    """
+    outs = []
+    for r, (start, stop, keys) in enumerate(spans):
+        n = stop - start
+        if layout.mask is None:  # one query that sees every key
+            mask = torch.ones(1, 1, n, keys, dtype=torch.bool, device=query.device)
+        else:
+            mask = layout.mask[r : r + 1, :, :n, :keys]
+        outs.append(F.scaled_dot_product_attention(query[:, :, start:stop], key[r : r + 1, :, :keys],
+                                                   value[r : r + 1, :, :keys], attn_mask=mask, scale=scaling,
+                                                   enable_gqa=gqa))
+    out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+    return out.transpose(1, 2)
 
 
 _registered = False

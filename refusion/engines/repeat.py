@@ -33,6 +33,7 @@ class RepeatEngine(Engine):
 
     name = "repeat"
     priority = 10
+    mixes_sequences = False  # one sequence per forward
 
     @classmethod
     def unsupported(cls, model: Any) -> str | None:
@@ -71,7 +72,7 @@ class RepeatEngine(Engine):
         cache = state.context
         if not cache.pending:
             return
-        device = self.model.device
+        device = self.device
         ids = cache.tokens[cache.encoded :].to(device)
         pos = cache.positions[cache.encoded :].to(device)
         mask = torch.ones(1, len(cache), dtype=torch.long, device=device)
@@ -84,7 +85,7 @@ class RepeatEngine(Engine):
     def _extend_context(self, state: SequenceState, extend: Extend) -> ExtendOutput:
         cache = state.context
         dynamic = cache.store.cache
-        device = self.model.device
+        device = self.device
         pending = cache.pending
         q = len(extend.tokens)
         ids = torch.cat((cache.tokens[cache.encoded :].to(device), extend.tokens.to(device)))
@@ -105,7 +106,7 @@ class RepeatEngine(Engine):
         from transformers import DynamicCache
 
         cache = state.context
-        device = self.model.device
+        device = self.device
         k = len(extends)
         context = cache.encoded
         branch_lens = [len(e.parent) for e in extends]

@@ -59,12 +59,16 @@ class LMHead:
         self._passed(hidden.numel() // hidden.shape[-1], start)
         return out
 
-    def stats(self, hidden: torch.Tensor, exclude: int | None = None, temperature: float = 1.0):
-        """``(tokens, best, lse)`` per row of ``hidden`` ``(n, d)``: argmax id (never ``exclude``), its tempered logit, log-sum-exp."""
+    def stats(self, hidden: torch.Tensor, exclude: int | None = None, temperature: float = 1.0, *,
+              chunk: int | None = None):
+        """``(tokens, best, lse)`` per row of ``hidden`` ``(n, d)``: argmax id (never ``exclude``), its tempered logit, log-sum-exp.
+
+        ``chunk``: a fixed vocabulary chunk for the torch path (see :func:`refusion_kernels.lm_head_stats`).
+        """
         from refusion_kernels import lm_head_stats
 
         start = time.process_time()
-        out = lm_head_stats(hidden, self.weight, self.bias, exclude, temperature)
+        out = lm_head_stats(hidden, self.weight, self.bias, exclude, temperature, chunk=chunk)
         self._passed(hidden.shape[0], start)
         return out
 

@@ -24,7 +24,7 @@ TRANSFORMERS_OPTIONS = ("device_map", "attn_implementation", "quantization_confi
 
 
 def load_model(model: Any = None, *, tokenizer: Any = None, adapter: str | None = None, trust_remote_code: bool = False,
-               **options: Any) -> ModelAdapter:
+               compile: Any = False, **options: Any) -> ModelAdapter:
     """A :class:`ModelAdapter` from a checkpoint path, a transformers model or an adapter (returned as is).
 
     ``None`` means the model shipped with refusion. For a path, the
@@ -39,8 +39,22 @@ def load_model(model: Any = None, *, tokenizer: Any = None, adapter: str | None 
     adapter (``hf-causal``, ``hf-mdm``, ``hf-block``) to use instead of the
     family's, for architectures outside the families; the checkpoint's own
     code runs only with ``trust_remote_code=True``.
+
+    ``compile`` runs the network's forward under ``torch.compile``
+    (:func:`~refusion.models.compiled.compile_adapter`, ``docs/models.md``):
+    ``True`` (inductor, dynamic shapes), a mode (``"reduce-overhead"``: CUDA
+    graphs, CUDA only) or a dict of ``compile_adapter`` options (``mode``,
+    ``backend``, ``dynamic``, ``buckets``); an invalid value is refused before
+    anything is loaded.
     """
     from refusion.plugins.registry import registry
+
+    if compile is not False and compile is not None:
+        from refusion.models.compiled import compile_adapter, compile_options
+
+        compiling = compile_options(compile)
+        loaded = load_model(model, tokenizer=tokenizer, adapter=adapter, trust_remote_code=trust_remote_code, **options)
+        return compile_adapter(loaded, **compiling)
 
     if isinstance(model, ModelAdapter):
         if tokenizer is not None:

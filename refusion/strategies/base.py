@@ -15,13 +15,14 @@ configured by their (attrs) fields; each has a registry ``name``.
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from typing import ClassVar, Generator, Sequence
 
 import attrs
 import torch
 
-from refusion.decoding.protocol import BlockReuse, Branch, Extend, ExtendOutput, ModelCall
+from refusion.decoding.protocol import ROOT, BlockReuse, Branch, Extend, ExtendOutput, ModelCall
 from refusion.cache.sequence import CacheEditor
 from refusion.decoding.sampling import Sampler, greedy
 from refusion.decoding.scores import Scores
@@ -157,18 +158,25 @@ class InfillContext:
     @property
     def root(self) -> Branch:
         """The empty branch: extends from it see the committed context only."""
-        return Branch()
+        return ROOT
 
     def extend(self, tokens, positions, parent: Branch | None = None, *, reads=None) -> Extend:
         """An :class:`Extend` of ``parent`` (default: the committed context); ``reads``: see :class:`Extend`."""
-        return Extend(parent if parent is not None else Branch(), tokens, positions, reads)
+        return Extend(parent if parent is not None else ROOT, tokens, positions, reads)
 
     def is_eos(self, tokens: torch.Tensor) -> torch.Tensor:
         """Boolean tensor, True where ``tokens`` is an EOS id."""
         if not self.eos_token_ids:
             return torch.zeros_like(tokens, dtype=torch.bool)
-        eos = torch.tensor(sorted(self.eos_token_ids), device=tokens.device)
-        return torch.isin(tokens, eos)
+        if len(self.eos_token_ids) == 1:
+            return tokens == next(iter(self.eos_token_ids))
+        return torch.isin(tokens, _id_tensor(self.eos_token_ids).to(tokens.device))
+
+
+@functools.lru_cache(maxsize=64)
+def _id_tensor(ids: frozenset[int]) -> torch.Tensor:
+    """The sorted ``ids`` as a tensor (made once per set)."""
+    return torch.tensor(sorted(ids), dtype=torch.long)
 
 
 class Infiller(Part):

@@ -14,7 +14,8 @@ from refusion.measure.trace import read_trace
 from refusion.search.space import build_space
 
 #: a value for every decoder option, different from its default
-OPTION_VALUES = {"engine": "repeat", "seed": 7, "stop_at_eos": False, "cfg_scale": 0.0, "calls_per_token": 5}
+OPTION_VALUES = {"engine": "repeat", "seed": 7, "stop_at_eos": False, "cfg_scale": 0.0, "calls_per_token": 5,
+                 "batch_invariant": True}
 #: each registered sampler with its parameters set
 SAMPLER_VALUES = {"categorical": {"temperature": 0.7, "top_k": 5}, "gumbel": {"temperature": 0.5},
                   "block-multinomial": {"temperature": 0.9, "top_k": 3, "top_p": 0.8}}
@@ -76,7 +77,7 @@ def test_every_spec_parameter_is_taken_by_the_spec_itself():
     spec = PRESETS["paper"]
     for name in SPEC_PARAMS:
         value = {"engine": "repeat", "seed": 3, "stop_at_eos": "block", "cfg_scale": 0.0, "calls_per_token": 6,
-                 "sampler": "categorical", "temperature": 0.5, "top_k": 4, "top_p": 0.9}[name]
+                 "batch_invariant": True, "sampler": "categorical", "temperature": 0.5, "top_k": 4, "top_p": 0.9}[name]
         changed = spec.with_params({name: value})
         assert changed != spec or name == "cfg_scale", name
 

@@ -29,7 +29,7 @@ import attrs
 import torch
 
 from refusion.plugins import hookimpl
-from refusion.decoding.protocol import Branch, ModelCall
+from refusion.decoding.protocol import ROOT, Branch, ModelCall
 from refusion.decoding.types import Commit, InfillResult, Plan
 from refusion.strategies.base import InfillContext, Infiller, InfillGenerator
 from refusion.validators import positive_int
@@ -42,7 +42,7 @@ class _Slot:
     order: int
     tokens: torch.Tensor
     positions: torch.Tensor
-    branch: Branch = attrs.field(factory=Branch)
+    branch: Branch = ROOT
     accepted: int = 1
     refined: bool = False  # the tokens after `accepted` are Jacobi guesses of an earlier round (not plan drafts)
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from refusion.decoding.protocol import Branch, ExtendOutput, ModelCall
+from refusion.decoding.protocol import ROOT, Branch, ExtendOutput, ModelCall
 from refusion.plugins import hookimpl
 from refusion.decoding.sampling import token_probability
 from refusion.decoding.types import Commit, InfillResult, Plan
@@ -40,7 +40,7 @@ class _Branch:
     tokens: torch.Tensor
     positions: torch.Tensor
     accepted: int
-    branch: Branch = attrs.field(factory=Branch)
+    branch: Branch = ROOT
 
     @property
     def length(self) -> int:

@@ -295,3 +295,13 @@ def refusion_counts(results: list[Any]) -> dict[str, Any]:
 def ar_counts(rows: list[list[int]], forwards: int, fed: int) -> dict[str, Any]:
     return {"tokens": sum(len(r) for r in rows), "forwards": forwards, "fed": fed, "padded": 0,
             "kv_context": None, "kv_new": None, "rows": rows}
+
+
+def cuda_milliseconds(fn: Callable[[], Any]) -> float:
+    """One call of ``fn`` timed with CUDA events (milliseconds, the device's own clock)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end)

@@ -237,7 +237,7 @@ def setup(bench: Bench) -> dict:
 def kernel_time(bench: Bench, fn: Callable[[], Any], repeats: int) -> float | None:
     """Median milliseconds of ``fn`` (CUDA events on a GPU, wall clock otherwise) after 3 warm-up calls; ``None``
     (not timed) when ``repeats`` is 0."""
-    import torch
+    from common import cuda_milliseconds
 
     if not repeats:
         return None
@@ -246,12 +246,7 @@ def kernel_time(bench: Bench, fn: Callable[[], Any], repeats: int) -> float | No
     times = []
     for _ in range(repeats):
         if bench.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
+            times.append(cuda_milliseconds(fn))
         else:
             t = time.perf_counter()
             fn()

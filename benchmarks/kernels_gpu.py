@@ -12,8 +12,13 @@ from __future__ import annotations
 
 import statistics
 import sys
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import cuda_milliseconds  # noqa: E402
 
 
 def timed(fn, repeats: int = 50) -> float:
@@ -21,12 +26,7 @@ def timed(fn, repeats: int = 50) -> float:
         fn()
     times = []
     for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(cuda_milliseconds(fn))
     return statistics.median(times)
 
 

@@ -31,7 +31,7 @@ from refusion.decoding.types import DecodeResult, Partition
 from refusion.errors import ConfigError
 from refusion.models.base import ModelAdapter
 from refusion.strategies.base import CacheReorderer, Infiller, SlotPartitioner, SlotSelector
-from refusion.validators import positive_int
+from refusion.validators import boolean, positive_int
 
 
 def _part(kind: type):
@@ -88,7 +88,7 @@ class Decoder:
     stop_at_eos: bool | str = attrs.field(default=True, validator=lambda i, a, v: _check_stop(v))
     seed: int = attrs.field(default=0, validator=lambda i, a, v: _check_seed(v))
     cfg_scale: float = attrs.field(default=0.0, validator=lambda i, a, v: _check_cfg_scale(v))
-    batch_invariant: bool = attrs.field(default=False, validator=lambda i, a, v: _check_batch_invariant(v))
+    batch_invariant: bool = attrs.field(default=False, validator=boolean)
 
     @classmethod
     def from_names(
@@ -265,11 +265,6 @@ def _check_stop(value: Any) -> None:
 def _check_seed(value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64:
         raise ConfigError(f"`seed` must be an integer in [0, 2**64); got {value!r}.", param='seed')
-
-
-def _check_batch_invariant(value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ConfigError(f"`batch_invariant` must be True or False; got {value!r}.", param="batch_invariant")
 
 
 def _check_cfg_scale(value: Any) -> None:

@@ -85,9 +85,8 @@ class Scores:
             out = Scores(self.hidden[index] if self.hidden is not None else None, self.head, self._logits[index])
         else:
             out = Scores(self.hidden[index], self.head)
-        if self._view is not None or self._stats is not None:
-            parent = self._cache
-            out._view = (parent, index)
+        if self.projected:
+            out._view = (self._cache, index)
         return out
 
     @property

@@ -88,14 +88,13 @@ class Engine(ABC):
     mixes_sequences: ClassVar[bool] = True
 
     def __init__(self, model: Any, *, batch_invariant: bool = False):
-        from refusion.errors import ConfigError
+        from refusion.errors import ConfigError, bad_value
 
         reason = self.unsupported(model)
         if reason is not None:
             raise ConfigError(f"engine {self.name!r} cannot run {type(model).__name__}: {reason}.", param="engine")
         if not isinstance(batch_invariant, bool):
-            raise ConfigError(f"`batch_invariant` must be True or False; got {batch_invariant!r}.",
-                              param="batch_invariant")
+            raise bad_value("batch_invariant", batch_invariant, "True or False")
         self.model = model
         #: the batch-invariance of every forward (:mod:`refusion.engines.invariant`), or ``None``
         self.invariance = None

@@ -76,12 +76,8 @@ def tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     the number of rows of ``x``.
     """
     flat = x.reshape(-1, x.shape[-1])
-    n = flat.shape[0]
-    pad = (-n) % tile
-    if pad or n == 0:
-        flat = torch.cat((flat, flat.new_zeros(pad if n else tile, flat.shape[1])))
-    out = torch.cat([F.linear(flat[i : i + tile], weight, bias) for i in range(0, flat.shape[0], tile)])
-    return out[:n].reshape(*x.shape[:-1], weight.shape[0])
+    out = torch.cat([F.linear(part, weight, bias)[: stop - start] for start, stop, part in _rows(flat, tile)])
+    return out[: flat.shape[0]].reshape(*x.shape[:-1], weight.shape[0])
 
 
 class RowTiles(TorchFunctionMode):
@@ -221,10 +217,3 @@ class Invariance:
                 start += count
         self._spans = (layout, spans)
         return spans
-
-
-@contextmanager
-def active(invariance: Invariance | None, mixed: bool = True) -> Iterator[None]:
-    """:meth:`Invariance.forward` when ``invariance`` is given, else nothing."""
-    with invariance.forward(mixed) if invariance is not None else nullcontext():
-        yield

@@ -17,14 +17,23 @@ Preset = DecoderSpec
 """A preset is a :class:`~refusion.config.spec.DecoderSpec` (the name is kept for the public API)."""
 
 
+#: how ReFusion's reference computes its decisions: softmax in the logits' dtype, torch.topk over the block's slots
+REFERENCE_ARITHMETIC = dict(precision="logits", ties="slots")
+#: how Dream's sample_tokens computes at temperature 0: softmax in the logits' dtype after its top-k filter (50: the
+#: model config's generation default in transformers 4), the token the argmax of those probabilities
+DREAM_ARITHMETIC = dict(precision="logits", argmax="probabilities", confidence_top_k=50)
+
+
 def _paper(task: str, slot_size: int, blocks: int, slot_t: float, token_t: float) -> dict:
     return dict(
         description=f"ReFusion public eval setting for {task}: slot_size={slot_size}, serial_num_blocks={blocks}, "
         f"slot_threshold={slot_t}, token_threshold={token_t}, gen_length=512",
         gen_length=512,
-        params=dict(slot_size=slot_size, serial_num_blocks=blocks, slot_threshold=slot_t, token_threshold=token_t),
+        params=dict(slot_size=slot_size, serial_num_blocks=blocks, slot_threshold=slot_t, token_threshold=token_t,
+                    **REFERENCE_ARITHMETIC),
         peer="refusion.generate_refusion",
     )
+
 
 
 #: The reference's per-task settings (ML-GSAI/ReFusion eval scripts), plus its function defaults.
@@ -33,7 +42,7 @@ DEFINITIONS: dict[str, dict] = {
         description="defaults of the reference generate_refusion: slot_size=8, serial_num_blocks=2, "
         "slot_threshold=0.9, token_threshold=0.9, gen_length=128",
         gen_length=128,
-        params=dict(slot_size=8, serial_num_blocks=2, slot_threshold=0.9, token_threshold=0.9),
+        params=dict(slot_size=8, serial_num_blocks=2, slot_threshold=0.9, token_threshold=0.9, **REFERENCE_ARITHMETIC),
         peer="refusion.generate_refusion",
     ),
     "gsm8k": _paper("GSM8K", 32, 4, 0.9, 0.4),
@@ -49,7 +58,7 @@ DEFINITIONS: dict[str, dict] = {
         "`cfg_scale`; every position decoded, the answer cut at the first EOS afterwards",
         gen_length=128,
         params=dict(block_length=32, slot_size=1, steps=128, remasking="low_confidence", sampler="gumbel",
-                    stop_at_eos=False),
+                    stop_at_eos=False, precision="logits", ties="canvas"),
         partitioner="semi-ar",
         selector="llada-steps",
         infiller="draft",
@@ -61,7 +70,8 @@ DEFINITIONS: dict[str, dict] = {
         "timesteps linspace(1, `eps` 1e-3), `alg` entropy (origin / maskgit_plus / topk_margin / entropy), "
         "`temperature`/`top_p`/`top_k`; for models with logit shift 1; the answer cut at the first EOS afterwards",
         gen_length=128,
-        params=dict(slot_size=1, serial_num_blocks=1, steps=128, eps=1e-3, alg="entropy", stop_at_eos=False),
+        params=dict(slot_size=1, serial_num_blocks=1, steps=128, eps=1e-3, alg="entropy", stop_at_eos=False,
+                    **DREAM_ARITHMETIC, ties="canvas"),
         partitioner="fixed",
         selector="dream-steps",
         infiller="draft",
@@ -74,7 +84,7 @@ DEFINITIONS: dict[str, dict] = {
         "(exact prefix cache on causal ones); the answer cut at the first EOS afterwards",
         gen_length=128,
         params=dict(block_length=32, slot_size=1, slot_threshold=0.9, inclusive=True, sampler="gumbel",
-                    stop_at_eos=False),
+                    stop_at_eos=False, precision="float64", ties="canvas"),
         partitioner="semi-ar",
         infiller="draft",
         peer="fast_dllm.generate",
@@ -86,7 +96,7 @@ DEFINITIONS: dict[str, dict] = {
         "for models with logit shift 1; the answer cut at the first EOS afterwards",
         gen_length=128,
         params=dict(block_length=32, slot_size=1, alg="confidence_threshold", threshold=0.9, steps=128,
-                    prefix_at_block=True, stop_at_eos=False),
+                    prefix_at_block=True, stop_at_eos=False, **DREAM_ARITHMETIC, ties="suffix"),
         partitioner="semi-ar",
         selector="dream-blocks",
         infiller="draft",
@@ -94,13 +104,13 @@ DEFINITIONS: dict[str, dict] = {
         peer="fast_dllm.dream_block_generate",
     ),
     "sdar": dict(
-        description="SDAR (block_diffusion_generate): the model's blocks (4) from position 0, `denoising_steps` 4 per "
-        "block, `remasking_strategy` low_confidence_dynamic (`confidence_threshold` 0.85), multinomial sampling at "
+        description="SDAR (block_diffusion_generate): the model's blocks (4) from position 0, the last one decoded "
+        "whole (`pad`, as SDAR pads the answer to the block grid), `denoising_steps` 4 per block, `remasking_strategy` low_confidence_dynamic (`confidence_threshold` 0.85), multinomial sampling at "
         "`temperature` 1.0 as SDAR; stops after the block with an EOS (`stopping_criteria_idx`, as SDAR's script)",
         gen_length=128,
-        params=dict(block_length=4, slot_size=1, align="absolute", denoising_steps=4,
+        params=dict(block_length=4, slot_size=1, align="absolute", pad=True, denoising_steps=4,
                     remasking_strategy="low_confidence_dynamic", confidence_threshold=0.85,
-                    sampler="block-multinomial", temperature=1.0, stop_at_eos="block"),
+                    sampler="block-multinomial", temperature=1.0, stop_at_eos="block", ties="model-block"),
         partitioner="semi-ar",
         selector="sdar-steps",
         infiller="draft",
@@ -121,12 +131,14 @@ DEFINITIONS["fast-dllm-prefix"] = dict(
     description="Fast-dLLM threshold decoding with its prefix cache (generate_with_prefix_cache), for bidirectional "
     "models",
     reorderer="prefix-cache",
+    params=dict(DEFINITIONS["fast-dllm"]["params"], ties="canvas-then-suffix"),
     peer="fast_dllm.generate_with_prefix_cache",
 )
 DEFINITIONS["fast-dllm-dual"] = dict(
     DEFINITIONS["fast-dllm"],
     description="Fast-dLLM threshold decoding with its dual cache (generate_with_dual_cache), for bidirectional models",
     reorderer="dual-cache",
+    params=dict(DEFINITIONS["fast-dllm"]["params"], ties="canvas-then-serial-block"),
     peer="fast_dllm.generate_with_dual_cache",
 )
 

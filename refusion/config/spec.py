@@ -26,14 +26,18 @@ import attrs
 
 from refusion.config.build import PART_KINDS, build_part, class_path, part_parameters
 from refusion.errors import ConfigError, UnknownNameError
+from refusion.validators import is_number
 from refusion.measure.limits import MAX_GEN_LENGTH, shown
 
 #: the decoder's own options, besides its parts and sampler (``Decoder`` fields of the same names)
 DECODER_OPTIONS = ("engine", "seed", "stop_at_eos", "cfg_scale", "calls_per_token", "batch_invariant")
 #: the sampler's parameters a flat parameter may set (on whichever sampler the spec has)
 SAMPLING_PARAMS = ("temperature", "top_k", "top_p")
+#: how drafts' probabilities are computed (:class:`~refusion.decoding.sampling.Greedy`): the sampler's when it
+#: takes them, and every part's that declares them (selectors that compute their own scores)
+DRAFT_PARAMS = ("precision", "argmax", "confidence_top_k", "confidence_top_p")
 #: every flat parameter a spec takes whatever its parts: its options, the sampler's name and parameters
-SPEC_PARAMS = (*DECODER_OPTIONS, "sampler", *SAMPLING_PARAMS)
+SPEC_PARAMS = (*DECODER_OPTIONS, "sampler", *SAMPLING_PARAMS, *DRAFT_PARAMS)
 #: the generation length of a spec that names none
 DEFAULT_GEN_LENGTH = 128
 #: the JSON format's name and version
@@ -116,16 +120,19 @@ class SamplerSpec:
         """The parameters this sampler takes."""
         from refusion.decoding.sampling import SAMPLERS
 
-        return () if self.name == "greedy" else tuple(attrs.fields_dict(SAMPLERS[self.name]))
+        from refusion.decoding.sampling import Greedy
+
+        return tuple(attrs.fields_dict(Greedy if self.name == "greedy" else SAMPLERS[self.name]))
 
     def build(self) -> Any:
-        from refusion.decoding.sampling import SAMPLERS, greedy
+        from refusion.decoding.sampling import SAMPLERS, Greedy, greedy
 
         if self.instance is not None:
             return self.instance
-        if self.name == "greedy":
-            return greedy
         try:
+            if self.name == "greedy":
+                built = Greedy(**self.params)
+                return greedy if built.fused else built
             return SAMPLERS[self.name](**self.params)
         except TypeError as exc:
             raise ConfigError(f"sampler {self.name!r} takes {', '.join(self.accepts())}; {exc}.", param="sampler") \
@@ -133,10 +140,12 @@ class SamplerSpec:
 
     @classmethod
     def of(cls, sample: Any) -> "SamplerSpec":
-        from refusion.decoding.sampling import SAMPLERS, greedy
+        from refusion.decoding.sampling import SAMPLERS, Greedy, greedy
 
         if sample is greedy:
             return cls()
+        if type(sample) is Greedy:
+            return cls() if sample.fused else cls("greedy", attrs.asdict(sample))
         for name, kind in SAMPLERS.items():
             if type(sample) is kind:
                 return cls(name, attrs.asdict(sample))
@@ -239,9 +248,21 @@ class DecoderSpec:
         for key, value in params.items():
             if key in DECODER_OPTIONS or key in ("gen_length", "description", "peer"):
                 fields[key] = value
+            elif key in DRAFT_PARAMS:  # the sampler's if it takes it, and every part's that declares it
+                owners = [kind for kind in PART_KINDS if key in declared[kind]]
+                if key not in sampler.accepts() and not owners:
+                    raise ConfigError(f"`{key}` is taken by no part and not by sampler {sampler.name!r} (it takes "
+                                      f"{', '.join(sampler.accepts()) or 'nothing'}).", param=key)
+                if key in sampler.accepts():
+                    sampler = attrs.evolve(sampler, params={**sampler.params, key: value})
+                for kind in owners:
+                    parts[kind][key] = value
             elif key in SAMPLING_PARAMS:
+                if sampler.name == "greedy" and key == "temperature" and is_number(value) and 0 <= value < 1e-4:
+                    continue  # temperature 0 is greedy: the spec's greedy sampler (and its arithmetic) stays
                 if sampler.name == "greedy":
-                    sampler = SamplerSpec("categorical")
+                    kept = {k: v for k, v in sampler.params.items() if k in SamplerSpec("categorical").accepts()}
+                    sampler = SamplerSpec("categorical", kept)
                 if key not in sampler.accepts():
                     raise ConfigError(f"sampler {sampler.name!r} takes {', '.join(sampler.accepts())}; not `{key}`.",
                                       param=key)

@@ -174,7 +174,9 @@ class Decoder:
         prompt = check_prompt(prompt_ids, model)
         self.check_model(model)
         check_length(model, prompt.shape[0], gen_length, self)  # before any slot is built
-        partition = self.partition(gen_length, prompt.shape[0])  # honours gen_length exactly (checked)
+        partition = self.partition(gen_length, prompt.shape[0])  # honours gen_length (checked; built-ins may pad)
+        if partition.gen_length != gen_length:  # a built-in partitioner padded the region to the model's blocks
+            check_length(model, prompt.shape[0], partition.gen_length)
         return Prepared(prompt, partition, self.seed if seed is None else seed)
 
     # -- running -------------------------------------------------------------

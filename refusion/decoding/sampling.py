@@ -10,7 +10,11 @@ distribution it was drawn from. It must not modify the logits in place.
 A sampler whose ``accepts_scores`` attribute is true receives a
 :class:`~refusion.decoding.scores.Scores` instead and may avoid the full logits (the
 greedy sampler takes the fused argmax path); others get ``scores.logits``.
-Confidences are float32 at least (float64 for float64 models).
+Confidences are float32 at least (float64 for float64 models), unless a
+sampler's ``precision`` says otherwise: ``"logits"`` computes probabilities
+with ``torch.softmax`` in the logits' own dtype (what LLaDA's ``generate``,
+Dream, SDAR and ReFusion's reference do, so a bfloat16 model's confidences
+are bfloat16 and tie as theirs do), ``"float64"`` in float64 (Fast-dLLM).
 """
 
 from __future__ import annotations
@@ -22,13 +26,57 @@ import torch
 
 from refusion.errors import ConfigError, bad_value
 from refusion.decoding.scores import Scores
-from refusion.validators import is_number
+from refusion.validators import is_number, one_of, optional, positive_int, probability
 
 
 class Sampler(Protocol):
     def __call__(
         self, logits: torch.Tensor, exclude: int | None = None, generator: torch.Generator | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+#: how probabilities may be computed: refusion's float32 reduction, the logits' own dtype, or float64
+PRECISIONS = ("float32", "logits", "float64")
+
+
+def probabilities(logits: torch.Tensor, precision: str) -> torch.Tensor:
+    """``softmax(logits)`` over the last dimension, in ``precision`` (:data:`PRECISIONS`).
+
+    ``"float32"``: computed in float32 (float64 for float64 logits);
+    ``"logits"``: ``torch.softmax`` in the logits' dtype, the result in that
+    dtype; ``"float64"``: in float64. The mask token is not excluded: the
+    authors' softmax runs over the whole vocabulary.
+    """
+    if precision == "logits":
+        return torch.softmax(logits, dim=-1)
+    if precision == "float64":
+        return torch.softmax(logits.to(torch.float64), dim=-1)
+    return torch.softmax(logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32), dim=-1)
+
+
+_precision = one_of(PRECISIONS)
+
+
+def filtered(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
+    """``logits`` outside the top-p nucleus, then outside the ``top_k`` best, set to the dtype's lowest value.
+
+    Dream's ``top_p_logits`` then ``top_k_logits`` (``sample_tokens``), which
+    it applies before every softmax, even at temperature 0 (its generation
+    config takes ``top_k`` 50 from the model config of transformers 4).
+    ``None`` (and ``top_p`` 1) filters nothing; ties with the ``top_k``-th
+    value are kept.
+    """
+    lowest = torch.finfo(logits.dtype).min
+    if top_p is not None and top_p < 1:
+        ordered, order = torch.sort(logits, descending=True)
+        drop = torch.cumsum(torch.softmax(ordered, dim=-1), dim=-1) > top_p
+        drop[..., 1:] = drop[..., :-1].clone()
+        drop[..., 0] = False
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), lowest)
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, lowest)
+    return logits
 
 
 def greedy(
@@ -45,14 +93,63 @@ def greedy(
 greedy.accepts_scores = True
 
 
-def token_probability(logits: "torch.Tensor | Scores", tokens: torch.Tensor) -> torch.Tensor:
-    """Softmax probability of ``tokens`` (shape ``(n,)``) under ``logits`` (shape ``(n, vocab)``), float32 at least."""
-    return Scores.of(logits).probability(tokens)
+def token_probability(logits: "torch.Tensor | Scores", tokens: torch.Tensor, precision: str = "float32") -> torch.Tensor:
+    """Softmax probability of ``tokens`` (shape ``(n,)``) under ``logits`` (shape ``(n, vocab)``), in ``precision``
+    (:func:`probabilities`; the default, float32 at least, never materialises a :class:`Scores`' logits)."""
+    if precision == "float32":
+        return Scores.of(logits).probability(tokens)
+    x = logits.logits if isinstance(logits, Scores) else logits
+    return probabilities(x, precision).gather(-1, tokens.to(x.device).unsqueeze(-1)).squeeze(-1)
+
+
+@attrs.frozen
+class Greedy:
+    """The argmax token and its probability, computed the way a peer computes them (greedy drafting).
+
+    ``precision`` (:data:`PRECISIONS`) is how the probability is computed:
+    ``"float32"`` is :func:`greedy` (refusion's fused LM-head path);
+    ``"logits"`` takes ``torch.softmax`` of the logits in their own dtype
+    (LLaDA's ``generate``, Dream, ReFusion's reference; the confidence keeps
+    that dtype, so bfloat16 confidences tie where theirs do); ``"float64"``
+    in float64 (Fast-dLLM). ``argmax`` says what the token is the argmax of:
+    the ``"logits"`` (ties to the lowest id), or the ``"probabilities"`` in
+    ``precision`` (Dream's ``probs.max(-1)``: logits that round to the same
+    half-precision probability tie, and the lowest id wins).
+    ``confidence_top_k`` / ``confidence_top_p`` filter the logits before the
+    softmax (:func:`filtered`), as Dream does at temperature 0. The mask
+    token ``exclude`` is never chosen; it still counts in the softmax.
+    """
+
+    precision: str = attrs.field(default="float32", validator=_precision)
+    argmax: str = attrs.field(default="logits", validator=one_of(("logits", "probabilities")))
+    confidence_top_k: int | None = attrs.field(default=None, validator=optional(positive_int))
+    confidence_top_p: float | None = attrs.field(default=None, validator=optional(probability))
+
+    accepts_scores = True
+
+    @property
+    def fused(self) -> bool:
+        """Whether this is :func:`greedy` itself (drafts may then be projected lazily, on the fused path)."""
+        return (self.precision == "float32" and self.argmax == "logits" and self.confidence_top_k is None
+                and self.confidence_top_p is None)
+
+    def __call__(self, logits, exclude=None, generator=None):
+        if self.fused:
+            return greedy(logits, exclude)
+        x = logits.logits if isinstance(logits, Scores) else logits
+        p = probabilities(filtered(x, self.confidence_top_k, self.confidence_top_p), self.precision)
+        ranked = x if self.argmax == "logits" else p
+        if exclude is not None:
+            ranked = ranked.index_fill(-1, torch.tensor([exclude], device=x.device), float("-inf"))
+        tokens = ranked.argmax(-1)
+        return tokens, p.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
 def is_greedy(sampler: Sampler) -> bool:
-    """True for samplers that always take the argmax (no random draws): drafts may then be computed lazily."""
-    return sampler is greedy or (isinstance(sampler, Sampling) and sampler.temperature < 1e-4)
+    """True for samplers that take the argmax on refusion's fused path (no random draws, float32
+    confidences): drafts may then be computed lazily."""
+    return (sampler is greedy or (isinstance(sampler, Greedy) and sampler.fused)
+            or (isinstance(sampler, Sampling) and sampler.temperature < 1e-4))
 
 
 def apply_sampler(sampler: Sampler, scores: "torch.Tensor | Scores", exclude: int | None,
@@ -166,18 +263,21 @@ class GumbelMax:
     the same generator; the rows of the planned ``positions`` are used. The
     computation is float64 as in LLaDA. The confidence is the softmax
     probability of the chosen token under the untempered logits (LLaDA's
-    ``low_confidence``). ``temperature`` 0 is greedy and draws nothing. The
+    ``low_confidence``), computed in ``precision`` (:data:`PRECISIONS`:
+    LLaDA's ``generate`` uses the logits' dtype, Fast-dLLM float64).
+    ``temperature`` 0 is greedy (in ``precision``) and draws nothing. The
     mask token is never chosen.
     """
 
     temperature: float = attrs.field(default=0.0, validator=_temperature)
+    precision: str = attrs.field(default="float32", validator=_precision)
 
     draws_canvas = True
     accepts_scores = True
 
     def __call__(self, logits, exclude=None, generator=None, positions=None, canvas_length=None):
         if self.temperature == 0:
-            return greedy(logits, exclude)
+            return Greedy(self.precision)(logits, exclude)
         if isinstance(logits, Scores):
             logits = logits.logits
         x = logits.to(torch.float64)
@@ -190,7 +290,7 @@ class GumbelMax:
         if exclude is not None:
             noisy = noisy.index_fill(-1, torch.tensor([exclude], device=x.device), float("-inf"))
         tokens = noisy.argmax(-1)
-        return tokens, Scores(logits=logits).probability(tokens)
+        return tokens, token_probability(logits, tokens, self.precision)
 
 
 def _top_k_off(instance, attribute, value):
@@ -215,7 +315,9 @@ class BlockMultinomial:
     block ``(start, stop)`` in order, from the decode's generator, so a seeded
     decode draws exactly what SDAR draws after ``torch.manual_seed`` with the
     same seed; the rows of the planned ``positions`` are used. The confidence
-    is the drawn token's probability under that distribution. The mask token
+    is the drawn token's probability under that distribution, in the logits'
+    dtype as SDAR computes it (bfloat16 confidences of a bfloat16 model,
+    compared with SDAR's thresholds as SDAR compares them). The mask token
     is never drawn (SDAR may draw it; then the two differ). ``temperature`` 0
     is greedy (SDAR divides by it and fails).
     """
@@ -252,7 +354,7 @@ class BlockMultinomial:
         if exclude is not None:
             keys = keys.index_fill(-1, torch.tensor([exclude], device=keys.device), -1.0)
         tokens = keys.argmax(-1)
-        return tokens, probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).float()
+        return tokens, probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
 #: Samplers by name, for ``Decoder.from_names(sampler=..., temperature=...)``.

@@ -177,10 +177,33 @@ class CanvasEngine(Engine):
     def _approximate(self, state, extend, canvas, block, wanted) -> ExtendOutput:
         from transformers import DynamicCache
 
-        store = DynamicCache(list(block.kept))  # update() concatenates into new tensors: the snapshot stays intact
+        if block.mode == "dual":  # the block's keys/values between the prefix's and the suffix's, as Fast-dLLM's
+            store = _between(block.kept, block.prefix_end)
+        else:
+            store = DynamicCache(list(block.kept))  # update() concatenates into new tensors: the snapshot stays intact
         positions = torch.arange(block.prefix_end, block.suffix_start)
         logits = self._forward(state, canvas[block.prefix_end : block.suffix_start], positions, store)
         return ExtendOutput(extend, logits[wanted - block.prefix_end], [], 0, 0, self.epoch, self.epoch.value)
+
+
+def _between(kept: list, split: int) -> Any:
+    """A transformers cache of the kept ``(keys, values)`` per layer whose ``update`` inserts the new entries at
+    ``split`` (after the prefix, before the suffix) and stores nothing.
+
+    Attention is over the same keys in any order, but the order fixes the
+    sums' rounding: Fast-dLLM's dual cache writes the block's keys/values in
+    place (``replace_position``), so its forwards see prefix, block, suffix
+    in position order; so do these.
+    """
+    from transformers import DynamicCache
+
+    class Between(DynamicCache):
+        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+            keys, values = kept[layer_idx]
+            return (torch.cat((keys[:, :, :split], key_states, keys[:, :, split:]), dim=2),
+                    torch.cat((values[:, :, :split], value_states, values[:, :, split:]), dim=2))
+
+    return Between(list(kept))
 
 
 @hookimpl

@@ -14,7 +14,9 @@ def translate_sampling(function: str, args: Mapping[str, Any], model: Any) -> Pe
 
     ``max_new_tokens`` is ``gen_length``; ``temperature``/``top_p``/``top_k``
     configure the categorical sampler (at ``temperature`` 0 Dream takes the
-    argmax whatever ``top_p``/``top_k`` say, and so does refusion);
+    argmax whatever ``top_p``/``top_k`` say, and so does refusion, but its
+    confidences are those of the filtered logits: ``confidence_top_k`` /
+    ``confidence_top_p``, 50 / none unless given, as Dream's config defaults);
     ``return_dict_in_generate`` and ``output_history`` only shape Dream's
     output (refusion's result always has its steps); ``pad/bos/eos_token_id``
     are not read by Dream's sampler.
@@ -37,6 +39,8 @@ def translate_sampling(function: str, args: Mapping[str, Any], model: Any) -> Pe
     if temperature:
         params.update(temperature=temperature, **taken(args, "top_p", "top_k"))
         params = {k: v for k, v in params.items() if v is not None}
+    else:  # Dream filters before its softmax at temperature 0 too: the confidences change, the argmax does not
+        params.update({f"confidence_{k}": args[k] for k in ("top_k", "top_p") if k in args})
     return PeerCall(params=params, gen_length=args.get("max_new_tokens"))
 
 

@@ -75,6 +75,7 @@ def translate_dream_blocks(args: Mapping[str, Any], model: Any) -> PeerCall:
                      "'dream' preset for Dream's own decoder without one.")
     parts = {"reorderer": "dual-cache" if args.get("dual_cache") else "prefix-cache"}
     params["prefix_at_block"] = True  # Fast-dLLM caches exactly the positions before the block
+    params["ties"] = "serial-block" if args.get("dual_cache") else "suffix"  # the row its topk ranks
     return PeerCall(parts=parts, params=params, gen_length=call.gen_length)
 
 

@@ -87,7 +87,9 @@ class SlotPartitioner(Part):
 
         Same contract as :meth:`partition`. The default ignores where the
         region starts; a partitioner whose blocks follow a model's absolute
-        block grid (``semi-ar`` with ``align="absolute"``) overrides it.
+        block grid (``semi-ar`` with ``align="absolute"``) overrides it, and
+        with ``pad=True`` (SDAR's rule, built-in only) returns a region grown
+        to the end of the model block that holds its last position.
         """
         return self.partition(gen_length)
 

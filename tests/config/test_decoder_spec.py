@@ -47,7 +47,7 @@ def test_fast_dllm_with_a_temperature_traces_its_gumbel_sampler(tmp_path):
     path = tmp_path / "trace.jsonl"
     refusion.generate("rev hello=", preset="fast-dllm", temperature=0.5, trace=path, gen_length=16)
     spec = DecoderSpec.from_dict(json.loads(path.read_text().splitlines()[0])["decoder"])
-    assert spec.sampler == SamplerSpec("gumbel", {"temperature": 0.5})
+    assert spec.sampler == SamplerSpec("gumbel", {"temperature": 0.5, "precision": "float64"})  # Fast-dLLM's
     assert isinstance(Decoder.from_spec(spec).sample, GumbelMax)
 
 
@@ -77,7 +77,9 @@ def test_every_spec_parameter_is_taken_by_the_spec_itself():
     spec = PRESETS["paper"]
     for name in SPEC_PARAMS:
         value = {"engine": "repeat", "seed": 3, "stop_at_eos": "block", "cfg_scale": 0.0, "calls_per_token": 6,
-                 "batch_invariant": True, "sampler": "categorical", "temperature": 0.5, "top_k": 4, "top_p": 0.9}[name]
+                 "batch_invariant": True, "sampler": "categorical", "temperature": 0.5, "top_k": 4, "top_p": 0.9,
+                 "precision": "float64", "argmax": "probabilities", "confidence_top_k": 50,
+                 "confidence_top_p": 0.9}[name]
         changed = spec.with_params({name: value})
         assert changed != spec or name == "cfg_scale", name
 

@@ -50,9 +50,14 @@ def parse_args(argv=None):
                     help="opt-in: multiply the output head by this factor before the mask/EOS rows are zeroed, e.g. "
                          "'4' or 'llada=4,dream=32,sdar=32,refusion=32' (default 1 = the class's own init; recorded "
                          "in golden.json; --check reuses the committed value unless this is given)")
+    ap.add_argument("--eos-scale", default=None,
+                    help="opt-in: multiply the output-head rows of the family's EOS ids by this factor (after "
+                         "--head-scale), so that some answers hold an EOS, e.g. 'dream=1.5,sdar=1.5' (default 1; "
+                         "recorded in golden.json as eos_scale; --check reuses the committed value)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
     ap.add_argument("--worker-head-scale", type=float, default=1.0, help=argparse.SUPPRESS)
+    ap.add_argument("--worker-eos-scale", type=float, default=1.0, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     for k in ("llada", "fast_dllm", "sdar", "refusion", "out"):
         setattr(a, k, os.path.abspath(getattr(a, k)))
@@ -60,20 +65,28 @@ def parse_args(argv=None):
     bad = [f for f in a.only if f not in FAMILY_NAMES]
     if bad:
         ap.error(f"unknown families {bad}; choose from {FAMILY_NAMES}")
-    a.scales = {}
-    if a.head_scale:
-        try:
-            for part in a.head_scale.split(","):
-                if "=" in part:
-                    k, v = part.split("=", 1)
-                    if k.strip() not in FAMILY_NAMES:
-                        raise ValueError(k)
-                    a.scales[k.strip()] = float(v)
-                else:
-                    a.scales.update({f: float(part) for f in FAMILY_NAMES})
-        except ValueError as e:
-            ap.error(f"bad --head-scale {a.head_scale!r} ({e})")
+    a.scales = per_family(ap, "--head-scale", a.head_scale)
+    a.eos_scales = per_family(ap, "--eos-scale", a.eos_scale)
     return a
+
+
+def per_family(ap, option, text) -> dict:
+    """'4' (every family) or 'llada=4,dream=32' -> {family: float}."""
+    out = {}
+    if not text:
+        return out
+    try:
+        for part in text.split(","):
+            if "=" in part:
+                k, v = part.split("=", 1)
+                if k.strip() not in FAMILY_NAMES:
+                    raise ValueError(k)
+                out[k.strip()] = float(v)
+            else:
+                out.update({f: float(part) for f in FAMILY_NAMES})
+    except ValueError as e:
+        ap.error(f"bad {option} {text!r} ({e})")
+    return out
 
 
 # =========================================================================== worker (one family per process)
@@ -103,7 +116,7 @@ def worker(a) -> int:
             print(line)
     out = a.worker_out
     prompt_ids = F.prompts()
-    calls = fam.calls()
+    calls = fam.all_calls()
     log = lambda *m: print(f"[{fam.name}]", *m, flush=True)  # noqa: E731
 
     rejected_weight_seeds = []
@@ -111,7 +124,7 @@ def worker(a) -> int:
         if os.path.isdir(out):
             shutil.rmtree(out)
         os.makedirs(out)
-        built = fam.build(ws, a.worker_head_scale)
+        built = fam.build(ws, a.worker_head_scale, a.worker_eos_scale)
         fam.save(built, out)
         model = fam.reload(out)
         ref = built.state_dict()
@@ -119,19 +132,23 @@ def worker(a) -> int:
         if set(ref) != set(got) or any(not torch.equal(ref[k], got[k]) for k in ref):
             raise C.FixtureError("weights reloaded with from_pretrained differ from the saved model")
         del built
-        guard = C.MaskGuard(model, F.MASK, fam.forbidden, fam.shift)
+        guards = {"float32": C.MaskGuard(model, F.MASK, fam.forbidden, fam.shift)}
+        for dtype in fam.dtypes[1:]:   # the same files loaded as the authors load them in half precision
+            guards[dtype] = C.MaskGuard(fam.reload(out, dtype), F.MASK, fam.forbidden, fam.shift)
         try:
-            records, skipped = run_calls(fam, model, guard, calls, prompt_ids, log)
+            records, skipped = run_calls(fam, guards, calls, prompt_ids, log)
         except C.MaskWins as e:
             log(f"weight seed {ws} rejected: {e}")
             rejected_weight_seeds.append({"weight_seed": ws, "reason": str(e)[:500]})
-            guard.handle.remove()
+            for g in guards.values():
+                g.handle.remove()
             continue
         break
     else:
         raise C.FixtureError(f"no weight seed in 0..{MAX_WEIGHT_SEEDS - 1} keeps the mask id from winning")
 
     # logits cases (guard observes, greedy checks off)
+    guard = guards["float32"]
     guard.reset(greedy=False)
     tensors, cases = {}, []
     with torch.no_grad():
@@ -142,6 +159,10 @@ def worker(a) -> int:
             tensors[key] = logits.detach().to(torch.float32).contiguous().clone()
             cases.append({"key": key, "input_ids": ids[0].tolist(), "shape": list(tensors[key].shape),
                           "note": f"prompt {i} followed by {F.LOGIT_MASKS} masks; {how}"})
+            for dtype in fam.dtypes[1:]:   # the same forward of the model loaded in half precision, in its dtype
+                half, _ = fam.logits(guards[dtype].model, ids)
+                tensors[f"{key}.{dtype}"] = half.detach().contiguous().clone()
+                cases[-1].setdefault("dtypes", {})[dtype] = f"{key}.{dtype}"
     save_file(tensors, os.path.join(out, "logits.safetensors"), metadata={"format": "pt"})
 
     golden = {
@@ -155,6 +176,9 @@ def worker(a) -> int:
         "eos_token_ids": fam.generation_config["eos_token_id"] if isinstance(fam.generation_config["eos_token_id"], list)
         else [fam.generation_config["eos_token_id"]],
         "head_scale": a.worker_head_scale,
+        "eos_scale": a.worker_eos_scale,
+        "eos_rows_scaled": list(fam.eos_rows) if a.worker_eos_scale != 1.0 else [],
+        "dtypes": list(fam.dtypes),
         "head_rows_zeroed": list(fam.forbidden),
         "prompt_texts": F.PROMPT_TEXTS,
         "prompts": prompt_ids,
@@ -171,7 +195,7 @@ def worker(a) -> int:
     return 0
 
 
-def run_calls(fam, model, guard, calls, prompt_ids, log):
+def run_calls(fam, guards, calls, prompt_ids, log):
     import torch
 
     import pf_common as C
@@ -180,6 +204,8 @@ def run_calls(fam, model, guard, calls, prompt_ids, log):
     records = list()
     skipped = list(fam.skipped()) if hasattr(fam, "skipped") else []
     for call in calls:
+        guard = guards[call.dtype]
+        model = guard.model
         prompt = torch.tensor([prompt_ids[call.prompt]])
         P = prompt.shape[1]
         seeds = [None] if call.seed is None else list(range(call.seed, call.seed + MAX_SAMPLING_SEEDS))
@@ -225,7 +251,7 @@ def run_calls(fam, model, guard, calls, prompt_ids, log):
         stopped = bool(stops) and any(t in stops for t in tokens)
         if left and not stopped:
             raise C.FixtureError(f"{call.function} prompt {call.prompt} {call.args}: {left} masks left in the output")
-        rec = {"function": call.function, "prompt": call.prompt, "args": call.args, "seed": s,
+        rec = {"function": call.function, "prompt": call.prompt, "dtype": call.dtype, "args": call.args, "seed": s,
                "tokens": tokens, "nfe": extra.pop("nfe", None), "model_forwards": guard.forwards}
         rec.update(extra)
         if rejected:
@@ -242,20 +268,21 @@ def run_calls(fam, model, guard, calls, prompt_ids, log):
 
 
 # =========================================================================== parent
-def head_scale_for(a, family) -> float:
-    if family in a.scales:
-        return a.scales[family]
+def scale_for(a, family, given, key) -> float:
+    if family in given:
+        return given[family]
     if a.check:   # reproduce what is committed
         path = os.path.join(a.out, family, "golden.json")
         if os.path.isfile(path):
             with open(path, encoding="utf-8") as fh:
-                return float(json.load(fh).get("head_scale", 1.0))
+                return float(json.load(fh).get(key, 1.0))
     return 1.0
 
 
 def spawn(a, family, dest) -> int:
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", family, "--worker-out", dest,
-           "--worker-head-scale", repr(head_scale_for(a, family)),
+           "--worker-head-scale", repr(scale_for(a, family, a.scales, "head_scale")),
+           "--worker-eos-scale", repr(scale_for(a, family, a.eos_scales, "eos_scale")),
            "--llada", a.llada, "--fast-dllm", a.fast_dllm, "--sdar", a.sdar, "--refusion", a.refusion,
            "--out", a.out]
     env = dict(os.environ)

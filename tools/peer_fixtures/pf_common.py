@@ -148,6 +148,7 @@ class MaskGuard:
         self.forwards = 0
         self.last_input = None
         self.violations: list[str] = []
+        self.model = model
         self.handle = model.register_forward_hook(self._hook, with_kwargs=True)
 
     def reset(self, greedy: bool) -> None:

@@ -30,11 +30,15 @@ def prompts() -> list[list[int]]:
 
 
 class Call:
-    """One peer call: `function` id, prompt index, the JSON kwargs, the seed (None = greedy, unseeded)."""
+    """One peer call: `function` id, prompt index, the JSON kwargs, the seed (None = greedy, unseeded), and the
+    dtype the model is loaded in (`from_pretrained(..., torch_dtype=...)`, as the authors run it)."""
 
-    def __init__(self, function, prompt, args, seed=None, sampling=False, note=""):
+    def __init__(self, function, prompt, args, seed=None, sampling=False, note="", dtype="float32"):
         self.function, self.prompt, self.args = function, prompt, args
-        self.seed, self.sampling, self.note = seed, sampling, note
+        self.seed, self.sampling, self.note, self.dtype = seed, sampling, note, dtype
+
+    def in_dtype(self, dtype):
+        return Call(self.function, self.prompt, self.args, self.seed, self.sampling, self.note, dtype)
 
 
 class Family:
@@ -43,19 +47,26 @@ class Family:
     shard_size = None          # e.g. "150KB" -> sharded save
     shift = False              # Dream's logits are shifted by one
     forbidden = (MASK,)
+    #: dtypes every call is made in (the published checkpoints ship in bfloat16; SDAR's script defaults to float16)
+    dtypes = ("float32", "bfloat16")
+    #: head rows multiplied by `--eos-scale` (opt-in) so that answers end with / contain an EOS
+    eos_rows = ()
 
     def __init__(self, peers: dict):
         self.peers = peers
         self.records = {}
 
     # subclasses: load(), config(), head(model), published_extras, generation_config, logits_case(), calls(), run()
-    def build(self, seed: int, head_scale: float = 1.0):
+    def build(self, seed: int, head_scale: float = 1.0, eos_scale: float = 1.0):
         torch.manual_seed(seed)
         model = self.construct()
         with torch.no_grad():
             head = self.head(model)
             if head_scale != 1.0:           # opt-in only (--head-scale); the committed fixtures use 1.0
                 head.weight.mul_(head_scale)
+            if eos_scale != 1.0:            # opt-in only (--eos-scale): EOS wins at some positions
+                for tid in self.eos_rows:
+                    head.weight[tid].mul_(eos_scale)
             for tid in self.forbidden:
                 head.weight[tid].zero_()
             if getattr(head, "bias", None) is not None:
@@ -84,6 +95,18 @@ class Family:
 
     def head(self, model):
         return model.lm_head
+
+    def all_calls(self):
+        """Every call in every dtype of :attr:`dtypes`, float32 first."""
+        base = self.calls()
+        return [c.in_dtype(d) for d in self.dtypes for c in base] + list(self.extra_calls())
+
+    def extra_calls(self):
+        return []
+
+    @staticmethod
+    def torch_dtype(name):
+        return getattr(torch, name)
 
 
 # =========================================================================== LLaDA
@@ -132,8 +155,8 @@ class LLaDA(Family):
     def head(self, model):
         return model.model.transformer.ff_out
 
-    def reload(self, directory):
-        return self.mod.LLaDAModelLM.from_pretrained(directory).eval()
+    def reload(self, directory, dtype="float32"):
+        return self.mod.LLaDAModelLM.from_pretrained(directory, torch_dtype=self.torch_dtype(dtype)).eval()
 
     def logits(self, model, ids):
         return model(ids).logits[0], "model(input_ids).logits[0]: plain bidirectional forward, no attention mask"
@@ -195,6 +218,7 @@ class LLaDA(Family):
 # =========================================================================== Dream
 class Dream(Family):
     name, class_name, shift = "dream", "DreamModel", True
+    eos_rows = (EOS,)
     published_extras = {"auto_map": {"AutoConfig": "configuration_dream.DreamConfig",
                                      "AutoModel": "modeling_dream.DreamModel"},
                         "use_mrope": False}
@@ -225,8 +249,8 @@ class Dream(Family):
         )
         return self.mod.DreamModel(cfg)
 
-    def reload(self, directory):
-        return self.mod.DreamModel.from_pretrained(directory).eval()
+    def reload(self, directory, dtype="float32"):
+        return self.mod.DreamModel.from_pretrained(directory, torch_dtype=self.torch_dtype(dtype)).eval()
 
     def logits(self, model, ids):
         return (model(ids, attention_mask="full").logits[0],
@@ -296,6 +320,8 @@ class Dream(Family):
 # =========================================================================== SDAR
 class SDAR(Family):
     name, class_name, shard_size = "sdar", "SDARForCausalLM", "150KB"
+    dtypes = ("float32", "bfloat16", "float16")   # SDAR's generate.py loads float16 unless told otherwise
+    eos_rows = (EOT, EOS)
     published_extras = {"auto_map": {"AutoConfig": "configuration_sdar.SDARConfig",
                                      "AutoModel": "modeling_sdar.SDARModel",
                                      "AutoModelForCausalLM": "modeling_sdar.SDARForCausalLM"},
@@ -345,8 +371,8 @@ class SDAR(Family):
                 raise C.FixtureError(f"SDARConfig unexpectedly has {k}")
         return self.mod.SDARForCausalLM(cfg)
 
-    def reload(self, directory):
-        return self.mod.SDARForCausalLM.from_pretrained(directory).eval()
+    def reload(self, directory, dtype="float32"):
+        return self.mod.SDARForCausalLM.from_pretrained(directory, torch_dtype=self.torch_dtype(dtype)).eval()
 
     @staticmethod
     def block_mask(length, block=4):
@@ -390,6 +416,16 @@ class SDAR(Family):
                 args.update(extra)
                 out.append(Call("sdar.block_diffusion_generate", p, args, 0, True,
                                 "always samples (torch.multinomial); prompt passed as {'input_ids': prompt}"))
+        # prompt + gen_length off the block grid: SDAR pads the last block with masks and returns it whole
+        off_grid = {0: 16, 1: 13, 2: 16}
+        for p in range(3):
+            for extra in strategies[:2] + strategies[-1:]:
+                args = dict(mask_id=MASK, gen_length=off_grid[p], block_length=4, denoising_steps=4, temperature=1.0,
+                            top_k=0, top_p=1.0, confidence_threshold=0.85, stopping_criteria_idx=None)
+                args.update(extra[0])
+                out.append(Call("sdar.block_diffusion_generate", p, args, 0, True,
+                                f"prompt + gen_length = {len(prompts()[p]) + off_grid[p]}, off the block grid: the "
+                                "returned sequence is padded to the next block boundary"))
         return out
 
     def run(self, model, call, prompt):
@@ -447,8 +483,8 @@ class ReFusion(Family):
         )
         return self.mod.Qwen3ForCausalLM(cfg)
 
-    def reload(self, directory):
-        return self.mod.Qwen3ForCausalLM.from_pretrained(directory).eval()
+    def reload(self, directory, dtype="float32"):
+        return self.mod.Qwen3ForCausalLM.from_pretrained(directory, torch_dtype=self.torch_dtype(dtype)).eval()
 
     def logits(self, model, ids):
         return (model(ids).logits[0], "model(input_ids).logits[0]: plain causal forward (default sdpa, no cache "
@@ -469,6 +505,19 @@ class ReFusion(Family):
                             token_threshold=s["token_threshold"])
                 out.append(Call("refusion.generate_refusion", p, args, None, False,
                                 "called as generate_refusion(model, SimpleNamespace(eos_token_id=1), prompt, **args)"))
+        return out
+
+    def extra_calls(self):
+        """gen 256 in 8 serial blocks of 32, slots of 8: one slot at a time with every draft accepted (thresholds
+        1.0 / 0.0, where confidences of different slots are compared for the top-1 fallback) and the paper's 0.9/0.9."""
+        out = []
+        for dtype in self.dtypes:
+            for slot_t, token_t in ((1.0, 0.0), (0.9, 0.9)):
+                for p in (0, 2):
+                    args = dict(gen_length=256, temperature=0.0, mask_id=MASK, slot_size=8, serial_num_blocks=8,
+                                slot_threshold=slot_t, token_threshold=token_t)
+                    out.append(Call("refusion.generate_refusion", p, args, None, False,
+                                    "gen 256: long decode, many top-1 choices between slots", dtype))
         return out
 
     def run(self, model, call, prompt):

@@ -76,6 +76,14 @@ class ModelFamily(ABC):
     def model_class(self) -> type:
         """The maintained transformers class (e.g. ``LlamaForCausalLM``) the weights are loaded into."""
 
+    def numerics(self, model: Any, config: Mapping[str, Any]) -> None:
+        """Install on the built ``model`` what the family's own code computes differently from the stock class
+        in half precision (:mod:`refusion.models.families.numerics`); the default changes nothing.
+
+        Must leave float32 results as they are (up to the last bit) and
+        change the network's modules only, never its class.
+        """
+
     def key_mapping(self, config: Mapping[str, Any]) -> dict[str, str] | None:
         """Published parameter-name patterns -> the maintained class's names (``None``: names already match)."""
         return None
@@ -99,6 +107,7 @@ class ModelFamily(ABC):
         stock = self.stock_config(config)
         model = from_pretrained(self.model_class(), path, stock, self.key_mapping(config), dtype=dtype,
                                 attn_implementation=attn_implementation, **kwargs)
+        self.numerics(model, config)
         if device is not None:
             model = model.to(device)
         if tokenizer is None:

@@ -113,6 +113,14 @@ class LLaDA(MaskedDiffusionFamily):
 
         return LlamaForCausalLM
 
+    def numerics(self, model: Any, config: Mapping[str, Any]) -> None:
+        """LLaDA applies rotary embeddings in float32 when its config says ``rope_full_precision`` (its default,
+        and every published config): so does the loaded network."""
+        from refusion.models.families.numerics import float32_rotary
+
+        if config.get("rope_full_precision", True):
+            float32_rotary(model)
+
     def key_mapping(self, config: Mapping[str, Any]) -> dict[str, str]:
         return dict(KEY_MAPPING)
 

@@ -52,6 +52,12 @@ class SDAR(ModelFamily):
 
         return Qwen3ForCausalLM
 
+    def numerics(self, model: Any, config: Mapping[str, Any]) -> None:
+        """Every SDAR norm is flash-attn's ``rms_norm_fn`` (weight multiplied in float32, one rounding)."""
+        from refusion.models.families.numerics import round_once_rms_norm
+
+        round_once_rms_norm(model)
+
     def adapter(self, model: Any, tokenizer: Any, config: Mapping[str, Any], *, mask_token_id: Any = None,
                 eos_token_id: Any = None, block_length: Any = None):
         from refusion.models.block import HFBlockDiffusionLM

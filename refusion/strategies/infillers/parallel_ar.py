@@ -26,10 +26,10 @@ import torch
 
 from refusion.decoding.protocol import ROOT, Branch, ExtendOutput, ModelCall
 from refusion.plugins import hookimpl
-from refusion.decoding.sampling import token_probability
+from refusion.decoding.sampling import PRECISIONS, token_probability
 from refusion.decoding.types import Commit, InfillResult, Plan
 from refusion.strategies.base import InfillContext, Infiller, InfillGenerator
-from refusion.validators import probability
+from refusion.validators import one_of, probability
 
 
 @attrs.define
@@ -58,12 +58,19 @@ def _first_eos(ctx: InfillContext, tokens: torch.Tensor) -> int | None:
 
 @attrs.frozen
 class ParallelAR(Infiller):
-    """Global verification + parallel AR infilling with acceptance threshold ``token_threshold``."""
+    """Global verification + parallel AR infilling with acceptance threshold ``token_threshold``.
+
+    ``precision`` (:data:`~refusion.decoding.sampling.PRECISIONS`) is how
+    verification probabilities are computed: ``"logits"`` as the reference
+    does (``softmax`` in the logits' dtype, compared with ``token_threshold``
+    in that dtype), ``"float32"`` on refusion's fused LM-head path.
+    """
 
     name = "parallel-ar"
     requires = {"causal": True, "kv_cache": True}
 
     token_threshold: float = attrs.field(default=0.9, validator=probability)
+    precision: str = attrs.field(default="float32", validator=one_of(PRECISIONS))
 
     def infill(self, ctx: InfillContext, plan: Plan, chosen: tuple[int, ...]) -> InfillGenerator:
         rows = [plan.rows(i) for i in chosen]
@@ -75,7 +82,7 @@ class ParallelAR(Infiller):
         (out,) = yield ModelCall.of(ctx.extend(tokens, positions, reads=slice(0, len(tokens) - 1)))
         first = plan.first_confidence[list(chosen)]
         score = torch.empty(tokens.shape[0], dtype=first.dtype)
-        score[1:] = token_probability(out.scores[:-1], tokens[1:]).cpu()
+        score[1:] = token_probability(out.scores[:-1], tokens[1:], self.precision).cpu()
         score[starts] = first
         accept = score > self.token_threshold
         accept[starts] = True
@@ -154,7 +161,8 @@ class ParallelAR(Infiller):
         if nxt < b.length:
             window = b.tokens[b.kv_len :]
             # token at index j (>= nxt) is scored by the logits one step earlier.
-            p = token_probability(out.scores[nxt - 1 - b.kv_len : b.length - 1 - b.kv_len], window[nxt - b.kv_len :])
+            p = token_probability(out.scores[nxt - 1 - b.kv_len : b.length - 1 - b.kv_len], window[nxt - b.kv_len :],
+                                  self.precision)
             nxt += int((p > self.token_threshold).long().cumprod(0).sum())
         b.accepted = nxt
 

@@ -8,7 +8,7 @@ from refusion.plugins import hookimpl
 from refusion.decoding.types import Partition
 from refusion.strategies.base import SlotPartitioner
 from refusion.strategies.partitioners.fixed import check_gen_length, slots_of
-from refusion.validators import one_of
+from refusion.validators import boolean, one_of
 from refusion.validators import positive_int
 
 ALIGNMENTS = ("region", "absolute")
@@ -29,6 +29,13 @@ class SemiAutoregressive(SlotPartitioner):
     multiple of ``block_length`` after the prompt (it is shorter when the
     prompt's length is not a multiple), so the decoder's blocks are the
     model's.
+
+    ``pad=True`` (with ``align="absolute"``; the ``sdar`` preset's default)
+    decodes whole model blocks as SDAR's ``block_diffusion_generate`` does:
+    when the prompt plus ``gen_length`` ends inside a block, the region
+    grows to that block's end (the partition's ``gen_length`` is then
+    larger than asked), so the last block is decoded with all of its
+    positions masked, and its tokens are the answer's end.
     """
 
     name = "semi-ar"
@@ -36,6 +43,7 @@ class SemiAutoregressive(SlotPartitioner):
     block_length: int = attrs.field(default=32, validator=positive_int)
     slot_size: int = attrs.field(default=1, validator=positive_int)
     align: str = attrs.field(default="region", validator=one_of(ALIGNMENTS))
+    pad: bool = attrs.field(default=False, validator=boolean)
 
     def __attrs_post_init__(self):
         if self.block_length % self.slot_size:
@@ -44,6 +52,11 @@ class SemiAutoregressive(SlotPartitioner):
             raise ConfigError(
                 f"`block_length` ({self.block_length}) must be a multiple of `slot_size` ({self.slot_size}).", param='block_length'
             )
+        if self.pad and self.align != "absolute":
+            from refusion.errors import ConfigError
+
+            raise ConfigError("`pad`=True pads the answer to the model's block grid: it needs `align`='absolute'.",
+                              param="pad")
 
     def nearest_lengths(self, gen_length: int) -> tuple[int | None, int | None]:
         """Every length is accepted (the last block may be shorter)."""
@@ -52,8 +65,16 @@ class SemiAutoregressive(SlotPartitioner):
     def partition(self, gen_length: int) -> Partition:
         return self.partition_after(0, gen_length)
 
+    def padded_length(self, prompt_length: int, gen_length: int) -> int:
+        """The region's length after a ``prompt_length``-token prompt: ``gen_length``, or with ``pad`` up to the end
+        of the model block that holds its last position."""
+        if not self.pad:
+            return gen_length
+        return -(-(prompt_length + gen_length) // self.block_length) * self.block_length - prompt_length
+
     def partition_after(self, prompt_length: int, gen_length: int) -> Partition:
         check_gen_length(gen_length)
+        gen_length = self.padded_length(prompt_length, gen_length)
         first = self.block_length
         if self.align == "absolute" and prompt_length % self.block_length:
             first = self.block_length - prompt_length % self.block_length

@@ -11,9 +11,10 @@ from refusion.validators import one_of
 from refusion.plugins import hookimpl
 from refusion.decoding.types import Plan
 from refusion.strategies.base import SlotSelector
+from refusion.decoding.sampling import PRECISIONS
 from refusion.strategies.selectors.dream_steps import dream_scores
-from refusion.strategies.selectors.scored import top_k
-from refusion.validators import open_unit_interval, positive_int, probability
+from refusion.strategies.selectors.scored import TIES, note_block, ranked
+from refusion.validators import open_unit_interval, optional, positive_int, probability
 
 ALGS = ("confidence_threshold", "entropy")
 
@@ -30,9 +31,13 @@ class DreamBlocks(SlotSelector):
     ``linspace(1, eps, steps_per_block + 1)`` from the second one on
     (``steps_per_block = steps // blocks``), unmasking the
     ``int(n * (1 - s / t))`` slots of lowest entropy (all at the block's
-    last step); steps that would unmask nothing are skipped. Ties go to the
-    lowest position. The ``fast-dllm-dream`` preset uses it with one-token
-    slots, a model with ``logit_shift=1`` and Fast-dLLM's prefix or dual cache.
+    last step); steps that would unmask nothing are skipped. Entropies are
+    computed in ``precision`` (:func:`~refusion.strategies.selectors.dream_steps.dream_scores`).
+    Ties go to the lowest position, or as ``torch.topk`` breaks them on the
+    row Fast-dLLM ranks (``ties``: ``"suffix"`` with its prefix cache,
+    ``"serial-block"`` with its dual cache). The ``fast-dllm-dream`` preset
+    uses it with one-token slots, a model with ``logit_shift=1`` and
+    Fast-dLLM's prefix or dual cache.
     """
 
     name = "dream-blocks"
@@ -41,8 +46,13 @@ class DreamBlocks(SlotSelector):
     threshold: float = attrs.field(default=0.9, validator=probability)
     steps: int = attrs.field(default=128, validator=positive_int)
     eps: float = attrs.field(default=1e-3, validator=open_unit_interval)
+    precision: str = attrs.field(default="float32", validator=one_of(PRECISIONS))
+    confidence_top_k: int | None = attrs.field(default=None, validator=optional(positive_int))
+    confidence_top_p: float | None = attrs.field(default=None, validator=optional(probability))
+    ties: str = attrs.field(default="lowest", validator=one_of(TIES))
 
     def select(self, plan: Plan) -> Sequence[int]:
+        note_block(plan)
         key = (self.name, plan.slots[0].block)
         step = plan.memory.get(key, 0)
         if step == 0:
@@ -51,7 +61,7 @@ class DreamBlocks(SlotSelector):
         if self.alg == "confidence_threshold":
             plan.memory[key] = step + 1
             kept = (plan.first_confidence >= self.threshold).nonzero().flatten().tolist()
-            return kept or top_k(plan.first_confidence, 1)
+            return kept or ranked(plan, plan.first_confidence, 1, self.ties, among=len(plan))
         per_block = max(1, self.steps // plan.num_blocks)
         timesteps = torch.linspace(1, self.eps, per_block + 1)
         n = len(plan)
@@ -61,7 +71,8 @@ class DreamBlocks(SlotSelector):
             count = n if last else int(torch.tensor(float(n)) * (1 - timesteps[step + 1] / timesteps[step]))
             step += 1
         plan.memory[key] = step
-        return top_k(dream_scores(plan, "entropy"), count)
+        entropy = dream_scores(plan, "entropy", self.precision, self.confidence_top_k, self.confidence_top_p)
+        return ranked(plan, entropy, count, self.ties)
 
 
 @hookimpl

@@ -10,21 +10,37 @@ import torch
 from refusion.plugins import hookimpl
 from refusion.decoding.types import Plan
 from refusion.strategies.base import SlotSelector
-from refusion.strategies.selectors.scored import top_k
+from refusion.decoding.sampling import PRECISIONS, filtered, probabilities
+from refusion.strategies.selectors.scored import TIES, note_block, ranked
 from refusion.validators import one_of
-from refusion.validators import open_unit_interval, positive_int
+from refusion.validators import open_unit_interval, optional, positive_int, probability
 
 ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 
 
-def dream_scores(plan: Plan, alg: str) -> torch.Tensor:
-    """Dream's confidence per slot: top probability, top-2 margin, or negative entropy ``sum p log(p + 1e-10)``."""
+def dream_scores(plan: Plan, alg: str, precision: str = "float32", top_k: int | None = None,
+                 top_p: float | None = None) -> torch.Tensor:
+    """Dream's confidence per slot: top probability, top-2 margin, or negative entropy ``sum p log(p + 1e-10)``.
+
+    With ``precision`` ``"float32"`` the margin and entropy come from the
+    plan's float32 probabilities; otherwise they are computed as Dream's
+    ``sample_tokens`` computes them, from ``softmax`` in ``precision``
+    (``"logits"``: the logits' dtype, every step rounded there) of the logits
+    filtered by ``top_k`` / ``top_p`` (:func:`~refusion.decoding.sampling.filtered`).
+    The top probability is the draft's confidence (the sampler's).
+    """
     if alg == "maskgit_plus":
         return plan.first_confidence
+    if precision == "float32" and top_k is None and top_p is None:
+        if alg == "topk_margin":
+            return plan.first_margin
+        p = plan.first_probs
+        return (p * torch.log(p + 1e-10)).sum(-1)
+    p = probabilities(filtered(plan.scores[plan.first_rows].logits, top_k, top_p), precision)
     if alg == "topk_margin":
-        return plan.first_margin
-    p = plan.first_probs
-    return (p * torch.log(p + 1e-10)).sum(-1)
+        top = torch.sort(p, dim=-1, descending=True).values
+        return top[:, 0] - top[:, 1]
+    return torch.sum(p * torch.log(p + 1e-10), dim=-1)
 
 
 @attrs.frozen
@@ -37,10 +53,12 @@ class DreamSteps(SlotSelector):
     all of them at the last step); the other ``alg`` s unmask the
     ``int(n * (1 - s / t))`` best slots (all at the last step) by top
     probability (``maskgit_plus``), top-2 margin (``topk_margin``) or
-    negative entropy (``entropy``). Steps that unmask nothing are skipped
-    (their uniforms are still drawn for ``origin``). Ties go to the lowest
-    position. Use it with one serial block over the whole answer, as Dream
-    (the ``dream`` preset), and a model with ``logit_shift=1``.
+    negative entropy (``entropy``), computed in ``precision``
+    (:func:`dream_scores`). Steps that unmask nothing are skipped (their
+    uniforms are still drawn for ``origin``). Ties go to the lowest position,
+    or as ``torch.topk`` breaks them on the row Dream ranks (``ties``
+    ``"canvas"``). Use it with one serial block over the whole answer, as
+    Dream (the ``dream`` preset), and a model with ``logit_shift=1``.
     """
 
     name = "dream-steps"
@@ -48,8 +66,13 @@ class DreamSteps(SlotSelector):
     steps: int = attrs.field(default=128, validator=positive_int)
     eps: float = attrs.field(default=1e-3, validator=open_unit_interval)
     alg: str = attrs.field(default="maskgit_plus", validator=one_of(ALGS))
+    precision: str = attrs.field(default="float32", validator=one_of(PRECISIONS))
+    confidence_top_k: int | None = attrs.field(default=None, validator=optional(positive_int))
+    confidence_top_p: float | None = attrs.field(default=None, validator=optional(probability))
+    ties: str = attrs.field(default="lowest", validator=one_of(TIES))
 
     def select(self, plan: Plan) -> Sequence[int]:
+        note_block(plan)
         key = (self.name, plan.slots[0].block)
         step = plan.memory.get(key, 0)
         timesteps = torch.linspace(1, self.eps, self.steps + 1)
@@ -65,7 +88,8 @@ class DreamSteps(SlotSelector):
                 chosen = list(range(n)) if last else (u < 1 - s / t).nonzero().flatten().tolist()
             else:
                 count = n if last else int(torch.tensor(float(n)) * (1 - s / t))
-                chosen = top_k(dream_scores(plan, self.alg), count) if count else ()
+                scores = dream_scores(plan, self.alg, self.precision, self.confidence_top_k, self.confidence_top_p)
+                chosen = ranked(plan, scores, count, self.ties) if count else ()
         plan.memory[key] = step
         return chosen
 

@@ -10,6 +10,7 @@ import torch
 from refusion.plugins import hookimpl
 from refusion.decoding.types import Plan
 from refusion.strategies.base import SlotSelector
+from refusion.strategies.selectors.scored import TIES, note_block, ranked
 from refusion.validators import one_of
 from refusion.validators import positive_number
 
@@ -28,27 +29,31 @@ class FactorThreshold(SlotSelector):
     code (``get_transfer_index_dynamic``): ranks are taken in order up to the
     first whose confidence is below its threshold (>= passes); when only the
     last rank fails it is taken too. At least one slot is always chosen; ties
-    go to the lowest position.
+    go to the lowest position, or as ``torch.topk`` breaks them on the row
+    the peer ranks (``ties``, see :func:`~refusion.strategies.selectors.scored.ranked`).
     """
 
     name = "factor"
 
     factor: float = attrs.field(default=1.0, validator=positive_number)
     rule: str = attrs.field(default="paper", validator=one_of(RULES))
+    ties: str = attrs.field(default="lowest", validator=one_of(TIES))
 
     def select(self, plan: Plan) -> Sequence[int]:
+        note_block(plan)
         conf = plan.first_confidence.double()
         order = torch.sort(conf, descending=True, stable=True).indices
-        ranked = conf[order]
-        n = torch.arange(1, len(ranked) + 1, dtype=torch.float64)
+        best_first = conf[order]
+        n = torch.arange(1, len(best_first) + 1, dtype=torch.float64)
         if self.rule == "paper":
-            ok = ((n + 1) * (1 - ranked) < self.factor).nonzero().flatten()
+            ok = ((n + 1) * (1 - best_first) < self.factor).nonzero().flatten()
             count = int(ok.max()) + 1 if len(ok) else 1
         else:
-            failed = (ranked < 1 - self.factor / (n + 1)).nonzero().flatten().tolist()
+            failed = (best_first < 1 - self.factor / (n + 1)).nonzero().flatten().tolist()
             first = next((i for i in failed if i > 0), None)  # rank 0 always passes
-            count = len(ranked) if first is None or first == len(ranked) - 1 else first
-        return order[:count].tolist()
+            count = len(best_first) if first is None or first == len(best_first) - 1 else first
+        return order[:count].tolist() if self.ties == "lowest" else \
+            ranked(plan, plan.first_confidence, count, self.ties)
 
 
 @hookimpl

@@ -10,7 +10,7 @@ import torch
 from refusion.plugins import hookimpl
 from refusion.decoding.types import Plan
 from refusion.strategies.base import SlotSelector
-from refusion.strategies.selectors.scored import top_k
+from refusion.strategies.selectors.scored import TIES, note_block, ranked
 from refusion.validators import one_of
 from refusion.validators import positive_int
 
@@ -73,19 +73,24 @@ class LLaDASteps(SlotSelector):
     Each step unmasks the most confident slots (``remasking="low_confidence"``)
     or those with the highest uniform score drawn for every canvas position
     (``"random"``, LLaDA's ``rand`` over the whole sequence, from the prompt's
-    generator). Ties go to the lowest position.
+    generator). Ties go to the lowest position, or as ``torch.topk`` breaks
+    them on the row the peer ranks (``ties``, see
+    :func:`~refusion.strategies.selectors.scored.ranked`; LLaDA's and
+    Fast-dLLM's ``"canvas"``).
     """
 
     name = "llada-steps"
 
     steps: int = attrs.field(default=128, validator=positive_int)
     remasking: str = attrs.field(default="low_confidence", validator=one_of(REMASKING))
+    ties: str = attrs.field(default="lowest", validator=one_of(TIES))
 
     def select(self, plan: Plan) -> Sequence[int]:
+        note_block(plan)
         per_block = block_steps(self.steps, plan.num_blocks, plan.slots[0].block)
         count = next_count(plan, self.name, lambda masks: even_schedule(masks, per_block))
         scores = plan.first_confidence if self.remasking == "low_confidence" else canvas_uniform(plan)
-        return top_k(scores, count)
+        return ranked(plan, scores, count, self.ties)
 
 
 @hookimpl

@@ -10,7 +10,7 @@ from refusion.validators import one_of
 from refusion.plugins import hookimpl
 from refusion.decoding.types import Plan
 from refusion.strategies.base import SlotSelector
-from refusion.strategies.selectors.scored import top_k
+from refusion.strategies.selectors.scored import TIES, ranked
 from refusion.validators import positive_int, probability
 
 STRATEGIES = ("low_confidence_dynamic", "low_confidence_static", "sequential")
@@ -37,8 +37,10 @@ class SDARSteps(SlotSelector):
     above ``confidence_threshold`` when there are at least that many, else the
     most confident ones (``"low_confidence_dynamic"``, SDAR's default); or the
     leftmost ones (``"sequential"``). Confidence is the drawn token's
-    probability (SDAR samples; see the ``block-multinomial`` sampler). Ties go
-    to the lowest position. Use it with one-token slots in the model's blocks
+    probability (SDAR samples; see the ``block-multinomial`` sampler), compared
+    with ``confidence_threshold`` in its own dtype. Ties go to the lowest
+    position, or as ``torch.topk`` breaks them on SDAR's block row (``ties``
+    ``"model-block"``, see :func:`~refusion.strategies.selectors.scored.ranked`). Use it with one-token slots in the model's blocks
     (partitioner ``semi-ar``, ``align="absolute"``), as the ``sdar`` preset
     does. SDAR's ``entropy_bounded`` strategy is not offered: its published
     code never sets the tokens it chooses.
@@ -50,6 +52,7 @@ class SDARSteps(SlotSelector):
     remasking_strategy: str = attrs.field(default="low_confidence_dynamic", validator=one_of(STRATEGIES))
     confidence_threshold: float = attrs.field(default=0.85, validator=probability)
     block_length: int = attrs.field(default=4, validator=positive_int)
+    ties: str = attrs.field(default="lowest", validator=one_of(TIES))
 
     def select(self, plan: Plan) -> Sequence[int]:
         key = (self.name, plan.slots[0].block)
@@ -64,7 +67,7 @@ class SDARSteps(SlotSelector):
             confident = (scores > self.confidence_threshold).nonzero().flatten().tolist()
             if len(confident) >= count:
                 return confident
-        return top_k(scores, count)
+        return ranked(plan, scores, count, self.ties, self.block_length)
 
 
 @hookimpl

@@ -9,8 +9,8 @@ import attrs
 from refusion.plugins import hookimpl
 from refusion.decoding.types import Plan
 from refusion.strategies.base import SlotSelector
-from refusion.strategies.selectors.scored import top_k
-from refusion.validators import boolean
+from refusion.strategies.selectors.scored import TIES, note_block, ranked
+from refusion.validators import boolean, one_of
 from refusion.validators import probability
 
 
@@ -22,19 +22,26 @@ class ConfidenceThreshold(SlotSelector):
     token and keeps it when strictly above the threshold (the default).
     ``inclusive=True`` keeps a slot whose confidence *equals* the threshold
     too: Fast-dLLM's rule (``confidence >= threshold``), its confidence-threshold
-    parallel decoding with one-token slots. Fallback ties go to the lowest position.
+    parallel decoding with one-token slots. Fallback ties go to the lowest
+    position, or as ``torch.topk`` breaks them on the row the peer ranks
+    (``ties``: ReFusion ``"slots"``, Fast-dLLM ``"canvas"`` or, with its
+    caches, ``"canvas-then-suffix"`` / ``"canvas-then-serial-block"``; see
+    :func:`~refusion.strategies.selectors.scored.ranked`). The comparison
+    is made in the confidences' dtype, as torch makes it.
     """
 
     name = "threshold"
 
     slot_threshold: float = attrs.field(default=0.9, validator=probability)
     inclusive: bool = attrs.field(default=False, validator=boolean)
+    ties: str = attrs.field(default="lowest", validator=one_of(TIES))
 
     def select(self, plan: Plan) -> Sequence[int]:
+        note_block(plan)
         scores = plan.first_confidence
         kept = scores >= self.slot_threshold if self.inclusive else scores > self.slot_threshold
         chosen = kept.nonzero().flatten().tolist()
-        return chosen or top_k(scores, 1)
+        return chosen or ranked(plan, scores, 1, self.ties, among=1 if self.ties == "slots" else len(plan))
 
 
 @hookimpl

@@ -1,4 +1,11 @@
-"""CPU stand-in for flash_attn.ops.triton.layer_norm.rms_norm_fn: fp32 RMSNorm, output in the input dtype."""
+"""CPU stand-in for flash_attn.ops.triton.layer_norm.rms_norm_fn, with the kernel's numerics.
+
+flash-attn's `_layer_norm_fwd_1pass_kernel` (and its `rms_norm_ref` with `upcast=True`) loads the row, the
+residual and the weight as float32, computes `rstd = 1 / sqrt(mean(x * x) + eps)` and `y = x * rstd * w` in
+float32, and stores `y` once in the output dtype (the input's). So a bfloat16/float16 model's norm is rounded
+once, after the weight multiply (transformers' `Qwen3RMSNorm` rounds before it). This stand-in computes the same
+expression in the same order in plain torch.
+"""
 import torch
 
 
@@ -10,7 +17,8 @@ def rms_norm_fn(x, weight, bias, residual=None, x1=None, weight1=None, bias1=Non
     xf = x.float()
     if residual is not None:
         xf = xf + residual.float()
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+    rstd = 1 / torch.sqrt(xf.square().mean(dim=-1, keepdim=True) + eps)
+    y = xf * rstd * weight.float()
     if bias is not None:
         y = y + bias.float()
     y = y.to(out_dtype if out_dtype is not None else x.dtype)

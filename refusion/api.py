@@ -26,7 +26,8 @@ def decoder_spec(
     """The :class:`~refusion.config.spec.DecoderSpec` :func:`generate` would use.
 
     ``preset`` (a name or a spec, e.g. from :func:`refusion.load_preset`)
-    defaults to the checkpoint's own ``refusion.json``, else ``"paper"``;
+    defaults to the adapter's (:func:`~refusion.models.loading.load_model`:
+    the checkpoint's ``refusion.json``, else its family's), else ``"paper"``;
     explicit parts and ``params`` override it by :meth:`DecoderSpec.merged`'s
     one rule (a replaced part loses its parameters). A preset named after a
     peer takes that peer function's own arguments among ``params``
@@ -70,7 +71,8 @@ def generate(
     A list of prompts (texts or token-id lists) is decoded as one batch and
     gives a list of results, in order (``seeds`` gives each its own sampling
     seed). ``preset`` picks part names, parameters and ``gen_length`` (default:
-    the checkpoint's own ``refusion.json`` if it has one, else ``"paper"``);
+    the checkpoint's own ``refusion.json`` if it has one, else its family's
+    preset: ``llada``, ``dream``, ``sdar`` or ``paper``);
     explicit part specs, ``gen_length`` and ``params`` (e.g. ``slot_size=16``,
     ``token_threshold=0.5``, ``temperature=0.7``, ``"selector.k"=2``) override
     it. ``gen_length`` is honoured exactly (or refused, naming the nearest

@@ -73,7 +73,8 @@ def add_decoding_options(parser: argparse.ArgumentParser) -> None:
     """The flags that describe the decoder: preset, parts, parameters (see ``refusion plugins``)."""
     group = parser.add_argument_group("decoding (see `refusion plugins` for every part and parameter)")
     group.add_argument("--preset", default=None, choices=sorted(PRESETS),
-                       help="named configuration (default: the checkpoint's refusion.json, else paper)")
+                       help="named configuration (default: the checkpoint's refusion.json, else its family's own: "
+                            "llada, dream, sdar; paper otherwise)")
     group.add_argument("--preset-file", default=None, metavar="FILE",
                        help="a decoder spec file, e.g. the preset.json `refusion sweep` writes (instead of --preset)")
     group.add_argument("--gen-length", type=int, default=None,

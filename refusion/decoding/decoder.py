@@ -160,9 +160,12 @@ class Decoder:
         for part in (self.partitioner, self.selector, self.infiller, self.reorderer):
             for field, wanted in getattr(part, "requires", {}).items():
                 if getattr(caps, field) != wanted:
+                    from refusion.config.presets import presets_for
+
                     raise ConfigError(
                         f"{part.kind} {part.name!r} needs a model with `{field}={wanted}`, but {type(model).__name__} "
-                        f"has `{field}={getattr(caps, field)}` ({caps}). Pick another {part.kind}: see `refusion plugins`."
+                        f"has `{field}={getattr(caps, field)}` ({caps}). Pick another {part.kind} (see `refusion "
+                        f"plugins`), or a preset that runs on this model: {', '.join(presets_for(model))}."
                     )
 
     def prepare(self, model: ModelAdapter, prompt_ids: Any, gen_length: int, *, seed: int | None = None) -> Prepared:

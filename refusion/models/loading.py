@@ -35,7 +35,10 @@ def load_model(model: Any = None, *, tokenizer: Any = None, adapter: str | None 
     ``device``, transformers' loading keywords (``device_map``,
     ``attn_implementation``, ``quantization_config``, ...) and the adapter's
     (``mask_token_id``, ``eos_token_id``, ``block_length`` for block
-    diffusion, ``logit_shift`` for ``hf-mdm``). ``adapter`` names a registered
+    diffusion, ``logit_shift`` for ``hf-mdm``). The adapter's ``preset`` is
+    the decoder the checkpoint recommends (its ``refusion.json``), else its
+    family's own (LLaDA ``llada``, Dream ``dream``, SDAR ``sdar``, ReFusion
+    ``paper``), else ``None`` (``paper``). ``adapter`` names a registered
     adapter (``hf-causal``, ``hf-mdm``, ``hf-block``) to use instead of the
     family's, for architectures outside the families; the checkpoint's own
     code runs only with ``trust_remote_code=True``.
@@ -83,7 +86,7 @@ def load_model(model: Any = None, *, tokenizer: Any = None, adapter: str | None 
             loaded = _loading(model, adapter_cls.from_pretrained, model, trust_remote_code=trust_remote_code, **options)
             if tokenizer is not None:
                 loaded.tokenizer = tokenizer
-        loaded.preset = read_model_preset(model)
+        loaded.preset = read_model_preset(model) or family_preset(family)
         return loaded
     if hasattr(model, "config") and callable(model):
         return registry().get("model_adapter", adapter or "hf-causal")(model, tokenizer, **options)
@@ -102,6 +105,14 @@ def read_model_preset(path: str) -> Any:
 
     file = Path(path) / PRESET_FILE
     return load_preset(file) if file.is_file() else None
+
+
+def family_preset(family: Any) -> Any:
+    """The preset (a :class:`~refusion.config.spec.DecoderSpec`) a model family decodes with, or ``None``."""
+    from refusion.config import preset
+
+    name = getattr(family, "default_preset", None)
+    return preset(name) if name is not None else None
 
 
 def _loading(path: str, load: Any, *args: Any, **kwargs: Any) -> ModelAdapter:

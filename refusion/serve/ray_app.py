@@ -97,6 +97,7 @@ def build_app(settings: ReplicaSettings) -> Any:
     adapter = settings.loader() if settings.loader is not None else load_model(settings.model)
     defaults = settings.defaults
     decoder, length = build_decoder(adapter, preset=defaults.preset, **defaults.parts, **defaults.params)
+    decoder.check_model(adapter)  # a default that cannot run on the model is refused at start-up
     generator = Generator(adapter, decoder, engine=settings.engine, max_rows=settings.max_rows,
                           max_tokens=settings.max_batch_tokens, max_queue=settings.max_queue,
                           gen_length=defaults.gen_length or length)

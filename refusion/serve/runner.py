@@ -166,6 +166,7 @@ def _run(model: Any, loader: Callable[[], Any] | None, listener: socket.socket, 
         torch.set_num_threads(torch_threads)
     adapter = loader() if loader is not None else load_model(model)
     decoder, length = build_decoder(adapter, preset=defaults.preset, **defaults.parts, **defaults.params)
+    decoder.check_model(adapter)  # a default that cannot run on the model is refused at start-up, naming those that can
     generator = Generator(adapter, decoder, engine=engine, max_rows=max_rows, max_tokens=max_batch_tokens,
                           max_queue=max_queue, gen_length=defaults.gen_length or length)
     check_guidance(generator.decoder, generator.engine)

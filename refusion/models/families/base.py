@@ -56,6 +56,9 @@ class ModelFamily(ABC):
     end_of_turn: ClassVar[tuple[str, ...]] = ()
     #: keyword options of :meth:`adapter` besides the model and tokenizer (e.g. ``block_length``)
     adapter_options: ClassVar[tuple[str, ...]] = ("mask_token_id", "eos_token_id")
+    #: the preset that decodes as the family's authors do (:data:`refusion.config.PRESETS`), used when a caller
+    #: names none and the checkpoint has no ``refusion.json``
+    default_preset: ClassVar[str | None] = None
     #: transformers tokenizer class to read the vocabulary files with when the published tokenizer class is
     #: custom code and there is no ``tokenizer.json`` (Dream's ``DreamTokenizer`` is a ``Qwen2Tokenizer``)
     tokenizer_class: ClassVar[str | None] = None

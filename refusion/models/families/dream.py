@@ -21,6 +21,7 @@ class Dream(MaskedDiffusionFamily):
     """Dream checkpoints as a bidirectional ``Qwen2ForCausalLM`` (logit shift 1)."""
 
     name = "dream"
+    default_preset = "dream"
     description = "Dream (bidirectional Qwen2, logits shifted by one) as transformers' Qwen2ForCausalLM"
     checkpoints = ("Dream-org/Dream-v0-Base-7B", "Dream-org/Dream-v0-Instruct-7B")
     model_types = ("Dream",)

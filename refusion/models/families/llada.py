@@ -57,6 +57,7 @@ class LLaDA(MaskedDiffusionFamily):
     """LLaDA checkpoints as a bidirectional ``LlamaForCausalLM`` (logit shift 0)."""
 
     name = "llada"
+    default_preset = "llada"
     description = "LLaDA (bidirectional LLaMA, logits predict the masked position) as transformers' LlamaForCausalLM"
     checkpoints = ("GSAI-ML/LLaDA-8B-Base", "GSAI-ML/LLaDA-8B-Instruct", "GSAI-ML/LLaDA-1.5")
     model_types = ("llada",)

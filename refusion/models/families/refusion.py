@@ -20,6 +20,7 @@ class ReFusion(ModelFamily):
     """ReFusion checkpoints (a Qwen3 with a mask token) as transformers' ``Qwen3ForCausalLM``."""
 
     name = "refusion"
+    default_preset = "paper"
     description = "ReFusion (causal Qwen3 with a mask token) as transformers' Qwen3ForCausalLM"
     checkpoints = ("GSAI-ML/ReFusion", "the model shipped with refusion")
     remote_modules = ("modeling_qwen3_refusion",)

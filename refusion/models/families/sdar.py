@@ -31,6 +31,7 @@ class SDAR(ModelFamily):
     """SDAR checkpoints as a block-causal ``Qwen3ForCausalLM`` (blocks from position 0, logit shift 0)."""
 
     name = "sdar"
+    default_preset = "sdar"
     description = "SDAR (block diffusion, Qwen3 with block-causal attention from position 0) as Qwen3ForCausalLM"
     checkpoints = ("JetLM/SDAR-1.7B-Chat", "JetLM/SDAR-4B-Chat", "JetLM/SDAR-8B-Chat")
     model_types = ("sdar",)

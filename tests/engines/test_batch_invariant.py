@@ -18,7 +18,8 @@ from refusion.config import PRESETS, DecoderSpec
 from refusion.decoding.decoder import Decoder
 from refusion.engines import open_engine
 from refusion.engines.branch import BranchEngine
-from refusion.engines.invariant import InvariantHead, rows_depend_on_count, tiled_linear
+from refusion.engines import invariant
+from refusion.engines.invariant import InvariantHead, probe_rows, rows_depend_on_count, tiled_linear
 from refusion.errors import ConfigError
 from refusion.models.block import tiny_block_diffusion
 from refusion.models.hf import HFCausalLM
@@ -178,18 +179,36 @@ def test_the_default_can_differ_in_bf16_where_batch_invariant_does_not():
     assert default[1] != alone[1]
 
 
-def test_half_precision_cpu_linear_rows_do_not_depend_on_the_row_count():
-    """What lets batch-invariance leave bf16/fp16 linear layers untiled on CPUs (``rows_depend_on_count``)."""
-    generator = torch.Generator().manual_seed(0)
-    for dtype in (torch.bfloat16, torch.float16):
-        assert not rows_depend_on_count("cpu", dtype)
-        for d, out in ((32, 64), (256, 768)):
-            weight = torch.randn(out, d, generator=generator).to(dtype)
-            x = torch.randn(70, d, generator=generator).to(dtype)
-            full = F.linear(x, weight)
-            for rows in (1, 2, 3, 4, 5, 8, 17, 33, 70):
-                assert torch.equal(F.linear(x[:rows], weight), full[:rows]), (dtype, d, rows)
-    assert rows_depend_on_count("cpu", torch.float32) and rows_depend_on_count("cuda", torch.bfloat16)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_probe_says_whether_this_machine_s_linear_rows_depend_on_the_row_count(dtype):
+    """Measured, not assumed (was: "CPU half precision never depends on the row count", false on CPUs with
+    avx512_fp16/AMX, where fp16 ``F.linear`` on 1 row differs from 70 rows)."""
+    generator = torch.Generator().manual_seed(5)
+    weight = torch.randn(768, 256, generator=generator).to(dtype)
+    x = torch.randn(70, 256, generator=generator).to(dtype)
+    full = F.linear(x, weight)
+    differs = [rows for rows in (1, 2, 3, 4, 5, 8, 17, 33) if not torch.equal(F.linear(x[:rows], weight), full[:rows])]
+    found = probe_rows("cpu", dtype)
+    assert found.depends == bool(differs) == rows_depend_on_count("cpu", dtype)
+    if found.min_rows is not None:
+        assert all(torch.equal(F.linear(x[:rows], weight), full[:rows]) for rows in (4, 8, 33) if rows >= found.min_rows)
+    assert probe_rows("cpu", dtype) is found  # once per process
+
+
+@pytest.fixture
+def rows_depend_in_bf16(monkeypatch):
+    """Force the probe's answer for CPU bf16, as a CPU whose bf16 GEMMs pick kernels by row count would give it."""
+    monkeypatch.setitem(invariant._PROBED, invariant.probe_key("cpu", torch.bfloat16), invariant.RowClasses(True, 4))
+
+
+@pytest.mark.parametrize("engine", ["branch", "repeat"])
+def test_where_the_probe_says_rows_depend_the_engine_tiles_and_a_batch_still_decodes_as_alone(engine,
+                                                                                              rows_depend_in_bf16):
+    model = HFCausalLM(tiny_qwen3(vocab_size=40, hidden_size=32, seed=3, logit_scale=4.0, dtype=torch.bfloat16))
+    assert invariant.Invariance.for_model(model).tile == invariant.ROW_TILE
+    decoder = attrs.evolve(Decoder.from_names(slot_size=2, serial_num_blocks=2), batch_invariant=True)
+    check_batch_equals_alone(model, decoder, 8, {"engine": engine} if engine != "branch" else {},
+                             [[5, 6, 7, 8, 9, 10, 11], [12, 13], [5, 6, 7, 8, 9, 10, 11]])
 
 
 def test_row_tiles_and_the_invariant_head_give_a_row_the_same_numbers_whatever_the_row_count():

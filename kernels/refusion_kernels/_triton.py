@@ -55,10 +55,12 @@ def scatter_kernel(src_ptr, dst_ptr, rows_ptr, cols_ptr, n_heads, head_dim,
 
 
 @triton.jit
-def lm_head_kernel(h_ptr, w_ptr, b_ptr, tokens_ptr, best_ptr, lse_ptr, n_rows, vocab, dim,
-                   s_hm, s_hd, s_wv, s_wd, inv_temp, exclude, HAS_BIAS: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One program per block of rows: logits block by block (tl.dot), online max / sum-exp / argmax."""
+def lm_head_kernel(h_ptr, w_ptr, b_ptr, tokens_ptr, best_ptr, lse_ptr, targets_ptr, picked_ptr, n_rows, vocab, dim,
+                   s_hm, s_hd, s_wv, s_wd, temperature, exclude, HAS_BIAS: tl.constexpr, HAS_TARGETS: tl.constexpr,
+                   FLOAT32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One program per block of rows: logits block by block (tl.dot), rounded to the weight's dtype as the model's
+    head returns them, divided by the temperature; online max / sum-exp / argmax (ties: lowest id) and, with
+    targets, each row's target logit."""
     pid = tl.program_id(0)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < n_rows
@@ -67,6 +69,9 @@ def lm_head_kernel(h_ptr, w_ptr, b_ptr, tokens_ptr, best_ptr, lse_ptr, n_rows, v
     run_sum = tl.full((BLOCK_M,), 0.0, tl.float32)
     best_val = tl.full((BLOCK_M,), neg_inf, tl.float32)
     best_idx = tl.full((BLOCK_M,), 0, tl.int64)
+    picked = tl.full((BLOCK_M,), 0.0, tl.float32)
+    if HAS_TARGETS:
+        target = tl.load(targets_ptr + rows, mask=row_ok, other=-1)
     for v0 in range(0, vocab, BLOCK_V):
         cols = v0 + tl.arange(0, BLOCK_V)
         col_ok = cols < vocab
@@ -81,7 +86,11 @@ def lm_head_kernel(h_ptr, w_ptr, b_ptr, tokens_ptr, best_ptr, lse_ptr, n_rows, v
             acc += tl.dot(h.to(tl.float32), w.to(tl.float32))
         if HAS_BIAS:
             acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        x = tl.where(col_ok[None, :], acc * inv_temp, neg_inf)
+        if not FLOAT32:  # the plain path's logits are in the weight's dtype
+            acc = acc.to(w_ptr.dtype.element_ty).to(tl.float32)
+        x = tl.where(col_ok[None, :], acc / temperature, neg_inf)
+        if HAS_TARGETS:
+            picked += tl.sum(tl.where(cols[None, :] == target[:, None], x, 0.0), 1)
         new_max = tl.maximum(run_max, tl.max(x, 1))
         shift = tl.where(new_max == neg_inf, 0.0, new_max)
         run_sum = run_sum * tl.exp(run_max - shift) + tl.sum(tl.exp(x - shift[:, None]), 1)
@@ -96,3 +105,5 @@ def lm_head_kernel(h_ptr, w_ptr, b_ptr, tokens_ptr, best_ptr, lse_ptr, n_rows, v
     tl.store(tokens_ptr + rows, best_idx, mask=row_ok)
     tl.store(best_ptr + rows, best_val, mask=row_ok)
     tl.store(lse_ptr + rows, lse, mask=row_ok)
+    if HAS_TARGETS:
+        tl.store(picked_ptr + rows, picked, mask=row_ok)

@@ -1,19 +1,27 @@
 """Fused LM head: per row, argmax token, its logit and the log-sum-exp, without the ``(n, vocab)`` logits.
 
-``lm_head_stats(hidden, weight, bias=None, exclude=None, temperature=1.0)``
+``lm_head_stats(hidden, weight, bias=None, exclude=None, temperature=1.0, targets=None)``
 receives ``hidden`` of shape ``(n, d)`` and the output projection ``weight``
 ``(vocab, d)`` (optionally ``bias`` ``(vocab,)``) and returns three ``(n,)``
 tensors: ``tokens``, the argmax of ``logits = hidden @ weight.T + bias`` over
 the vocabulary skipping the id ``exclude``; ``best``, ``logits[token] /
 temperature``; ``lse``, ``logsumexp(logits / temperature)`` over the whole
-vocabulary. The greedy confidence is ``exp(best - lse)``; the probability of
-any token ``t`` is ``exp(hidden @ weight[t] / temperature - lse)``.
+vocabulary; with ``targets`` (``(n,)`` token ids, -1 for none) a fourth,
+``logits[target] / temperature`` (0 where the target is -1). The greedy
+confidence is ``exp(best - lse)``.
 
-The logits are computed in the weight's dtype (as the model's own head
-would) and reduced in float32 (float64 for float64 weights). The torch path
-walks the vocabulary in chunks, so at most ``n x chunk`` logits exist at a
-time; the Triton kernel (CUDA) keeps a block of rows in registers and never
-writes logits to memory. Ties go to the lowest id.
+Every number is the one the plain path computes from the materialised
+logits of the same rows (``Scores.stats`` of ``F.linear(hidden, weight,
+bias)``): the logits are rounded to the weight's dtype, as the model's own
+head returns them, then reduced in float32 (float64 for float64 weights),
+dividing by ``temperature``; ties go to the lowest id. The torch path
+projects rows in groups (at most ``chunk`` logits, about 2M, at a time),
+each over the whole vocabulary, the last group padded with zero rows to the
+group's size, so each row is reduced exactly as its materialised logits
+would be. The Triton kernel (CUDA) keeps a block of rows in registers and
+never writes logits to memory; its dot products are summed in another order
+than cuBLAS's, so its logits may differ from the plain path's in the last
+bit before rounding (in bfloat16/float16 that rarely survives the rounding).
 """
 
 from __future__ import annotations
@@ -21,72 +29,68 @@ from __future__ import annotations
 import torch
 
 from refusion_kernels.backend import choose
-from refusion_kernels.underflow import FLOOR, floor_for_exp
+from refusion_kernels.underflow import floor_for_exp
+
+#: logits computed at a time by the torch path (rows x vocabulary)
+CHUNK = 1 << 21
 
 
 def _reduce_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def lm_head_stats_reference(hidden, weight, bias=None, exclude=None, temperature=1.0, *, chunk: int | None = None):
-    """The torch path (chunked over the vocabulary); same contract as :func:`lm_head_stats`."""
+def _reduce(x: torch.Tensor, exclude, temperature, targets):
+    """The statistics of logits ``x`` (``(n, vocab)``, owned: edited in place), as ``Scores.stats`` computes them."""
+    vocab = x.shape[-1]
+    x = x.to(_reduce_dtype(x.dtype))
+    if temperature != 1.0:
+        x = x / temperature
+    picked = None
+    if targets is not None:
+        picked = x.gather(-1, targets.clamp_min(0).unsqueeze(-1)).squeeze(-1).masked_fill(targets < 0, 0.0)
+    if exclude is not None and 0 <= exclude < vocab:
+        excluded = x[:, exclude].clone()
+        x[:, exclude] = float("-inf")
+        best, tokens = x.max(dim=-1)
+        x[:, exclude] = excluded
+    else:
+        best, tokens = x.max(dim=-1)
+    lse = torch.logsumexp(floor_for_exp(x, inplace=True), dim=-1)
+    return (tokens, best, lse) if targets is None else (tokens, best, lse, picked)
+
+
+def lm_head_stats_reference(hidden, weight, bias=None, exclude=None, temperature=1.0, *, targets=None,
+                            chunk: int | None = None):
+    """The torch path: rows projected in groups of at most ``chunk`` logits, each over the whole vocabulary; same
+    contract as :func:`lm_head_stats`."""
     n, vocab = hidden.shape[0], weight.shape[0]
-    red = _reduce_dtype(weight.dtype)
-    if chunk is None:
-        chunk = max(1024, (1 << 21) // max(n, 1))  # about 2M logits at a time
-    if vocab <= chunk:  # one pass
-        x = torch.nn.functional.linear(hidden.to(weight.dtype), weight, bias).to(red)  # owned: edited in place
-        if temperature != 1.0:
-            x = x / temperature
-        if exclude is not None and 0 <= exclude < vocab:
-            excluded = x[:, exclude].clone()
-            x[:, exclude] = float("-inf")
-            best, tokens = x.max(dim=-1)
-            x[:, exclude] = excluded
-            row_max = torch.maximum(best, excluded)
-        else:
-            best, tokens = x.max(dim=-1)
-            row_max = best
-        lse = torch.logsumexp(floor_for_exp(x, row_max, inplace=True), dim=-1)
-        return tokens, best, lse
-    run_max = torch.full((n,), float("-inf"), dtype=red, device=hidden.device)
-    run_sum = torch.zeros(n, dtype=red, device=hidden.device)
-    best = torch.full((n,), float("-inf"), dtype=red, device=hidden.device)
-    tokens = torch.zeros(n, dtype=torch.long, device=hidden.device)
     h = hidden.to(weight.dtype)
-    inv = 1.0 / temperature
-    for start in range(0, vocab, chunk):
-        stop = min(vocab, start + chunk)
-        logits = torch.nn.functional.linear(h, weight[start:stop], None if bias is None else bias[start:stop])
-        x = logits.to(red)
-        if inv != 1.0:
-            x = x * inv
-        block_max = x.max(dim=-1).values
-        new_max = torch.maximum(run_max, block_max)
-        shift = torch.where(torch.isfinite(new_max), new_max, torch.zeros_like(new_max))
-        shifted = x - shift[:, None]
-        if red != torch.float64:  # see refusion_kernels.underflow
-            shifted.clamp_(min=-FLOOR)
-        run_sum = run_sum * torch.exp(run_max - shift) + torch.exp(shifted).sum(-1)
-        run_max = new_max
-        if exclude is not None and start <= exclude < stop:
-            x = x.clone()
-            x[:, exclude - start] = float("-inf")
-        value, index = x.max(dim=-1)
-        better = value > best
-        best = torch.where(better, value, best)
-        tokens = torch.where(better, index + start, tokens)
-    lse = torch.where(run_sum > 0, run_max + torch.log(run_sum), torch.full_like(run_sum, float("-inf")))
-    return tokens, best, lse
+    group = max(8, (chunk or CHUNK) // max(vocab, 1))
+    if n <= group:  # one projection of exactly these rows
+        return _reduce(torch.nn.functional.linear(h, weight, bias), exclude, temperature, targets)
+    parts = []
+    for start in range(0, n, group):
+        rows = h[start : start + group]
+        count = rows.shape[0]
+        if count < group:  # every projection has the same number of rows
+            rows = torch.cat((rows, rows.new_zeros((group - count, rows.shape[1]))))
+        wanted = None if targets is None else targets[start : start + group]
+        if wanted is not None and count < group:
+            wanted = torch.cat((wanted, wanted.new_full((group - count,), -1)))
+        out = _reduce(torch.nn.functional.linear(rows, weight, bias), exclude, temperature, wanted)
+        parts.append(tuple(t[:count] for t in out))
+    return tuple(torch.cat(column) for column in zip(*parts))
 
 
-def lm_head_stats(hidden, weight, bias=None, exclude=None, temperature=1.0, *, backend: str | None = None,
-                  chunk: int | None = None):
-    """Argmax token, its tempered logit and the tempered log-sum-exp per row; see the module docstring.
+def lm_head_stats(hidden, weight, bias=None, exclude=None, temperature=1.0, *, targets=None,
+                  backend: str | None = None, chunk: int | None = None):
+    """Argmax token, its tempered logit and the tempered log-sum-exp per row (and the targets' tempered logits when
+    ``targets`` is given); see the module docstring.
 
-    ``chunk`` fixes the vocabulary chunk of the torch path (default: narrower
-    as rows grow, about 2M logits at a time); with a fixed chunk a row's
-    result does not depend on the number of rows. The Triton kernel reduces
+    ``chunk`` bounds the logits the torch path holds at a time (default
+    :data:`CHUNK`); a row's result does not depend on it, nor on the number
+    of rows (given a matrix product whose rows do not depend on it, see
+    ``refusion.engines.invariant.probe_rows``). The Triton kernel reduces
     each row in the same order whatever the row count and ignores it.
     """
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
@@ -94,12 +98,14 @@ def lm_head_stats(hidden, weight, bias=None, exclude=None, temperature=1.0, *, b
                          f"{tuple(weight.shape)}.")
     if not temperature > 0:
         raise ValueError(f"`temperature` must be > 0; got {temperature!r}.")
+    if targets is not None and (targets.dim() != 1 or targets.shape[0] != hidden.shape[0]):
+        raise ValueError(f"`targets` must hold one token id per row ({hidden.shape[0]}); got {tuple(targets.shape)}.")
     if choose(weight, backend) == "torch" or hidden.shape[0] == 0:
-        return lm_head_stats_reference(hidden, weight, bias, exclude, temperature, chunk=chunk)
-    return _lm_head_triton(hidden, weight, bias, exclude, temperature)
+        return lm_head_stats_reference(hidden, weight, bias, exclude, temperature, targets=targets, chunk=chunk)
+    return _lm_head_triton(hidden, weight, bias, exclude, temperature, targets)
 
 
-def _lm_head_triton(hidden, weight, bias, exclude, temperature, block_m: int = 16, block_v: int = 64,
+def _lm_head_triton(hidden, weight, bias, exclude, temperature, targets=None, block_m: int = 16, block_v: int = 64,
                     block_d: int = 64):
     import triton
 
@@ -111,12 +117,15 @@ def _lm_head_triton(hidden, weight, bias, exclude, temperature, block_m: int = 1
     tokens = torch.empty(n, dtype=torch.long, device=hidden.device)
     best = torch.empty(n, dtype=torch.float32, device=hidden.device)
     lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
+    picked = torch.zeros(n, dtype=torch.float32, device=hidden.device)
+    wanted = targets.to(device=hidden.device, dtype=torch.long) if targets is not None else tokens
     block_d = min(block_d, max(16, triton.next_power_of_2(d)))
     lm_head_kernel[(triton.cdiv(n, block_m),)](
-        h, weight, bias if bias is not None else weight, tokens, best, lse,
+        h, weight, bias if bias is not None else weight, tokens, best, lse, wanted, picked,
         n, vocab, d, h.stride(0), h.stride(1), weight.stride(0), weight.stride(1),
-        1.0 / temperature, -1 if exclude is None else int(exclude), bias is not None,
-        BLOCK_M=block_m, BLOCK_V=block_v, BLOCK_D=block_d,
+        float(temperature), -1 if exclude is None else int(exclude), bias is not None, targets is not None,
+        weight.dtype == torch.float32, BLOCK_M=block_m, BLOCK_V=block_v, BLOCK_D=block_d,
     )
     red = _reduce_dtype(weight.dtype)
-    return tokens, best.to(red), lse.to(red)
+    out = (tokens, best.to(red), lse.to(red))
+    return out if targets is None else (*out, picked.to(red))

@@ -11,7 +11,9 @@ read what they need:
 * ``scores[rows]`` - the same for a subset of rows, computing nothing.
 
 Probabilities are computed in float32 at least (float64 for a float64
-model), whatever the model's dtype.
+model), whatever the model's dtype, as ``exp(logit - logsumexp(logits))``
+on both paths, so that materialised logits and the fused LM-head statistics
+(:mod:`refusion_kernels.lm_head`) give the same numbers, bit for bit.
 """
 
 from __future__ import annotations
@@ -138,12 +140,13 @@ class Scores:
                 return cache.target_prob
             if cache is not None and cache.all_known():
                 lse = cache.lse.to(self.hidden.device)
-            else:
-                _, _, lse = self.head.stats(self.hidden)
-            picked = self.head.token_logits(self.hidden, tokens).to(lse.dtype)
+                picked = self.head.token_logits(self.hidden, tokens).to(lse.dtype)
+            else:  # one pass: the tokens' logits from the same projection as the log-sum-exp
+                _, _, lse, picked = self.head.stats(self.hidden, targets=tokens)
             return torch.exp(picked - lse)
-        x = floor_for_exp(self._logits.to(_reduce_dtype(self._logits.dtype)))
-        return torch.softmax(x, dim=-1).gather(-1, tokens.to(x.device).unsqueeze(-1)).squeeze(-1)
+        x = self._logits.to(_reduce_dtype(self._logits.dtype))
+        picked = x.gather(-1, tokens.to(x.device).unsqueeze(-1)).squeeze(-1)
+        return torch.exp(picked - torch.logsumexp(floor_for_exp(x), dim=-1))  # as the fused path computes it
 
 
 class _StatsCache:
@@ -230,16 +233,14 @@ def _project_group(items: list[tuple[Scores, Any, Any]], exclude: int | None) ->
     on_device = [index if isinstance(index, slice) else index.to(device) for _, index, _ in items]
     hidden = torch.cat([s.hidden[i] for (s, _, _), i in zip(items, on_device)]) if len(items) > 1 \
         else items[0][0].hidden[on_device[0]]
-    tokens, best, lse = head.stats(hidden, exclude)
     targets = None
     if any(fed is not None for _, _, fed in items):
         wanted = [_next_fed(fed, index) for _, index, fed in items]
         targets = torch.cat(wanted) if len(wanted) > 1 else wanted[0]
-        picked = head.token_logits(hidden, targets.clamp_min(0)).to(lse.dtype)
-        tokens, best, lse, picked = _to_host(tokens, best, lse, picked)
+        tokens, best, lse, picked = _to_host(*head.stats(hidden, exclude, targets=targets))
         target_prob = torch.exp(picked - lse)
     else:
-        tokens, best, lse = _to_host(tokens, best, lse)
+        tokens, best, lse = _to_host(*head.stats(hidden, exclude))
     prob = torch.exp(best - lse).nan_to_num_(0.0)
     start = 0
     for scores, index, _ in items:

@@ -188,13 +188,22 @@ class InvariantHead:
         parts = [self.head.logits(tile)[: stop - start] for start, stop, tile in _rows(flat, self.tile)]
         return torch.cat(parts)[: flat.shape[0]].reshape(*hidden.shape[:-1], -1)
 
-    def stats(self, hidden: torch.Tensor, exclude: int | None = None, temperature: float = 1.0):
-        """``(tokens, best, lse)`` per row of ``hidden`` ``(n, d)``, as :meth:`LMHead.stats <refusion.models.head.LMHead.stats>`."""
+    def stats(self, hidden: torch.Tensor, exclude: int | None = None, temperature: float = 1.0, *,
+              targets: torch.Tensor | None = None):
+        """``(tokens, best, lse[, picked])`` per row of ``hidden`` ``(n, d)``, as
+        :meth:`LMHead.stats <refusion.models.head.LMHead.stats>`."""
         if self.tile is None:
-            return self.head.stats(hidden, exclude, temperature, **self._options)
-        parts = [(self.head.stats(tile, exclude, temperature, **self._options), stop - start)
+            return self.head.stats(hidden, exclude, temperature, targets=targets, **self._options)
+        wanted = None
+        if targets is not None:
+            wanted = torch.full((-(-max(len(targets), 1) // self.tile) * self.tile,), -1, dtype=torch.long,
+                                device=targets.device)
+            wanted[: len(targets)] = targets
+        parts = [(self.head.stats(tile, exclude, temperature, **self._options,
+                                  targets=None if wanted is None else wanted[start : start + self.tile]), stop - start)
                  for start, stop, tile in _rows(hidden, self.tile)]
-        return tuple(torch.cat([out[i][:count] for out, count in parts])[: hidden.shape[0]] for i in range(3))
+        width = len(parts[0][0])
+        return tuple(torch.cat([out[i][:count] for out, count in parts])[: hidden.shape[0]] for i in range(width))
 
     def token_logits(self, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """The logit of ``tokens[i]`` at row ``i`` (shape ``(n,)``)."""

@@ -25,6 +25,15 @@ class LMHead:
     """``logits = hidden @ weight.T + bias`` for the rows asked, in the weight's dtype.
 
     ``weight`` has shape ``(vocab, hidden)``, ``bias`` ``(vocab,)`` or ``None``.
+
+    Every projection gives a row the numbers the network's own head gives it
+    in a forward of at least :attr:`min_rows` rows: where the backend's
+    matrix product picks its kernel by the row count
+    (:func:`refusion.engines.invariant.probe_rows`: on CPUs float32 rows
+    differ between 1, 2-3 and 4 or more), fewer rows are padded with zero
+    rows. So the statistics of the rows a decoder reads equal those of the
+    plain projection of the whole forward, bit for bit, ties included
+    (:mod:`refusion_kernels.lm_head`), whichever path runs.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
@@ -34,6 +43,25 @@ class LMHead:
         self.counters = None
         #: :class:`refusion.decoding.counters.observe` contexts timing the network (they are told of every pass)
         self.observers: list = []
+
+    @property
+    def min_rows(self) -> int:
+        """Rows a projection is padded to: from there on a row's numbers do not depend on the row count (1 where
+        they never do; the probe's answer is cached per process)."""
+        from refusion.engines.invariant import probe_rows
+
+        found = probe_rows(self.weight.device, self.weight.dtype)
+        return found.min_rows or 1
+
+    def _padded(self, hidden: torch.Tensor, *extra: torch.Tensor | None) -> tuple[int, tuple]:
+        """``(rows, (hidden, *extra))`` with at least :attr:`min_rows` rows (zero rows, -1 targets appended)."""
+        n = hidden.shape[0]
+        want = self.min_rows
+        if n >= want or n == 0:
+            return n, (hidden, *extra)
+        pad = [torch.cat((hidden, hidden.new_zeros((want - n, hidden.shape[1]))))]
+        pad += [None if e is None else torch.cat((e, e.new_full((want - n,), -1))) for e in extra]
+        return n, tuple(pad)
 
     def _passed(self, rows: int, start: float) -> None:
         if self.counters is not None:
@@ -55,35 +83,40 @@ class LMHead:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits of shape ``(*hidden.shape[:-1], vocab)``, as the model's own head computes them."""
         start = time.process_time()
-        out = torch.nn.functional.linear(hidden.to(self.weight.dtype), self.weight, self.bias)
-        self._passed(hidden.numel() // hidden.shape[-1], start)
-        return out
+        flat = hidden.reshape(-1, hidden.shape[-1]).to(self.weight.dtype)
+        n, (padded,) = self._padded(flat)
+        out = torch.nn.functional.linear(padded, self.weight, self.bias)[:n]
+        self._passed(n, start)
+        return out.reshape(*hidden.shape[:-1], self.vocab_size)
 
     def stats(self, hidden: torch.Tensor, exclude: int | None = None, temperature: float = 1.0, *,
-              chunk: int | None = None):
-        """``(tokens, best, lse)`` per row of ``hidden`` ``(n, d)``: argmax id (never ``exclude``), its tempered logit, log-sum-exp.
+              targets: torch.Tensor | None = None, chunk: int | None = None):
+        """``(tokens, best, lse)`` per row of ``hidden`` ``(n, d)``: argmax id (never ``exclude``), its tempered logit,
+        log-sum-exp; with ``targets`` (one id per row, -1 for none) also each target's tempered logit.
 
-        ``chunk``: a fixed vocabulary chunk for the torch path (see :func:`refusion_kernels.lm_head_stats`).
+        ``chunk``: logits the torch path holds at a time (see :func:`refusion_kernels.lm_head_stats`).
         """
         from refusion_kernels import lm_head_stats
 
         start = time.process_time()
-        out = lm_head_stats(hidden, self.weight, self.bias, exclude, temperature, chunk=chunk)
-        self._passed(hidden.shape[0], start)
-        return out
+        if targets is not None:
+            targets = targets.to(device=hidden.device, dtype=torch.long)
+        n, (padded, wanted) = self._padded(hidden, targets)
+        out = lm_head_stats(padded, self.weight, self.bias, exclude, temperature, targets=wanted, chunk=chunk)
+        self._passed(n, start)
+        return tuple(t[:n] for t in out)
 
     def token_logits(self, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """The logit of ``tokens[i]`` at row ``i`` (shape ``(n,)``), without the other logits."""
+        """The logit of ``tokens[i]`` at row ``i`` (shape ``(n,)``), as the projection of the row computes it."""
         start = time.process_time() if self.observers else 0.0
-        w = self.weight[tokens.to(self.weight.device)]
-        out = (hidden.to(self.weight.dtype) * w).sum(-1)
-        if self.bias is not None:
-            out = out + self.bias[tokens.to(self.bias.device)]
+        n, (padded,) = self._padded(hidden.to(self.weight.dtype))
+        out = torch.nn.functional.linear(padded, self.weight, self.bias)[:n]
+        picked = out.gather(-1, tokens.to(out.device).unsqueeze(-1)).squeeze(-1)
         if self.observers:  # a few rows of the head, not a pass: timed, not recorded
             seconds = time.process_time() - start
             for observer in self.observers:
                 observer.counters.network_seconds += seconds
-        return out
+        return picked
 
 
 def find_head(model: Any) -> tuple[Any, LMHead] | None:

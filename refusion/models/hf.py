@@ -182,13 +182,20 @@ class HFCausalLM(ModelAdapter):
         return found
 
     def scores(self, input_ids, position_ids, attention_mask, cache):
+        from refusion.engines.invariant import current as current_invariance
+
         found = self.head
         if found is None:
             return super().scores(input_ids, position_ids, attention_mask, cache)
         backbone, head = found
         self.forwards += 1
         out = backbone(input_ids=input_ids, **self._inputs(position_ids, attention_mask, cache))
-        return Scores(hidden=out.last_hidden_state, head=head)
+        hidden = out.last_hidden_state
+        if hidden.shape[:-1].numel() < head.min_rows and current_invariance() is None:
+            # the network's own head multiplies so few rows with another kernel: its logits, not padded projections
+            # (under batch invariance every projection is tiled instead)
+            return Scores(logits=torch.nn.functional.linear(hidden.to(head.weight.dtype), head.weight, head.bias))
+        return Scores(hidden=hidden, head=head)
 
 
 @hookimpl

@@ -26,7 +26,7 @@ def full_stats(hidden, weight, bias, exclude, temperature):
 @given(rows=st.integers(1, 9), dim=st.sampled_from([8, 20, 48]), vocab=st.sampled_from([5, 33, 257, 1000]),
        exclude=st.one_of(st.none(), st.integers(0, 4)), temperature=st.sampled_from([1.0, 0.5, 1.7]),
        chunk=st.sampled_from([16, 100, 4096]), bias=st.booleans(), seed=st.integers(0, 999))
-def test_chunked_torch_path_equals_full_logits(rows, dim, vocab, exclude, temperature, chunk, bias, seed):
+def test_grouped_torch_path_equals_full_logits(rows, dim, vocab, exclude, temperature, chunk, bias, seed):
     g = torch.Generator().manual_seed(seed)
     hidden, weight = torch.randn(rows, dim, generator=g), torch.randn(vocab, dim, generator=g)
     b = torch.randn(vocab, generator=g) if bias else None
@@ -47,6 +47,11 @@ def test_triton_kernel_equals_the_torch_path(dtype, exclude, temperature):
     tokens, best, lse = _lm_head_triton(hidden, weight, bias, exclude, temperature)
     ref_tokens, ref_best, ref_lse = lm_head_stats_reference(hidden, weight, bias, exclude, temperature)
     tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    targets = torch.arange(19) * 7 % 300
+    assert torch.equal(_lm_head_triton(hidden, weight, bias, exclude, temperature, targets)[0], tokens)
+    torch.testing.assert_close(_lm_head_triton(hidden, weight, bias, exclude, temperature, targets)[3].float(),
+                               lm_head_stats_reference(hidden, weight, bias, exclude, temperature, targets=targets)[3]
+                               .float(), rtol=tolerance, atol=tolerance)
     picked = torch.nn.functional.linear(hidden.float(), weight.float(), bias.float()).gather(1, tokens[:, None])
     ref_picked = torch.nn.functional.linear(hidden.float(), weight.float(), bias.float()).gather(1, ref_tokens[:, None])
     torch.testing.assert_close(picked, ref_picked, rtol=tolerance, atol=tolerance)  # ties may pick another id
@@ -121,6 +126,5 @@ def test_logits_far_below_the_maximum_leave_the_statistics_unchanged():
         ranked = logits if exclude is None else logits.index_fill(-1, torch.tensor([exclude]), float("-inf"))
         assert torch.equal(tokens, ranked.argmax(-1))
         torch.testing.assert_close(lse, torch.logsumexp(logits, -1), rtol=1e-6, atol=1e-5)
-        chunked = lm_head_stats_reference(h, w, exclude=exclude, chunk=1024)
-        assert torch.equal(chunked[0], tokens)
-        torch.testing.assert_close(chunked[2], lse, rtol=1e-6, atol=1e-5)
+        grouped = lm_head_stats_reference(h, w, exclude=exclude, chunk=1024)
+        assert all(torch.equal(a, b) for a, b in zip(grouped, (tokens, best, lse)))  # rows reduced alike

@@ -3,7 +3,8 @@
 
 Run with the project's interpreter (it imports refusion, never a peer):
 
-    python tools/peer_fixtures/agreement.py [--fixtures tests/fixtures/peers] [--only llada,dream] [--show]
+    python tools/peer_fixtures/agreement.py [--fixtures tests/fixtures/peers] [--only llada,dream] [--engine repeat]
+        [--show] [--json out.json]
 
 For every call in each family's ``golden.json`` (made by the peers' own code, see
 ``tests/fixtures/peers/README.md``), the checkpoint is loaded with ``refusion.load_model(path, dtype=...)`` in the
@@ -33,7 +34,7 @@ def compare(got: list[int], want: list[int], stopped: bool) -> int | None:
     return None
 
 
-def run_call(model, call: dict, prompt: list[int]) -> tuple[list[int], bool]:
+def run_call(model, call: dict, prompt: list[int], engine: str | None = None) -> tuple[list[int], bool]:
     import torch
 
     import refusion
@@ -44,6 +45,8 @@ def run_call(model, call: dict, prompt: list[int]) -> tuple[list[int], bool]:
         args["attention_mask"] = torch.ones(1, len(prompt), dtype=torch.long)
     if call.get("seed") is not None:
         args["seed"] = call["seed"]
+    if engine is not None:
+        args["engine"] = engine
     preset = peer_functions()[call["function"]].preset
     result = refusion.generate(prompt, model, preset=preset, **args)
     return result.extra["all_tokens"], bool(result.stopped_at_eos)
@@ -55,6 +58,7 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="llada,dream,sdar,refusion")
     ap.add_argument("--show", action="store_true", help="print each differing call")
     ap.add_argument("--json", help="write the counts here")
+    ap.add_argument("--engine", default=None, help="decode on this engine (default: the one refusion picks)")
     a = ap.parse_args(argv)
     import torch
 
@@ -71,7 +75,7 @@ def main(argv=None) -> int:
             if dtype not in models:
                 models[dtype] = refusion.load_model(str(folder), dtype=dtype)
             prompt = golden["prompts"][call["prompt"]]
-            got, stopped = run_call(models[dtype], call, prompt)
+            got, stopped = run_call(models[dtype], call, prompt, a.engine)
             where = compare(got, call["tokens"], stopped)
             key = (family, call["function"], dtype)
             table[key][1] += 1

@@ -126,6 +126,8 @@ class Greedy:
     confidence_top_p: float | None = attrs.field(default=None, validator=optional(probability))
 
     accepts_scores = True
+    #: a row's token and confidence depend on that row's logits alone (drafts may be drawn for the rows read only)
+    rowwise = True
 
     @property
     def fused(self) -> bool:

@@ -148,10 +148,12 @@ class DecodeSession:
         if not drafted:
             return Plan(slots, positions, None, tuple(offsets), self.generator, **self._where())
         masks = torch.full_like(positions, self.model.mask_token_id)
-        reads = torch.as_tensor(offsets[:-1]) if self.decoder.selector.reads_scores else None  # the slot scores
+        fused = self.greedy  # the slot scores are projected with the other sequences' rows (on the fused path only)
+        reads = torch.as_tensor(offsets[:-1]) if fused and self.decoder.selector.reads_scores else None
         (out,) = yield ModelCall.of(Extend(ROOT, masks, positions, reads))
         draw = lambda scores: self._draw(scores, positions)  # noqa: E731
-        drafts = Drafts(out.scores, draw, len(positions), lazy=self.greedy, exclude=self.model.mask_token_id)
+        drafts = Drafts(out.scores, draw, len(positions), lazy=self.greedy, exclude=self.model.mask_token_id,
+                        rowwise=getattr(self.decoder.sample, "rowwise", False))
         return Plan(slots, positions, out.scores, tuple(offsets), self.generator, drafts, **self._where())
 
     def _where(self) -> dict:

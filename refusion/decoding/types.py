@@ -59,17 +59,22 @@ class Drafts:
     projected to the vocabulary only when someone reads it, and rows read
     together are projected together; the statistics live in the Scores'
     cache (:func:`refusion.decoding.scores.project`), so rows projected in a batch
-    with other sequences cost nothing more here. Otherwise ``draw(scores)``
-    turns all rows into ``(tokens, confidence)`` at once, so that a sampler's
-    random draws happen in one fixed order.
+    with other sequences cost nothing more here. With ``rowwise`` (a sampler
+    whose answer for a row depends on that row alone, e.g.
+    :class:`~refusion.decoding.sampling.Greedy` in the authors' precision)
+    ``draw`` is called on the rows read only, when read. Otherwise
+    ``draw(scores)`` turns all rows into ``(tokens, confidence)`` at once, so
+    that a sampler's random draws happen in one fixed order.
     """
 
     def __init__(self, scores: Scores | None, draw: Callable[[Scores], tuple[torch.Tensor, torch.Tensor]] | None,
-                 n: int, lazy: bool, exclude: int | None = None):
+                 n: int, lazy: bool, exclude: int | None = None, rowwise: bool = False):
         self.scores, self.exclude = scores, exclude
         self.lazy = lazy and scores is not None and scores.batchable
+        self.draw = draw if rowwise and not self.lazy and scores is not None else None
         self.tokens = self.confidence = None
-        if scores is not None and not self.lazy:
+        self._known: torch.Tensor | None = None  # rows drawn so far (rowwise)
+        if scores is not None and not self.lazy and self.draw is None:
             tokens, confidence = draw(scores)
             self.tokens, self.confidence = tokens.cpu(), confidence.cpu()
 
@@ -78,6 +83,8 @@ class Drafts:
         if self.scores is None:
             raise RuntimeError("this plan was not drafted: its selector reads no scores and its infiller asked for no "
                                "drafts (see SlotSelector.reads_scores and Infiller.needs_drafts)")
+        if self.draw is not None:
+            return self._drawn(index)
         if not self.lazy:
             return self.tokens[index], self.confidence[index]
         cache = self.scores._cache
@@ -87,6 +94,22 @@ class Drafts:
             project([(self.scores, index)], self.exclude)
             cache = self.scores._cache
         return cache.tokens[index], cache.prob[index]  # host tensors
+
+    def _drawn(self, index: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rowwise drafting: the rows of ``index`` not drawn yet, in one call, remembered."""
+        n = len(self.scores)
+        rows = torch.arange(n)[index] if not isinstance(index, torch.Tensor) else index.cpu()
+        if self._known is None:
+            self._known = torch.zeros(n, dtype=torch.bool)
+        missing = rows[~self._known[rows]].unique()
+        if len(missing):
+            tokens, confidence = self.draw(self.scores[missing])
+            if self.tokens is None:
+                self.tokens = torch.zeros(n, dtype=torch.long)
+                self.confidence = torch.zeros(n, dtype=confidence.dtype)
+            self.tokens[missing], self.confidence[missing] = tokens.cpu(), confidence.cpu()
+            self._known[missing] = True
+        return self.tokens[rows], self.confidence[rows]
 
 
 @attrs.frozen(eq=False)

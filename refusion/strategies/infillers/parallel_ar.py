@@ -79,7 +79,8 @@ class ParallelAR(Infiller):
         starts = torch.tensor([0] + lengths[:-1], device=tokens.device).cumsum(0)
         positions = torch.cat([plan.positions[r] for r in rows]) if len(chosen) > 1 else plan.positions[rows[0]]
 
-        (out,) = yield ModelCall.of(ctx.extend(tokens, positions, reads=slice(0, len(tokens) - 1)))
+        fused = self.precision == "float32"  # rows projected with the other sequences' (the fused statistics)
+        (out,) = yield ModelCall.of(ctx.extend(tokens, positions, reads=slice(0, len(tokens) - 1) if fused else None))
         first = plan.first_confidence[list(chosen)]
         score = torch.empty(tokens.shape[0], dtype=first.dtype)
         score[1:] = token_probability(out.scores[:-1], tokens[1:], self.precision).cpu()
@@ -113,19 +114,21 @@ class ParallelAR(Infiller):
         return InfillResult(commits, next_logits=out.scores[cut - 1])
 
     def _parallel(self, ctx, plan, chosen, branches: list[_Branch]) -> InfillGenerator:
+        fused = self.precision == "float32"
         done: dict[int, tuple[Commit, torch.Tensor]] = {}
         active = list(branches)
         while active:
             drafting = [b for b in active if b.accepted < b.length]
             if drafting:
                 outs = yield ModelCall(ctx.extend(self._masked(ctx, b), b.positions[b.kv_len :], b.branch,
-                                                  reads=slice(b.accepted - b.kv_len, None)) for b in drafting)
+                                                  reads=slice(b.accepted - b.kv_len, None) if fused else None)
+                                       for b in drafting)
                 for b, o in zip(drafting, outs):
                     proposal, _ = ctx.sample(o.scores[b.accepted - b.kv_len :])
                     b.tokens[b.accepted :] = proposal.cpu()
 
-            outs = yield ModelCall(ctx.extend(b.tokens[b.kv_len :], b.positions[b.kv_len :], b.branch, reads=slice(None))
-                                   for b in active)
+            outs = yield ModelCall(ctx.extend(b.tokens[b.kv_len :], b.positions[b.kv_len :], b.branch,
+                                              reads=slice(None) if fused else None) for b in active)
             cutoff, still_active = None, []
             for b, o in zip(active, outs):
                 if cutoff is not None:

@@ -83,7 +83,10 @@ def lm_head_kernel(h_ptr, w_ptr, b_ptr, tokens_ptr, best_ptr, lse_ptr, targets_p
                         mask=row_ok[:, None] & d_ok[None, :], other=0.0)
             w = tl.load(w_ptr + cols[None, :].to(tl.int64) * s_wv + ds[:, None] * s_wd,
                         mask=col_ok[None, :] & d_ok[:, None], other=0.0)
-            acc += tl.dot(h.to(tl.float32), w.to(tl.float32))
+            if FLOAT32:  # full float32 products, as the plain path's matmul (Triton's default is TF32)
+                acc += tl.dot(h, w, input_precision="ieee")
+            else:  # bfloat16/float16 values are exact in TF32: the products are too
+                acc += tl.dot(h.to(tl.float32), w.to(tl.float32))
         if HAS_BIAS:
             acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         if not FLOAT32:  # the plain path's logits are in the weight's dtype

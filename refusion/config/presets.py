@@ -179,20 +179,6 @@ def preset(name: str) -> DecoderSpec:
     return PRESETS[name]
 
 
-def presets_for(model: Any) -> list[str]:
-    """The names of the presets whose parts run on ``model`` (every capability a part requires, the model has)."""
-    from refusion.decoding.decoder import Decoder
-
-    caps = model.capabilities
-    fits = []
-    for name in PRESETS:
-        parts = Decoder.from_spec(PRESETS[name])
-        kinds = (parts.partitioner, parts.selector, parts.infiller, parts.reorderer)
-        if all(getattr(caps, field) == wanted for part in kinds for field, wanted in getattr(part, "requires", {}).items()):
-            fits.append(name)
-    return fits
-
-
 def load_preset(path: Any) -> DecoderSpec:
     """A preset from a JSON file: a checkpoint's ``refusion.json``, ``--preset-file``, a sweep's ``preset.json``
     (:meth:`DecoderSpec.load`; the earlier ``{gen_length, params, part names}`` files are read too)."""

@@ -160,8 +160,6 @@ class Decoder:
         for part in (self.partitioner, self.selector, self.infiller, self.reorderer):
             for field, wanted in getattr(part, "requires", {}).items():
                 if getattr(caps, field) != wanted:
-                    from refusion.config.presets import presets_for
-
                     raise ConfigError(
                         f"{part.kind} {part.name!r} needs a model with `{field}={wanted}`, but {type(model).__name__} "
                         f"has `{field}={getattr(caps, field)}` ({caps}). Pick another {part.kind} (see `refusion "
@@ -247,6 +245,20 @@ class Decoder:
         live = open_engine(model, self, engine)
         results = drive(live, [self.start(model, live, p) for p in prepared])
         return with_text(results, tokenizer if tokenizer is not None else getattr(model, "tokenizer", None))
+
+
+def presets_for(model: ModelAdapter) -> list[str]:
+    """The names of the presets whose parts run on ``model`` (every capability a part requires, the model has)."""
+    from refusion.config.presets import PRESETS
+
+    caps = model.capabilities
+    fits = []
+    for name, spec in PRESETS.items():
+        parts = spec.part_objects()
+        if all(getattr(caps, field) == wanted for part in parts.values()
+               for field, wanted in getattr(part, "requires", {}).items()):
+            fits.append(name)
+    return fits
 
 
 @functools.lru_cache(maxsize=1024)

@@ -17,9 +17,9 @@ a forward then stop depending on the other sequences:
   (:class:`RowTiles`): where a backend's result for a row depends on how many
   rows are multiplied with it, rows are multiplied in tiles of exactly
   :attr:`Invariance.tile` rows, the last tile padded with zeros. Whether it
-  does is measured, not assumed: :func:`probe_rows` multiplies a fixed
-  random matrix with 1 to 70 rows once per process, device, dtype and
-  thread count (on one AMD EPYC with torch 2.13, float32 rows differ between
+  does is measured, not assumed: :func:`~refusion.engines.rows.probe_rows`
+  multiplies a fixed random matrix with 1 to 70 rows once per process,
+  device, dtype and thread count (on one AMD EPYC with torch 2.13, float32 rows differ between
   1, 2-3 and 4 or more rows and bfloat16/float16 rows never do; on CPUs
   with avx512_fp16/AMX float16 rows differ too);
 * the **LM head** (:class:`InvariantHead`): rows that
@@ -42,77 +42,18 @@ from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import Any
 
-import attrs
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+
+from refusion.engines.rows import probe_rows
 
 #: rows per tile of linear layers and LM-head passes, where the row count changes a row's result
 ROW_TILE = 8
 #: vocabulary chunk of the torch LM-head reduction (one pass up to this many tokens)
 HEAD_CHUNK = 32768
-#: the row counts :func:`probe_rows` compares with :data:`PROBE_REFERENCE_ROWS` rows
-PROBE_ROWS = (1, 2, 3, 4, 5, 8, 17, 33)
-PROBE_REFERENCE_ROWS = 70
-#: the (inputs, outputs) of the probe's linear layers: a small and a model-sized one
-PROBE_SHAPES = ((64, 128), (256, 768))
 
 _ACTIVE: ContextVar[Invariance | None] = ContextVar("refusion_batch_invariance", default=None)
-
-
-@attrs.frozen
-class RowClasses:
-    """What :func:`probe_rows` measured for one device and dtype.
-
-    ``depends``: some row count gives a row other numbers than
-    :data:`PROBE_REFERENCE_ROWS` rows do. ``min_rows``: the least row count
-    from which every probed count gives the reference's numbers (1 when
-    nothing depends on the count; ``None`` when no probed count does), so a
-    projection padded to ``min_rows`` rows computes what a large one does.
-    """
-
-    depends: bool
-    min_rows: int | None
-
-
-_PROBED: dict[tuple, RowClasses] = {}
-
-
-def probe_key(device: Any, dtype: torch.dtype) -> tuple:
-    """The cache key of :func:`probe_rows`: device type and index, dtype, and the CPU's torch thread count."""
-    device = torch.device(device)
-    return device.type, device.index, dtype, torch.get_num_threads() if device.type == "cpu" else None
-
-
-def probe_rows(device: Any, dtype: torch.dtype) -> RowClasses:
-    """Whether a linear layer's result for a row changes with the number of rows multiplied with it, measured.
-
-    Once per process for each :func:`probe_key`: a fixed random input of
-    :data:`PROBE_REFERENCE_ROWS` rows and weight (seeded, each shape of
-    :data:`PROBE_SHAPES`) is multiplied whole and as its first rows for each
-    count of :data:`PROBE_ROWS`, and the rows compared bit for bit. Tests
-    may put a :class:`RowClasses` in the cache (``_PROBED[probe_key(...)]``)
-    to force the answer.
-    """
-    key = probe_key(device, dtype)
-    known = _PROBED.get(key)
-    if known is not None:
-        return known
-    generator = torch.Generator().manual_seed(0)
-    same = dict.fromkeys(PROBE_ROWS, True)
-    with torch.no_grad():
-        for d, out in PROBE_SHAPES:
-            weight = torch.randn(out, d, generator=generator).to(device=device, dtype=dtype)
-            x = torch.randn(PROBE_REFERENCE_ROWS, d, generator=generator).to(device=device, dtype=dtype)
-            full = F.linear(x, weight)
-            for rows in PROBE_ROWS:
-                same[rows] = same[rows] and bool(torch.equal(F.linear(x[:rows], weight), full[:rows]))
-    stable = [m for m in PROBE_ROWS if all(same[n] for n in PROBE_ROWS if n >= m)]
-    depends = not all(same.values())
-    found = _PROBED[key] = RowClasses(depends, (min(stable) if stable else None) if depends else 1)
-    return found
-
-
 def rows_depend_on_count(device: Any, dtype: torch.dtype | None) -> bool:
     """Whether a linear layer's result for one row may change with the number of rows multiplied together
     (:func:`probe_rows`; an unknown dtype is assumed to)."""

@@ -29,7 +29,7 @@ class LMHead:
     Every projection gives a row the numbers the network's own head gives it
     in a forward of at least :attr:`min_rows` rows: where the backend's
     matrix product picks its kernel by the row count
-    (:func:`refusion.engines.invariant.probe_rows`: on CPUs float32 rows
+    (:func:`refusion.engines.rows.probe_rows`: on CPUs float32 rows
     differ between 1, 2-3 and 4 or more), fewer rows are padded with zero
     rows. So the statistics of the rows a decoder reads equal those of the
     plain projection of the whole forward, bit for bit, ties included
@@ -48,7 +48,7 @@ class LMHead:
     def min_rows(self) -> int:
         """Rows a projection is padded to: from there on a row's numbers do not depend on the row count (1 where
         they never do; the probe's answer is cached per process)."""
-        from refusion.engines.invariant import probe_rows
+        from refusion.engines.rows import probe_rows
 
         found = probe_rows(self.weight.device, self.weight.dtype)
         return found.min_rows or 1

@@ -50,8 +50,9 @@ def test_python_api_with_preset_and_overrides(checkpoint):
 def test_presets_hold_the_reference_settings():
     gsm8k = PRESETS["gsm8k"]
     assert dict(gsm8k.partitioner.params) == dict(slot_size=32, serial_num_blocks=4)
-    assert dict(gsm8k.selector.params) == dict(slot_threshold=0.9)
-    assert dict(gsm8k.infiller.params) == dict(token_threshold=0.4)
+    assert dict(gsm8k.selector.params) == dict(slot_threshold=0.9, ties="slots")  # the reference's torch.topk
+    assert dict(gsm8k.sampler.params) == dict(precision="logits")  # and its softmax in the logits' dtype
+    assert dict(gsm8k.infiller.params) == dict(token_threshold=0.4, precision="logits")
     assert PRESETS["arc-c"].partitioner.params["serial_num_blocks"] == 64
     reference = ("gsm8k", "mbpp", "humaneval", "math", "gpqa", "arc-c", "mmlu-pro")
     assert all(PRESETS[name].gen_length == 512 for name in reference)
@@ -73,7 +74,8 @@ def test_every_preset_builds_and_decodes(name, checkpoint):
     else:
         model = HFCausalLM(tiny_qwen3(vocab_size=24, max_positions=1024, logit_scale=6.0))
     result = generate([1, 2], model, preset=name)
-    assert len(result.tokens) == result.partition.gen_length == preset.gen_length
+    padded = -(-(2 + preset.gen_length) // 4) * 4 - 2 if name == "sdar" else preset.gen_length  # SDAR's whole blocks
+    assert len(result.tokens) == result.partition.gen_length == padded
 
 
 def test_overriding_a_part_drops_the_presets_parameters_for_it(checkpoint):

@@ -18,8 +18,9 @@ from refusion.config import PRESETS, DecoderSpec
 from refusion.decoding.decoder import Decoder
 from refusion.engines import open_engine
 from refusion.engines.branch import BranchEngine
-from refusion.engines import invariant
-from refusion.engines.invariant import InvariantHead, probe_rows, rows_depend_on_count, tiled_linear
+from refusion.engines import invariant, rows
+from refusion.engines.invariant import InvariantHead, rows_depend_on_count, tiled_linear
+from refusion.engines.rows import probe_rows
 from refusion.errors import ConfigError
 from refusion.models.block import tiny_block_diffusion
 from refusion.models.hf import HFCausalLM
@@ -187,18 +188,18 @@ def test_the_probe_says_whether_this_machine_s_linear_rows_depend_on_the_row_cou
     weight = torch.randn(768, 256, generator=generator).to(dtype)
     x = torch.randn(70, 256, generator=generator).to(dtype)
     full = F.linear(x, weight)
-    differs = [rows for rows in (1, 2, 3, 4, 5, 8, 17, 33) if not torch.equal(F.linear(x[:rows], weight), full[:rows])]
+    differs = [n for n in (1, 2, 3, 4, 5, 8, 17, 33) if not torch.equal(F.linear(x[:n], weight), full[:n])]
     found = probe_rows("cpu", dtype)
     assert found.depends == bool(differs) == rows_depend_on_count("cpu", dtype)
     if found.min_rows is not None:
-        assert all(torch.equal(F.linear(x[:rows], weight), full[:rows]) for rows in (4, 8, 33) if rows >= found.min_rows)
+        assert all(torch.equal(F.linear(x[:n], weight), full[:n]) for n in (4, 8, 33) if n >= found.min_rows)
     assert probe_rows("cpu", dtype) is found  # once per process
 
 
 @pytest.fixture
 def rows_depend_in_bf16(monkeypatch):
     """Force the probe's answer for CPU bf16, as a CPU whose bf16 GEMMs pick kernels by row count would give it."""
-    monkeypatch.setitem(invariant._PROBED, invariant.probe_key("cpu", torch.bfloat16), invariant.RowClasses(True, 4))
+    monkeypatch.setitem(rows._PROBED, rows.probe_key("cpu", torch.bfloat16), rows.RowClasses(True, 4))
 
 
 @pytest.mark.parametrize("engine", ["branch", "repeat"])

@@ -355,3 +355,20 @@ def test_the_ar_preset_keeps_its_measured_agreement_with_greedy_generate(dtype):
             same, total = same + (got == want), total + 1
     least, expected_total = AR_AGREEMENT[dtype]
     assert total == expected_total and same >= least, f"{dtype}: {same}/{total}"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_reference_at_gen_256_whichever_lm_head_path_runs(dtype):
+    """ML-GSAI/ReFusion's own generate_refusion at gen 256 (slot choices by the top-1 of near-equal confidences):
+    the same tokens with the fused LM-head statistics and with the network's own logits (``_head = None``)."""
+    plain = refusion.load_model(str(FIXTURES / "refusion"), dtype=dtype)
+    plain._head = None
+    engine = EXACT_ENGINE.get(("refusion", dtype))
+    for call in golden("refusion")["calls"]:
+        if call["dtype"] != dtype or call["args"]["gen_length"] != 256:
+            continue
+        fused, want = peer_tokens("refusion", call, engine)
+        prompt = golden("refusion")["prompts"][call["prompt"]]
+        args = dict(peer_arguments(call, prompt), **({"engine": engine} if engine else {}))
+        own = refusion.generate(prompt, plain, preset="paper", **args).extra["all_tokens"]
+        assert fused == want == own, call["args"]

@@ -206,7 +206,8 @@ def test_cli_lists_plugins_as_json(capsys):
     names = {(r["kind"], r["name"]) for r in rows}
     assert ("selector", "threshold") in names and ("model_adapter", "hf-causal") in names
     threshold = next(r for r in rows if r["name"] == "threshold")
-    assert threshold["parameters"] == {"slot_threshold": 0.9, "inclusive": False} and threshold["source"] == "built-in"
+    assert threshold["parameters"] == {"slot_threshold": 0.9, "inclusive": False, "ties": "lowest"}
+    assert threshold["source"] == "built-in"
 
 
 def test_two_distributions_with_the_same_entry_point_name_are_refused(tmp_path, monkeypatch):

@@ -105,7 +105,8 @@ DEFINITIONS: dict[str, dict] = {
     ),
     "sdar": dict(
         description="SDAR (block_diffusion_generate): the model's blocks (4) from position 0, the last one decoded "
-        "whole (`pad`, as SDAR pads the answer to the block grid), `denoising_steps` 4 per block, `remasking_strategy` low_confidence_dynamic (`confidence_threshold` 0.85), multinomial sampling at "
+        "whole (`pad`, as SDAR pads the answer to the block grid), `denoising_steps` 4 per block, "
+        "`remasking_strategy` low_confidence_dynamic (`confidence_threshold` 0.85), multinomial sampling at "
         "`temperature` 1.0 as SDAR; stops after the block with an EOS (`stopping_criteria_idx`, as SDAR's script)",
         gen_length=128,
         params=dict(block_length=4, slot_size=1, align="absolute", pad=True, denoising_steps=4,

@@ -93,7 +93,8 @@ def greedy(
 greedy.accepts_scores = True
 
 
-def token_probability(logits: "torch.Tensor | Scores", tokens: torch.Tensor, precision: str = "float32") -> torch.Tensor:
+def token_probability(logits: "torch.Tensor | Scores", tokens: torch.Tensor,
+                      precision: str = "float32") -> torch.Tensor:
     """Softmax probability of ``tokens`` (shape ``(n,)``) under ``logits`` (shape ``(n, vocab)``), in ``precision``
     (:func:`probabilities`; the default, float32 at least, never materialises a :class:`Scores`' logits)."""
     if precision == "float32":

@@ -10,10 +10,13 @@ vocabulary. The greedy confidence is ``exp(best - lse)``; the probability of
 any token ``t`` is ``exp(hidden @ weight[t] / temperature - lse)``.
 
 The logits are computed in the weight's dtype (as the model's own head
-would) and reduced in float32 (float64 for float64 weights). The torch path
-walks the vocabulary in chunks, so at most ``n x chunk`` logits exist at a
-time; the Triton kernel (CUDA) keeps a block of rows in registers and never
-writes logits to memory. Ties go to the lowest id.
+would: each logit rounded to it) and reduced in float32 (float64 for float64
+weights). The torch path walks the vocabulary in chunks, so at most ``n x
+chunk`` logits exist at a time; the Triton kernel (CUDA; float64 weights take
+the torch path) splits the vocabulary into :data:`SPLIT` -token pieces, one
+program per piece and block of :data:`BLOCK_M` rows, never writes logits to
+memory, and reduces the pieces in a second, fixed-order pass. Ties go to the
+lowest id.
 """
 
 from __future__ import annotations
@@ -22,6 +25,11 @@ import torch
 
 from refusion_kernels.backend import choose
 from refusion_kernels.underflow import FLOOR, floor_for_exp
+
+#: vocabulary tokens per program of the Triton kernel (a fixed width: a row's sums do not depend on the row count)
+SPLIT = 2048
+#: rows per program of the Triton kernel
+BLOCK_M = 16
 
 
 def _reduce_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -94,29 +102,36 @@ def lm_head_stats(hidden, weight, bias=None, exclude=None, temperature=1.0, *, b
                          f"{tuple(weight.shape)}.")
     if not temperature > 0:
         raise ValueError(f"`temperature` must be > 0; got {temperature!r}.")
-    if choose(weight, backend) == "torch" or hidden.shape[0] == 0:
+    wanted = choose(weight, backend)
+    if wanted == "torch" or hidden.shape[0] == 0 or (weight.dtype == torch.float64 and backend != "triton"):
         return lm_head_stats_reference(hidden, weight, bias, exclude, temperature, chunk=chunk)
     return _lm_head_triton(hidden, weight, bias, exclude, temperature)
 
 
-def _lm_head_triton(hidden, weight, bias, exclude, temperature, block_m: int = 16, block_v: int = 64,
-                    block_d: int = 64):
+def _lm_head_triton(hidden, weight, bias, exclude, temperature, block_m: int = BLOCK_M, block_v: int = 64,
+                    block_d: int = 64, split: int = SPLIT):
     import triton
 
-    from refusion_kernels._triton import lm_head_kernel
+    from refusion_kernels._triton import lm_head_combine, lm_head_kernel
 
     n, d = hidden.shape
     vocab = weight.shape[0]
+    device = hidden.device
     h = hidden.to(weight.dtype)
-    tokens = torch.empty(n, dtype=torch.long, device=hidden.device)
-    best = torch.empty(n, dtype=torch.float32, device=hidden.device)
-    lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
     block_d = min(block_d, max(16, triton.next_power_of_2(d)))
-    lm_head_kernel[(triton.cdiv(n, block_m),)](
-        h, weight, bias if bias is not None else weight, tokens, best, lse,
-        n, vocab, d, h.stride(0), h.stride(1), weight.stride(0), weight.stride(1),
-        1.0 / temperature, -1 if exclude is None else int(exclude), bias is not None,
-        BLOCK_M=block_m, BLOCK_V=block_v, BLOCK_D=block_d,
+    split = max(block_v, -(-split // block_v) * block_v)
+    splits = triton.cdiv(vocab, split)
+    part_max, part_sum, part_best = torch.empty(3, splits, n, dtype=torch.float32, device=device)
+    part_idx = torch.empty(splits, n, dtype=torch.long, device=device)
+    lm_head_kernel[(triton.cdiv(n, block_m), splits)](
+        h, weight, bias if bias is not None else weight, part_max, part_sum, part_best, part_idx,
+        n, vocab, d, split, h.stride(0), h.stride(1), weight.stride(0), weight.stride(1),
+        float(temperature), -1 if exclude is None else int(exclude), bias is not None,
+        weight.dtype == torch.float32, BLOCK_M=block_m, BLOCK_V=block_v, BLOCK_D=block_d,
     )
+    tokens = torch.empty(n, dtype=torch.long, device=device)
+    best, lse = torch.empty(2, n, dtype=torch.float32, device=device)
+    lm_head_combine[(triton.cdiv(n, 64),)](part_max, part_sum, part_best, part_idx, tokens, best, lse, n, splits,
+                                           BLOCK=64)
     red = _reduce_dtype(weight.dtype)
     return tokens, best.to(red), lse.to(red)

@@ -1,17 +1,20 @@
 """One device lease's GPU work in one command: the environment, the GPU test tier, the GPU benchmark; all under $OUT.
 
-Device command (the `run` tool of a lent H200; the repository root is the working directory; wheels of the
-transformers that CI uses travel in the ignored folder .whl/, and the machine's own transformers is used
-when they do not install and import):
+Device command (the `run` tool of a lent H200; the repository root is the working directory):
 
-    export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/kernels; if ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site:$PYTHONPATH python3 -c "import transformers, huggingface_hub, kernels; from transformers import Qwen3ForCausalLM, LlamaForCausalLM"; then export PYTHONPATH=/tmp/site:$PYTHONPATH; else echo "carried wheels not used: the machine's transformers"; fi; python3 benchmarks/gpu_session.py --out $OUT --total 290
+    PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/gpu_session.py --out $OUT --wheels .whl --total 290
 
-carry: [".whl"]; timeout_s: 420. It writes (at most 8 files, as the tool returns): session.log (everything
-printed), tier.xml (JUnit), tier.jsonl (figures the tier records), gpu-<device>.json (benchmarks/gpu.py),
-profile.txt (profiler tables of one decode), summary.json (what ran, how long, pass/fail counts).
+carry: [".whl"] (the wheels of the transformers CI uses and what it needs that the machine lacks, made with
+``--print-wheel-download``; without them the machine's own transformers runs); timeout_s: 420. It writes
+(at most 8 files, as the tool returns): session.log (everything printed), tier.xml (JUnit), tier.jsonl
+(figures the tier records), gpu-<device>.json (benchmarks/gpu.py), profile.txt (profiler tables of one
+decode), summary.json (what ran, how long, pass/fail counts).
 
 Steps, each time-boxed so that the whole run ends within ``--total`` seconds (default 290):
 
+0. ``--wheels DIR``: install DIR's wheels into /tmp/site (no index, no dependencies) and use them for every
+   later step if transformers, its hub client and refusion then import and a fixture's tokenizer loads;
+   else the machine's own packages (said in the log and summary.json);
 1. environment: nvidia-smi, versions, the device's properties (about 10 s);
 2. the GPU tier (``tests/gpu`` and the CUDA test of tests/models/test_compiled_forward.py) with Triton
    compiled (``TRITON_INTERPRET=0``), the compile tests last, at most ``--tier-seconds`` (150);
@@ -45,6 +48,15 @@ TIER = ["tests/gpu/test_kernels_on_cuda.py", "tests/gpu/test_host_syncs_on_cuda.
         "tests/gpu/test_families_on_cuda.py", "tests/gpu/test_batch_invariance_on_cuda.py",
         "tests/models/test_compiled_forward.py::test_cuda_graphs_give_eager_tokens_with_a_graph_per_bucket",
         "tests/gpu/test_compiled_on_cuda.py"]
+#: what CI installs that the H200 image lacks or has in another version (pip download, --print-wheel-download)
+WHEELS = ("transformers==5.25.0", "huggingface_hub==2.4.0", "httpx2==2.16.2", "httpcore2==2.16.2", "h11==0.16.0",
+          "truststore==0.10.5", "idna==3.20", "anyio==4.16.0", "typing_extensions==4.16.0", "kernels==0.19.1",
+          "tomlkit==0.15.3", "click==8.5.1", "hf-xet==1.8.0", "regex==2026.11.19", "tokenizers==0.23.3")
+#: what must work with the wheels before they are used
+WHEEL_PROBE = ("import transformers, huggingface_hub, kernels, tokenizers, refusion, refusion_kernels; "
+               "from transformers import AutoTokenizer, Qwen3ForCausalLM, LlamaForCausalLM, Qwen2ForCausalLM; "
+               "AutoTokenizer.from_pretrained('tests/fixtures/peers/refusion'); print('transformers', "
+               "transformers.__version__, 'from', transformers.__file__)")
 #: seconds the benchmark needs at least (imports, two 8B models, a few runs); below that it is skipped
 BENCH_MINIMUM = 60
 
@@ -102,6 +114,34 @@ class Session:
         self.say(f"\n=== session: {self.summary['seconds']} s of {self.total:.0f}; files in {self.out}: "
                  f"{', '.join(sorted(p.name for p in self.out.iterdir()))}")
         self.log.close()
+
+
+def use_wheels(session: Session, folder: Path) -> None:
+    """Install ``folder``'s wheels into /tmp/site and put it first on PYTHONPATH for every later step, if they
+    import (:data:`WHEEL_PROBE`); else leave the machine's packages in charge."""
+    started = time.perf_counter()
+    wheels = sorted(str(p) for p in folder.glob("*.whl"))
+    verdict: dict[str, Any] = {"wheels": [Path(w).name for w in wheels]}
+    if not wheels:
+        verdict["used"] = False
+        verdict["why"] = f"no wheels in {folder}"
+    else:
+        site = "/tmp/site"
+        done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                               "--no-cache-dir", "--upgrade", "--target", site, *wheels], capture_output=True,
+                              text=True, timeout=240, check=False)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (site, os.environ.get("PYTHONPATH"))))}
+        probe = subprocess.run([sys.executable, "-c", WHEEL_PROBE], cwd=ROOT, env=env, capture_output=True, text=True,
+                               timeout=120, check=False) if done.returncode == 0 else done
+        verdict["used"] = done.returncode == 0 and probe.returncode == 0
+        verdict["why"] = (probe.stdout.strip() if verdict["used"] else
+                          f"{'install' if done.returncode else 'import'} failed: {(probe.stderr or probe.stdout)[-1500:]}")
+        if verdict["used"]:
+            os.environ["PYTHONPATH"] = env["PYTHONPATH"]
+    verdict["seconds"] = round(time.perf_counter() - started, 1)
+    session.summary["steps"]["wheels"] = verdict
+    session.say(f"=== wheels: {'used' if verdict['used'] else 'not used'} ({verdict['why']}); "
+                f"{verdict['seconds']} s; PYTHONPATH={os.environ.get('PYTHONPATH', '')}")
 
 
 def environment(session: Session, smoke: bool) -> str:
@@ -212,9 +252,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-tier", action="store_true")
     parser.add_argument("--skip-bench", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="the same steps on the CPU (checks this script)")
+    parser.add_argument("--wheels", type=Path, help="a folder of wheels to install and use if they import")
+    parser.add_argument("--print-wheel-download", action="store_true",
+                        help="print the command that downloads the wheels for the H200 image (Python 3.12) and exit")
     args = parser.parse_args(argv)
+    if args.print_wheel_download:
+        platforms = " ".join(f"--platform {p}" for p in ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64",
+                                                        "manylinux_2_17_x86_64", "manylinux2014_x86_64"))
+        print(f"python -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "
+              f"{platforms} -d .whl {' '.join(WHEELS)}")
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     session = Session(args.out, args.total)
+    if args.wheels:
+        use_wheels(session, args.wheels)
     device = environment(session, args.smoke)
     if args.skip_tier:
         session.skip("tier", "--skip-tier")

@@ -60,3 +60,27 @@ def test_how_often_the_default_differs_from_alone_in_bf16(device, on_gpu, record
         record(f"{'invariant' if invariant else 'default'}_prompts_differing_from_alone", f"{differing}/{len(prompts)}")
         if invariant:
             assert differing == 0
+
+
+def test_at_an_8b_models_width_on_the_packed_engine(device, on_gpu):
+    """Hidden 4096 (Qwen3-8B's width): wide rows are where GPU reductions change with the row count."""
+    hidden = 4096 if on_gpu else 256
+    model = HFCausalLM(tiny_qwen3(vocab_size=1024, hidden_size=hidden, num_layers=2, num_heads=32, num_kv_heads=8,
+                                  intermediate_size=2 * hidden, logit_scale=2.0, seed=5, dtype=torch.bfloat16))
+    model.model.to(device)
+    decoder = Decoder.from_names(slot_size=4, serial_num_blocks=2, engine="branch", batch_invariant=True)
+    rng = random.Random(5)
+    pool = [[rng.randrange(1000) for _ in range(rng.randint(1, 20))] for _ in range(3)]
+    check_batch_equals_alone(model, decoder, 16, {}, [rng.choice(pool) for _ in range(7)])
+
+
+def test_why_means_are_tiled_on_the_gpu(device, record):
+    """Recorded: for which row counts a row's mean over 4096 values differs from the same row's in a batch of 300
+    (the reason ``Invariance.reductions`` tiles them); tiled, none differs."""
+    from refusion.engines.invariant import tiled_mean
+
+    x = torch.randn(300, 4096, device=device, generator=torch.Generator(device=device).manual_seed(0))
+    full, tiled = x.mean(-1), tiled_mean(x, False, 8)
+    counts = (1, 2, 3, 8, 17, 64, 299)
+    record("row_counts_whose_plain_mean_differs", [n for n in counts if not torch.equal(x[:n].mean(-1), full[:n])])
+    assert all(torch.equal(tiled_mean(x[:n], False, 8), tiled[:n]) for n in counts)

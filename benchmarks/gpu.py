@@ -1,7 +1,7 @@
 """One GPU run of what issue 22 measures, in under 8 minutes on one H200; ``--smoke`` runs it tiny on the CPU.
 
 Run:  python benchmarks/gpu.py [--json PATH] [--profile PATH] [--rounds 3] [--logit-scale 1.0] [--sections ...]
-      python benchmarks/gpu.py --budget session --deadline 120 ...   (about 2 minutes: benchmarks/gpu_session.py)
+      python benchmarks/gpu.py --budget session --deadline 110 ...   (under 2 minutes: benchmarks/gpu_session.py)
       python benchmarks/gpu.py --smoke [--json PATH]      (tiny shapes on the CPU, well under a minute)
 
 Models, built on the device with random bf16 weights (nothing is downloaded):
@@ -84,13 +84,16 @@ SMOKE_SHAPES = {
 PRESETS = {"qwen3": ("paper", "ar", "fast-dllm"), "llada": ("paper", "ar", "fast-dllm", "fast-dllm-dual")}
 #: the full run's deadline (seconds after start, models included; imports take ~15 s more); ``--deadline`` changes it
 TARGET_SECONDS = 450
-#: seconds each section may take, per ``--budget``: ``full`` (the whole run under 8 minutes) or ``session`` (about
-#: two minutes: one device lease runs the GPU test tier and this, benchmarks/gpu_session.py)
+#: seconds each section may take, per ``--budget``: ``full`` (the whole run under 8 minutes), ``bench`` (about 4
+#: minutes: a device lease that runs only this) or ``session`` (under 2 minutes: a lease that runs the GPU test tier
+#: first; benchmarks/gpu_session.py)
 BUDGETS = {
     "full": {"setup": 30, "kernels": 20, "decode:qwen3-8b": 120, "decode:llada-8b": 70, "profile": 15,
              "host_reads": 40, "compile": 130},
-    "session": {"setup": 15, "kernels": 8, "decode:qwen3-8b": 44, "decode:llada-8b": 14, "profile": 8,
-                "host_reads": 10, "compile": 30},
+    "bench": {"setup": 15, "kernels": 12, "decode:qwen3-8b": 75, "decode:llada-8b": 30, "profile": 10,
+              "host_reads": 15, "compile": 70},
+    "session": {"setup": 14, "kernels": 6, "decode:qwen3-8b": 40, "decode:llada-8b": 12, "profile": 7,
+                "host_reads": 8, "compile": 25},
 }
 #: with --smoke the boxes are only guards: every code path should run
 SMOKE_BUDGETS = {"setup": 30, "kernels": 30, "decode:qwen3-8b": 30, "decode:llada-8b": 30, "profile": 30,
@@ -713,8 +716,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="compile section: a model of the Qwen3-8B shape with this many layers (0: the 8B model "
                         "itself); inductor's compile time grows with the layers")
     parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
-    parser.add_argument("--budget", choices=sorted(BUDGETS), default="full", help="time boxes: 'full' (8 minutes) or "
-                        "'session' (about 2 minutes, with --deadline 120)")
+    parser.add_argument("--budget", choices=sorted(BUDGETS), default="full", help="time boxes: 'full' (8 minutes), "
+                        "'bench' (4 minutes, with --deadline 230) or 'session' (2 minutes, with --deadline 110)")
     parser.add_argument("--deadline", type=float, default=TARGET_SECONDS,
                         help=f"seconds after the start by which every section has ended (default {TARGET_SECONDS})")
     parser.add_argument("--profile", type=Path, help="write the profiler tables of one decode here (profile section)")

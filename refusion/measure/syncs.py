@@ -73,7 +73,10 @@ class CudaSyncs:
         if _MESSAGE not in str(message):
             return self._show(message, category, filename, lineno, file, line)
         self.total += 1
-        self.sites[_site(sys._getframe(1))] += 1
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename == warnings.__file__:  # the warnings machinery
+            frame = frame.f_back
+        self.sites[_site(frame)] += 1
         if self._in_step:
             self._step += 1
         return None

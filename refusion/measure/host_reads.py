@@ -89,7 +89,29 @@ class StepReads:
     forwards: int
 
 
-class HostReads(TorchFunctionMode):
+class PerStep:
+    """Rates per engine step of a counter that keeps one :class:`StepReads` per step in ``steps``."""
+
+    steps: list[StepReads]
+
+    @property
+    def step_reads(self) -> int:
+        """Reads made during engine steps (the rest happened while admitting or finishing sequences)."""
+        return sum(s.reads for s in self.steps)
+
+    @property
+    def per_step(self) -> float:
+        """Mean reads per engine step."""
+        return self.step_reads / len(self.steps) if self.steps else 0.0
+
+    @property
+    def per_sequence_step(self) -> float:
+        """Reads per live sequence per engine step: total step reads / sum over steps of live sequences."""
+        rows = sum(s.sequences for s in self.steps)
+        return self.step_reads / rows if rows else 0.0
+
+
+class HostReads(PerStep, TorchFunctionMode):
     """``with HostReads(model) as reads:`` count host reads of device data (see the module docstring).
 
     ``model``: an adapter (its ``model`` network is hooked), a ``torch.nn.Module``,
@@ -125,22 +147,6 @@ class HostReads(TorchFunctionMode):
     @property
     def placed_total(self) -> int:
         return sum(self.placed.values())
-
-    @property
-    def step_reads(self) -> int:
-        """Reads made during engine steps (the rest happened while admitting or finishing sequences)."""
-        return sum(s.reads for s in self.steps)
-
-    @property
-    def per_step(self) -> float:
-        """Mean reads per engine step."""
-        return self.step_reads / len(self.steps) if self.steps else 0.0
-
-    @property
-    def per_sequence_step(self) -> float:
-        """Reads per live sequence per engine step: total step reads / sum over steps of live sequences."""
-        rows = sum(s.sequences for s in self.steps)
-        return self.step_reads / rows if rows else 0.0
 
     def top_sites(self, n: int = 15, *, placed: bool = False) -> list[tuple[int, str, str]]:
         """The ``n`` most frequent ``(count, kind, site)`` of network-data reads (``placed``: of placed-tensor reads)."""

@@ -24,18 +24,20 @@ from typing import Any
 
 import torch
 
-from refusion.measure.host_reads import StepReads, _site
+from refusion.measure.host_reads import PerStep, StepReads, _site
 
 #: what torch's sync debug mode warns
 _MESSAGE = "called a synchronizing CUDA operation"
 
 
-class CudaSyncs:
+class CudaSyncs(PerStep):
     """``with CudaSyncs() as syncs:`` count CUDA synchronisations (see the module docstring).
 
     Afterwards: :attr:`total`, :attr:`steps` (one
     :class:`~refusion.measure.host_reads.StepReads` per engine step, its
-    ``reads`` the step's synchronisations), :attr:`sites` and :meth:`summary`.
+    ``reads`` the step's synchronisations; the per-step rates of
+    :class:`~refusion.measure.host_reads.PerStep`), :attr:`sites` and
+    :meth:`summary`.
     Raises ``RuntimeError`` on entry where CUDA is not available.
     """
 
@@ -47,24 +49,10 @@ class CudaSyncs:
         self._step = 0
         self._undo: list = []
 
-    @property
-    def step_syncs(self) -> int:
-        """Synchronisations during engine steps."""
-        return sum(s.reads for s in self.steps)
-
-    @property
-    def per_step(self) -> float:
-        return self.step_syncs / len(self.steps) if self.steps else 0.0
-
-    @property
-    def per_sequence_step(self) -> float:
-        rows = sum(s.sequences for s in self.steps)
-        return self.step_syncs / rows if rows else 0.0
-
     def summary(self, sites: int = 10) -> dict[str, Any]:
         """Every figure as plain JSON-ready values."""
-        return {"total": self.total, "steps": len(self.steps), "step_syncs": self.step_syncs,
-                "outside_steps": self.total - self.step_syncs, "per_step": self.per_step,
+        return {"total": self.total, "steps": len(self.steps), "step_syncs": self.step_reads,
+                "outside_steps": self.total - self.step_reads, "per_step": self.per_step,
                 "max_per_step": max((s.reads for s in self.steps), default=0),
                 "per_sequence_step": self.per_sequence_step,
                 "top_sites": [{"count": c, "site": s} for s, c in self.sites.most_common(sites)]}

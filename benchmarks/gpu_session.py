@@ -251,7 +251,8 @@ def headline(result: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "gpu-session-out"))
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "/tmp/refusion-gpu-session"),
+                        help="where every file goes (default: $OUT, else /tmp/refusion-gpu-session)")
     parser.add_argument("--total", type=float, default=300, help="seconds the whole session may take")
     parser.add_argument("--tier-seconds", type=float, default=190, help="at most this long for the GPU tier")
     parser.add_argument("--skip-tier", action="store_true")

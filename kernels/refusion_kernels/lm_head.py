@@ -27,7 +27,7 @@ from refusion_kernels.backend import choose
 from refusion_kernels.underflow import FLOOR, floor_for_exp
 
 #: vocabulary tokens per program of the Triton kernel (a fixed width: a row's sums do not depend on the row count)
-SPLIT = 2048
+SPLIT = 1024
 #: rows per program of the Triton kernel
 BLOCK_M = 16
 

@@ -134,7 +134,7 @@ def test_triton_kernel_ranks_the_logits_rounded_to_the_weight_dtype_as_the_model
     is rounding each logit to bf16 (which the model's head does and the kernel must do too)."""
     g = torch.Generator().manual_seed(3)
     hidden = torch.randint(-8, 9, (40, 64), generator=g).to(torch.bfloat16)
-    weight = torch.randint(-8, 9, (3000, 64), generator=g).to(torch.bfloat16)  # two vocabulary splits
+    weight = torch.randint(-8, 9, (3000, 64), generator=g).to(torch.bfloat16)  # three vocabulary splits
     tokens, best, lse = _lm_head_triton(hidden, weight, None, exclude, 1.0)
     logits = torch.nn.functional.linear(hidden.float(), weight.float()).to(torch.bfloat16).float()  # exact, rounded
     ranked = logits if exclude is None else logits.index_fill(-1, torch.tensor([exclude]), float("-inf"))

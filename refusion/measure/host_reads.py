@@ -280,12 +280,12 @@ class HostReads(PerStep, TorchFunctionMode):
     def _count(self, kind: str, level: int) -> None:
         if level >= _NET:
             self.by_kind[kind] += 1
-            self.sites[(kind, _site(sys._getframe(2)))] += 1
+            self.sites[(kind, call_site(sys._getframe(2)))] += 1
             if self._in_step:
                 self._step_reads += 1
         else:
             self.placed[kind] += 1
-            self.placed_sites[(kind, _site(sys._getframe(2)))] += 1
+            self.placed_sites[(kind, call_site(sys._getframe(2)))] += 1
             if self._in_step:
                 self._step_placed += 1
 
@@ -389,7 +389,7 @@ def _short(filename: str) -> str:
     return os.path.basename(path)
 
 
-def _site(frame: Any) -> str:
+def call_site(frame: Any) -> str:
     """``file:line (function)`` of the first refusion frame, with the innermost other frame when it differs."""
     innermost = None
     while frame is not None:

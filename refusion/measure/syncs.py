@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from refusion.measure.host_reads import PerStep, StepReads, _site
+from refusion.measure.host_reads import PerStep, StepReads, call_site
 
 #: what torch's sync debug mode warns
 _MESSAGE = "called a synchronizing CUDA operation"
@@ -64,7 +64,7 @@ class CudaSyncs(PerStep):
         frame = sys._getframe(1)
         while frame is not None and frame.f_code.co_filename == warnings.__file__:  # the warnings machinery
             frame = frame.f_back
-        self.sites[_site(frame)] += 1
+        self.sites[call_site(frame)] += 1
         if self._in_step:
             self._step += 1
         return None

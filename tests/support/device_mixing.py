@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from refusion.measure.host_reads import HostReads, _site
+from refusion.measure.host_reads import HostReads, call_site
 
 #: calls that move or copy data between devices, or read only shapes: never a device mix
 _CROSSING = frozenset({
@@ -85,5 +85,5 @@ class DeviceMixing(HostReads):
         if self._inside and name in _FACTORIES and kwargs.get("device") is None:
             return func(*args, **kwargs)  # HostReads counts it as network data; on a GPU it is made on the host
         if name != "__get__" and self._mixed(name, args, kwargs):
-            self.mixes[(name, _site(sys._getframe(1)))] += 1
+            self.mixes[(name, call_site(sys._getframe(1)))] += 1
         return super().__torch_function__(func, types, args, kwargs)

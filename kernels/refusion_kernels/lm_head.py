@@ -127,7 +127,7 @@ def _lm_head_triton(hidden, weight, bias, exclude, temperature, block_m: int = B
         h, weight, bias if bias is not None else weight, part_max, part_sum, part_best, part_idx,
         n, vocab, d, split, h.stride(0), h.stride(1), weight.stride(0), weight.stride(1),
         float(temperature), -1 if exclude is None else int(exclude), bias is not None,
-        weight.dtype == torch.float32, BLOCK_M=block_m, BLOCK_V=block_v, BLOCK_D=block_d,
+        weight.dtype in (torch.float32, torch.float64), BLOCK_M=block_m, BLOCK_V=block_v, BLOCK_D=block_d,
     )
     tokens = torch.empty(n, dtype=torch.long, device=device)
     best, lse = torch.empty(2, n, dtype=torch.float32, device=device)

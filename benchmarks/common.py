@@ -72,8 +72,11 @@ def greedy_loop(model, prompts: torch.Tensor, new_tokens: int, mask_id: int | No
     """A hand-written greedy loop with a ``DynamicCache``: the least a Python AR decoder can do per token."""
     from transformers import DynamicCache
 
+    from refusion.models.hf import cache_keyword
+
     cache = DynamicCache(config=model.config)
-    logits = model(input_ids=prompts, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+    keyword = cache_keyword(model.forward) or "cache"
+    logits = model(input_ids=prompts, **{keyword: cache}, use_cache=True, logits_to_keep=1).logits[:, -1]
     rows = []
     done = torch.zeros(prompts.shape[0], dtype=torch.bool)
     eos_t = torch.tensor(eos or [], dtype=torch.long)
@@ -86,7 +89,7 @@ def greedy_loop(model, prompts: torch.Tensor, new_tokens: int, mask_id: int | No
             done |= torch.isin(token, eos_t)
             if bool(done.all()):
                 break
-        logits = model(input_ids=token[:, None], cache=cache, use_cache=True).logits[:, -1]
+        logits = model(input_ids=token[:, None], **{keyword: cache}, use_cache=True).logits[:, -1]
     out = torch.stack(rows, 1).tolist()
     if eos:
         out = [_cut(row, set(eos)) for row in out]

@@ -1,6 +1,7 @@
 """One GPU run of what issue 22 measures, in under 8 minutes on one H200; ``--smoke`` runs it tiny on the CPU.
 
-Run:  python benchmarks/gpu.py [--json PATH] [--rounds 3] [--logit-scale 1.0] [--sections ...]
+Run:  python benchmarks/gpu.py [--json PATH] [--profile PATH] [--rounds 3] [--logit-scale 1.0] [--sections ...]
+      python benchmarks/gpu.py --budget session --deadline 110 ...   (under 2 minutes: benchmarks/gpu_session.py)
       python benchmarks/gpu.py --smoke [--json PATH]      (tiny shapes on the CPU, well under a minute)
 
 Models, built on the device with random bf16 weights (nothing is downloaded):
@@ -12,32 +13,41 @@ makes its least progress per step (the most forwards): a worst case, read
 tokens per forward beside tokens/s. Prompts: random ids, 64 tokens; batches
 1 and 16; 256 generated tokens, no EOS.
 
-Sections, in this order, each with a time box cut to what is left of the
-run's deadline (7.5 minutes; printed with its elapsed time; a section admits
-a run only while its estimate fits and stops adding rounds when its box is
-spent, and says what it cut in the JSON's ``notes``):
+Sections, in this order, each with a time box (``--budget``) cut to what is
+left of the run's deadline (``--deadline``, 7.5 minutes by default; printed
+with its elapsed time; a section admits a run only while its estimate fits
+and stops adding rounds when its box is spent, and says what it cut in the
+JSON's ``notes``). The JSON is rewritten after every section, so a run
+stopped from outside keeps what it measured:
 
-* ``setup``: device, model build times and parameter counts;
+* ``setup``: device, versions, model build times and parameter counts;
 * ``kernels``: refusion_kernels' Triton kernels against their torch
   references (CUDA events, median of 20; agreement of tokens and values);
-* ``decode``: tokens/s and forwards of the ``paper`` preset, the lossless
-  ``ar`` preset and ``fast-dllm`` (Qwen3) against transformers ``generate``;
-  ``fast-dllm`` and ``fast-dllm-dual`` (LLaDA; the paper and lossless
-  strategies need a causal model, the JSON says so under
-  ``not_applicable``). Interleaved rounds, order rotating, median wall time
-  with [min-max]; speed-up over the baseline taken within each round. Beside
-  each: the cost model's prediction (:mod:`refusion.measure.costmodel`, from
-  the shapes of the forwards the engine ran) in seconds and tokens/s, and
-  measured / predicted;
-* ``host_reads``: host reads (GPU synchronisation points) per engine step
-  and per sequence per step (:class:`refusion.measure.host_reads.HostReads`),
-  32 generated tokens, batches 1 and 16;
-* ``compile`` (last: it compiles the network in place): the ``paper`` preset
-  on Qwen3 with the forward compiled
-  (:func:`refusion.models.compiled.compile_adapter`, ``--compile-mode``)
-  against the same network eager, the compiled forward swapped in per run;
-  the first compiled run (32 tokens, every graph compiled) is timed apart
-  with the compile statistics, and is the one step no box can cut short.
+* ``decode``: tokens/s, forwards, tokens per forward and peak memory of the
+  ``paper`` preset, the lossless ``ar`` preset and ``fast-dllm`` (Qwen3)
+  against transformers ``generate``; ``fast-dllm`` and ``fast-dllm-dual``
+  (LLaDA; the paper and lossless strategies need a causal model, the JSON
+  says so under ``not_applicable``). Interleaved rounds, order rotating,
+  median wall time with [min-max]; speed-up over the baseline taken within
+  each round. Beside each: the cost model's prediction
+  (:mod:`refusion.measure.costmodel`, from the shapes of the forwards the
+  engine ran) in seconds and tokens/s, and measured / predicted; the JSON's
+  ``anchors`` hold other systems' published figures with their hardware;
+* ``profile``: one ``paper`` decode (batch 1, 32 tokens) under
+  torch.profiler: device busy time against wall time, the top device and
+  CPU ops, synchronising runtime calls (``--profile`` writes the tables);
+* ``host_reads``: host reads per engine step and per sequence per step
+  (:class:`refusion.measure.host_reads.HostReads`) and, on a GPU, the
+  device's own count of synchronisations
+  (:class:`refusion.measure.syncs.CudaSyncs`), 32 generated tokens,
+  batches 1 and 16;
+* ``compile`` (last: the longest to wait for): the ``paper`` preset on Qwen3
+  (``--compile-layers``: a model of its shape with fewer layers) with the
+  forward compiled (:func:`refusion.models.compiled.compile_adapter`,
+  ``--compile-mode``) against the same network eager, the compiled forward
+  swapped in per run; the first compiled run (32 tokens, every graph
+  compiled) is timed apart with the compile statistics, and is the one step
+  no box can cut short (skipped when under 15 s are left).
 
 ``--smoke``: the same code with tiny shapes on the CPU (batches 1 and 4, 16
 tokens, 2 rounds); Triton runs in its interpreter (agreement only; its times
@@ -58,7 +68,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-SECTIONS = ("setup", "kernels", "decode", "host_reads", "compile")  # compile last: it changes the network in place
+SECTIONS = ("setup", "kernels", "decode", "profile", "host_reads", "compile")  # compile last: the longest to wait for
 
 #: family, hidden, layers, heads, kv heads, intermediate, vocab, mask id
 FULL_SHAPES = {
@@ -72,14 +82,30 @@ SMOKE_SHAPES = {
 #: presets tried on each family (the paper and lossless strategies need a causal model: refused on LLaDA, with
 #: the reason in the JSON's ``not_applicable``)
 PRESETS = {"qwen3": ("paper", "ar", "fast-dllm"), "llada": ("paper", "ar", "fast-dllm", "fast-dllm-dual")}
-#: the full run's deadline (seconds after start, models included; imports take ~15 s more)
+#: the full run's deadline (seconds after start, models included; imports take ~15 s more); ``--deadline`` changes it
 TARGET_SECONDS = 450
-#: seconds each section may take in a full run (the whole run stays under 8 minutes)
-BUDGETS = {"setup": 30, "kernels": 20, "decode:qwen3-8b": 120, "decode:llada-8b": 70, "host_reads": 40,
-           "compile": 130}
+#: seconds each section may take, per ``--budget``: ``full`` (the whole run under 8 minutes), ``bench`` (about 4
+#: minutes: a device lease that runs only this) or ``session`` (under 2 minutes: a lease that runs the GPU test tier
+#: first; benchmarks/gpu_session.py)
+BUDGETS = {
+    "full": {"setup": 30, "kernels": 20, "decode:qwen3-8b": 120, "decode:llada-8b": 70, "profile": 15,
+             "host_reads": 40, "compile": 130},
+    "bench": {"setup": 15, "kernels": 12, "decode:qwen3-8b": 75, "decode:llada-8b": 30, "profile": 10,
+              "host_reads": 15, "compile": 70},
+    "session": {"setup": 14, "kernels": 6, "decode:qwen3-8b": 40, "decode:llada-8b": 12, "profile": 7,
+                "host_reads": 8, "compile": 25},
+}
 #: with --smoke the boxes are only guards: every code path should run
-SMOKE_BUDGETS = {"setup": 30, "kernels": 30, "decode:qwen3-8b": 30, "decode:llada-8b": 30, "compile": 30,
-                 "host_reads": 30}
+SMOKE_BUDGETS = {"setup": 30, "kernels": 30, "decode:qwen3-8b": 30, "decode:llada-8b": 30, "profile": 30,
+                 "compile": 30, "host_reads": 30}
+#: published throughput of other diffusion-LM servers (as issue 35 quotes them), for scale; not comparable runs
+ANCHORS = [
+    {"system": "SGLang", "model": "LLaDA2.0-flash", "tokens_per_second": 935, "hardware": "8x H20 (TP8)"},
+    {"system": "vLLM", "model": "DiffusionGemma", "tokens_per_second": 1756, "batch": 1, "hardware": "H100, FP8"},
+    {"system": "dInfer", "model": "LLaDA", "tokens_per_second": 1100, "batch": 1,
+     "hardware": "not named in the quote ('over 1,100 tok/s')"},
+    {"system": "JetEngine", "model": "SDAR", "tokens_per_second": 5000, "batch": 128, "hardware": "H200"},
+]
 
 
 class Box:
@@ -123,7 +149,7 @@ class Bench:
         self.device = torch.device("cuda" if self.cuda else "cpu")
         self.dtype = torch.bfloat16 if self.cuda else torch.float32
         self.shapes = SMOKE_SHAPES if args.smoke else FULL_SHAPES
-        self.budgets = SMOKE_BUDGETS if args.smoke else BUDGETS
+        self.budgets = SMOKE_BUDGETS if args.smoke else BUDGETS[args.budget]
         self.batches = (1, 4) if args.smoke else (1, 16)
         self.gen = 16 if args.smoke else 256
         self.host_gen = 16 if args.smoke else 32
@@ -132,10 +158,12 @@ class Bench:
         self.logit_scale = args.logit_scale
         self.smoke_compile = args.smoke_compile
         self.compile_mode = args.compile_mode
+        self.compile_layers = args.compile_layers
+        self.profile_path = args.profile
         self.models: dict[str, Any] = {}
         self.gpu, self.gpu_note = self._gpu()
         #: the whole run ends by then: a box never reaches past it (the smoke run has no deadline)
-        self.deadline = time.perf_counter() + (float("inf") if args.smoke else TARGET_SECONDS)
+        self.deadline = time.perf_counter() + (float("inf") if args.smoke else args.deadline)
 
     def box(self, name: str, key: str | None = None) -> "Box":
         """The time box of section ``name`` (budget ``key``), cut to what is left before the deadline."""
@@ -155,12 +183,21 @@ class Bench:
             self.torch.cuda.synchronize()
 
     def timed(self, fn: Callable[[], dict]) -> tuple[float, dict]:
+        """Wall seconds of ``fn()`` and its counts; on a GPU also its peak memory (``peak_gib``, every tensor
+        allocated, both models' weights included) and that peak's rise over what was allocated before."""
         self.sync()
+        if self.cuda:
+            self.torch.cuda.reset_peak_memory_stats()
+            before = self.torch.cuda.memory_allocated()
         start = time.perf_counter()
         with self.torch.no_grad():
             counts = fn()
         self.sync()
-        return time.perf_counter() - start, counts
+        wall = time.perf_counter() - start
+        if self.cuda:
+            peak = self.torch.cuda.max_memory_allocated()
+            counts = {**counts, "peak_gib": round(peak / 2**30, 3), "peak_rise_gib": round((peak - before) / 2**30, 3)}
+        return wall, counts
 
     def prompts(self, name: str, batch: int) -> list[list[int]]:
         vocab, mask = self.shapes[name][6], self.shapes[name][7]
@@ -170,14 +207,37 @@ class Bench:
 
 
 # -- setup -------------------------------------------------------------------------------
-def build(bench: Bench, name: str):
-    """``(adapter, cost-model ModelSize)`` of a random ``name``-shaped model made on the device."""
+def environment(bench: Bench) -> dict:
+    """Versions and the device's properties."""
+    import platform
+
+    import torch
+
+    env: dict[str, Any] = {"python": platform.python_version(), "torch_cuda": torch.version.cuda,
+                           "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads()}
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except Exception as exc:  # noqa: BLE001 - recorded, not raised
+        env["triton"] = f"not importable: {exc}"
+    if bench.cuda:
+        props = torch.cuda.get_device_properties(0)
+        env.update({"capability": f"{props.major}.{props.minor}", "multiprocessors": props.multi_processor_count,
+                    "memory_gib": round(props.total_memory / 2**30, 1)})
+    return env
+
+
+def build(bench: Bench, name: str, layers: int = 0):
+    """``(adapter, cost-model ModelSize)`` of a random ``name``-shaped model made on the device (``layers``: that many
+    layers instead of the shape's)."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from refusion.measure.costmodel import ModelSize
 
-    family, hidden, layers, heads, kv, inter, vocab, mask = bench.shapes[name]
+    family, hidden, shape_layers, heads, kv, inter, vocab, mask = bench.shapes[name]
+    layers = layers or shape_layers
     if family == "qwen3":
         config = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
                              num_attention_heads=heads, num_key_value_heads=kv, head_dim=hidden // heads,
@@ -217,7 +277,7 @@ def setup(bench: Bench) -> dict:
     box = bench.box("setup")
     result = {"device": torch.cuda.get_device_name() if bench.cuda else "cpu", "torch": torch.__version__,
               "transformers": transformers.__version__, "dtype": str(bench.dtype), "cost_model": bench.gpu_note,
-              "models": {}}
+              "environment": environment(bench), "models": {}}
     for name in bench.shapes:
         start = time.perf_counter()
         adapter, size = build(bench, name)
@@ -368,6 +428,10 @@ def summarise(name: str, runs: list[tuple[float, dict]], ratios: list[float]) ->
            "predicted_seconds": round(predicted, 4),
            "predicted_tokens_per_second": round(counts["tokens"] / predicted, 2) if predicted else None,
            "measured_over_predicted": round(wall / predicted, 3) if predicted else None}
+    peaks = [c["peak_gib"] for _, c in runs if "peak_gib" in c]
+    if peaks:
+        row["peak_memory_gib"] = max(peaks)
+        row["peak_rise_gib"] = max(c["peak_rise_gib"] for _, c in runs)
     if ratios:
         row["speedup_vs_baseline"] = round(statistics.median(ratios), 3)
         row["speedup_spread"] = [round(min(ratios), 3), round(max(ratios), 3)]
@@ -471,13 +535,22 @@ def compiled(bench: Bench) -> dict:
     from refusion.config.presets import preset
     from refusion.decoding.decoder import Decoder
 
-    adapter, size = bench.models["qwen3-8b"]
+    if box.left() < 15:
+        return box.close({"skipped": f"{max(0.0, box.left()):.0f} s left: the first compiled decode cannot be cut short"})
+    from torch._dynamo.utils import counters as dynamo_counters
+
+    if bench.compile_layers:
+        adapter, size = build(bench, "qwen3-8b", layers=bench.compile_layers)
+        model = f"qwen3-8b shape with {bench.compile_layers} layers"
+    else:
+        adapter, size = bench.models["qwen3-8b"]
+        model = "qwen3-8b"
     decoder = Decoder.from_spec(preset("paper"))
     module = compiled_module(adapter)
     start = time.perf_counter()
     compile_adapter(adapter, mode=bench.compile_mode)
     fast = module.__dict__["forward"]
-    result: dict[str, Any] = {"preset": "paper", "mode": bench.compile_mode,
+    result: dict[str, Any] = {"preset": "paper", "mode": bench.compile_mode, "model": model,
                               "compile_call_seconds": round(time.perf_counter() - start, 2)}
 
     def run(compiled_forward: bool, prompts, gen):
@@ -509,6 +582,7 @@ def compiled(bench: Bench) -> dict:
                       + (f"  x{row['speedup_vs_baseline']} vs eager" if "speedup_vs_baseline" in row else ""),
                       flush=True)
         result["compile_stats_after"] = attrs_dict(compile_stats(adapter))
+        result["cudagraph_counters"] = {k: v for k, v in dynamo_counters["inductor"].items() if "cudagraph" in k}
     finally:
         module.__dict__.pop("forward", None)  # the other sections run the network eagerly
     return box.close(result)
@@ -524,6 +598,61 @@ def attrs_dict(value: Any) -> Any:
         if hasattr(value, name):
             out[name] = getattr(value, name)
     return out
+
+
+# -- profile -------------------------------------------------------------------------------
+def profile(bench: Bench) -> dict:
+    """One decode (``paper`` preset, Qwen3, batch 1, 32 tokens) under torch.profiler: where the time goes."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as profiled
+
+    from refusion.config.presets import preset
+    from refusion.decoding.decoder import Decoder
+
+    box = bench.box("profile")
+    adapter, size = bench.models["qwen3-8b"]
+    decoder = Decoder.from_spec(preset("paper"))
+    prompts, gen = bench.prompts("qwen3-8b", 1), min(32, bench.gen)
+    bench.timed(lambda: refusion_run(adapter, size, decoder, prompts, gen, bench.gpu))  # warm, outside the trace
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if bench.cuda else [])
+    with profiled(activities=activities) as trace:
+        wall, counts = bench.timed(lambda: refusion_run(adapter, size, decoder, prompts, gen, bench.gpu))
+    events = trace.key_averages()
+
+    def total(event, kind: str) -> float:  # microseconds; torch renamed cuda_* to device_*
+        for attr in (f"self_device_{kind}", f"self_cuda_{kind}"):
+            if hasattr(event, attr):
+                return float(getattr(event, attr))
+        return 0.0
+
+    device_us = sum(total(e, "time_total") for e in events)
+    top = sorted(events, key=lambda e: total(e, "time_total"), reverse=True)[:12]
+    runtime = {e.key: e.count for e in events if e.key.startswith(("cudaStreamSynchronize", "cudaDeviceSynchronize",
+                                                                   "cudaMemcpy", "cudaLaunchKernel", "cuLaunchKernel"))}
+    result = {"preset": "paper", "batch": 1, "gen_length": gen, "wall_seconds_under_profiler": round(wall, 4),
+              "forwards": counts["forwards"], "device_busy_seconds": round(device_us / 1e6, 4),
+              "device_busy_fraction": round(device_us / 1e6 / wall, 3) if wall else None,
+              "runtime_calls": runtime,
+              "top_device_ops": [{"op": e.key, "self_device_ms": round(total(e, "time_total") / 1e3, 3),
+                                  "calls": e.count} for e in top if total(e, "time_total") > 0],
+              "top_cpu_ops": [{"op": e.key, "self_cpu_ms": round(e.self_cpu_time_total / 1e3, 3), "calls": e.count}
+                              for e in sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:12]]}
+    print(f"profile   paper b1 gen {gen}: {wall:.2f} s wall under the profiler, device busy "
+          f"{result['device_busy_seconds']:.2f} s ({result['device_busy_fraction']}), {counts['forwards']} forwards",
+          flush=True)
+    if bench.profile_path:
+        tables = []
+        for keys in ((("self_device_time_total", "self_cuda_time_total"),) if bench.cuda else ()) + (("self_cpu_time_total",),):
+            for key in keys:  # the first key this torch knows (it renamed cuda_* to device_*)
+                try:
+                    tables.append(f"## sorted by {key}\n" + events.table(sort_by=key, row_limit=30))
+                    break
+                except Exception:  # noqa: BLE001
+                    continue
+        bench.profile_path.write_text(f"# one decode: paper preset, Qwen3-8B shape, batch 1, gen {gen}; wall "
+                                      f"{wall:.3f} s under the profiler\n\n" + "\n\n".join(tables))
+        result["tables"] = str(bench.profile_path)
+    return box.close(result)
 
 
 # -- host reads ----------------------------------------------------------------------------
@@ -557,10 +686,20 @@ def host_reads(bench: Bench) -> dict:
                 estimate = seconds * (growth(engine.name, batch, bench.batches[-1]) if batch < bench.batches[-1] else 1)
                 summary = reads.summary(sites=5)
                 summary.pop("top_placed_sites")
+                if bench.cuda:  # the device's own count of the same decode (uploads of host data included)
+                    from refusion.measure.syncs import CudaSyncs
+
+                    with CudaSyncs() as syncs:
+                        decoder.decode_batch(adapter, bench.prompts(name, batch), bench.host_gen,
+                                             engine=open_engine(adapter, decoder))
+                    summary["cuda_syncs"] = syncs.summary(sites=5)
                 result[f"{name} / {p} / batch {batch}"] = summary
+                synced = summary.get("cuda_syncs")
                 print(f"host reads {name:<9} {p:<15} b{batch:<3} {summary['steps']:>4} steps {summary['total']:>6} reads "
                       f"{summary['per_step']:>7.2f}/step {summary['per_sequence_step']:>7.3f}/seq/step "
-                      f"{dict(summary['by_kind'])}", flush=True)
+                      f"{dict(summary['by_kind'])}"
+                      + (f"; CUDA syncs {synced['per_step']:.2f}/step ({synced['total']})" if synced else ""),
+                      flush=True)
     return box.close(result)
 
 
@@ -573,7 +712,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--logit-scale", type=float, default=1.0, help="multiply the random LM head (confidence)")
     parser.add_argument("--compile-mode", default=None, help="torch.compile mode for the compile section "
                         "(default: inductor's default; 'reduce-overhead' captures CUDA graphs)")
+    parser.add_argument("--compile-layers", type=int, default=0,
+                        help="compile section: a model of the Qwen3-8B shape with this many layers (0: the 8B model "
+                        "itself); inductor's compile time grows with the layers")
     parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
+    parser.add_argument("--budget", choices=sorted(BUDGETS), default="full", help="time boxes: 'full' (8 minutes), "
+                        "'bench' (4 minutes, with --deadline 230) or 'session' (2 minutes, with --deadline 110)")
+    parser.add_argument("--deadline", type=float, default=TARGET_SECONDS,
+                        help=f"seconds after the start by which every section has ended (default {TARGET_SECONDS})")
+    parser.add_argument("--profile", type=Path, help="write the profiler tables of one decode here (profile section)")
     args = parser.parse_args(argv)
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton loads: the kernels run in its interpreter
@@ -589,13 +736,22 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(args)
     print(f"time boxes: {', '.join(f'{k} {v} s' for k, v in bench.budgets.items())}; "
           f"{sum(bench.budgets.values())} s in all", flush=True)
-    out: dict[str, Any] = {"smoke": args.smoke, "settings": {
+    out: dict[str, Any] = {"smoke": args.smoke, "command": " ".join(["python benchmarks/gpu.py", *(argv or sys.argv[1:])]),
+                           "settings": {
         "batches": list(bench.batches), "gen_length": bench.gen, "prompt_length": bench.prompt_length,
         "rounds": bench.rounds, "logit_scale": bench.logit_scale, "dtype": str(bench.dtype),
-        "host_reads_gen_length": bench.host_gen}, "sections": {}}
+        "host_reads_gen_length": bench.host_gen, "budget": "smoke" if args.smoke else args.budget,
+        "deadline_seconds": None if args.smoke else args.deadline}, "anchors": ANCHORS, "sections": {}}
     sections = out["sections"]
+
+    def save() -> None:  # after every section: a run stopped from outside keeps what it measured
+        out["total_seconds"] = round(time.perf_counter() - started, 2)
+        if args.json:
+            args.json.write_text(json.dumps(out, indent=1, default=str))
+
     sections["setup"] = setup(bench)  # the models every other section needs
-    runners = {"kernels": kernels, "decode": decode, "host_reads": host_reads, "compile": compiled}
+    save()
+    runners = {"kernels": kernels, "decode": decode, "profile": profile, "host_reads": host_reads, "compile": compiled}
     for name in SECTIONS[1:]:
         if name not in args.sections:
             sections[name] = {"skipped": "not in --sections"}
@@ -607,10 +763,9 @@ def main(argv: list[str] | None = None) -> int:
 
             traceback.print_exc()
             sections[name] = {"error": f"{type(exc).__name__}: {exc}"}
-    out["total_seconds"] = round(time.perf_counter() - started, 2)
+        save()
     print(f"total {out['total_seconds']:.1f} s")
     if args.json:
-        args.json.write_text(json.dumps(out, indent=1, default=str))
         print(f"wrote {args.json}")
     return 0
 

@@ -55,26 +55,49 @@ def scatter_kernel(src_ptr, dst_ptr, rows_ptr, cols_ptr, n_heads, head_dim,
 
 
 @triton.jit
-def lm_head_kernel(h_ptr, w_ptr, b_ptr, tokens_ptr, best_ptr, lse_ptr, targets_ptr, picked_ptr, n_rows, vocab, dim,
-                   s_hm, s_hd, s_wv, s_wd, temperature, exclude, HAS_BIAS: tl.constexpr, HAS_TARGETS: tl.constexpr,
-                   FLOAT32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One program per block of rows: logits block by block (tl.dot), rounded to the weight's dtype as the model's
-    head returns them, divided by the temperature; online max / sum-exp / argmax (ties: lowest id) and, with
-    targets, each row's target logit."""
+def _round_to(x, dtype: tl.constexpr):
+    """float32 ``x`` rounded to ``dtype`` (to nearest, ties to even), as float32.
+
+    bfloat16 is rounded on the bits: Triton's interpreter truncates a float32
+    to bfloat16 cast (the compiled cast rounds to nearest); float16 casts round
+    to nearest in both; float32 is unchanged.
+    """
+    if dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+    elif dtype == tl.float16:
+        return x.to(tl.float16).to(tl.float32)
+    else:
+        return x
+
+
+@triton.jit
+def lm_head_kernel(h_ptr, w_ptr, b_ptr, max_ptr, sum_ptr, best_ptr, idx_ptr, targets_ptr, picked_ptr, n_rows, vocab,
+                   dim, chunk, s_hm, s_hd, s_wv, s_wd, temperature, exclude, HAS_BIAS: tl.constexpr,
+                   HAS_TARGETS: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
+                   BLOCK_D: tl.constexpr):
+    """Program (block of rows, vocabulary split): logits of ``chunk`` tokens block by block (tl.dot), each rounded
+    to the weight's dtype as the model's own head rounds it; partial max, sum-exp and argmax per row (and, with
+    targets, the target's tempered logit where it lies in the split, else 0), written at ``[split, row]``
+    (:func:`lm_head_combine` reduces the splits)."""
     pid = tl.program_id(0)
+    split = tl.program_id(1)
     rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < n_rows
     neg_inf = float("-inf")
     run_max = tl.full((BLOCK_M,), neg_inf, tl.float32)
     run_sum = tl.full((BLOCK_M,), 0.0, tl.float32)
     best_val = tl.full((BLOCK_M,), neg_inf, tl.float32)
-    best_idx = tl.full((BLOCK_M,), 0, tl.int64)
+    first = split * chunk
+    best_idx = tl.full((BLOCK_M,), 0, tl.int64) + first
+    last = tl.minimum(first + chunk, vocab)
     picked = tl.full((BLOCK_M,), 0.0, tl.float32)
     if HAS_TARGETS:
         target = tl.load(targets_ptr + rows, mask=row_ok, other=-1)
-    for v0 in range(0, vocab, BLOCK_V):
+    for v0 in range(first, last, BLOCK_V):
         cols = v0 + tl.arange(0, BLOCK_V)
-        col_ok = cols < vocab
+        col_ok = cols < last
         acc = tl.zeros((BLOCK_M, BLOCK_V), dtype=tl.float32)
         for d0 in range(0, dim, BLOCK_D):
             ds = d0 + tl.arange(0, BLOCK_D)
@@ -83,17 +106,16 @@ def lm_head_kernel(h_ptr, w_ptr, b_ptr, tokens_ptr, best_ptr, lse_ptr, targets_p
                         mask=row_ok[:, None] & d_ok[None, :], other=0.0)
             w = tl.load(w_ptr + cols[None, :].to(tl.int64) * s_wv + ds[:, None] * s_wd,
                         mask=col_ok[None, :] & d_ok[:, None], other=0.0)
-            if FLOAT32:  # full float32 products, as the plain path's matmul (Triton's default is TF32)
-                acc += tl.dot(h, w, input_precision="ieee")
-            else:  # bfloat16/float16 values are exact in TF32: the products are too
-                acc += tl.dot(h.to(tl.float32), w.to(tl.float32))
+            if IEEE:  # float32 weights: full-precision products, as torch's float32 matmul (no TF32)
+                acc += tl.dot(h.to(tl.float32), w.to(tl.float32), input_precision="ieee")
+            else:  # bfloat16 / float16 values are exact in TF32: exact products, float32 sums
+                acc += tl.dot(h.to(tl.float32), w.to(tl.float32), input_precision="tf32")
         if HAS_BIAS:
             acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        if not FLOAT32:  # the plain path's logits are in the weight's dtype
-            acc = acc.to(w_ptr.dtype.element_ty).to(tl.float32)
-        x = tl.where(col_ok[None, :], acc / temperature, neg_inf)
+        logits = _round_to(acc, w_ptr.dtype.element_ty)  # the head's own logits, in its dtype
+        x = tl.where(col_ok[None, :], logits / temperature, neg_inf)
         if HAS_TARGETS:
-            picked += tl.sum(tl.where(cols[None, :] == target[:, None], x, 0.0), 1)
+            picked += tl.sum(tl.where((cols[None, :] == target[:, None]) & col_ok[None, :], x, 0.0), 1)
         new_max = tl.maximum(run_max, tl.max(x, 1))
         shift = tl.where(new_max == neg_inf, 0.0, new_max)
         run_sum = run_sum * tl.exp(run_max - shift) + tl.sum(tl.exp(x - shift[:, None]), 1)
@@ -104,9 +126,46 @@ def lm_head_kernel(h_ptr, w_ptr, b_ptr, tokens_ptr, best_ptr, lse_ptr, targets_p
         better = block_best > best_val
         best_idx = tl.where(better, block_idx, best_idx)
         best_val = tl.where(better, block_best, best_val)
+    out = split * n_rows + rows
+    tl.store(max_ptr + out, run_max, mask=row_ok)
+    tl.store(sum_ptr + out, run_sum, mask=row_ok)
+    tl.store(best_ptr + out, best_val, mask=row_ok)
+    tl.store(idx_ptr + out, best_idx, mask=row_ok)
+    if HAS_TARGETS:
+        tl.store(picked_ptr + out, picked, mask=row_ok)
+
+
+@triton.jit
+def lm_head_combine(max_ptr, sum_ptr, best_ptr, idx_ptr, picked_ptr, tokens_ptr, out_best_ptr, lse_ptr, out_picked_ptr,
+                    n_rows, splits, HAS_TARGETS: tl.constexpr, BLOCK: tl.constexpr):
+    """Program per block of rows: the splits' partial statistics reduced in split order (lowest id on ties); the
+    target's logit is the one split's that holds it (the others add exact zeros)."""
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    row_ok = rows < n_rows
+    neg_inf = float("-inf")
+    run_max = tl.full((BLOCK,), neg_inf, tl.float32)
+    run_sum = tl.full((BLOCK,), 0.0, tl.float32)
+    best_val = tl.full((BLOCK,), neg_inf, tl.float32)
+    best_idx = tl.full((BLOCK,), 0, tl.int64)
+    picked = tl.full((BLOCK,), 0.0, tl.float32)
+    for split in range(0, splits):
+        at = split * n_rows + rows
+        part_max = tl.load(max_ptr + at, mask=row_ok, other=neg_inf)
+        part_sum = tl.load(sum_ptr + at, mask=row_ok, other=0.0)
+        part_best = tl.load(best_ptr + at, mask=row_ok, other=neg_inf)
+        part_idx = tl.load(idx_ptr + at, mask=row_ok, other=0)
+        new_max = tl.maximum(run_max, part_max)
+        shift = tl.where(new_max == neg_inf, 0.0, new_max)
+        run_sum = run_sum * tl.exp(run_max - shift) + part_sum * tl.exp(part_max - shift)
+        run_max = new_max
+        better = (part_best > best_val) | (split == 0)
+        best_idx = tl.where(better, part_idx, best_idx)
+        best_val = tl.where(better, part_best, best_val)
+        if HAS_TARGETS:
+            picked += tl.load(picked_ptr + at, mask=row_ok, other=0.0)
     lse = tl.where(run_sum > 0, run_max + tl.log(tl.where(run_sum > 0, run_sum, 1.0)), neg_inf)
     tl.store(tokens_ptr + rows, best_idx, mask=row_ok)
-    tl.store(best_ptr + rows, best_val, mask=row_ok)
+    tl.store(out_best_ptr + rows, best_val, mask=row_ok)
     tl.store(lse_ptr + rows, lse, mask=row_ok)
     if HAS_TARGETS:
-        tl.store(picked_ptr + rows, picked, mask=row_ok)
+        tl.store(out_picked_ptr + rows, picked, mask=row_ok)

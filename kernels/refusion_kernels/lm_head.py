@@ -18,10 +18,14 @@ dividing by ``temperature``; ties go to the lowest id. The torch path
 projects rows in groups (at most ``chunk`` logits, about 2M, at a time),
 each over the whole vocabulary, the last group padded with zero rows to the
 group's size, so each row is reduced exactly as its materialised logits
-would be. The Triton kernel (CUDA) keeps a block of rows in registers and
-never writes logits to memory; its dot products are summed in another order
-than cuBLAS's, so its logits may differ from the plain path's in the last
-bit before rounding (in bfloat16/float16 that rarely survives the rounding).
+would be. The Triton kernel (CUDA; float64 weights take the torch path)
+splits the vocabulary into :data:`SPLIT`-token pieces, one program per piece
+and block of :data:`BLOCK_M` rows, never writes logits to memory, rounds each
+logit to the weight's dtype and multiplies float32 weights in IEEE float32
+(not TF32), and reduces the pieces in a second, fixed-order pass; its dot
+products are summed in another order than cuBLAS's, so its logits may differ
+from the plain path's in the last bit before rounding (in bfloat16/float16
+that rarely survives the rounding).
 """
 
 from __future__ import annotations
@@ -33,6 +37,10 @@ from refusion_kernels.underflow import floor_for_exp
 
 #: logits computed at a time by the torch path (rows x vocabulary)
 CHUNK = 1 << 21
+#: vocabulary tokens per program of the Triton kernel (a fixed width: a row's sums do not depend on the row count)
+SPLIT = 1024
+#: rows per program of the Triton kernel
+BLOCK_M = 16
 
 
 def _reduce_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -100,32 +108,38 @@ def lm_head_stats(hidden, weight, bias=None, exclude=None, temperature=1.0, *, t
         raise ValueError(f"`temperature` must be > 0; got {temperature!r}.")
     if targets is not None and (targets.dim() != 1 or targets.shape[0] != hidden.shape[0]):
         raise ValueError(f"`targets` must hold one token id per row ({hidden.shape[0]}); got {tuple(targets.shape)}.")
-    if choose(weight, backend) == "torch" or hidden.shape[0] == 0:
+    wanted = choose(weight, backend)
+    if wanted == "torch" or hidden.shape[0] == 0 or (weight.dtype == torch.float64 and backend != "triton"):
         return lm_head_stats_reference(hidden, weight, bias, exclude, temperature, targets=targets, chunk=chunk)
     return _lm_head_triton(hidden, weight, bias, exclude, temperature, targets)
 
 
-def _lm_head_triton(hidden, weight, bias, exclude, temperature, targets=None, block_m: int = 16, block_v: int = 64,
-                    block_d: int = 64):
+def _lm_head_triton(hidden, weight, bias, exclude, temperature, targets=None, block_m: int = BLOCK_M,
+                    block_v: int = 64, block_d: int = 64, split: int = SPLIT):
     import triton
 
-    from refusion_kernels._triton import lm_head_kernel
+    from refusion_kernels._triton import lm_head_combine, lm_head_kernel
 
     n, d = hidden.shape
     vocab = weight.shape[0]
+    device = hidden.device
     h = hidden.to(weight.dtype)
-    tokens = torch.empty(n, dtype=torch.long, device=hidden.device)
-    best = torch.empty(n, dtype=torch.float32, device=hidden.device)
-    lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
-    picked = torch.zeros(n, dtype=torch.float32, device=hidden.device)
-    wanted = targets.to(device=hidden.device, dtype=torch.long) if targets is not None else tokens
     block_d = min(block_d, max(16, triton.next_power_of_2(d)))
-    lm_head_kernel[(triton.cdiv(n, block_m),)](
-        h, weight, bias if bias is not None else weight, tokens, best, lse, wanted, picked,
-        n, vocab, d, h.stride(0), h.stride(1), weight.stride(0), weight.stride(1),
+    split = max(block_v, -(-split // block_v) * block_v)
+    splits = triton.cdiv(vocab, split)
+    part_max, part_sum, part_best, part_picked = torch.empty(4, splits, n, dtype=torch.float32, device=device)
+    part_idx = torch.empty(splits, n, dtype=torch.long, device=device)
+    wanted = targets.to(device=device, dtype=torch.long) if targets is not None else part_idx
+    lm_head_kernel[(triton.cdiv(n, block_m), splits)](
+        h, weight, bias if bias is not None else weight, part_max, part_sum, part_best, part_idx, wanted, part_picked,
+        n, vocab, d, split, h.stride(0), h.stride(1), weight.stride(0), weight.stride(1),
         float(temperature), -1 if exclude is None else int(exclude), bias is not None, targets is not None,
-        weight.dtype == torch.float32, BLOCK_M=block_m, BLOCK_V=block_v, BLOCK_D=block_d,
+        weight.dtype in (torch.float32, torch.float64), BLOCK_M=block_m, BLOCK_V=block_v, BLOCK_D=block_d,
     )
+    tokens = torch.empty(n, dtype=torch.long, device=device)
+    best, lse, picked = torch.empty(3, n, dtype=torch.float32, device=device)
+    lm_head_combine[(triton.cdiv(n, 64),)](part_max, part_sum, part_best, part_idx, part_picked, tokens, best, lse,
+                                           picked, n, splits, targets is not None, BLOCK=64)
     red = _reduce_dtype(weight.dtype)
     out = (tokens, best.to(red), lse.to(red))
     return out if targets is None else (*out, picked.to(red))

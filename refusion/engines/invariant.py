@@ -19,14 +19,20 @@ a forward then stop depending on the other sequences:
   :attr:`Invariance.tile` rows, the last tile padded with zeros. Whether it
   does is measured, not assumed: :func:`~refusion.engines.rows.probe_rows`
   multiplies a fixed random matrix with 1 to 70 rows once per process,
-  device, dtype and thread count (on one AMD EPYC with torch 2.13, float32 rows differ between
-  1, 2-3 and 4 or more rows and bfloat16/float16 rows never do; on CPUs
-  with avx512_fp16/AMX float16 rows differ too);
+  device, dtype and thread count (on one AMD EPYC with torch 2.13, float32
+  rows differ between 1, 2-3 and 4 or more rows and bfloat16/float16 rows
+  never do; on CPUs with avx512_fp16/AMX float16 rows differ too);
 * the **LM head** (:class:`InvariantHead`): rows that
   :func:`~refusion.decoding.scores.project` gathers from several sequences
   into one pass are reduced over the vocabulary in chunks of a fixed width
   (the torch path otherwise narrows its chunks as rows grow), in row tiles
-  where linear layers need them.
+  where linear layers need them;
+* **means over the last dimension** (the RMS norms) of forwards that hold
+  several sequences' tokens, on GPUs: CUDA's reduction kernels give each row
+  more or fewer threads as the number of rows changes (so another order of
+  the sums), so there they are taken in tiles of :attr:`Invariance.tile`
+  rows too (``reductions``); CPU reductions sum each row alike whatever the
+  row count.
 
 Engines whose forwards hold one sequence only (``repeat``, ``canvas``,
 ``block``: :attr:`Engine.mixes_sequences <refusion.engines.base.Engine>` is
@@ -54,6 +60,8 @@ ROW_TILE = 8
 HEAD_CHUNK = 32768
 
 _ACTIVE: ContextVar[Invariance | None] = ContextVar("refusion_batch_invariance", default=None)
+
+
 def rows_depend_on_count(device: Any, dtype: torch.dtype | None) -> bool:
     """Whether a linear layer's result for one row may change with the number of rows multiplied together
     (:func:`probe_rows`; an unknown dtype is assumed to)."""
@@ -77,12 +85,26 @@ def tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return out[: flat.shape[0]].reshape(*x.shape[:-1], weight.shape[0])
 
 
-class RowTiles(TorchFunctionMode):
-    """Inside this mode (thread-local), every ``F.linear`` runs in fixed row tiles (:func:`tiled_linear`)."""
+def tiled_mean(x: torch.Tensor, keepdim: bool, tile: int) -> torch.Tensor:
+    """``x.mean(-1, keepdim=keepdim)`` computed in tiles of exactly ``tile`` rows (the last padded with zeros).
 
-    def __init__(self, tile: int):
+    ``x`` has shape ``(..., d)``; every row is reduced by the same kernel
+    launch shape ``(tile, d)``, so its result does not depend on the number
+    of rows of ``x``.
+    """
+    flat = x.reshape(-1, x.shape[-1])
+    out = torch.cat([part.mean(-1)[: stop - start] for start, stop, part in _rows(flat, tile)])[: flat.shape[0]]
+    out = out.reshape(x.shape[:-1])
+    return out.unsqueeze(-1) if keepdim else out
+
+
+class RowTiles(TorchFunctionMode):
+    """Inside this mode (thread-local), every ``F.linear`` runs in fixed row tiles (:func:`tiled_linear`) and, with
+    ``reductions``, every mean over the last dimension too (:func:`tiled_mean`)."""
+
+    def __init__(self, tile: int, reductions: bool = False):
         super().__init__()
-        self.tile = tile
+        self.tile, self.reductions = tile, reductions
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -90,6 +112,13 @@ class RowTiles(TorchFunctionMode):
             x, weight = args[0], args[1] if len(args) > 1 else kwargs["weight"]
             bias = args[2] if len(args) > 2 else kwargs.get("bias")
             return tiled_linear(x, weight, bias, self.tile)
+        if self.reductions and (func is torch.Tensor.mean or func is torch.mean):
+            x = args[0]
+            dim = args[1] if len(args) > 1 else kwargs.get("dim")
+            keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+            if (isinstance(x, torch.Tensor) and x.dim() >= 2 and dim in (-1, x.dim() - 1, (-1,), [-1])
+                    and set(kwargs) <= {"dim", "keepdim"} and len(args) <= 3):
+                return tiled_mean(x, bool(keepdim), self.tile)
         return func(*args, **kwargs)
 
 
@@ -162,11 +191,12 @@ class Invariance:
 
     ``tile`` is ``None`` where linear layers give every row the same result
     whatever the row count (:func:`rows_depend_on_count`), else the rows per
-    tile. Built by :meth:`for_model` when the engine is opened.
+    tile; ``reductions``: means over the last dimension are tiled too (GPUs).
+    Built by :meth:`for_model` when the engine is opened.
     """
 
-    def __init__(self, tile: int | None, chunk: int = HEAD_CHUNK):
-        self.tile, self.chunk = tile, chunk
+    def __init__(self, tile: int | None, chunk: int = HEAD_CHUNK, reductions: bool = False):
+        self.tile, self.chunk, self.reductions = tile, chunk, reductions
         self._heads: dict[int, InvariantHead] = {}
         self._spans: tuple[Any, list[tuple[int, int, int]]] | None = None
 
@@ -179,14 +209,15 @@ class Invariance:
         if isinstance(network, torch.nn.Module):
             dtype = next((p.dtype for p in network.parameters() if p.is_floating_point()), None)
         device = getattr(model, "device", "cpu")
-        return cls(tile if dtype is None or rows_depend_on_count(device, dtype) else None)
+        return cls(tile if dtype is None or rows_depend_on_count(device, dtype) else None,
+                   reductions=torch.device(device).type != "cpu")
 
     @contextmanager
     def forward(self, mixed: bool) -> Iterator[None]:
         """Run one forward under this invariance (``mixed``: it holds several sequences' tokens)."""
         token = _ACTIVE.set(self)
         try:
-            with RowTiles(self.tile) if mixed and self.tile is not None else nullcontext():
+            with RowTiles(self.tile, self.reductions) if mixed and self.tile is not None else nullcontext():
                 yield
         finally:
             _ACTIVE.reset(token)

@@ -89,7 +89,29 @@ class StepReads:
     forwards: int
 
 
-class HostReads(TorchFunctionMode):
+class PerStep:
+    """Rates per engine step of a counter that keeps one :class:`StepReads` per step in ``steps``."""
+
+    steps: list[StepReads]
+
+    @property
+    def step_reads(self) -> int:
+        """Reads made during engine steps (the rest happened while admitting or finishing sequences)."""
+        return sum(s.reads for s in self.steps)
+
+    @property
+    def per_step(self) -> float:
+        """Mean reads per engine step."""
+        return self.step_reads / len(self.steps) if self.steps else 0.0
+
+    @property
+    def per_sequence_step(self) -> float:
+        """Reads per live sequence per engine step: total step reads / sum over steps of live sequences."""
+        rows = sum(s.sequences for s in self.steps)
+        return self.step_reads / rows if rows else 0.0
+
+
+class HostReads(PerStep, TorchFunctionMode):
     """``with HostReads(model) as reads:`` count host reads of device data (see the module docstring).
 
     ``model``: an adapter (its ``model`` network is hooked), a ``torch.nn.Module``,
@@ -125,22 +147,6 @@ class HostReads(TorchFunctionMode):
     @property
     def placed_total(self) -> int:
         return sum(self.placed.values())
-
-    @property
-    def step_reads(self) -> int:
-        """Reads made during engine steps (the rest happened while admitting or finishing sequences)."""
-        return sum(s.reads for s in self.steps)
-
-    @property
-    def per_step(self) -> float:
-        """Mean reads per engine step."""
-        return self.step_reads / len(self.steps) if self.steps else 0.0
-
-    @property
-    def per_sequence_step(self) -> float:
-        """Reads per live sequence per engine step: total step reads / sum over steps of live sequences."""
-        rows = sum(s.sequences for s in self.steps)
-        return self.step_reads / rows if rows else 0.0
 
     def top_sites(self, n: int = 15, *, placed: bool = False) -> list[tuple[int, str, str]]:
         """The ``n`` most frequent ``(count, kind, site)`` of network-data reads (``placed``: of placed-tensor reads)."""
@@ -274,12 +280,12 @@ class HostReads(TorchFunctionMode):
     def _count(self, kind: str, level: int) -> None:
         if level >= _NET:
             self.by_kind[kind] += 1
-            self.sites[(kind, _site(sys._getframe(2)))] += 1
+            self.sites[(kind, call_site(sys._getframe(2)))] += 1
             if self._in_step:
                 self._step_reads += 1
         else:
             self.placed[kind] += 1
-            self.placed_sites[(kind, _site(sys._getframe(2)))] += 1
+            self.placed_sites[(kind, call_site(sys._getframe(2)))] += 1
             if self._in_step:
                 self._step_placed += 1
 
@@ -383,7 +389,7 @@ def _short(filename: str) -> str:
     return os.path.basename(path)
 
 
-def _site(frame: Any) -> str:
+def call_site(frame: Any) -> str:
     """``file:line (function)`` of the first refusion frame, with the innermost other frame when it differs."""
     innermost = None
     while frame is not None:

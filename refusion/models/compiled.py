@@ -125,9 +125,14 @@ def _invariant_forward() -> bool:
     return current() is not None
 
 
+def _cache_key(kwargs: Mapping[str, Any]) -> str:
+    """The keyword that holds the forward's cache: ``cache`` (transformers >= 5.24) or ``past_key_values``."""
+    return "past_key_values" if kwargs.get("cache") is None and "past_key_values" in kwargs else "cache"
+
+
 def _mark(kwargs: Mapping[str, Any], static_address: bool) -> None:
     """Make the geometry dims of the key/value buffer a forward writes static (everything else stays dynamic)."""
-    data = getattr(kwargs.get("cache"), "data", None)
+    data = getattr(kwargs.get(_cache_key(kwargs)), "data", None)
     if isinstance(data, torch.Tensor) and data.dim() == 6:  # (layers, 2, rows, kv_heads, capacity, head_dim)
         for dim in (0, 1, 3, 5):
             torch._dynamo.mark_static(data, dim)
@@ -144,7 +149,8 @@ def _bucketed(kwargs: dict[str, Any], bucket: int) -> dict[str, Any]:
     """
     from refusion.engines.ragged import RaggedCache
 
-    cache, masks = kwargs.get("cache"), kwargs.get("attention_mask")
+    key = _cache_key(kwargs)
+    cache, masks = kwargs.get(key), kwargs.get("attention_mask")
     if not isinstance(cache, RaggedCache) or not isinstance(masks, dict):
         return kwargs
     layout = cache.layout
@@ -155,7 +161,7 @@ def _bucketed(kwargs: dict[str, Any], bucket: int) -> dict[str, Any]:
     if mask is None:  # a single query that sees every key
         mask = torch.ones((layout.rows, 1, layout.n_max, layout.keys), dtype=torch.bool, device=cache.data.device)
     wider = attrs.evolve(layout, mask=torch.nn.functional.pad(mask, (0, keys - layout.keys), value=False), keys=keys)
-    return {**kwargs, "cache": RaggedCache(cache.data, wider),
+    return {**kwargs, key: RaggedCache(cache.data, wider),
             "attention_mask": {name: wider if value is layout else value for name, value in masks.items()}}
 
 

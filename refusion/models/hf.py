@@ -1,11 +1,13 @@
 """Adapter for any Hugging Face causal LM, ReFusion checkpoints included.
 
 Knows how to find the mask and EOS token ids of a checkpoint and how to call
-the network with transformers' own cache (``cache=`` keyword of 5.x).
+the network with transformers' own cache (the ``cache=`` keyword from
+transformers 5.24, ``past_key_values=`` before: :func:`cache_keyword`).
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Iterable
 
 import torch
@@ -51,6 +53,21 @@ def find_eos_token_ids(model: Any, tokenizer: Any | None) -> frozenset[int]:
     return frozenset()
 
 
+def cache_keyword(forward: Any) -> str | None:
+    """The keyword under which ``forward`` (a network's forward) takes a transformers ``Cache``, or ``None``.
+
+    ``"cache"`` from transformers 5.24; ``"past_key_values"`` in earlier 5.x
+    releases and in remote code. Both releases take unknown keywords into
+    ``**kwargs`` and ignore them, so passing the wrong one silently decodes
+    without the cache.
+    """
+    try:
+        accepted = inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return None
+    return next((k for k in ("cache", "past_key_values") if k in accepted), None)
+
+
 class HFCausalLM(ModelAdapter):
     """A transformers ``PreTrainedModel`` with a causal LM head, used as a ReFusion model.
 
@@ -89,6 +106,8 @@ class HFCausalLM(ModelAdapter):
             check_token_ids("eos_token_id", given, self.vocab_size)
         self.eos_token_ids = given if eos_token_id is not None else find_eos_token_ids(model, tokenizer)
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
+        #: the keyword of the network's cache argument (:func:`cache_keyword`)
+        self._cache_kw = cache_keyword(model.forward) or "cache"
         self.forwards = 0
         #: decoding preset recommended by the checkpoint (``refusion.json``), used when no preset is named
         self.preset = None
@@ -137,7 +156,7 @@ class HFCausalLM(ModelAdapter):
 
     def _inputs(self, position_ids, attention_mask, cache) -> dict[str, Any]:
         """Keyword arguments of a network call (besides ``input_ids``)."""
-        return {"position_ids": position_ids, "attention_mask": attention_mask, "cache": cache, "use_cache": True}
+        return {"position_ids": position_ids, "attention_mask": attention_mask, self._cache_kw: cache, "use_cache": True}
 
     def forward(self, input_ids, position_ids, attention_mask, cache, logits_to_keep=0):
         self.forwards += 1

@@ -14,7 +14,7 @@ from typing import Any, Iterable
 
 from refusion.errors import ConfigError
 from refusion.models.base import ModelCapabilities
-from refusion.models.hf import HFCausalLM
+from refusion.models.hf import HFCausalLM, cache_keyword
 from refusion.plugins import hookimpl
 
 
@@ -43,8 +43,7 @@ class HFMaskedDiffusionLM(HFCausalLM):
         super().__init__(model, tokenizer, mask_token_id=mask_token_id, eos_token_id=eos_token_id)
         accepted = set(inspect.signature(model.forward).parameters)
         self._takes = {k for k in ("position_ids", "attention_mask", "use_cache") if k in accepted}
-        # transformers 5 names the cache `cache`; older and remote-code models `past_key_values`
-        self._cache_kw = next((k for k in ("cache", "past_key_values") if k in accepted), None)
+        self._cache_kw = cache_keyword(model.forward)
         self.capabilities = ModelCapabilities(causal=False, logit_shift=logit_shift, kv_cache=self._cache_kw is not None)
 
     def _inputs(self, position_ids, attention_mask, cache):

@@ -128,3 +128,25 @@ def test_logits_far_below_the_maximum_leave_the_statistics_unchanged():
         torch.testing.assert_close(lse, torch.logsumexp(logits, -1), rtol=1e-6, atol=1e-5)
         grouped = lm_head_stats_reference(h, w, exclude=exclude, chunk=1024)
         assert all(torch.equal(a, b) for a, b in zip(grouped, (tokens, best, lse)))  # rows reduced alike
+
+
+@pytest.mark.parametrize("exclude", [None, 5])
+def test_triton_kernel_ranks_the_logits_rounded_to_the_weight_dtype_as_the_models_own_head(exclude):
+    """bf16 logits tie often: the kernel must rank the head's own (rounded) logits, ties to the lowest id.
+
+    Integer-valued weights make every sum exact in float32 whatever its order, so the only difference left
+    is rounding each logit to bf16 (which the model's head does and the kernel must do too)."""
+    g = torch.Generator().manual_seed(3)
+    hidden = torch.randint(-8, 9, (40, 64), generator=g).to(torch.bfloat16)
+    weight = torch.randint(-8, 9, (3000, 64), generator=g).to(torch.bfloat16)  # three vocabulary splits
+    tokens, best, lse = _lm_head_triton(hidden, weight, None, exclude, 1.0)
+    logits = torch.nn.functional.linear(hidden.float(), weight.float()).to(torch.bfloat16).float()  # exact, rounded
+    ranked = logits if exclude is None else logits.index_fill(-1, torch.tensor([exclude]), float("-inf"))
+    assert torch.equal(tokens, ranked.argmax(-1))
+    assert torch.equal(best, ranked.max(-1).values)
+    torch.testing.assert_close(lse, torch.logsumexp(logits, -1), rtol=1e-6, atol=1e-5)
+    ref_tokens, ref_best, _ = lm_head_stats_reference(hidden, weight, None, exclude)
+    assert torch.equal(tokens, ref_tokens) and torch.equal(best, ref_best)
+    targets = torch.arange(40) * 71 % 3000  # the targets' logits from the same pass, across the splits
+    picked = _lm_head_triton(hidden, weight, None, exclude, 1.0, targets)[3]
+    assert torch.equal(picked, logits.gather(1, targets[:, None])[:, 0])

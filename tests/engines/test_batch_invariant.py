@@ -282,3 +282,35 @@ def test_requests_joining_a_running_generator_decode_as_alone_and_a_plain_genera
     plain = Generator(model, attrs.evolve(decoder, batch_invariant=False), gen_length=8)
     with pytest.raises(ConfigError, match=r"asks for `batch_invariant`=True but engine 'branch' was opened without"):
         plain.submit([1, 2], decoder=decoder)
+
+
+def test_on_gpus_means_over_the_last_dimension_are_tiled_too(monkeypatch):
+    """CUDA's reduction kernels give a row more or fewer threads as the row count changes (another order of the
+    sums), so a batch-invariant forward on a GPU takes the RMS norms' means in fixed row tiles as well."""
+    import types
+
+    from refusion.engines import invariant
+    from refusion.engines.invariant import Invariance, RowTiles, tiled_mean
+
+    gpu = types.SimpleNamespace(model=torch.nn.Linear(2, 2).to(torch.bfloat16), device=torch.device("cuda"))
+    assert Invariance.for_model(gpu).reductions and Invariance.for_model(gpu).tile == 8
+    assert not Invariance.for_model(HFCausalLM(tiny_qwen3(dtype=torch.float32))).reductions
+    x = torch.randn(21, 3, 64, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    full = tiled_mean(x, True, 8)
+    torch.testing.assert_close(full, x.mean(-1, keepdim=True), rtol=1e-12, atol=1e-12)
+    for rows in (1, 2, 7, 9):
+        assert torch.equal(tiled_mean(x[:rows], True, 8), full[:rows])
+    calls = []
+    monkeypatch.setattr(invariant, "tiled_mean", lambda *a: calls.append(a[0].shape) or tiled_mean(*a))
+    model = tiny_qwen3(dtype=torch.float64)
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+        with RowTiles(8, reductions=True):
+            got = model(input_ids=ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    assert calls  # the RMS norms went through the tiles
+    with torch.no_grad(), RowTiles(8):
+        calls.clear()
+        model(input_ids=ids)
+    assert not calls  # not where reductions are left alone

@@ -110,6 +110,7 @@ def test_inductor_forward_gives_eager_logits(eager):
     assert compile_stats(compiled).graphs == 1
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need CUDA")
 def test_cuda_graphs_give_eager_tokens_with_a_graph_per_bucket():
     eager_cuda = model(dtype=torch.float32, attn_implementation="sdpa")

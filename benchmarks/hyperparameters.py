@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from refusion.api import load_model
-from refusion.search import sweep
+from refusion.sweep import sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 

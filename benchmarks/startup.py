@@ -10,7 +10,7 @@ processes of:
 and reports, per command, the median wall time and CPU time (user + system of
 the child, from ``resource.getrusage``) over the rounds with the spread
 [min-max]; plus the number of modules ``import refusion`` loads and whether
-``refusion.search`` / ``refusion.training`` are among them. Each child runs
+``refusion.sweep`` / ``refusion.training`` are among them. Each child runs
 with 1 torch thread (``OMP_NUM_THREADS=1``).
 
 ``--compare DIR`` also runs every command against another checkout of
@@ -39,7 +39,7 @@ COMMANDS = {
 }
 
 PROBE = ("import sys, refusion; mods = [m for m in sys.modules if m == 'refusion' or m.startswith('refusion.')]; "
-         "print(len(mods), any(m.startswith('refusion.search') for m in mods), "
+         "print(len(mods), any(m.startswith('refusion.sweep') for m in mods), "
          "any(m.startswith('refusion.training') for m in mods), len(sys.modules))")
 
 
@@ -101,7 +101,7 @@ def main() -> int:
         print(f"{label:48} {spread(times[(name, side)]['wall']):>20} {spread(times[(name, side)]['cpu']):>20} "
               f"{ratio:>20}")
     print(f"import refusion (this): {modules['refusion_modules']} refusion modules ({modules['all_modules']} in all); "
-          f"refusion.search loaded: {modules['loads_search']}; refusion.training loaded: {modules['loads_training']}")
+          f"refusion.sweep loaded: {modules['loads_search']}; refusion.training loaded: {modules['loads_training']}")
     return 0
 
 

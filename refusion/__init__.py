@@ -53,7 +53,7 @@ _EXPORTS = {
     "Progress": "refusion.generator",
     "Request": "refusion.generator",
     "registry": "refusion.plugins.registry",
-    "sweep": "refusion.search",
+    "sweep": "refusion.sweep",
 }
 
 

@@ -72,7 +72,7 @@ def test_importing_refusion_loads_no_search_training_or_model_code():
              "print(sorted(loaded)); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.splitlines()
     loaded = eval(out[0])
-    assert not any(m.startswith(("refusion.search", "refusion.training")) for m in loaded), loaded
+    assert not any(m.startswith(("refusion.sweep", "refusion.training")) for m in loaded), loaded
     assert out[1] == "False", "import refusion imports torch"
 
 

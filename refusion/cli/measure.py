@@ -65,8 +65,8 @@ def _fits(name: str, decoder: Any, gen_length: int) -> Any:
 
 
 def check_bench_options(args: argparse.Namespace) -> None:
-    """Every numeric option of ``refusion bench`` in range (:mod:`refusion.measure.limits`), before any work."""
-    from refusion.measure.limits import MAX_GEN_LENGTH, integer
+    """Every numeric option of ``refusion bench`` in range (:mod:`refusion.limits`), before any work."""
+    from refusion.limits import MAX_GEN_LENGTH, integer
     from refusion.training.tasks import MAX_PER_TASK, TASKS
 
     integer("--per-task", args.per_task, 1, MAX_PER_TASK, f"held-out examples per task; {len(TASKS)} tasks")
@@ -76,7 +76,7 @@ def check_bench_options(args: argparse.Namespace) -> None:
 
 def check_model_flags(args: argparse.Namespace) -> None:
     """The numeric model flags (token ids, block length) in range, before the model loads."""
-    from refusion.measure.limits import MAX_GEN_LENGTH, integer
+    from refusion.limits import MAX_GEN_LENGTH, integer
 
     if getattr(args, "mask_token_id", None) is not None:
         integer("--mask-token-id", args.mask_token_id, 0, MAX_TOKEN_ID, "a token id")
@@ -91,7 +91,7 @@ MAX_TOKEN_ID = 2**31 - 1
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from refusion.measure.limits import MAX_EXAMPLES, integer
+    from refusion.limits import MAX_EXAMPLES, integer
 
     if args.limit is not None:
         integer("--limit", args.limit, 1, MAX_EXAMPLES, "examples per task")

@@ -13,12 +13,12 @@ from refusion.errors import ConfigError
 
 
 def run_sweep(args: argparse.Namespace) -> int:
-    from refusion.search.run import plan_sweep, run_plan
+    from refusion.sweep.run import plan_sweep, run_plan
 
     tasks: Any = args.tasks
     options = {k: getattr(args, k) for k in ("limit", "include_path", "metric") if getattr(args, k) is not None}
     if tasks.startswith("lm-eval:"):
-        from refusion.search.harness import parse_harness
+        from refusion.sweep.harness import parse_harness
 
         tasks = parse_harness(tasks, **options)
     elif options:
@@ -29,7 +29,7 @@ def run_sweep(args: argparse.Namespace) -> int:
                       seed=args.seed, max_accuracy_drop=args.max_accuracy_drop)  # every input, before the model loads
     result = run_plan(plan, model=load(args), out=args.out, storage=args.storage, study=args.study,
                       progress=not args.json, plot=not args.no_plot)
-    from refusion.search.outputs import describe_point
+    from refusion.sweep.outputs import describe_point
 
     if args.json:
         row = lambda r: {"trial": r.number, "point": r.point, **r.metrics}  # noqa: E731

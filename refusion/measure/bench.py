@@ -20,7 +20,7 @@ import torch
 
 from refusion.decoding.counters import Counters, observe
 from refusion.errors import ConfigError
-from refusion.measure.limits import MAX_EXAMPLES, MAX_GEN_LENGTH, check_room, integer
+from refusion.limits import MAX_EXAMPLES, MAX_GEN_LENGTH, check_room, integer
 from refusion.measure.results import Result
 from refusion.training.tasks import Example, is_correct
 
@@ -111,7 +111,7 @@ def measure(
 
     ``cost_model`` (e.g. ``"qwen3-8b@h100"``) also estimates the time the same
     forwards would take on that GPU at that model size (:mod:`refusion.measure.costmodel`).
-    ``warmup`` (0 to :data:`~refusion.measure.limits.MAX_EXAMPLES`) prompts are decoded first, untimed;
+    ``warmup`` (0 to :data:`~refusion.limits.MAX_EXAMPLES`) prompts are decoded first, untimed;
     at most ``MAX_EXAMPLES`` examples.
     """
     integer("warmup", warmup, 0, MAX_EXAMPLES, "prompts decoded before timing")
@@ -166,7 +166,7 @@ def run_bench(adapter: Any, examples: Sequence[Example], methods: Sequence[tuple
     baseline (:func:`ar_method`). Returns one :class:`~refusion.measure.results.Result` per method.
 
     Checked before anything decodes: ``gen_length`` in [1, 65,536] and, after the longest prompt, within the
-    model's positions; at most :data:`~refusion.measure.limits.MAX_EXAMPLES` examples; ``cost_model``."""
+    model's positions; at most :data:`~refusion.limits.MAX_EXAMPLES` examples; ``cost_model``."""
     integer("gen_length", gen_length, 1, MAX_GEN_LENGTH, "tokens generated per prompt")
     _check_examples(examples)
     if cost_model is not None:

@@ -26,7 +26,7 @@ import attrs
 from refusion.config.build import class_path
 from refusion.errors import ConfigError
 from refusion.files import read_json, where
-from refusion.measure.limits import MAX_EXAMPLES, MAX_GEN_LENGTH, MAX_THREADS, SEED_LIMIT, shown
+from refusion.limits import MAX_EXAMPLES, MAX_GEN_LENGTH, MAX_THREADS, SEED_LIMIT, shown
 
 RECORD_SCHEMA = "refusion-record"
 RECORD_VERSION = 1
@@ -191,7 +191,7 @@ def check_record(record: Any, source: str = "record") -> dict:
     """``record`` if it is a well-formed bench or eval record; else a :class:`ConfigError` starting with
     ``source`` and naming the field (also as its ``param``: ``settings.gen_length``, ``rows[0].forwards``).
 
-    Checks every field's type and range (a run larger than :mod:`refusion.measure.limits` allows is refused
+    Checks every field's type and range (a run larger than :mod:`refusion.limits` allows is refused
     here, before any model loads), refuses fields a record does not have, and reads each decoder spec back
     (without importing ``"module:Class"`` parts). Nothing is run.
     """

@@ -6,7 +6,7 @@ Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (plain or
 generator's thread when it starts and, when it stops, cancels what uvicorn's
 graceful shutdown left unfinished.
 
-Bodies are bounded (:class:`~refusion.serve.limits.BodyLimit`); parsing,
+Bodies are bounded (:class:`~refusion.serve.body_limit.BodyLimit`); parsing,
 validating and planning a request (tokenising its prompt) run in a worker
 thread, one request at a time, so the event loop (``/health``, the streams)
 never waits on them.
@@ -31,7 +31,7 @@ from refusion.errors import ConfigError, QueueFull
 from refusion.generator import Generator
 from refusion.serve import responses
 from refusion.serve.errors import APIError, invalid_json, validation_error
-from refusion.serve.limits import BodyLimit
+from refusion.serve.body_limit import BodyLimit
 from refusion.serve.metrics import ServerMetrics
 from refusion.serve.options import Plan, ServeDefaults, ServePolicy, plan_request
 from refusion.serve.schema import ChatCompletionRequest, CompletionRequest, InvalidJSON, parse_body

@@ -11,7 +11,7 @@ from refusion.decoding.decoder import Decoder
 from refusion.decoding.sampling import SAMPLERS, BlockMultinomial, GumbelMax, Sampling
 from refusion.errors import ConfigError
 from refusion.measure.trace import read_trace
-from refusion.search.space import build_space
+from refusion.sweep.space import build_space
 
 #: a value for every decoder option, different from its default
 OPTION_VALUES = {"engine": "repeat", "seed": 7, "stop_at_eos": False, "cfg_scale": 0.0, "calls_per_token": 5,

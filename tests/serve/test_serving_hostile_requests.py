@@ -19,7 +19,7 @@ from refusion.cli import main
 from refusion.generator import Generator
 from refusion.serve import ServeDefaults, ServePolicy, create_app
 from refusion.serve.errors import APIError
-from refusion.serve.limits import BodyLimit, BodyTooLarge
+from refusion.serve.body_limit import BodyLimit, BodyTooLarge
 from refusion.serve.options import plan_request
 from refusion.serve.schema import ChatCompletionRequest
 from tests.support.serving import one_torch_thread  # noqa: F401 (a fixture)

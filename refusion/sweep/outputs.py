@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from refusion.config import DecoderSpec
-from refusion.search.space import describe_point
-from refusion.search.study import OBJECTIVES, TrialRecord
+from refusion.sweep.space import describe_point
+from refusion.sweep.study import OBJECTIVES, TrialRecord
 
 METRICS = ("accuracy", "correct", "examples", "forwards", "tokens", "tokens_per_forward", "seconds",
            "seconds_per_token", "speedup", "forward_ratio", "ar_accuracy", "ar_forwards", "ar_seconds_per_token")

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import attrs
 
 from refusion.errors import ConfigError
-from refusion.measure.limits import MAX_EXAMPLES, integer, shown
+from refusion.limits import MAX_EXAMPLES, integer, shown
 from refusion.measure.results import Result
 
 PREFIX = "lm-eval:"

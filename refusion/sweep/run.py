@@ -22,15 +22,15 @@ from refusion.config.spec import DEFAULT_GEN_LENGTH
 from refusion.decoding.decoder import Decoder
 from refusion.errors import ConfigError, RefusionError
 from refusion.files import where
-from refusion.measure.limits import (MAX_EXAMPLES, MAX_GEN_LENGTH, MAX_MINUTES, MAX_TRIALS, SEED_LIMIT, integer,
+from refusion.limits import (MAX_EXAMPLES, MAX_GEN_LENGTH, MAX_MINUTES, MAX_TRIALS, SEED_LIMIT, integer,
                                      number, shown)
 from refusion.measure.results import Result
-from refusion.search import outputs
-from refusion.search.evaluate import evaluate_ar, evaluate_preset
-from refusion.search.space import MAX_GRID, Dimension, Space, build_space, parse_dimension, point_key
-from refusion.search.spacefile import load_space_file
-from refusion.search.study import OBJECTIVES, TrialRecord, completed, open_study
-from refusion.search.tasks import TaskSet, load_tasks
+from refusion.sweep import outputs
+from refusion.sweep.evaluate import evaluate_ar, evaluate_preset
+from refusion.sweep.space import MAX_GRID, Dimension, Space, build_space, parse_dimension, point_key
+from refusion.sweep.spacefile import load_space_file
+from refusion.sweep.study import OBJECTIVES, TrialRecord, completed, open_study
+from refusion.sweep.tasks import TaskSet, load_tasks
 
 MODES = ("auto", "grid", "optuna")
 #: ``auto`` runs a grid search up to this many points, optuna beyond
@@ -191,7 +191,7 @@ def sweep(
     ``"slot_threshold=0.5:0.9:0.1"``) and/or ``space_file`` a YAML/TOML file;
     they vary ``preset`` (default: the model's ``refusion.json``). ``tasks`` is
     ``"held-out[:N]"``, a ``.jsonl`` file or ``"lm-eval:TASK[,TASK]"`` /
-    a :class:`~refusion.search.harness.HarnessTasks`. ``mode`` is ``grid``, ``optuna``
+    a :class:`~refusion.sweep.harness.HarnessTasks`. ``mode`` is ``grid``, ``optuna``
     or ``auto`` (grid up to 64 points). ``trials`` bounds the trials in the
     study (earlier runs included), ``minutes`` this run's time; ``objective``
     is what optuna minimises besides maximising accuracy: ``forwards`` or
@@ -201,7 +201,7 @@ def sweep(
     accuracy (else the most accurate). ``evaluate`` replaces the measurement
     (for tests). Never touches the model's weights.
 
-    Limits (:mod:`refusion.measure.limits`): ``gen_length`` <= 65,536 and within
+    Limits (:mod:`refusion.limits`): ``gen_length`` <= 65,536 and within
     the model's positions after the longest prompt, ``trials`` <= 100,000, a
     grid search <= 100,000 points, ``minutes`` <= 43,200. Every input is
     checked (:func:`plan_sweep`) before the model is loaded; the task set's
@@ -219,7 +219,7 @@ def run_plan(plan: SweepPlan, *, model: Any = None, out: str | Path = "sweep-out
              evaluate: Callable[[Any, DecoderSpec, TaskSet], Result] | None = None) -> SweepResult:
     """Run a checked :class:`SweepPlan` on ``model`` (see :func:`sweep`)."""
     from refusion.api import load_model
-    from refusion.search.tasks import check_examples
+    from refusion.sweep.tasks import check_examples
 
     adapter = load_model(model)
     if adapter.tokenizer is None:
@@ -269,7 +269,7 @@ def run_plan(plan: SweepPlan, *, model: Any = None, out: str | Path = "sweep-out
 
 def _measures(taskset: Any, warmup: int) -> tuple[Callable, Callable]:
     """How a point and AR are measured on ``taskset``: held-out/JSONL examples, or lm-evaluation-harness tasks."""
-    from refusion.search.harness import HarnessTasks, evaluate_harness
+    from refusion.sweep.harness import HarnessTasks, evaluate_harness
 
     if not isinstance(taskset, HarnessTasks):
         return (lambda a, p, t: evaluate_preset(a, p, t, warmup=warmup),
@@ -352,7 +352,7 @@ def _search(study: Any, space: Space, points: list | None, mode: str, adapter: A
 
 def _finish(study: Any, db: Path, space: Space, length: int, ar: Result, mode: str, objective: str, out: Path,
             max_accuracy_drop: float, plot: bool, new: int, interrupted: bool) -> SweepResult:
-    from refusion.search.space import describe_point
+    from refusion.sweep.space import describe_point
 
     records = completed(study)
     ar_row = _ar_metrics(ar)

@@ -11,7 +11,7 @@ from typing import Any
 from refusion.config import DecoderSpec
 from refusion.decoding.decoder import Decoder
 from refusion.measure.results import Result
-from refusion.search.tasks import TaskSet
+from refusion.sweep.tasks import TaskSet
 
 
 def evaluate_preset(adapter: Any, preset: DecoderSpec, tasks: TaskSet, *, warmup: int = 1) -> Result:

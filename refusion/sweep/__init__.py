@@ -7,8 +7,8 @@ sets), ``evaluate`` (measuring a point and AR), ``study`` (optuna storage),
 ``run`` (grid and optuna search), ``outputs`` (CSV, PNG, preset JSON).
 """
 
-from refusion.search.run import SweepResult, sweep
-from refusion.search.space import Dimension, Space, build_space, parse_dimension
-from refusion.search.tasks import TaskSet, load_tasks
+from refusion.sweep.run import SweepResult, sweep
+from refusion.sweep.space import Dimension, Space, build_space, parse_dimension
+from refusion.sweep.tasks import TaskSet, load_tasks
 
 __all__ = ["Dimension", "Space", "SweepResult", "TaskSet", "build_space", "load_tasks", "parse_dimension", "sweep"]

@@ -22,8 +22,8 @@ import attrs
 
 from refusion.errors import ConfigError
 from refusion.files import MAX_DEPTH, check_depth, read_text, where
-from refusion.measure.limits import MAX_GEN_LENGTH, integer, shown
-from refusion.search.space import Dimension, dimension
+from refusion.limits import MAX_GEN_LENGTH, integer, shown
+from refusion.sweep.space import Dimension, dimension
 
 #: space files larger than this are refused before they are parsed
 MAX_SPACE_BYTES = 4 * 2**20

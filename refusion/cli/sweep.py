@@ -12,7 +12,7 @@ from refusion.config import PRESETS
 from refusion.errors import ConfigError
 
 
-def run_sweep(args: argparse.Namespace) -> int:
+def run_sweep_command(args: argparse.Namespace) -> int:
     from refusion.sweep.run import plan_sweep, run_plan
 
     tasks: Any = args.tasks
@@ -90,4 +90,4 @@ def add_parsers(sub: Any) -> None:
     sw.add_argument("--no-plot", action="store_true", help="skip the PNG")
     sw.add_argument("--json", action="store_true", help="print the front, the chosen point and the files as JSON")
     add_model_options(sw)
-    sw.set_defaults(func=run_sweep)
+    sw.set_defaults(func=run_sweep_command)

@@ -163,7 +163,7 @@ def _text(spec: Any) -> str:
     return spec
 
 
-def sweep(
+def run_sweep(
     space: Sequence[str] | Space = (),
     tasks: str | TaskSet = "held-out",
     *,
@@ -217,7 +217,7 @@ def sweep(
 def run_plan(plan: SweepPlan, *, model: Any = None, out: str | Path = "sweep-out", storage: str | Path | None = None,
              study: str = "refusion-sweep", progress: bool = True, plot: bool = True,
              evaluate: Callable[[Any, DecoderSpec, TaskSet], Result] | None = None) -> SweepResult:
-    """Run a checked :class:`SweepPlan` on ``model`` (see :func:`sweep`)."""
+    """Run a checked :class:`SweepPlan` on ``model`` (see :func:`run_sweep`)."""
     from refusion.api import load_model
     from refusion.sweep.tasks import check_examples
 

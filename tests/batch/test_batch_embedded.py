@@ -174,7 +174,7 @@ def test_the_command_writes_results_and_a_json_summary_then_resumes(tmp_path, ca
         assert read_rows(out)[row["id"]]["tokens"] == expected_tokens(model, row, {"seed": 4, "temperature": 0.5})
     assert main(argv) == 0
     assert json.loads(capsys.readouterr().out)["skipped"] == 4
-    assert refusion.batch([{"id": "more", "prompt": "rev ab="}], out, model=model, progress=False).rows == 1
+    assert refusion.run_batch([{"id": "more", "prompt": "rev ab="}], out, model=model, progress=False).rows == 1
 
 
 @pytest.mark.parametrize("flags, named", [

@@ -11,7 +11,7 @@ pytest.importorskip("optuna")
 import refusion  # noqa: E402
 from refusion.api import load_model  # noqa: E402
 from refusion.cli import main  # noqa: E402
-from refusion.sweep import sweep  # noqa: E402
+from refusion.sweep import run_sweep as sweep  # noqa: E402
 from refusion.sweep.evaluate import evaluate_preset  # noqa: E402
 from refusion.sweep.space import point_key  # noqa: E402
 from refusion.sweep.study import completed, open_study  # noqa: E402

@@ -171,7 +171,7 @@ def no_model(monkeypatch):
     ({"space": ["slot_threshold=0.1:0.9:1e-12"]}, "slot_threshold"),
 ])
 def test_a_bad_sweep_option_is_refused_before_the_model_loads(no_model, tmp_path, options, param):
-    from refusion.sweep import sweep
+    from refusion.sweep import run_sweep as sweep
 
     kwargs = {"space": ["slot_threshold=0.5,0.9"], "out": tmp_path, "progress": False, **options}
     with pytest.raises(ConfigError) as info:
@@ -280,7 +280,7 @@ def shipped():
 
 def test_a_task_file_the_tokenizer_cannot_read_is_refused_before_any_trial(shipped, tmp_path):
     """Was: an unknown character was read as the unknown token and every decoder scored 0% without a word."""
-    from refusion.sweep import sweep
+    from refusion.sweep import run_sweep as sweep
 
     path = tmp_path / "tasks.jsonl"
     path.write_text(json.dumps({"prompt": "rev ab=", "answer": "ba"}) + "\n"
@@ -291,7 +291,7 @@ def test_a_task_file_the_tokenizer_cannot_read_is_refused_before_any_trial(shipp
 
 
 def test_a_prompt_with_no_room_for_the_generation_is_refused_before_any_trial(shipped, tmp_path):
-    from refusion.sweep import sweep
+    from refusion.sweep import run_sweep as sweep
 
     path = tmp_path / "tasks.jsonl"
     path.write_text(json.dumps({"prompt": "rev ab=", "answer": "ba"}) + "\n"
@@ -305,7 +305,7 @@ def test_a_prompt_with_no_room_for_the_generation_is_refused_before_any_trial(sh
 def test_a_bad_value_in_a_space_file_names_the_file(shipped, tmp_path):
     path = tmp_path / "space.yaml"
     path.write_text("space:\n  slot_threshold: [0.5, 2]\n")
-    from refusion.sweep import sweep
+    from refusion.sweep import run_sweep as sweep
 
     with pytest.raises(ConfigError, match=r"`space file` '.*space.yaml', field `space.slot_threshold`.*value 2") as info:
         sweep(space_file=path, model=shipped, out=tmp_path / "out", progress=False)

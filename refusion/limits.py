@@ -1,14 +1,13 @@
-"""Range checks and limits for the numeric options of measurement runs (bench, sweep, reproduce, eval, train).
+"""Every size limit refusion enforces on its inputs, stated once.
 
-Each check returns the value or raises :class:`~refusion.errors.ConfigError`
-naming the parameter, the value and the allowed range, so that a command
-refuses bad input before it loads a model or creates a study. The limits are
-stated here once; a run larger than them is refused, never started.
+A run, request or row larger than these is refused before any work starts,
+with an error naming the parameter (:mod:`refusion.validators` makes the
+checks). Nothing here imports torch: the command line checks its flags
+against these before loading anything.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any, Sequence
 
 from refusion.errors import ConfigError
@@ -21,42 +20,21 @@ MAX_EXAMPLES = 100_000
 MAX_TRIALS = 100_000
 #: a sweep's time budget in minutes (30 days)
 MAX_MINUTES = 43_200
-#: torch threads a record may ask for
+#: torch threads a record or a command may ask for
 MAX_THREADS = 4096
 #: seeds of samplers and of training (numpy's range)
 SEED_LIMIT = 2**32
+#: token ids given on the command line lie below this
+MAX_TOKEN_ID = 2**31 - 1
+#: the default bound on a server's request body, in bytes (``refusion serve --max-body-bytes``)
+MAX_BODY_BYTES = 256 * 1024
+#: prompt text may hold this many characters per model position; longer text is refused before it is tokenised
+CHARS_PER_POSITION = 8
 
 
-def shown(value: Any, width: int = 80) -> str:
-    """``repr(value)`` cut to ``width`` characters; an integer too long to print is described by its size."""
-    try:
-        text = repr(value)
-    except ValueError:  # an int of more than 4300 digits
-        return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
-    return text if len(text) <= width else text[: width - 3] + "..."
-
-
-def integer(param: str, value: Any, low: int, high: int | None = None, why: str = "") -> int:
-    """``value`` if it is an integer (not a bool) in ``[low, high]``; ``why`` explains ``high``."""
-    reason = f" ({why})" if why else ""
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        upto = f" (allowed: {low} to {high}{', ' + why if why else ''})" if high is not None else reason
-        raise ConfigError(f"`{param}` must be an integer >= {low}; got {shown(value)}{upto}.", param=param)
-    if high is not None and value > high:
-        raise ConfigError(f"`{param}` must be an integer <= {high}{reason}; got {shown(value)} (allowed: {low} to "
-                          f"{high}).", param=param)
-    return value
-
-
-def number(param: str, value: Any, low: float, high: float | None = None, *, low_open: bool = False) -> float:
-    """``value`` if it is a finite int or float in ``[low, high]`` (``(low, high]`` with ``low_open``)."""
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and (
-        value > low if low_open else value >= low) and (high is None or value <= high)
-    if not ok:
-        bounds = f"{'(' if low_open else '['}{low}, {high}]" if high is not None else f"{'>' if low_open else '>='} {low}"
-        allowed = f"in {bounds}" if high is not None else bounds
-        raise ConfigError(f"`{param}` must be a finite number {allowed}; got {shown(value)}.", param=param)
-    return float(value)
+def prompt_chars(max_positions: int | None) -> int | None:
+    """The most characters of prompt text a model of ``max_positions`` positions is sent (``None``: no bound)."""
+    return None if max_positions is None else CHARS_PER_POSITION * max_positions
 
 
 def check_room(adapter: Any, prompt_lengths: Sequence[int], gen_length: int, *, param: str = "gen_length",

@@ -21,28 +21,13 @@ import attrs
 from refusion.config.build import PART_KINDS
 from refusion.config.params import parse_param
 from refusion.config.trust import is_import_path, refuse_import_paths
-from refusion.errors import ConfigError
+from refusion.errors import ConfigError, RowError
 
 #: the fields a row may have
 ROW_FIELDS = ("id", "prompt", "messages", "gen_length", "seed", "preset", *PART_KINDS, "params", "temperature",
               "top_k", "top_p")
 #: how a trusted user lets rows name classes by module path
 IMPORT_OPT_IN = "Trusted input may allow it with `--allow-imports` (`allow_imports=True`)."
-
-
-class RowError(ConfigError):
-    """A row that cannot be run: ``param`` names its field, ``row_id`` the row (its ``id``, else ``line-N``)."""
-
-    def __init__(self, message: str, *, param: str | None = None, row_id: str | None = None):
-        super().__init__(message, param=param)
-        self.row_id = row_id
-
-    def __reduce__(self):  # keep ``param`` and ``row_id`` across processes (Ray workers)
-        return (_row_error, (str(self), self.param, self.row_id))
-
-
-def _row_error(message: str, param: str | None, row_id: str | None) -> RowError:
-    return RowError(message, param=param, row_id=row_id)
 
 
 @attrs.frozen

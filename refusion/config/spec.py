@@ -26,7 +26,8 @@ import attrs
 
 from refusion.config.build import PART_KINDS, build_part, class_path, part_parameters
 from refusion.errors import ConfigError, UnknownNameError
-from refusion.limits import MAX_GEN_LENGTH, shown
+from refusion.limits import MAX_GEN_LENGTH
+from refusion.validators import shown
 
 #: the decoder's own options, besides its parts and sampler (``Decoder`` fields of the same names)
 DECODER_OPTIONS = ("engine", "seed", "stop_at_eos", "cfg_scale", "calls_per_token", "batch_invariant")

@@ -20,7 +20,8 @@ import torch
 
 from refusion.decoding.counters import Counters, observe
 from refusion.errors import ConfigError
-from refusion.limits import MAX_EXAMPLES, MAX_GEN_LENGTH, check_room, integer
+from refusion.limits import MAX_EXAMPLES, MAX_GEN_LENGTH, check_room
+from refusion.validators import check_integer
 from refusion.measure.results import Result
 from refusion.training.tasks import Example, is_correct
 
@@ -114,7 +115,7 @@ def measure(
     ``warmup`` (0 to :data:`~refusion.limits.MAX_EXAMPLES`) prompts are decoded first, untimed;
     at most ``MAX_EXAMPLES`` examples.
     """
-    integer("warmup", warmup, 0, MAX_EXAMPLES, "prompts decoded before timing")
+    check_integer("warmup", warmup, 0, MAX_EXAMPLES, "prompts decoded before timing")
     _check_examples(examples)
     if cost_model is not None:
         from refusion.measure.costmodel import parse
@@ -167,7 +168,7 @@ def run_bench(adapter: Any, examples: Sequence[Example], methods: Sequence[tuple
 
     Checked before anything decodes: ``gen_length`` in [1, 65,536] and, after the longest prompt, within the
     model's positions; at most :data:`~refusion.limits.MAX_EXAMPLES` examples; ``cost_model``."""
-    integer("gen_length", gen_length, 1, MAX_GEN_LENGTH, "tokens generated per prompt")
+    check_integer("gen_length", gen_length, 1, MAX_GEN_LENGTH, "tokens generated per prompt")
     _check_examples(examples)
     if cost_model is not None:
         from refusion.measure.costmodel import parse

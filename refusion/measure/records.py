@@ -26,7 +26,8 @@ import attrs
 from refusion.config.build import class_path
 from refusion.errors import ConfigError
 from refusion.files import read_json, where
-from refusion.limits import MAX_EXAMPLES, MAX_GEN_LENGTH, MAX_THREADS, SEED_LIMIT, shown
+from refusion.limits import MAX_EXAMPLES, MAX_GEN_LENGTH, MAX_THREADS, SEED_LIMIT
+from refusion.validators import shown
 
 RECORD_SCHEMA = "refusion-record"
 RECORD_VERSION = 1

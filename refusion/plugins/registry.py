@@ -12,13 +12,9 @@ from typing import Any, Iterator
 
 import attrs
 
-from refusion.errors import ConfigError, PluginError, RefusionError, unknown_name
+from refusion.errors import ConfigError, PluginError, RegistrationError, unknown_name
 from refusion.plugins.manager import PluginManager, make_plugin_manager
 from refusion.validators import finite_fields
-
-
-class RegistrationError(RefusionError):
-    """A plugin tried to register a class that is not a valid part, or a duplicate name."""
 
 
 def _interfaces() -> dict[str, type]:

@@ -4,36 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import attrs
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from refusion.errors import ConfigError
+from refusion.errors import APIError, ConfigError
 
 
-@attrs.frozen
-class APIError(Exception):
-    """An error to send to the client: ``status``, a message, OpenAI's ``type``, the request field and a code."""
-
-    status: int
-    message: str
-    type: str = "invalid_request_error"
-    param: str | None = None
-    code: str | None = None
-    headers: dict[str, str] | None = None
-
-    def body(self) -> dict[str, Any]:
-        """The JSON body; text echoed from the request that is not valid Unicode is escaped, never a 500."""
-        return {"error": {"message": _printable(self.message), "type": self.type, "param": _printable(self.param),
-                          "code": self.code}}
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
-
-
-def _printable(text: str | None) -> str | None:
-    return None if text is None else text.encode("utf-8", "backslashreplace").decode("utf-8")
+def error_response(error: APIError) -> JSONResponse:
+    """The HTTP response of ``error``: its status, its headers and OpenAI's error body."""
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
 #: decoder-side names that a request spells differently

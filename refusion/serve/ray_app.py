@@ -131,7 +131,7 @@ class ReplicaApp:
         """Whether the generator's thread runs (or the app has not started yet)."""
         if self.app is None:
             return True
-        generator = self.app.state.generator
+        generator = self.app.state.server.generator
         return generator.running or generator.closing
 
 

@@ -9,14 +9,11 @@ from __future__ import annotations
 import json
 from typing import Any, Literal, TypeVar, Union
 
+from refusion.errors import InvalidJSON
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
 
 ParamValue = Union[StrictBool, StrictInt, StrictFloat, StrictStr, None]
 Body = TypeVar("Body", bound=BaseModel)
-
-
-class InvalidJSON(ValueError):
-    """The body is not one JSON object (the message says why)."""
 
 
 JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",

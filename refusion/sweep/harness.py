@@ -16,7 +16,8 @@ from typing import Any, Callable
 import attrs
 
 from refusion.errors import ConfigError
-from refusion.limits import MAX_EXAMPLES, integer, shown
+from refusion.limits import MAX_EXAMPLES
+from refusion.validators import check_integer, shown
 from refusion.measure.results import Result
 
 PREFIX = "lm-eval:"
@@ -35,7 +36,7 @@ class HarnessTasks:
         if not self.tasks or not all(self.tasks):
             raise ConfigError(f"`tasks`: name at least one lm-evaluation-harness task after `{PREFIX}`.", param='tasks')
         if self.limit is not None:
-            integer("limit", self.limit, 1, MAX_EXAMPLES, "examples per task")
+            check_integer("limit", self.limit, 1, MAX_EXAMPLES, "examples per task")
         for name in ("include_path", "metric"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):

@@ -22,8 +22,8 @@ from refusion.config.spec import DEFAULT_GEN_LENGTH
 from refusion.decoding.decoder import Decoder
 from refusion.errors import ConfigError, RefusionError
 from refusion.files import where
-from refusion.limits import (MAX_EXAMPLES, MAX_GEN_LENGTH, MAX_MINUTES, MAX_TRIALS, SEED_LIMIT, integer,
-                                     number, shown)
+from refusion.limits import MAX_EXAMPLES, MAX_GEN_LENGTH, MAX_MINUTES, MAX_TRIALS, SEED_LIMIT
+from refusion.validators import check_integer, check_number, shown
 from refusion.measure.results import Result
 from refusion.sweep import outputs
 from refusion.sweep.evaluate import evaluate_ar, evaluate_preset
@@ -123,14 +123,14 @@ def plan_sweep(
         raise ConfigError(f"`objective` must be one of {', '.join(OBJECTIVES)}; got {shown(objective)}.",
                           param='objective')
     if trials is not None:
-        integer("trials", trials, 1, MAX_TRIALS, "trials in the study")
+        check_integer("trials", trials, 1, MAX_TRIALS, "trials in the study")
     if minutes is not None:
-        number("minutes", minutes, 0, MAX_MINUTES, low_open=True)
+        check_number("minutes", minutes, 0, MAX_MINUTES, low_open=True)
     if gen_length is not None:
-        integer("gen_length", gen_length, 1, MAX_GEN_LENGTH, "tokens generated per prompt")
-    integer("seed", seed, 0, SEED_LIMIT - 1)
-    number("max_accuracy_drop", max_accuracy_drop, 0, 1)
-    integer("warmup", warmup, 0, MAX_EXAMPLES)
+        check_integer("gen_length", gen_length, 1, MAX_GEN_LENGTH, "tokens generated per prompt")
+    check_integer("seed", seed, 0, SEED_LIMIT - 1)
+    check_number("max_accuracy_drop", max_accuracy_drop, 0, 1)
+    check_integer("warmup", warmup, 0, MAX_EXAMPLES)
     if preset is not None and preset != "model":
         get_preset(preset)
     file = load_space_file(space_file) if space_file is not None else None
@@ -235,7 +235,7 @@ def run_plan(plan: SweepPlan, *, model: Any = None, out: str | Path = "sweep-out
                                   param=exc.param) from None
             raise
     length = plan.gen_length or space.base.gen_length or DEFAULT_GEN_LENGTH
-    integer("gen_length", length, 1, MAX_GEN_LENGTH, "tokens generated per prompt")
+    check_integer("gen_length", length, 1, MAX_GEN_LENGTH, "tokens generated per prompt")
     taskset = plan.tasks
     check_examples(taskset, adapter, length)
     size = space.grid_size()

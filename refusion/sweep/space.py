@@ -20,7 +20,8 @@ import attrs
 from refusion.config import PART_KINDS, SPEC_PARAMS, DecoderSpec
 from refusion.config.params import parse_value
 from refusion.errors import ConfigError, UnknownNameError
-from refusion.limits import MAX_TRIALS, shown
+from refusion.limits import MAX_TRIALS
+from refusion.validators import shown
 
 
 #: a grid search tries at most this many points (each is a trial of the study)

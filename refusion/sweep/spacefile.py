@@ -22,7 +22,8 @@ import attrs
 
 from refusion.errors import ConfigError
 from refusion.files import MAX_DEPTH, check_depth, read_text, where
-from refusion.limits import MAX_GEN_LENGTH, integer, shown
+from refusion.limits import MAX_GEN_LENGTH
+from refusion.validators import check_integer, shown
 from refusion.sweep.space import Dimension, dimension
 
 #: space files larger than this are refused before they are parsed
@@ -106,7 +107,7 @@ def load_space_file(path: str | Path) -> SpaceFile:
     length = data.get("gen_length")
     if length is not None:
         try:
-            integer("gen_length", length, 1, MAX_GEN_LENGTH, "tokens generated per prompt")
+            check_integer("gen_length", length, 1, MAX_GEN_LENGTH, "tokens generated per prompt")
         except ConfigError as exc:
             raise ConfigError(f"{place}: field {exc}", param="gen_length") from None
     preset = data.get("preset")

@@ -9,7 +9,8 @@ import refusion
 from refusion.batch import output as batch_output
 from refusion.batch import worker as batch_worker
 from refusion.batch.embedded import run_batch
-from refusion.batch.rows import RowError, parse_line
+from refusion.batch.rows import parse_line
+from refusion.errors import RowError
 from refusion.cli import main
 
 #: rows without `gen_length` under the 128-token "paper" preset get the longest length that fits, with a note

@@ -18,8 +18,9 @@ from refusion.api import load_model
 from refusion.cli import main
 from refusion.generator import Generator
 from refusion.serve import ServeDefaults, ServePolicy, create_app
-from refusion.serve.errors import APIError
-from refusion.serve.body_limit import BodyLimit, BodyTooLarge
+from refusion.errors import APIError
+from refusion.errors import BodyTooLarge
+from refusion.serve.body_limit import BodyLimit
 from refusion.serve.options import plan_request
 from refusion.serve.schema import ChatCompletionRequest
 from tests.support.serving import one_torch_thread  # noqa: F401 (a fixture)
@@ -221,7 +222,7 @@ def test_the_body_limit_refuses_a_declared_length_unread_and_stops_reading_past_
 
 
 def test_planning_runs_off_the_event_loop(model, monkeypatch):
-    import refusion.serve.app as app_module
+    import refusion.serve.routes.completions as app_module
 
     def slow_plan(*args, **kwargs):
         time.sleep(1.5)

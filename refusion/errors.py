@@ -9,7 +9,8 @@ error a plugin causes is a :class:`PluginError` naming the plugin.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+import copy
+from typing import Any, Iterable, Mapping
 
 
 class RefusionError(Exception):
@@ -64,6 +65,11 @@ class PluginError(RefusionError):
         super().__init__(message)
         self.plugin = plugin
         self.source = source
+
+
+class UsageError(ConfigError):
+    """A command line the ``refusion`` command cannot parse (an unknown flag, a value of the wrong type or out of
+    range); the message names the flag as argparse does (``argument --port: ...``)."""
 
 
 class RegistrationError(PluginError):
@@ -141,3 +147,16 @@ def unknown_name(kind: str, name: str, known: Iterable[str]) -> UnknownNameError
     """Return an :class:`UnknownNameError` listing the known names of ``kind``."""
     names = ", ".join(sorted(known)) or "(none registered)"
     return UnknownNameError(f"Unknown {kind} {name!r}. Known {kind}s: {names}.", param=kind.replace(" ", "_"))
+
+
+def renamed(error: ConfigError, names: Mapping[str, str]) -> ConfigError:
+    """A copy of ``error`` (same class) naming its parameter as the caller's user knows it: ``param`` and each
+    ```name``` in the message replaced by ``names[name]`` (a server's ``max_tokens`` for the decoder's ``gen_length``).
+    """
+    message = str(error)
+    for old, new in names.items():
+        message = message.replace(f"`{old}`", f"`{new}`")
+    out = copy.copy(error)
+    out.args = (message,)
+    out.param = names.get(error.param, error.param) if error.param is not None else None
+    return out

@@ -19,6 +19,7 @@ writes them); callers check their fields' ranges.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -104,3 +105,15 @@ def read_json_lines(path: str | Path, *, what: str, param: str, max_bytes: int =
         if line.strip():
             out.append((number, _parse(line, where(what, path, number), param, number, max_depth)))
     return out
+
+
+def check_output_dir(path: Any, param: str = "out") -> None:
+    """Refuse an output directory that is an existing file or cannot be created (checks only, creates nothing)."""
+    if not isinstance(path, (str, Path)) or not str(path):
+        raise ConfigError(f"`{param}` must be a directory path; got {path!r}.", param=param)
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"`{param}` {str(path)!r} is an existing file; name a directory (it is created if missing).", param=param)
+    existing = next((p for p in (out, *out.parents) if p.exists()), Path("."))
+    if not existing.is_dir() or not os.access(existing, os.W_OK):
+        raise ConfigError(f"`{param}` {str(path)!r} cannot be created: {str(existing)!r} is not a writable directory.", param=param)

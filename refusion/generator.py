@@ -275,7 +275,12 @@ class Generator:
         return request
 
     def cancel(self, request: Request) -> None:
-        """Stop ``request`` at the next step (see :meth:`Request.cancel`)."""
+        """Stop ``request`` at the next step (see :meth:`Request.cancel`); it must be a request this generator's
+        :meth:`submit` returned (anything else is a :class:`ConfigError` naming ``request``)."""
+        if not isinstance(request, Request) or request.generator is not self:
+            what = "another generator's request" if isinstance(request, Request) else repr(request)[:80]
+            raise ConfigError(f"`request` must be a Request this generator's submit() returned; got {what}.",
+                              param="request")
         request.cancel()
 
     # -- stepping ------------------------------------------------------------------

@@ -14,6 +14,8 @@ from refusion.errors import ConfigError
 
 #: tokens generated per prompt, whatever the model's positions (those are checked too, once it is loaded)
 MAX_GEN_LENGTH = 65_536
+#: held-out examples per shipped task a caller may ask for (``refusion bench --per-task``, ``held-out:N``, records)
+MAX_PER_TASK = 1000
 #: examples of a task set (a JSON Lines file, lm-evaluation-harness ``limit``, a bench record's task set)
 MAX_EXAMPLES = 100_000
 #: trials of a sweep's study, and points of a grid search

@@ -30,6 +30,8 @@ from typing import Any, Iterable, Iterator, Mapping
 
 import attrs
 
+from refusion.batch.lines import unreadable
+from refusion.batch.output import row_key, row_line
 from refusion.errors import ConfigError, RefusionWarning
 
 #: what a run without Ray says
@@ -214,7 +216,7 @@ class _BatchActor:
     def __call__(self, batch: Mapping[str, Any]) -> dict[str, list]:
         """The batch's result rows as JSON text, one per line."""
         lines = zip((int(n) for n in batch["number"]), (str(t) for t in batch["line"]))
-        results = [json.dumps(row, ensure_ascii=False) for row in self.worker.run(lines)]
+        results = [row_line(row).decode("utf-8") for row in self.worker.run(lines)]
         self.rows += len(results)
         self._ray.get(self.registry.report.remote(self.key, self.rows, *usage()))  # before the rows reach the driver
         return {"result": results}
@@ -233,7 +235,7 @@ class RayRun:
         self._ray, self._early, self._started = ray, early, started
         self._final: list[WorkerInfo] | None = None
         self._source: Iterator[dict] = iter(())
-        self._seen: set[str] = set()  # ids returned so far
+        self._seen: set[str | int] = set()  # rows returned so far, by their key
         self._quiet = logging.getLogger("ray.data")
         self._level = self._quiet.level
         self._quiet.setLevel(logging.CRITICAL)  # Ray Data's notes would cross the progress bar; failures raise
@@ -242,7 +244,7 @@ class RayRun:
             items = []
             for number, text in lines:
                 if text is None:
-                    early.append(_unreadable(number))
+                    early.append(unreadable(number))
                 else:
                     items.append((number, text))
             if items:
@@ -296,8 +298,9 @@ class RayRun:
                 if failure is not None:
                     raise failure from exc
                 raise
-            if row["id"] not in self._seen:
-                self._seen.add(row["id"])
+            key = row_key(row["id"], row["line"])
+            if key not in self._seen:
+                self._seen.add(key)
                 return row
         return self._early.popleft()
 
@@ -330,13 +333,6 @@ class RayRun:
         self._quiet.setLevel(self._level)
         if self._started:
             self._ray.shutdown()
-
-
-def _unreadable(number: int) -> dict:
-    from refusion.batch.output import result_row
-    from refusion.batch.rows import line_id
-
-    return result_row(line_id(number), error=f"row: line {number} is not UTF-8 text or not JSON-able")
 
 
 def run_on_ray(input_path: Any, writer: Any, pending_lines: Iterable[tuple[int, str | None]] | None, *,

@@ -31,7 +31,7 @@ from refusion.decoding.types import DecodeResult, Partition
 from refusion.errors import ConfigError
 from refusion.models.base import ModelAdapter
 from refusion.strategies.base import CacheReorderer, Infiller, SlotPartitioner, SlotSelector
-from refusion.validators import boolean, positive_int
+from refusion.validators import boolean, check_integer, is_integer, is_number, positive_int
 
 
 def _part(kind: type):
@@ -167,8 +167,7 @@ class Decoder:
 
     def prepare(self, model: ModelAdapter, prompt_ids: Any, gen_length: int, *, seed: int | None = None) -> Prepared:
         """Check one prompt against the model and partition its generation region, once, before any work."""
-        if isinstance(gen_length, bool) or not isinstance(gen_length, int) or gen_length < 1:
-            raise ConfigError(f"`gen_length` must be an integer >= 1; got {gen_length!r}.", param='gen_length')
+        check_integer("gen_length", gen_length, 1)
         if seed is not None:
             _check_seed(seed)
         prompt = check_prompt(prompt_ids, model)
@@ -234,8 +233,7 @@ class Decoder:
             raise ConfigError("`prompts` must be a non-empty list of token-id sequences.", param='prompts')
         if seeds is not None:
             seeds = list(seeds)
-            if len(seeds) != len(prompts) or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**64
-                                                     for x in seeds):
+            if len(seeds) != len(prompts) or not all(is_integer(x) and 0 <= x < 2**64 for x in seeds):
                 raise ConfigError(f"`seeds` must hold one integer >= 0 per prompt ({len(prompts)}); got {seeds!r}.", param='seeds')
         prepared = [self.prepare(model, p, gen_length, seed=None if seeds is None else seeds[i])
                     for i, p in enumerate(prompts)]
@@ -263,13 +261,13 @@ def _check_stop(value: Any) -> None:
 
 
 def _check_seed(value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64:
+    if not is_integer(value) or not 0 <= value < 2**64:
         raise ConfigError(f"`seed` must be an integer in [0, 2**64); got {value!r}.", param='seed')
 
 
 def _check_cfg_scale(value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise ConfigError(f"`cfg_scale` must be a number >= 0 (0 = no guidance); got {value!r}.", param='cfg_scale')
+    if not is_number(value) or not value >= 0:
+        raise ConfigError(f"`cfg_scale` must be a finite number >= 0 (0 = no guidance); got {value!r}.", param='cfg_scale')
 
 
 def _check_engine(value: Any) -> None:

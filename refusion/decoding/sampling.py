@@ -22,7 +22,7 @@ import torch
 
 from refusion.errors import ConfigError, bad_value
 from refusion.decoding.scores import Scores
-from refusion.validators import is_number
+from refusion.validators import is_integer, is_number
 
 
 class Sampler(Protocol):
@@ -92,7 +92,7 @@ def _temperature(instance, attribute, value):
 
 
 def _top_k(instance, attribute, value):
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+    if value is not None and (not is_integer(value) or value < 1):
         raise bad_value(attribute.name, value, "None or an integer >= 1")
 
 
@@ -122,8 +122,9 @@ class Sampling:
     accepts_scores = True
 
     def __attrs_post_init__(self):
-        if self.temperature < 1e-4:
-            ignored = [name for name in ("top_k", "top_p") if getattr(self, name) is not None]
+        if self.temperature < 1e-4:  # top_p 1 keeps every token: a neutral value, as OpenAI clients send it
+            ignored = [name for name, value, neutral in (("top_k", self.top_k, None), ("top_p", self.top_p, 1))
+                       if value is not None and value != neutral]
             if ignored:
                 raise ConfigError(
                     f"`{ignored[0]}` has no effect at `temperature` {self.temperature} (greedy decoding takes the "
@@ -194,7 +195,7 @@ class GumbelMax:
 
 
 def _top_k_off(instance, attribute, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not is_integer(value) or value < 0:
         raise bad_value(attribute.name, value, "an integer >= 0 (0 = no top-k filter)")
 
 

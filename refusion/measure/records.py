@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import platform
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from refusion.config.build import class_path
 from refusion.errors import ConfigError
 from refusion.files import read_json, where
 from refusion.limits import MAX_EXAMPLES, MAX_GEN_LENGTH, MAX_THREADS, SEED_LIMIT
-from refusion.validators import shown
+from refusion.validators import is_integer, is_number, shown
 
 RECORD_SCHEMA = "refusion-record"
 RECORD_VERSION = 1
@@ -175,7 +174,7 @@ ENVIRONMENT_FIELDS = ("refusion", "torch", "transformers", "python", "platform",
 EVAL_SEED_FIELDS = ("random_seed", "numpy_random_seed", "torch_random_seed", "fewshot_random_seed")
 SETTINGS_FIELDS = {
     "bench": ("per_task", "gen_length", "methods", "preset_files", "cost_model", "model"),
-    "eval": ("tasks", "model_args", "include_path", "limit", *EVAL_SEED_FIELDS),
+    "eval": ("tasks", "model_args", "include_path", "limit", "num_fewshot", "apply_chat_template", *EVAL_SEED_FIELDS),
 }
 _SETTINGS = {"bench": ("per_task", "gen_length", "methods"), "eval": ("tasks", "model_args")}
 _ROW = {"method": str, "examples": int, "correct": int, "forwards": int, "tokens": int, "seconds": (int, float),
@@ -217,7 +216,7 @@ def _unknown(value: Mapping[str, Any], allowed: Sequence[str], field: str) -> No
 def _int(value: Any, field: str, low: int, high: int, why: str = "", none: bool = False) -> None:
     if value is None and none:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+    if not is_integer(value) or not low <= value <= high:
         raise _fail(field, f"must be an integer in [{low}, {high}]{f' ({why})' if why else ''}"
                            f"{' or null' if none else ''}; got {shown(value)}.")
 
@@ -225,7 +224,7 @@ def _int(value: Any, field: str, low: int, high: int, why: str = "", none: bool 
 def _num(value: Any, field: str, low: float = 0.0, none: bool = False) -> None:
     if value is None and none:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < low:
+    if not is_number(value) or value < low:
         raise _fail(field, f"must be a finite number >= {low}{' or null' if none else ''}; got {shown(value)}.")
 
 
@@ -250,8 +249,7 @@ def _check_environment(env: Mapping[str, Any]) -> None:
     for key in ("refusion", "torch", "transformers", "python", "platform", "device", "dtype", "engine"):
         _text(env.get(key), f"environment.{key}", none=True)
     seeds = env.get("seeds")
-    if seeds is not None and (not isinstance(seeds, list) or not all(
-            isinstance(v, int) and not isinstance(v, bool) for v in seeds)):
+    if seeds is not None and (not isinstance(seeds, list) or not all(map(is_integer, seeds))):
         raise _fail("environment.seeds", f"must be a list of integers or null; got {shown(seeds)}.")
     if env.get("model") is not None and not isinstance(env.get("model"), dict):
         raise _fail("environment.model", f"must be an object or null; got {shown(env.get('model'))}.")
@@ -289,7 +287,8 @@ def _check_settings(kind: str, settings: Mapping[str, Any]) -> None:
         if key not in settings:
             raise ConfigError(f"field `settings.{key}` is missing from the record.", param=f"settings.{key}")
     if kind == "bench":
-        from refusion.training.tasks import MAX_PER_TASK, TASKS
+        from refusion.limits import MAX_PER_TASK
+        from refusion.training.tasks import TASKS
 
         _int(settings["per_task"], "settings.per_task", 1, MAX_PER_TASK,
              f"held-out examples per task, {len(TASKS)} tasks: at most {MAX_PER_TASK * len(TASKS)} examples")
@@ -314,6 +313,10 @@ def _check_settings(kind: str, settings: Mapping[str, Any]) -> None:
         limit = settings.get("limit")
         if not (isinstance(limit, float) and 0 < limit < 1):  # lm-evaluation-harness also takes a fraction
             _int(limit, "settings.limit", 1, MAX_EXAMPLES, "examples per task, or a fraction in (0, 1)", none=True)
+        _int(settings.get("num_fewshot"), "settings.num_fewshot", 0, MAX_EXAMPLES, none=True)
+        chat = settings.get("apply_chat_template")
+        if chat is not None and not isinstance(chat, bool):
+            raise _fail("settings.apply_chat_template", f"must be true, false or null; got {shown(chat)}.")
         for key in EVAL_SEED_FIELDS:
             _int(settings.get(key), f"settings.{key}", 0, SEED_LIMIT - 1, none=True)
 
@@ -343,8 +346,7 @@ def _check_row(row: Any, i: int) -> None:
     if len(outputs) > MAX_EXAMPLES:
         raise _fail(f"{field}.outputs", f"holds {len(outputs)} examples; the limit is {MAX_EXAMPLES}.")
     for j, tokens in enumerate(outputs):
-        if not isinstance(tokens, list) or not all(
-                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < MAX_ID for t in tokens):
+        if not isinstance(tokens, list) or not all(is_integer(t) and 0 <= t < MAX_ID for t in tokens):
             raise _fail(f"{field}.outputs[{j}]", f"must be a list of token ids (integers in [0, {MAX_ID})); got "
                                                  f"{shown(tokens)}.")
     _check_decoder(row["decoder"], f"{field}.decoder")

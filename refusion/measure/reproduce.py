@@ -185,8 +185,10 @@ def _eval(record: Mapping[str, Any], progress: bool) -> Reproduction:
 
     settings = record["settings"]
     seeds = {k: settings[k] for k in EVAL_SEEDS if k in settings}
+    options = {k: settings[k] for k in ("num_fewshot", "apply_chat_template") if settings.get(k) is not None}
     _, again = evaluate_with_record(settings["tasks"], model_args=settings["model_args"],
-                                    include_path=settings.get("include_path"), limit=settings.get("limit"), **seeds)
+                                    include_path=settings.get("include_path"), limit=settings.get("limit"), **seeds,
+                                    **options)
     differences = []
     for task, metrics in record["results"].items():
         now = again["results"].get(task)

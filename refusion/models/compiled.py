@@ -38,6 +38,7 @@ import attrs
 import torch
 
 from refusion.errors import ConfigError
+from refusion.validators import is_integer
 
 #: ``mode`` values :func:`compile_adapter` takes (``torch.compile``'s), and those that capture CUDA graphs
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -187,7 +188,7 @@ def _check(mode: Any, backend: Any, dynamic: Any, buckets: Any, within: str | No
         raise bad("mode", f"{mode!r} applies to the 'inductor' backend only; got backend {backend!r}.")
     if dynamic not in (True, False, None):
         raise bad("dynamic", f"must be True, False or None; got {dynamic!r}.")
-    if buckets is not None and (isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 1):
+    if buckets is not None and (not is_integer(buckets) or buckets < 1):
         raise bad("buckets", f"must be None or an integer >= 1; got {buckets!r}.")
 
 

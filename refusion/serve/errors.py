@@ -8,7 +8,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from refusion.errors import APIError, ConfigError
+from refusion.errors import APIError, ConfigError, renamed
 
 
 def error_response(error: APIError) -> JSONResponse:
@@ -26,17 +26,14 @@ def bad_request(error: ConfigError, *, prompt_field: str = "prompt", params: Any
     A part parameter sent in ``params`` is named ``params.<key>``; the prompt
     is ``prompt_field`` (``messages`` for chat).
     """
-    message = str(error)
-    name = error.param
-    if name is not None:
-        if name in REQUEST_FIELDS:
-            name = REQUEST_FIELDS[name]
-            message = message.replace("`gen_length`", "`max_tokens`").replace("gen_length <=", "max_tokens <=")
-        if name == "prompt":
-            name = prompt_field
-        elif name in params:
-            name = f"params.{name}"
-    return APIError(400, message, param=name, code="invalid_value")
+    names = dict(REQUEST_FIELDS, prompt=prompt_field)
+    if prompt_field != "prompt":
+        names["prompt_ids"] = prompt_field
+    if error.param in params:
+        names[error.param] = f"params.{error.param}"
+    request = renamed(error, names)
+    message = str(request).replace("gen_length <=", "max_tokens <=")
+    return APIError(400, message, param=request.param, code="invalid_value")
 
 
 def validation_error(error: RequestValidationError | ValidationError) -> APIError:
@@ -62,9 +59,9 @@ def validation_error(error: RequestValidationError | ValidationError) -> APIErro
     return APIError(400, f"`{param}`: {first.get('msg')}; got {got}.", param=param or None, code="invalid_type")
 
 
-def invalid_json(reason: str) -> APIError:
-    """A 400 for a body that is not one JSON object."""
-    return APIError(400, f"The body is not valid JSON: {reason}.", code="invalid_json")
+def invalid_json(reason: str, param: str | None = None) -> APIError:
+    """A 400 for a body that is not one JSON object; ``param`` names the field at fault when one is."""
+    return APIError(400, f"The body is not valid JSON: {reason}.", param=param, code="invalid_json")
 
 
 def too_large(limit: int) -> APIError:

@@ -21,7 +21,7 @@ from refusion.config import PART_KINDS, SPEC_PARAMS, DecoderSpec
 from refusion.config.params import parse_value
 from refusion.errors import ConfigError, UnknownNameError
 from refusion.limits import MAX_TRIALS
-from refusion.validators import shown
+from refusion.validators import is_integer, shown
 
 
 #: a grid search tries at most this many points (each is a trial of the study)
@@ -34,13 +34,14 @@ MIN_FLOAT_STEP = 1e-6
 
 def _number(text: str, field: str) -> float | int:
     value = parse_value(text.strip())
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not _is_number(value):
         raise ConfigError(f"`{field}`: range bounds must be numbers; got {text.strip()[:80]!r}.", param=field)
     return value
 
 
 def _is_number(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float))
+    """An int or a float, infinities and NaN included (ranges refuse them with their own message)."""
+    return is_integer(value) or isinstance(value, float)
 
 
 def _value_problem(value: Any) -> str | None:

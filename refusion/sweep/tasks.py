@@ -17,8 +17,8 @@ import attrs
 
 from refusion.errors import ConfigError
 from refusion.files import read_json_lines, where
-from refusion.limits import MAX_EXAMPLES, check_room
-from refusion.training.tasks import MAX_PER_TASK, Example, held_out
+from refusion.limits import MAX_EXAMPLES, MAX_PER_TASK, check_room
+from refusion.training.tasks import Example, held_out
 
 HELD_OUT = "held-out"
 #: the fields of a task file's line

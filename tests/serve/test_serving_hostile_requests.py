@@ -110,7 +110,7 @@ HOSTILE = [  # (endpoint, body: a dict sent as JSON or raw bytes, status (None: 
     ("completions", {**BODY, "top_k": 10**30}, None, None),
     ("completions", {**BODY, "n": 10**30}, 400, "n"),
     ("completions", {**BODY, "stream": "yes"}, 400, "stream"),
-    ("completions", {**BODY, "stop": ["a"] * 10}, 400, "stop"),
+    ("completions", {**BODY, "stop": ["a"] * 17}, 400, "stop"),
     ("completions", {**BODY, "model": 5}, 400, "model"),
     ("completions", {**BODY, "model": "\ud800"}, 404, "model"),
     ("completions", {**BODY, "prompt": 5}, 400, "prompt"),

@@ -318,6 +318,6 @@ def test_the_cli_checks_a_sweep_before_loading_the_model(no_model, tmp_path, cap
     assert main(["sweep", "-s", "slot_size=1:1000000000:1", "--mode", "grid", "--out", str(tmp_path)]) == 2
     assert "at most 100000" in capsys.readouterr().err
     assert main(["sweep", "-s", "slot_size=4,8", "--gen-length", "1000000000", "--out", str(tmp_path)]) == 2
-    assert "`gen_length`" in capsys.readouterr().err
+    assert "`--gen-length`" in capsys.readouterr().err
     assert main(["sweep", "-s", "slot_size=4,8", "--tasks", "lm-eval:x", "--limit", "0", "--out", str(tmp_path)]) == 2
-    assert "`limit`" in capsys.readouterr().err
+    assert "`--limit`" in capsys.readouterr().err

@@ -3,18 +3,23 @@
 A request is parsed, validated and planned (its prompt tokenised) in a
 worker thread, one at a time, so the event loop (``/health``, the streams)
 never waits on it; then it joins the running batch (:class:`LiveRequest`).
+The body must be JSON (``Content-Type: application/json``, or no content
+type at all); a client that hangs up before its body arrived is one line in
+the log at INFO, not an error.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 from refusion.errors import APIError, ConfigError, InvalidJSON, QueueFull
 from refusion.serve import responses
@@ -25,6 +30,9 @@ from refusion.serve.session import LiveRequest, pieces
 from refusion.serve.state import ServerState, server_of
 
 router = APIRouter()
+log = logging.getLogger("refusion.serve")
+#: the status logged for a request whose client hung up before it was answered (nginx's "client closed request")
+CLIENT_CLOSED = 499
 
 #: a finished request's ``finish_reason`` -> its ``outcome`` label in the metrics
 OUTCOMES = {"stop": "stop", "length": "length", "abort": "cancelled", "error": "error", None: "cancelled"}
@@ -45,7 +53,7 @@ def prepare(server: ServerState, raw: bytes, schema: Any) -> tuple[Any, Plan]:
     try:
         body = parse_body(raw, schema)
     except InvalidJSON as exc:
-        raise invalid_json(str(exc)) from None
+        raise invalid_json(str(exc), exc.param) from None
     except ValidationError as exc:
         raise validation_error(exc) from None
     if body.model != server.model_name:
@@ -57,10 +65,27 @@ def prepare(server: ServerState, raw: bytes, schema: Any) -> tuple[Any, Plan]:
         return body, plan_request(body, server.generator, server.defaults, server.policy)
 
 
+def check_content_type(request: Request) -> None:
+    """415 unless the body is declared JSON (``application/json`` or ``application/*+json``) or not declared."""
+    declared = request.headers.get("content-type")
+    if declared is None:
+        return
+    kind = declared.split(";")[0].strip().lower()
+    if kind != "application/json" and not (kind.startswith("application/") and kind.endswith("+json")):
+        raise APIError(415, f"The body must be JSON, sent with `Content-Type: application/json`; got "
+                       f"{declared[:100]!r}.", param=None, code="unsupported_media_type")
+
+
 async def answer(request: Request, schema: Any, endpoint: str) -> Any:
     """Plan the request, submit it, and answer it whole or as a stream."""
     server = server_of(request)
-    body, plan = await run_in_threadpool(prepare, server, await request.body(), schema)
+    check_content_type(request)
+    try:
+        raw = await request.body()
+    except ClientDisconnect:
+        log.info("%s %s: the client hung up before sending the whole body", request.method, request.url.path)
+        return Response(status_code=CLIENT_CLOSED)
+    body, plan = await run_in_threadpool(prepare, server, raw, schema)
     try:
         live = LiveRequest(server.generator, plan, asyncio.get_running_loop())
     except QueueFull as exc:

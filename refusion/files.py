@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from refusion.errors import ConfigError
 
@@ -75,18 +75,32 @@ def check_depth(value: Any, *, place: str, param: str, max_depth: int = MAX_DEPT
     return value
 
 
-def _parse(text: str, place: str, param: str, line: int | None, max_depth: int) -> Any:
+def parse_text(text: str, parse: Callable[[str], Any], *, place: str, param: str, language: str,
+               syntax: type[Exception] | tuple[type[Exception], ...], describe: Callable[[Any], str] = str,
+               max_depth: int = MAX_DEPTH) -> Any:
+    """``parse(text)`` (``json.loads``, ``tomllib.loads``, ``yaml.safe_load``), every failure one
+    :class:`ConfigError` starting with ``place``: a ``syntax`` error of ``language`` (``describe`` says where),
+    values nested too deeply (Python's recursion limit, or deeper than ``max_depth``), a number too long to read."""
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        at = f"line {exc.lineno}, column {exc.colno}" if line is None else f"column {exc.colno}"
-        raise ConfigError(f"{place}: not valid JSON ({exc.msg} at {at}).", param=param) from None
+        value = parse(text)
+    except syntax as exc:
+        raise ConfigError(f"{place}: not valid {language} ({describe(exc)}).", param=param) from None
     except RecursionError:
         raise ConfigError(f"{place}: values are nested too deeply (more than {max_depth} levels are refused).",
                           param=param) from None
     except ValueError as exc:  # an integer of more than 4300 digits
+        if isinstance(exc, ConfigError):
+            raise
         raise ConfigError(f"{place}: a number cannot be read ({exc}).", param=param) from None
     return check_depth(value, place=place, param=param, max_depth=max_depth)
+
+
+def _parse(text: str, place: str, param: str, line: int | None, max_depth: int) -> Any:
+    def describe(exc: json.JSONDecodeError) -> str:
+        return f"{exc.msg} at " + (f"line {exc.lineno}, column {exc.colno}" if line is None else f"column {exc.colno}")
+
+    return parse_text(text, json.loads, place=place, param=param, language="JSON", syntax=json.JSONDecodeError,
+                      describe=describe, max_depth=max_depth)
 
 
 def read_json(path: str | Path, *, what: str, param: str, max_bytes: int = MAX_BYTES,

@@ -20,6 +20,7 @@ imports Ray until a run starts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -78,10 +79,36 @@ def connect(ray: Any, address: str | None) -> bool:
         check_reachable(address)
         options["address"] = address
     try:
-        ray.init(**options)
+        with quiet_ray_backend():
+            ray.init(**options)
     except ConnectionError as exc:
         raise ConfigError(f"`ray`: cannot connect to the Ray cluster at {address!r}: {exc}", param="ray") from None
     return True
+
+
+@contextlib.contextmanager
+def quiet_ray_backend() -> Iterator[None]:
+    """Around ``ray.init``: keep the C++ log of this process's Ray core worker off stderr, unless the user set
+    ``RAY_BACKEND_LOG_LEVEL``. Ray Data's actor pools always log ``E ... core_worker.cc: Actor ... has constructor
+    arguments in the object store and max_restarts > 0`` (ray-project/ray#53727), a note about Ray's own design,
+    not a failure (failures reach the run as Python exceptions); the level is set to ``fatal``, and the one line
+    the core worker prints about that setting while it starts is sent to /dev/null with the rest of what
+    ``ray.init`` writes to the stderr file descriptor."""
+    if "RAY_BACKEND_LOG_LEVEL" in os.environ:
+        yield
+        return
+    os.environ["RAY_BACKEND_LOG_LEVEL"] = "fatal"
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def check_reachable(address: str, timeout: float = 5.0) -> None:

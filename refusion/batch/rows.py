@@ -2,7 +2,7 @@
 
 A row is a JSON object with an ``id`` (string or integer), a ``prompt``
 (text or token ids) or chat ``messages`` (``[{"role": ..., "content": ...}]``)
-and optionally ``gen_length``, ``seed``, ``preset``, part names
+and optionally ``gen_length`` (or its OpenAI name ``max_tokens``), ``seed``, ``preset``, part names
 (``partitioner``, ``selector``, ``infiller``, ``reorderer``), ``params`` (part
 parameters, as an object or as ``"key=value"`` strings) and sampling
 (``temperature``, ``top_k``, ``top_p``). Only types, names and the presence of
@@ -25,8 +25,8 @@ from refusion.errors import ConfigError, RowError
 from refusion.validators import is_integer, is_number
 
 #: the fields a row may have
-ROW_FIELDS = ("id", "prompt", "messages", "gen_length", "seed", "preset", *PART_KINDS, "params", "temperature",
-              "top_k", "top_p")
+ROW_FIELDS = ("id", "prompt", "messages", "gen_length", "max_tokens", "seed", "preset", *PART_KINDS, "params",
+              "temperature", "top_k", "top_p")
 #: how a trusted user lets rows name classes by module path
 IMPORT_OPT_IN = "Trusted input may allow it with `--allow-imports` (`allow_imports=True`)."
 
@@ -93,9 +93,11 @@ def parse_line(text: str, number: int, *, allow_imports: bool = False) -> BatchR
     chat = "messages" in value
     prompt = _messages(value["messages"], fail) if chat else _prompt(value["prompt"], fail)
     options: dict[str, Any] = {}
-    for field in ("gen_length", "seed", "top_k"):
+    if "gen_length" in value and "max_tokens" in value:
+        raise fail("max_tokens", "is another name for `gen_length`: give one of them.")
+    for field in ("gen_length", "max_tokens", "seed", "top_k"):
         if field in value:
-            options[field] = _integer(value[field], field, fail)
+            options["gen_length" if field == "max_tokens" else field] = _integer(value[field], field, fail)
     for field in ("temperature", "top_p"):
         if field in value:
             options[field] = _number(value[field], field, fail)
@@ -148,7 +150,7 @@ def _messages(value: Any, fail: Any) -> list[dict]:
 def _integer(value: Any, field: str, fail: Any) -> int:
     if not is_integer(value):
         raise fail(field, f"must be an integer; got {value!r:.80}.")
-    if field == "gen_length" and value < 1:
+    if field in ("gen_length", "max_tokens") and value < 1:
         raise fail(field, f"must be an integer >= 1; got {value!r}.")
     return value
 

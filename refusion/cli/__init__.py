@@ -26,7 +26,7 @@ class Parser(argparse.ArgumentParser):
         found = re.match(r"argument ([^:]+): (.*)$", message, re.S)
         if found:  # "argument --port: must be ..." -> "`--port` must be ...", the house style
             flag, reason = found.groups()
-            message = f"`{flag}` {reason}" if reason.startswith("must") else f"`{flag}`: {reason}"
+            message = f"`{flag}` {reason}" if reason.startswith(("must", "'")) else f"`{flag}`: {reason}"
         raise UsageError(f"{message} (`{self.prog} --help` lists the options)")
 
 

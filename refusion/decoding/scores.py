@@ -20,11 +20,8 @@ from typing import Any
 
 import torch
 
+from refusion.dtypes import reduction_dtype
 from refusion_kernels.underflow import floor_for_exp
-
-
-def _reduce_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 class Scores:
@@ -114,7 +111,7 @@ class Scores:
                 return cached
         if self._logits is None:
             return self.head.stats(self.hidden, exclude, temperature)
-        x = self._logits.to(_reduce_dtype(self._logits.dtype))
+        x = self._logits.to(reduction_dtype(self._logits.dtype))
         if temperature != 1.0:
             x = x / temperature
         lse = torch.logsumexp(floor_for_exp(x), dim=-1)
@@ -142,7 +139,7 @@ class Scores:
                 _, _, lse = self.head.stats(self.hidden)
             picked = self.head.token_logits(self.hidden, tokens).to(lse.dtype)
             return torch.exp(picked - lse)
-        x = floor_for_exp(self._logits.to(_reduce_dtype(self._logits.dtype)))
+        x = floor_for_exp(self._logits.to(reduction_dtype(self._logits.dtype)))
         return torch.softmax(x, dim=-1).gather(-1, tokens.to(x.device).unsqueeze(-1)).squeeze(-1)
 
 

@@ -70,11 +70,6 @@ def load_tasks(spec: Any) -> Any:
                       f"lm-eval:TASK[,TASK]; got {spec!r:.200}.", param='tasks')
 
 
-def read_jsonl(path: str | Path) -> tuple[Example, ...]:
-    """Examples from a JSON Lines file (see :func:`read_jsonl_lines`)."""
-    return read_jsonl_lines(path)[1]
-
-
 def read_jsonl_lines(path: str | Path) -> tuple[tuple[int, ...], tuple[Example, ...]]:
     """The line numbers and examples of a JSON Lines file: one object per line with text fields ``prompt``
     (not empty) and ``answer`` and an optional ``task``; blank lines are skipped; at most

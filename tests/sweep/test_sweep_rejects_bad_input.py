@@ -169,10 +169,14 @@ def no_model(monkeypatch):
     ({"space": ["slot_threshold=0:inf:0.1"]}, "slot_threshold"),
     ({"space": ["slot_size=1:1000000000:1"], "mode": "grid"}, "slot_size"),
     ({"space": ["slot_threshold=0.1:0.9:1e-12"]}, "slot_threshold"),
+    ({"out": "{file}"}, "out"),  # an existing file: a raw FileExistsError before (issue 30)
+    ({"mode_of_search": "grid"}, "mode_of_search"),  # not an option of a sweep
 ])
 def test_a_bad_sweep_option_is_refused_before_the_model_loads(no_model, tmp_path, options, param):
     from refusion.sweep import run_sweep as sweep
 
+    (tmp_path / "a_file").write_text("not a directory")
+    options = {k: tmp_path / "a_file" if v == "{file}" else v for k, v in options.items()}
     kwargs = {"space": ["slot_threshold=0.5,0.9"], "out": tmp_path, "progress": False, **options}
     with pytest.raises(ConfigError) as info:
         sweep(**kwargs)

@@ -23,13 +23,13 @@ import os
 import statistics
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import attrs
 import torch
 
 from refusion.decoding.counters import Counters, observe
-
 
 # -- models -------------------------------------------------------------------------
 SIZES = {
@@ -151,7 +151,7 @@ class PeakMemory:
             self.rise = max(self.rise, self._read() - self.base)
             time.sleep(0.001)
 
-    def __enter__(self) -> "PeakMemory":
+    def __enter__(self) -> PeakMemory:
         gc.collect()
         self.base = self._read()
         self._thread = threading.Thread(target=self._watch, daemon=True)
@@ -171,7 +171,7 @@ class KVBufferPeak:
         self.peak = 0
         self._saved: list[tuple[str, Any]] = []
 
-    def __enter__(self) -> "KVBufferPeak":
+    def __enter__(self) -> KVBufferPeak:
         from refusion.cache.stores import PreallocatedKV
 
         probe = self

@@ -38,11 +38,21 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (ar_counts, fmt_ratio, fmt_spread, greedy_loop, header, hf_generate, interleave,  # noqa: E402
-                    parameters, random_qwen3, refusion_counts)
+from common import (
+    ar_counts,
+    fmt_ratio,
+    fmt_spread,
+    greedy_loop,
+    header,
+    hf_generate,
+    interleave,
+    parameters,
+    random_qwen3,
+    refusion_counts,
+)
 
-from refusion.decoding.decoder import Decoder  # noqa: E402
-from refusion.models.hf import HFCausalLM  # noqa: E402
+from refusion.decoding.decoder import Decoder
+from refusion.models.hf import HFCausalLM
 
 SLOT, BLOCK, PROMPT = 8, 32, 16
 

@@ -10,7 +10,8 @@ error a plugin causes is a :class:`PluginError` naming the plugin.
 from __future__ import annotations
 
 import copy
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 
 class RefusionError(Exception):
@@ -32,7 +33,7 @@ class ConfigError(RefusionError, ValueError):
         return (_config_error, (type(self), str(self), self.param))
 
 
-def _config_error(cls: type, message: str, param: str | None) -> "ConfigError":
+def _config_error(cls: type, message: str, param: str | None) -> ConfigError:
     error = cls(message)
     error.param = param
     return error
@@ -90,7 +91,7 @@ class RowError(ConfigError):
         return (_row_error, (str(self), self.param, self.row_id, self.line))
 
 
-def _row_error(message: str, param: str | None, row_id: str | None, line: int | None) -> "RowError":
+def _row_error(message: str, param: str | None, row_id: str | None, line: int | None) -> RowError:
     return RowError(message, param=param, row_id=row_id, line=line)
 
 

@@ -8,7 +8,8 @@ against these before loading anything.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from refusion.errors import ConfigError
 

@@ -15,7 +15,8 @@ so a plugin's float parameter can never hold NaN even if its own validator forge
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import attrs
 

@@ -13,9 +13,8 @@ from __future__ import annotations
 from refusion.batch.embedded import BatchSummary, run_batch
 from refusion.batch.output import RESULT_FIELDS, ResultWriter, result_row
 from refusion.batch.rows import ROW_FIELDS, BatchRow, parse_line
-from refusion.errors import RowError
 from refusion.batch.worker import BatchWorker
-
+from refusion.errors import RowError
 
 __all__ = [
     "RESULT_FIELDS",

@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import os
 from collections import deque
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from refusion.batch.output import result_row, row_key
 from refusion.batch.rows import peek_id

@@ -185,7 +185,7 @@ class ResultWriter:
             os.close(self._fd)
             self._fd = -1
 
-    def __enter__(self) -> "ResultWriter":
+    def __enter__(self) -> ResultWriter:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -27,7 +27,8 @@ import os
 import sys
 import warnings
 from collections import deque
-from typing import Any, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import attrs
 
@@ -60,7 +61,7 @@ def import_ray() -> Any:
     """``ray`` with Ray Data loaded; :class:`ConfigError` (``param="ray"``) saying how to install it if missing."""
     try:
         import ray
-        import ray.data  # noqa: F401  (needs ray[data]: pyarrow, pandas)
+        import ray.data
     except ImportError:
         raise ConfigError(NEEDS_RAY, param="ray") from None
     return ray
@@ -306,7 +307,7 @@ class RayRun:
         finally:
             context.enable_progress_bars = saved
 
-    def __iter__(self) -> "RayRun":
+    def __iter__(self) -> RayRun:
         return self
 
     def __next__(self) -> dict:

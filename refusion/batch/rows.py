@@ -14,7 +14,8 @@ a part named by ``"module:Class"`` path is refused unless ``allow_imports``.
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import attrs
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from typing import Any, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 from refusion.batch.output import result_row
 from refusion.batch.rows import BatchRow, parse_line
@@ -191,7 +192,7 @@ class BatchWorker:
         """Cancel what is still queued or decoding and release the generator."""
         self.generator.close(drain=False)
 
-    def __enter__(self) -> "BatchWorker":
+    def __enter__(self) -> BatchWorker:
         return self
 
     def __exit__(self, *exc: Any) -> None:

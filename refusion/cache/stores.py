@@ -139,7 +139,7 @@ class PreallocatedKV:
         self.data[:, :, row, :, start : start + n] = kv
         (counters or self.counters).copied(new=n * self.token_bytes)
 
-    def row(self, index: int, counters: Counters | None = None) -> "RowStore":
+    def row(self, index: int, counters: Counters | None = None) -> RowStore:
         return RowStore(self, index, counters)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from refusion.cli import batch, generate, measure, plugins, serve, sweep, train
 from refusion.errors import RefusionError, UsageError

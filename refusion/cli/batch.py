@@ -7,8 +7,16 @@ import json
 import sys
 from typing import Any
 
-from refusion.cli.options import (add_decoding_options, add_model_options, add_trust_options, chosen_preset,
-                                   decoding_params, integer, model_settings, number)
+from refusion.cli.options import (
+    add_decoding_options,
+    add_model_options,
+    add_trust_options,
+    chosen_preset,
+    decoding_params,
+    integer,
+    model_settings,
+    number,
+)
 from refusion.config import PART_KINDS
 
 #: run_batch()'s keywords spelled as this command's flags (errors name the flag)

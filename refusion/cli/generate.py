@@ -7,8 +7,16 @@ import json
 import sys
 from typing import Any
 
-from refusion.cli.options import (add_decoding_options, add_model_options, add_prompt_options, check_decoding, decode,
-                                   integer, load, prompts)
+from refusion.cli.options import (
+    add_decoding_options,
+    add_model_options,
+    add_prompt_options,
+    check_decoding,
+    decode,
+    integer,
+    load,
+    prompts,
+)
 from refusion.errors import ConfigError
 
 

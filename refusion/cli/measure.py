@@ -13,9 +13,11 @@ from refusion.limits import MAX_EXAMPLES, MAX_GEN_LENGTH, MAX_PER_TASK
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from refusion.config import load_preset, preset as get_preset
+    from refusion.config import load_preset
+    from refusion.config import preset as get_preset
     from refusion.decoding.decoder import Decoder
-    from refusion.measure.bench import AR_METHOD, run_bench as bench, table
+    from refusion.measure.bench import AR_METHOD, table
+    from refusion.measure.bench import run_bench as bench
     from refusion.training.tasks import held_out
 
     if args.cost_model is not None:

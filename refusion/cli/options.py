@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from refusion.config import PART_KINDS, PRESETS
 from refusion.config.params import parse_param

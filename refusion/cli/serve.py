@@ -10,8 +10,17 @@ import argparse
 import functools
 from typing import Any
 
-from refusion.cli.options import (add_decoding_options, add_model_options, add_trust_options, check_decoding,
-                                   chosen_preset, decoding_params, integer, load, number)
+from refusion.cli.options import (
+    add_decoding_options,
+    add_model_options,
+    add_trust_options,
+    check_decoding,
+    chosen_preset,
+    decoding_params,
+    integer,
+    load,
+    number,
+)
 from refusion.config import PART_KINDS
 from refusion.errors import ConfigError
 from refusion.limits import MAX_THREADS

@@ -8,7 +8,6 @@ from typing import Any
 
 from refusion.cli.options import integer
 from refusion.files import check_output_dir
-from refusion.errors import ConfigError
 from refusion.limits import MAX_THREADS, SEED_LIMIT
 
 

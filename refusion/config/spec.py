@@ -19,8 +19,9 @@ is the one way from a spec to a decoder; :meth:`DecoderSpec.of` goes back.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import attrs
 
@@ -76,7 +77,7 @@ class PartSpec:
     instance: Any = attrs.field(default=None, eq=False, repr=False)
 
     @classmethod
-    def of(cls, kind: str, part: Any) -> "PartSpec":
+    def of(cls, kind: str, part: Any) -> PartSpec:
         """A spec for ``part``: a name or ``"module:Class"`` string, a class, or an instance."""
         if isinstance(part, PartSpec):
             return part
@@ -133,7 +134,7 @@ class SamplerSpec:
                 from None
 
     @classmethod
-    def of(cls, sample: Any) -> "SamplerSpec":
+    def of(cls, sample: Any) -> SamplerSpec:
         from refusion.decoding.sampling import SAMPLERS, greedy
 
         if sample is greedy:
@@ -192,13 +193,13 @@ class DecoderSpec:
     # -- construction ----------------------------------------------------------
     @classmethod
     def of_parts(cls, partitioner: Any = "fixed", selector: Any = "threshold", infiller: Any = "parallel-ar",
-                 reorderer: Any = "commit-order", **fields: Any) -> "DecoderSpec":
+                 reorderer: Any = "commit-order", **fields: Any) -> DecoderSpec:
         """A spec from part names, classes or instances (parameters then go through :meth:`with_params`)."""
         parts = dict(partitioner=partitioner, selector=selector, infiller=infiller, reorderer=reorderer)
         return cls(**{kind: PartSpec.of(kind, part) for kind, part in parts.items()}, **fields)
 
     @classmethod
-    def of(cls, decoder: Any) -> "DecoderSpec":
+    def of(cls, decoder: Any) -> DecoderSpec:
         """The spec of a live :class:`~refusion.decoding.decoder.Decoder` (its parts' fields are their parameters)."""
         parts = {kind: PartSpec.of(kind, getattr(decoder, kind)) for kind in PART_KINDS}
         options = {name: getattr(decoder, name) for name in DECODER_OPTIONS}
@@ -208,7 +209,7 @@ class DecoderSpec:
         return {kind: getattr(self, kind) for kind in PART_KINDS}
 
     # -- the one merge rule -------------------------------------------------------
-    def with_parts(self, **names: Any) -> "DecoderSpec":
+    def with_parts(self, **names: Any) -> DecoderSpec:
         """Replace parts (names, classes or instances; ``None`` keeps the spec's). A part whose name changes loses
         its parameters; the sampler and the decoder options stay."""
         changed = {}
@@ -222,7 +223,7 @@ class DecoderSpec:
                 changed[kind] = new
         return attrs.evolve(self, **changed)
 
-    def with_params(self, params: Mapping[str, Any]) -> "DecoderSpec":
+    def with_params(self, params: Mapping[str, Any]) -> DecoderSpec:
         """Set parameters: decoder options (``seed``, ``engine``, ...), ``gen_length``, the sampler (``sampler``,
         ``temperature``, ``top_k``, ``top_p``; a temperature on a greedy spec samples categorically), or part
         parameters: ``"kind.key"`` for one part, a bare ``key`` for every part that declares it. An unknown key
@@ -275,7 +276,7 @@ class DecoderSpec:
         return attrs.evolve(self, sampler=sampler, **fields)
 
     def merged(self, parts: Mapping[str, Any] | None = None, params: Mapping[str, Any] | None = None, *,
-               model: Any = None) -> "DecoderSpec":
+               model: Any = None) -> DecoderSpec:
         """The spec with ``parts`` replaced, then ``params`` set (see :meth:`with_parts`, :meth:`with_params`).
 
         When the spec reproduces a peer function (``peer``), the arguments of
@@ -328,7 +329,7 @@ class DecoderSpec:
         return out
 
     @classmethod
-    def from_dict(cls, data: Any, *, where: str = "decoder spec") -> "DecoderSpec":
+    def from_dict(cls, data: Any, *, where: str = "decoder spec") -> DecoderSpec:
         """The spec :meth:`to_dict` wrote (errors name ``where`` and the field).
 
         Also reads the earlier formats: a preset file (``gen_length``,
@@ -370,7 +371,7 @@ class DecoderSpec:
         return _checked_fields(cls(**fields), where)
 
     @classmethod
-    def _from_earlier(cls, data: dict[str, Any], where: str) -> "DecoderSpec":
+    def _from_earlier(cls, data: dict[str, Any], where: str) -> DecoderSpec:
         if "sample" in data:  # a record's decoder, before the one format
             sample = data.pop("sample")
             parts = {}
@@ -425,9 +426,10 @@ class DecoderSpec:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
 
     @classmethod
-    def load(cls, path: Any) -> "DecoderSpec":
+    def load(cls, path: Any) -> DecoderSpec:
         """Read a spec file (``refusion.json``, ``--preset-file``, a sweep's ``preset.json``); errors name the file."""
-        from refusion.files import read_json, where as named
+        from refusion.files import read_json
+        from refusion.files import where as named
 
         data = read_json(path, what="`preset file`", param="preset_file", max_bytes=MAX_SPEC_BYTES)
         return cls.from_dict(data, where=named("`preset file`", path))

@@ -11,7 +11,8 @@ user opt in (``refusion serve --allow-imports``, ``reproduce --allow-imports``).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from refusion.config.build import PART_KINDS
 from refusion.errors import ConfigError

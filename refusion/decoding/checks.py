@@ -10,14 +10,14 @@ cache, so one bad plugin can never corrupt a decode or make it loop forever.
 from __future__ import annotations
 
 import functools
-from typing import Any, Generator, Sequence
+from collections.abc import Generator, Sequence
+from typing import Any
 
 import torch
 
-from refusion.errors import ConfigError, PluginError, RefusionError
 from refusion.decoding.protocol import KVSegment, ModelCall
 from refusion.decoding.types import Commit, InfillResult, Partition, Plan
-
+from refusion.errors import ConfigError, PluginError, RefusionError
 
 _CHECK_BUILTINS = False
 

@@ -17,14 +17,21 @@ a running engine.
 from __future__ import annotations
 
 import functools
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import attrs
 import torch
 
 from refusion.config.spec import DecoderSpec, SamplerSpec
-from refusion.decoding.checks import (call_part, check_length, check_prompt, checked_partition, checks_answers,
-                                      plugin_error)
+from refusion.decoding.checks import (
+    call_part,
+    check_length,
+    check_prompt,
+    checked_partition,
+    checks_answers,
+    plugin_error,
+)
 from refusion.decoding.sampling import Sampler, greedy
 from refusion.decoding.session import DecodeSession
 from refusion.decoding.types import DecodeResult, Partition
@@ -98,7 +105,7 @@ class Decoder:
         infiller: Any = "parallel-ar",
         reorderer: Any = "commit-order",
         **params: Any,
-    ) -> "Decoder":
+    ) -> Decoder:
         """Build parts from names, classes, ``"module:Class"`` strings or instances.
 
         ``params`` go to whichever part declares them (``slot_size=``,
@@ -118,7 +125,7 @@ class Decoder:
         return cls.from_spec(spec.with_params(params))
 
     @classmethod
-    def from_spec(cls, spec: DecoderSpec) -> "Decoder":
+    def from_spec(cls, spec: DecoderSpec) -> Decoder:
         """The decoder a :class:`~refusion.config.spec.DecoderSpec` describes: the one way from a spec to a decoder.
         Every part parameter and option is checked, errors naming the parameter."""
         return cls(**spec.part_objects(), **spec.options())
@@ -177,7 +184,7 @@ class Decoder:
         return Prepared(prompt, partition, self.seed if seed is None else seed)
 
     # -- running -------------------------------------------------------------
-    def start(self, model: ModelAdapter, engine: Any, prepared: Prepared) -> "DecodeSession":
+    def start(self, model: ModelAdapter, engine: Any, prepared: Prepared) -> DecodeSession:
         """Admit a prepared prompt into ``engine`` (a live :class:`~refusion.engines.base.Engine`) and set up its session."""
         if self.batch_invariant:
             from refusion.engines.choose import check_invariance
@@ -190,7 +197,7 @@ class Decoder:
 
     def session(
         self, model: ModelAdapter, prompt_ids: Any, gen_length: int, *, engine: Any = None, seed: int | None = None
-    ) -> "DecodeSession":
+    ) -> DecodeSession:
         """Validate the input and set up the decode of one prompt on its own engine (not started yet).
 
         ``engine``: an engine name, class or live instance (default: the

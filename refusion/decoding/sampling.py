@@ -20,8 +20,8 @@ from typing import Protocol
 import attrs
 import torch
 
-from refusion.errors import ConfigError, bad_value
 from refusion.decoding.scores import Scores
+from refusion.errors import ConfigError, bad_value
 from refusion.validators import is_integer, is_number
 
 
@@ -32,7 +32,7 @@ class Sampler(Protocol):
 
 
 def greedy(
-    logits: "torch.Tensor | Scores", exclude: int | None = None, generator: torch.Generator | None = None
+    logits: torch.Tensor | Scores, exclude: int | None = None, generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Argmax token (never ``exclude``) and its softmax probability (the reference's rule at temperature 0).
 
@@ -45,7 +45,7 @@ def greedy(
 greedy.accepts_scores = True
 
 
-def token_probability(logits: "torch.Tensor | Scores", tokens: torch.Tensor) -> torch.Tensor:
+def token_probability(logits: torch.Tensor | Scores, tokens: torch.Tensor) -> torch.Tensor:
     """Softmax probability of ``tokens`` (shape ``(n,)``) under ``logits`` (shape ``(n, vocab)``), float32 at least."""
     return Scores.of(logits).probability(tokens)
 
@@ -55,7 +55,7 @@ def is_greedy(sampler: Sampler) -> bool:
     return sampler is greedy or (isinstance(sampler, Sampling) and sampler.temperature < 1e-4)
 
 
-def apply_sampler(sampler: Sampler, scores: "torch.Tensor | Scores", exclude: int | None,
+def apply_sampler(sampler: Sampler, scores: torch.Tensor | Scores, exclude: int | None,
                   generator: torch.Generator | None, *, positions: torch.Tensor | None = None,
                   canvas_length: int | None = None, block: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Call ``sampler`` with what it accepts: Scores if it says so, else full logits.

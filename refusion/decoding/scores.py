@@ -43,18 +43,18 @@ class Scores:
         self._view: tuple[_StatsCache, Any] | None = None  # (a parent's statistics, our rows there), cut when read
 
     @property
-    def _cache(self) -> "_StatsCache | None":
+    def _cache(self) -> _StatsCache | None:
         if self._view is not None:
             parent, index = self._view
             self._stats, self._view = parent.subset(index), None
         return self._stats
 
     @_cache.setter
-    def _cache(self, value: "_StatsCache | None") -> None:
+    def _cache(self, value: _StatsCache | None) -> None:
         self._stats, self._view = value, None
 
     @staticmethod
-    def of(value: "Scores | torch.Tensor") -> "Scores":
+    def of(value: Scores | torch.Tensor) -> Scores:
         """``value`` as Scores (a logits tensor is wrapped)."""
         return value if isinstance(value, Scores) else Scores(logits=value)
 
@@ -77,7 +77,7 @@ class Scores:
             self._logits = self.head.logits(self.hidden)
         return self._logits
 
-    def __getitem__(self, index: Any) -> "Scores":
+    def __getitem__(self, index: Any) -> Scores:
         if self._logits is not None:
             out = Scores(self.hidden[index] if self.hidden is not None else None, self.head, self._logits[index])
         else:
@@ -161,12 +161,12 @@ class _StatsCache:
         self.target, self.target_prob = target, target_prob
 
     @classmethod
-    def empty(cls, exclude: int | None, n: int, dtype: torch.dtype) -> "_StatsCache":
+    def empty(cls, exclude: int | None, n: int, dtype: torch.dtype) -> _StatsCache:
         floats, ids = torch.zeros(4, n, dtype=dtype), torch.full((2, n), -1, dtype=torch.long)
         return cls(exclude, torch.zeros(n, dtype=torch.bool), ids[0], floats[0], floats[1], floats[2], ids[1],
                    floats[3])
 
-    def subset(self, index: Any) -> "_StatsCache":
+    def subset(self, index: Any) -> _StatsCache:
         if isinstance(index, torch.Tensor):
             index = index.cpu()
         return _StatsCache(self.exclude, self.known[index], self.tokens[index], self.best[index], self.lse[index],

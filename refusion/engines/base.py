@@ -21,7 +21,8 @@ and ``canvas`` (:mod:`refusion.engines.canvas`); plugins add more through the
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Mapping
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import torch
 

@@ -28,16 +28,17 @@ into a freed one.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
 from refusion.cache.sequence import SequenceCache
 from refusion.cache.stores import PreallocatedKV, RowStore
+from refusion.decoding.protocol import ExtendOutput, ModelCall
 from refusion.engines.base import Engine, SequenceState
 from refusion.models.base import exclusive
 from refusion.plugins import hookimpl
-from refusion.decoding.protocol import ExtendOutput, ModelCall
 
 CUSTOM_MASK_ATTENTION = ("sdpa", "eager")
 
@@ -183,7 +184,7 @@ class BranchEngine(Engine):
             return {s: out for r, row in enumerate(rows) for s, out in self._run_padded([row], first=r).items()}
         return self._run_padded(rows)
 
-    def _write_parents(self, rows: list["_Row"], column_of, first: int = 0) -> None:
+    def _write_parents(self, rows: list[_Row], column_of, first: int = 0) -> None:
         """Scatter every row's parent branches' keys/values into its scratch columns (one kernel call); ``rows[r]``
         is buffer row ``first + r``."""
         src, row_idx, col_idx = [], [], []
@@ -200,7 +201,7 @@ class BranchEngine(Engine):
 
             scatter_kv(buf.data, torch.cat(src, dim=3), torch.cat(row_idx), torch.cat(col_idx))
 
-    def _run_packed(self, rows: list["_Row"]) -> dict[SequenceState, tuple[ExtendOutput, ...]]:
+    def _run_packed(self, rows: list[_Row]) -> dict[SequenceState, tuple[ExtendOutput, ...]]:
         """Every row's queries packed into one row of tokens; each row's keys after its own context."""
         from refusion.engines.ragged import RaggedCache, RaggedLayout, switched
 
@@ -258,7 +259,7 @@ class BranchEngine(Engine):
             start += row.n
         return outputs
 
-    def _run_padded(self, rows: list["_Row"], first: int = 0) -> dict[SequenceState, tuple[ExtendOutput, ...]]:
+    def _run_padded(self, rows: list[_Row], first: int = 0) -> dict[SequenceState, tuple[ExtendOutput, ...]]:
         """Adapters without attention functions: rows padded to the widest, one 4-D mask, scratch after the longest
         context; ``rows[r]`` is buffer row ``first + r``."""
         buf = self.buffer
@@ -326,7 +327,7 @@ class _Row:
     __slots__ = ("state", "call", "context", "pending", "parents", "parent_at", "width", "spans", "n")
 
     @classmethod
-    def of(cls, state: BranchSequence, call: ModelCall) -> "_Row":
+    def of(cls, state: BranchSequence, call: ModelCall) -> _Row:
         row = cls()
         row.state, row.call = state, call
         cache = state.context

@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 
 from refusion.decoding.counters import Counters, observe
 from refusion.errors import ConfigError
 from refusion.limits import MAX_EXAMPLES, MAX_GEN_LENGTH, check_room
-from refusion.validators import check_integer
 from refusion.measure.results import Result
 from refusion.training.tasks import Example, is_correct
+from refusion.validators import check_integer
 
 
 def _cut_at_eos(ids: list[int], eos: frozenset[int]) -> list[int]:

@@ -298,7 +298,7 @@ class HostReads(TorchFunctionMode):
                 self._step_forwards += 1
         return out
 
-    def __enter__(self) -> "HostReads":
+    def __enter__(self) -> HostReads:
         from refusion.engines.base import Engine
         from refusion.engines.driver import Runner
 

@@ -20,17 +20,18 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
 from refusion.api import build_decoder, load_model
-from refusion.prompts import encode_prompt
+from refusion.config.params import parse_value
 from refusion.errors import ConfigError
 from refusion.models.checks import torch_dtype
-from refusion.config.params import parse_value
+from refusion.prompts import encode_prompt
 
 
 def _parse(value: Any) -> Any:

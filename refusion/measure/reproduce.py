@@ -11,13 +11,14 @@ times side by side without comparing them (they never repeat exactly).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import attrs
 
-from refusion.errors import ConfigError
 from refusion.config import DecoderSpec
 from refusion.decoding.decoder import Decoder
+from refusion.errors import ConfigError
 from refusion.measure.records import check_model_options, check_record, environment
 
 #: environment entries whose change is reported (dotted paths into the environment)

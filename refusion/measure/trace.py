@@ -24,14 +24,15 @@ import math
 import re
 import reprlib
 import sys
+from collections.abc import Callable, Iterator, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 
-from refusion.errors import ConfigError
 from refusion.decoding.types import DecodeResult, Partition, Slot, StepRecord
+from refusion.errors import ConfigError
 
 SCHEMA_NAME = "refusion-trace"
 SCHEMA_VERSION = 1
@@ -274,7 +275,7 @@ def _plain(kinds: list[str]) -> Callable[[Any], None]:
     return check
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _checkers() -> dict[str, Callable[[Any], None]]:
     """One checker per record kind, compiled once from the shipped schema."""
     defs, done = schema()["$defs"], {}

@@ -18,16 +18,16 @@ bool for ``sdpa``, additive float for ``eager``.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
 from refusion.errors import bad_value
-from refusion.validators import is_integer
 from refusion.models.base import ModelCapabilities
 from refusion.models.hf import HFCausalLM
 from refusion.plugins import hookimpl
-
+from refusion.validators import is_integer
 
 LAYOUTS = ("absolute", "prompt")
 

@@ -6,8 +6,9 @@ parameter, the value and the fix; none loads a model or allocates a tensor.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from refusion.errors import ConfigError
 from refusion.validators import is_integer

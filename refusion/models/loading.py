@@ -11,12 +11,13 @@ may run, so it never asks on standard input.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from refusion.errors import ConfigError
-from refusion.models.checks import check_config, check_device, check_model_path, check_weights, torch_dtype
 from refusion.models.base import ModelAdapter
+from refusion.models.checks import check_config, check_device, check_model_path, check_weights, torch_dtype
 from refusion.validators import check_boolean
 
 #: keywords :func:`load_model` passes on to transformers' ``from_pretrained``
@@ -140,7 +141,7 @@ def _loading(path: str, load: Any, *args: Any, **kwargs: Any) -> ModelAdapter:
         return load(*args, **kwargs)
     except ConfigError:
         raise
-    except Exception as exc:  # noqa: BLE001 - every way a checkpoint can be damaged, reported as one error
+    except Exception as exc:
         first = (str(exc).strip().splitlines() or [""])[0]
         notes = "".join(f"; {note:.500}" for note in getattr(exc, "__notes__", ()))
         raise ConfigError(f"`model` {path!r} could not be loaded as a checkpoint ({type(exc).__name__}: {first:.300}"

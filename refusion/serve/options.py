@@ -27,6 +27,7 @@ from refusion.serve.errors import bad_request
 from refusion.serve.schema import ChatCompletionRequest, CompletionRequest, DecodingFields, unhonoured
 from refusion.validators import boolean, optional, positive_int
 
+
 @attrs.frozen
 class ServePolicy:
     """What a server accepts from its clients (the ``refusion serve`` flags in brackets).

@@ -298,7 +298,7 @@ def failure(serve: Any, exc: Exception) -> str:
     """Why the deployment failed, in one line: the last exception its replicas raised, else ``exc``'s own."""
     try:
         found = serve.status().applications[APP_NAME].deployments[APP_NAME].message
-    except Exception:  # noqa: BLE001 - no status to read: fall back on the exception
+    except Exception:
         found = ""
     for text in (found, str(exc)):
         raised = [m for m in map(_RAISED.match, text.splitlines()) if m]

@@ -15,6 +15,7 @@ from typing import Any
 from refusion.serve.options import ServeDefaults, ServePolicy, check_guidance
 from refusion.serve.settings import address, bind, check_server_options, model_name_of
 
+
 def serve(model: Any = None, *, host: str = "127.0.0.1", port: int = 8000, model_name: str | None = None,
           defaults: ServeDefaults | None = None, max_rows: int = 16, max_batch_tokens: int | None = None,
           max_queue: int | None = 256, engine: Any = None, retry_after: int = 1, shutdown_timeout: float = 30.0,

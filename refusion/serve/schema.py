@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Callable, Literal, TypeVar, Union
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
 
-from refusion.errors import InvalidJSON
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
 
-ParamValue = Union[StrictBool, StrictInt, StrictFloat, StrictStr, None]
+from refusion.errors import InvalidJSON
+
+ParamValue = StrictBool | StrictInt | StrictFloat | StrictStr | None
 #: stop strings a request may send (OpenAI takes 4; lm-evaluation-harness sends a task's stops and the EOS text)
 MAX_STOPS = 16
 Body = TypeVar("Body", bound=BaseModel)

@@ -10,15 +10,16 @@ network, tokens and seconds around generation. Needs ``refusion[eval]``.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 import attrs
 
 from refusion.errors import ConfigError
 from refusion.limits import MAX_EXAMPLES
-from refusion.validators import check_integer, shown
 from refusion.measure.results import Result
+from refusion.validators import check_integer, shown
 
 PREFIX = "lm-eval:"
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import csv
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from refusion.config import DecoderSpec
 from refusion.sweep.space import describe_point

@@ -12,18 +12,19 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import attrs
 
-from refusion.config import DecoderSpec, preset as get_preset
+from refusion.config import DecoderSpec
+from refusion.config import preset as get_preset
 from refusion.config.spec import DEFAULT_GEN_LENGTH
 from refusion.decoding.decoder import Decoder
 from refusion.errors import ConfigError, RefusionError
 from refusion.files import where
 from refusion.limits import MAX_EXAMPLES, MAX_GEN_LENGTH, MAX_MINUTES, MAX_TRIALS, SEED_LIMIT
-from refusion.validators import check_integer, check_number, shown
 from refusion.measure.results import Result
 from refusion.sweep import outputs
 from refusion.sweep.evaluate import evaluate_ar, evaluate_preset
@@ -31,6 +32,7 @@ from refusion.sweep.space import MAX_GRID, Dimension, Space, build_space, parse_
 from refusion.sweep.spacefile import load_space_file
 from refusion.sweep.study import OBJECTIVES, TrialRecord, completed, open_study
 from refusion.sweep.tasks import TaskSet, load_tasks
+from refusion.validators import check_integer, check_number, shown
 
 MODES = ("auto", "grid", "optuna")
 #: ``auto`` runs a grid search up to this many points, optuna beyond
@@ -122,7 +124,7 @@ class SweepOptions:
             get_preset(self.preset)
 
     @classmethod
-    def of(cls, **options: Any) -> "SweepOptions":
+    def of(cls, **options: Any) -> SweepOptions:
         """The options named by ``options``; an unknown name is a :class:`ConfigError` listing the known ones."""
         known = [field.name for field in attrs.fields(cls)]
         for name in options:

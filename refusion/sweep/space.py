@@ -13,7 +13,8 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import attrs
 
@@ -22,7 +23,6 @@ from refusion.config.params import parse_value
 from refusion.errors import ConfigError, UnknownNameError
 from refusion.limits import MAX_TRIALS
 from refusion.validators import is_integer, shown
-
 
 #: a grid search tries at most this many points (each is a trial of the study)
 MAX_GRID = MAX_TRIALS

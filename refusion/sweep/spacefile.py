@@ -23,8 +23,8 @@ import attrs
 from refusion.errors import ConfigError
 from refusion.files import parse_text, read_text, where
 from refusion.limits import MAX_GEN_LENGTH
-from refusion.validators import check_integer, shown
 from refusion.sweep.space import Dimension, dimension
+from refusion.validators import check_integer, shown
 
 #: space files larger than this are refused before they are parsed
 MAX_SPACE_BYTES = 4 * 2**20

@@ -9,8 +9,9 @@ objective, mode); resuming it with a different one is an error.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import attrs
 

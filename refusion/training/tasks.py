@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 import string
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import attrs
 

@@ -10,8 +10,8 @@ from refusion.batch import output as batch_output
 from refusion.batch import worker as batch_worker
 from refusion.batch.embedded import run_batch
 from refusion.batch.rows import parse_line
-from refusion.errors import RowError
 from refusion.cli import main
+from refusion.errors import RowError
 
 #: rows without `gen_length` under the 128-token "paper" preset get the longest length that fits, with a note
 pytestmark = pytest.mark.filterwarnings("ignore::refusion.errors.RefusionWarning")

@@ -59,11 +59,9 @@ def test_presets_hold_the_reference_settings():
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_every_preset_builds_and_decodes(name, checkpoint):
-    from refusion.models.mdm import tiny_bidirectional
-
-    from refusion.models.hf import HFCausalLM
-
     from refusion.models.block import tiny_block_diffusion
+    from refusion.models.hf import HFCausalLM
+    from refusion.models.mdm import tiny_bidirectional
 
     preset = PRESETS[name]
     if preset.selector.name == "sdar-steps":

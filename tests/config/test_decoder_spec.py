@@ -3,7 +3,8 @@
 import json
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import refusion
 from refusion.config import DECODER_OPTIONS, PRESETS, SPEC_PARAMS, DecoderSpec, SamplerSpec

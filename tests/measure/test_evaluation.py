@@ -6,10 +6,8 @@ import pytest
 
 pytest.importorskip("lm_eval")
 
-from refusion.training.tasks import held_out  # noqa: E402
-from tests.support.lmeval_task import TASK  # noqa: E402
-
-
+from refusion.training.tasks import held_out
+from tests.support.lmeval_task import TASK
 
 
 @pytest.fixture

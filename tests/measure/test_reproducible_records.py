@@ -3,14 +3,15 @@
 import json
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from refusion.cli import main
 from refusion.config import PRESETS, DecoderSpec
 from refusion.decoding.decoder import Decoder
+from refusion.decoding.sampling import Sampling
 from refusion.errors import ConfigError
 from refusion.measure.records import check_record, environment, load_record, model_source
-from refusion.decoding.sampling import Sampling
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -122,8 +123,8 @@ def test_reproduce_refuses_unreadable_and_non_json_files(tmp_path, capsys):
 
 def test_an_eval_record_carries_the_environment_decoder_and_settings(tmp_path, capsys, monkeypatch):
     pytest.importorskip("lm_eval")
-    from tests.support.lmeval_task import TASK
     from refusion.training.tasks import held_out
+    from tests.support.lmeval_task import TASK
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

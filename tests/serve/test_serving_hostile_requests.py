@@ -16,10 +16,9 @@ from fastapi.testclient import TestClient
 
 from refusion.api import load_model
 from refusion.cli import main
+from refusion.errors import APIError, BodyTooLarge
 from refusion.generator import Generator
 from refusion.serve import ServeDefaults, ServePolicy, create_app
-from refusion.errors import APIError
-from refusion.errors import BodyTooLarge
 from refusion.serve.body_limit import BodyLimit
 from refusion.serve.options import plan_request
 from refusion.serve.schema import ChatCompletionRequest

@@ -8,14 +8,14 @@ import torch
 
 pytest.importorskip("optuna")
 
-import refusion  # noqa: E402
-from refusion.api import load_model  # noqa: E402
-from refusion.cli import main  # noqa: E402
-from refusion.sweep import run_sweep as sweep  # noqa: E402
-from refusion.sweep.evaluate import evaluate_preset  # noqa: E402
-from refusion.sweep.space import point_key  # noqa: E402
-from refusion.sweep.study import completed, open_study  # noqa: E402
-from refusion.sweep.tasks import load_tasks  # noqa: E402
+import refusion
+from refusion.api import load_model
+from refusion.cli import main
+from refusion.sweep import run_sweep as sweep
+from refusion.sweep.evaluate import evaluate_preset
+from refusion.sweep.space import point_key
+from refusion.sweep.study import completed, open_study
+from refusion.sweep.tasks import load_tasks
 
 PAIRS = [("rev abcde=", "edcba"), ("copy hello=", "hello"), ("rep 2 ab=", "abab")]
 SPACE = ["selector=threshold,topk", "slot_threshold=0.5:0.9:0.4", "k=1,2"]  # 2 threshold + 2 topk points

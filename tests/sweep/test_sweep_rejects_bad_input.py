@@ -6,12 +6,12 @@ import pytest
 
 pytest.importorskip("optuna")
 
-from refusion.config import load_preset, preset  # noqa: E402
-from refusion.errors import ConfigError, UnknownNameError  # noqa: E402
-from refusion.sweep.space import build_space  # noqa: E402
-from refusion.sweep.spacefile import load_space_file  # noqa: E402
-from refusion.sweep.study import open_study  # noqa: E402
-from refusion.sweep.tasks import load_tasks  # noqa: E402
+from refusion.config import load_preset, preset
+from refusion.errors import ConfigError, UnknownNameError
+from refusion.sweep.space import build_space
+from refusion.sweep.spacefile import load_space_file
+from refusion.sweep.study import open_study
+from refusion.sweep.tasks import load_tasks
 
 BASE = preset("paper")
 

@@ -1,7 +1,8 @@
 """Invariants of spaces and Pareto fronts (hypothesis), on hand-made data: no model."""
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from refusion.config import preset
 from refusion.sweep.outputs import choose, pareto_front

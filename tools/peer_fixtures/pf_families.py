@@ -12,10 +12,9 @@ import re
 import sys
 import types
 
-import torch
-
 import pf_common as C
 import pf_tokenizer as T
+import torch
 
 HIDDEN, LAYERS, HEADS, KV_HEADS, INTER, MAXPOS = 64, 2, 4, 2, 128, 512
 VOCAB, MASK, EOS, EOT, BOS, PAD = T.VOCAB, T.MASK, T.EOS, T.EOT, T.BOS, T.PAD
@@ -384,7 +383,7 @@ class SDAR(Family):
             (dict(remasking_strategy="low_confidence_static", stopping_criteria_idx=[EOS, EOT]), ""),
         ]
         for p in range(3):
-            for extra, note in strategies:
+            for extra, _note in strategies:
                 args = dict(mask_id=MASK, gen_length=gens[p], block_length=4, denoising_steps=4, temperature=1.0,
                             top_k=0, top_p=1.0, confidence_threshold=0.85, stopping_criteria_idx=None)
                 args.update(extra)

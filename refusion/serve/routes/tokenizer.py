@@ -12,10 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
+from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
-from fastapi.responses import Response
 
 from refusion.errors import APIError, InvalidJSON
 from refusion.serve.errors import invalid_json, validation_error

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import attrs
 
-from refusion.plugins import hookimpl
 from refusion.decoding.types import Commit, InfillResult, Plan
+from refusion.plugins import hookimpl
 from refusion.strategies.base import InfillContext, Infiller, InfillGenerator
 
 

@@ -25,9 +25,9 @@ import attrs
 import torch
 
 from refusion.decoding.protocol import ROOT, Branch, ExtendOutput, ModelCall
-from refusion.plugins import hookimpl
 from refusion.decoding.sampling import token_probability
 from refusion.decoding.types import Commit, InfillResult, Plan
+from refusion.plugins import hookimpl
 from refusion.strategies.base import InfillContext, Infiller, InfillGenerator
 from refusion.validators import probability
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import attrs
 
+from refusion.decoding.types import Partition, Slot
 from refusion.errors import ConfigError
 from refusion.plugins import hookimpl
-from refusion.decoding.types import Partition, Slot
 from refusion.strategies.base import SlotPartitioner
 from refusion.validators import check_integer, positive_int
 

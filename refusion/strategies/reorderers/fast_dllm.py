@@ -5,11 +5,11 @@ from __future__ import annotations
 import attrs
 
 from refusion.cache.sequence import CacheEditor
-from refusion.validators import boolean
-from refusion.plugins import hookimpl
 from refusion.decoding.protocol import BlockReuse
 from refusion.decoding.types import InfillResult
+from refusion.plugins import hookimpl
 from refusion.strategies.base import CacheReorderer
+from refusion.validators import boolean
 
 
 @attrs.frozen

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import attrs
 
-from refusion.plugins import hookimpl
 from refusion.decoding.types import Plan
+from refusion.plugins import hookimpl
 from refusion.strategies.base import SlotSelector
 from refusion.strategies.selectors.scored import top_k
-from refusion.validators import boolean
-from refusion.validators import probability
+from refusion.validators import boolean, probability
 
 
 @attrs.frozen

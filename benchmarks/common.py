@@ -107,7 +107,8 @@ class _MallInfo2(ctypes.Structure):
 
 
 def _heap_reader() -> Callable[[], int] | None:
-    """Bytes the C heap holds for live allocations (glibc ``mallinfo2``: in-use arena + mmapped blocks), if available."""
+    """Bytes the C heap holds for live allocations (glibc ``mallinfo2``: in-use arena + mmapped blocks), if
+    available."""
     try:
         libc = ctypes.CDLL("libc.so.6")
         mallinfo2 = libc.mallinfo2

@@ -57,7 +57,8 @@ def main() -> int:
         b = cache.clone()
         scatter_kv_reference(b, src, rows_idx, cols)
         shape = f"{tokens} tok into {layers}L x 8 x {context}"
-        print(f"{'scatter committed KV':<34} {shape:<28} {tri:>10.3f} {ref:>10.3f} {ref / tri:>8.2f}x {str(torch.equal(a, b)):>6}")
+        agree = str(torch.equal(a, b))
+        print(f"{'scatter committed KV':<34} {shape:<28} {tri:>10.3f} {ref:>10.3f} {ref / tri:>8.2f}x {agree:>6}")
     return 0
 
 

@@ -95,7 +95,8 @@ def competitors(model, adapter, gen: int, batch: int, methods, engines):
 def table(rows, batch: int, gen: int, token_bytes: int) -> list[dict]:
     need = batch * (PROMPT + gen) * token_bytes  # keys/values of every row's prompt and answer
     print(f"{'method':<22} {'CPU s [spread]':>22} {'wall s':>8} {'vs generate':>20} {'ms/token':>9} "
-          f"{'fwd':>6} {'fed/fwd':>8} {'tok/fwd':>8} {'outside ms/seq/fwd':>19} {'KV ctx MB':>10} {'KV buf/need':>11} {'peak MB':>7}")
+          f"{'fwd':>6} {'fed/fwd':>8} {'tok/fwd':>8} {'outside ms/seq/fwd':>19} "
+          f"{'KV ctx MB':>10} {'KV buf/need':>11} {'peak MB':>7}")
     records = []
     for row in rows:
         c = row.counts

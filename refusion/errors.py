@@ -48,7 +48,8 @@ class QueueFull(RefusionError):
 
 
 class CallbackError(RefusionError):
-    """A request's ``on_event`` callback raised: that request fails with this error (the cause chained), others go on."""
+    """A request's ``on_event`` callback raised: that request fails with this error (the cause chained), others go
+    on."""
 
 
 class StalledError(RefusionError):

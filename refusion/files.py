@@ -38,7 +38,8 @@ def where(what: str, path: str | Path, line: int | None = None) -> str:
 
 
 def read_text(path: str | Path, *, what: str, param: str, max_bytes: int = MAX_BYTES) -> str:
-    """The UTF-8 text of ``path`` (at most ``max_bytes`` bytes); ``what`` names the file in errors (```tasks` file``)."""
+    """The UTF-8 text of ``path`` (at most ``max_bytes`` bytes); ``what`` names the file in errors (```tasks`
+    file``)."""
     try:
         with open(path, "rb") as f:
             data = f.read(max_bytes + 1)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +150,7 @@ def run_batch(input_path: Any, output_path: str | os.PathLike, *, model: Any = N
             return BatchSummary(0, counts["skipped"], 0, 0, time.monotonic() - start)
         bar = progress_bar(total, progress)
         worker = None
+        rows: Iterator[dict]
         try:
             if ray is not None:
                 from refusion.batch.ray_data import run_on_ray
@@ -161,7 +162,7 @@ def run_batch(input_path: Any, output_path: str | os.PathLike, *, model: Any = N
                 from refusion.batch.worker import BatchWorker
 
                 worker = BatchWorker(model, **worker_options)
-                rows = worker.run(lines)
+                rows = worker.run(lines or ())
             loaded = time.monotonic()
             load_seconds = loaded - start
             record = recorder(writer, counts, bar, loaded)  # tokens/s counted once the model is loaded

@@ -67,7 +67,7 @@ def pending_lines(lines: Iterable[tuple[int, str | None]], done: set, early: deq
         if text is None:
             early.append(unreadable(number))
         elif repeated:
-            given = peek_id(text)
+            given = str(peek_id(text))
             early.append(result_row(None, number, error=f"id: `id` {given!r} is used again (first on line "
                                     f"{seen[given]}); ids must be unique, so this row was not run"))
         else:

@@ -40,8 +40,7 @@ def error_text(error: BaseException | str) -> str:
     return f"{param or 'row'}: {type(error).__name__}: {error}"
 
 
-def result_row(row_id: str | None, line: int | None, result: Any = None, error: BaseException | str | None = None
-               ) -> dict:
+def result_row(row_id: str | None, line: int, result: Any = None, error: BaseException | str | None = None) -> dict:
     """The output line of the row with id ``row_id`` (``None``: it has none) on input line ``line``: from a
     :class:`~refusion.decoding.types.DecodeResult`, or an error."""
     if error is not None or result is None:
@@ -51,7 +50,7 @@ def result_row(row_id: str | None, line: int | None, result: Any = None, error: 
             "forwards": int(result.forwards), "tokens_per_forward": float(result.tokens_per_forward), "error": None}
 
 
-def row_key(row_id: str | None, line: int | None) -> str | int | None:
+def row_key(row_id: str | None, line: int) -> str | int:
     """What identifies a row in the output: its id (text), else its line number (an int, so never equal to an id)."""
     return row_id if row_id is not None else line
 
@@ -170,7 +169,7 @@ class ResultWriter:
 
     def write(self, row: dict) -> bool:
         """Append ``row`` as one line (one write); ``False`` (nothing written) if its row is already done."""
-        key = row_key(row["id"], row.get("line"))
+        key = row_key(row["id"], row["line"])
         if key in self.done:
             return False
         data = row_line(row)

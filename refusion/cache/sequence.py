@@ -110,7 +110,7 @@ class SequenceCache:
             return
         start = len(self)
         covered = 0 if kv is None or self.pending else min(len(kv), n)
-        if covered:
+        if covered and kv is not None:
             self.store.append(kv[:covered])
             self.encoded += covered
             self._record(start, start + covered, start if anchor is None else anchor, continues)

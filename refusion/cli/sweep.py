@@ -17,13 +17,13 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     from refusion.sweep.run import SweepOptions, plan_sweep, run_plan
 
     tasks: Any = args.tasks
-    options = {k: getattr(args, k) for k in ("limit", "include_path", "metric") if getattr(args, k) is not None}
+    harness = {k: getattr(args, k) for k in ("limit", "include_path", "metric") if getattr(args, k) is not None}
     if tasks.startswith("lm-eval:"):
         from refusion.sweep.harness import parse_harness
 
-        tasks = parse_harness(tasks, **options)
-    elif options:
-        flag = next(iter(options))
+        tasks = parse_harness(tasks, **harness)
+    elif harness:
+        flag = next(iter(harness))
         raise ConfigError(f"`--{flag.replace('_', '-')}` is for --tasks lm-eval:TASK; got --tasks {tasks}.", param=flag)
     options = SweepOptions(preset=args.preset, space_file=args.space_file, mode=args.mode, trials=args.trials,
                            minutes=args.minutes, objective=args.objective, gen_length=args.gen_length, seed=args.seed,
@@ -42,7 +42,8 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     else:
         print(f"{result.mode} sweep: {len(result.records)} trials in the study ({result.new_trials} new); AR accuracy "
               f"{result.ar['accuracy']:.1%}, {result.ar['forwards']} forwards")
-        print(f"{'trial':>5} {'acc':>6} {'forwards':>8} {'tok/fwd':>7} {'fwd ratio':>9} {'speed-up':>8}  point (Pareto front)")
+        print(f"{'trial':>5} {'acc':>6} {'forwards':>8} {'tok/fwd':>7} {'fwd ratio':>9} {'speed-up':>8}  "
+              "point (Pareto front)")
         for r in result.front:
             mark = "*" if r is result.chosen else " "
             print(f"{r.number:>5} {r['accuracy']:>6.1%} {r['forwards']:>8} {r['tokens_per_forward']:>7.2f} "

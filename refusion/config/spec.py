@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import attrs
 
@@ -141,7 +141,7 @@ class SamplerSpec:
             return cls()
         for name, kind in SAMPLERS.items():
             if type(sample) is kind:
-                return cls(name, attrs.asdict(sample))
+                return cls(name, attrs.asdict(cast(Any, sample)))
         return cls(class_path(type(sample)), instance=sample)
 
 
@@ -196,12 +196,13 @@ class DecoderSpec:
                  reorderer: Any = "commit-order", **fields: Any) -> DecoderSpec:
         """A spec from part names, classes or instances (parameters then go through :meth:`with_params`)."""
         parts = dict(partitioner=partitioner, selector=selector, infiller=infiller, reorderer=reorderer)
-        return cls(**{kind: PartSpec.of(kind, part) for kind, part in parts.items()}, **fields)
+        specs: dict[str, Any] = {kind: PartSpec.of(kind, part) for kind, part in parts.items()}
+        return cls(**specs, **fields)
 
     @classmethod
     def of(cls, decoder: Any) -> DecoderSpec:
         """The spec of a live :class:`~refusion.decoding.decoder.Decoder` (its parts' fields are their parameters)."""
-        parts = {kind: PartSpec.of(kind, getattr(decoder, kind)) for kind in PART_KINDS}
+        parts: dict[str, Any] = {kind: PartSpec.of(kind, getattr(decoder, kind)) for kind in PART_KINDS}
         options = {name: getattr(decoder, name) for name in DECODER_OPTIONS}
         return cls(**parts, sampler=SamplerSpec.of(decoder.sample), **options)
 
@@ -212,7 +213,7 @@ class DecoderSpec:
     def with_parts(self, **names: Any) -> DecoderSpec:
         """Replace parts (names, classes or instances; ``None`` keeps the spec's). A part whose name changes loses
         its parameters; the sampler and the decoder options stay."""
-        changed = {}
+        changed: dict[str, Any] = {}
         for kind, part in names.items():
             if kind not in PART_KINDS:
                 raise ConfigError(f"`{kind}` is not a part; parts are {', '.join(PART_KINDS)}.", param=kind)
@@ -374,7 +375,7 @@ class DecoderSpec:
     def _from_earlier(cls, data: dict[str, Any], where: str) -> DecoderSpec:
         if "sample" in data:  # a record's decoder, before the one format
             sample = data.pop("sample")
-            parts = {}
+            parts: dict[str, Any] = {}
             for kind in PART_KINDS:
                 part = data.pop(kind, None)
                 if not isinstance(part, Mapping) or not isinstance(part.get("name"), str):
@@ -486,13 +487,13 @@ def _registered(kind: str, name: str, path: Any) -> bool:
 
 def _checked_fields(spec: DecoderSpec, where: str) -> DecoderSpec:
     """Refuse field values of the wrong type (the decoder checks ranges when it is built)."""
-    checks = (("gen_length", (int, type(None))), ("description", str), ("peer", (str, type(None))),
+    checks: tuple[tuple[str, type | tuple[type, ...]], ...] = (("gen_length", (int, type(None))), ("description", str), ("peer", (str, type(None))),
               ("seed", int), ("stop_at_eos", (bool, str)), ("cfg_scale", (int, float)), ("calls_per_token", int),
               ("engine", (str, type(None))), ("batch_invariant", bool))
     for name, kinds in checks:
         value = getattr(spec, name)
-        kinds = kinds if isinstance(kinds, tuple) else (kinds,)
-        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        allowed = kinds if isinstance(kinds, tuple) else (kinds,)
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
             raise ConfigError(f"{where}: field `{name}` has the wrong type: {value!r:.80}.", param=name)
     if spec.gen_length is not None and not 1 <= spec.gen_length <= MAX_GEN_LENGTH:
         raise ConfigError(f"{where}: field `gen_length` must be an integer in [1, {MAX_GEN_LENGTH}]; got "

@@ -49,7 +49,7 @@ def import_paths(config: Any) -> dict[str, str]:
             value = config.get(field)
             name = value.get("name") if isinstance(value, Mapping) else value  # {"name": ..., "params": ...} too
             if is_import_path(name):
-                found[field] = name
+                found[field] = str(name)
         nested = config.get("params")
         if isinstance(nested, Mapping):
             found.update({f"params.{k}": v for k, v in import_paths({k: nested[k] for k in nested}).items()})

@@ -43,7 +43,8 @@ def _builtin(cls: type) -> bool:
 def checks_answers(part: Any) -> bool:
     """Whether the decoder checks ``part``'s answers on every call: any part but refusion's own built-ins
     (decided once per part when a decode starts; see :func:`check_builtins`)."""
-    return _CHECK_BUILTINS or not _builtin(type(part))
+    kind: Any = type(part)  # classes are hashable
+    return _CHECK_BUILTINS or not _builtin(kind)
 
 
 def describe(part: Any) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import torch
@@ -75,8 +75,8 @@ class Decoder:
     ``stop_at_eos`` (default) drops every slot after a committed EOS (early
     stop); without it every position is decoded and the answer is cut at the
     first EOS at the end; ``"block"`` finishes the serial block in which an
-    EOS was committed and stops there (SDAR's ``stopping_criteria_idx``). ``cfg_scale`` > 0 applies LLaDA's classifier-free
-    guidance (a second forward with the prompt masked; see
+    EOS was committed and stops there (SDAR's ``stopping_criteria_idx``).
+    ``cfg_scale`` > 0 applies LLaDA's classifier-free guidance (a second forward with the prompt masked; see
     :meth:`~refusion.engines.base.Engine.guide`). ``batch_invariant=True``
     makes every prompt's tokens identical alone and in any batch, in every
     dtype (bf16 and fp16 included), at a cost: the engine runs each
@@ -89,7 +89,7 @@ class Decoder:
     selector: SlotSelector = _part(SlotSelector)
     infiller: Infiller = _part(Infiller)
     reorderer: CacheReorderer = _part(CacheReorderer)
-    sample: Sampler = greedy
+    sample: Sampler = cast(Sampler, greedy)
     calls_per_token: int = attrs.field(default=4, validator=positive_int)
     engine: Any = attrs.field(default=None, validator=lambda i, a, v: _check_engine(v))
     stop_at_eos: bool | str = attrs.field(default=True, validator=lambda i, a, v: _check_stop(v))
@@ -169,7 +169,8 @@ class Decoder:
                 if getattr(caps, field) != wanted:
                     raise ConfigError(
                         f"{part.kind} {part.name!r} needs a model with `{field}={wanted}`, but {type(model).__name__} "
-                        f"has `{field}={getattr(caps, field)}` ({caps}). Pick another {part.kind}: see `refusion plugins`."
+                        f"has `{field}={getattr(caps, field)}` ({caps}). Pick another {part.kind}: see "
+                        "`refusion plugins`."
                     )
 
     def prepare(self, model: ModelAdapter, prompt_ids: Any, gen_length: int, *, seed: int | None = None) -> Prepared:
@@ -185,7 +186,8 @@ class Decoder:
 
     # -- running -------------------------------------------------------------
     def start(self, model: ModelAdapter, engine: Any, prepared: Prepared) -> DecodeSession:
-        """Admit a prepared prompt into ``engine`` (a live :class:`~refusion.engines.base.Engine`) and set up its session."""
+        """Admit a prepared prompt into ``engine`` (a live :class:`~refusion.engines.base.Engine`) and set up its
+        session."""
         if self.batch_invariant:
             from refusion.engines.choose import check_invariance
 

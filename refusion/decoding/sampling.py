@@ -15,7 +15,7 @@ Confidences are float32 at least (float64 for float64 models).
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 import torch
@@ -26,8 +26,12 @@ from refusion.validators import is_integer, is_number
 
 
 class Sampler(Protocol):
+    """A draw of one token per row: ``(tokens, confidences)``. Samplers with ``draws_canvas`` or ``draws_block``
+    also take the rows' ``positions`` and ``canvas_length`` or ``block`` (:func:`sample_with`)."""
+
     def __call__(
-        self, logits: torch.Tensor, exclude: int | None = None, generator: torch.Generator | None = None
+        self, logits: torch.Tensor, exclude: int | None = None, generator: torch.Generator | None = None,
+        **where: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
@@ -42,7 +46,7 @@ def greedy(
     return Scores.of(logits).greedy(exclude)
 
 
-greedy.accepts_scores = True
+greedy.accepts_scores = True  # type: ignore[attr-defined]  # a marker read by sample_with
 
 
 def token_probability(logits: torch.Tensor | Scores, tokens: torch.Tensor) -> torch.Tensor:

@@ -36,17 +36,17 @@ class Scores:
     def __init__(self, hidden: torch.Tensor | None = None, head: Any = None, logits: torch.Tensor | None = None):
         if logits is None and (hidden is None or head is None):
             raise ValueError("Scores need `logits` or both `hidden` and `head`")
-        self.hidden = hidden
+        self.hidden: Any = hidden  # (..., d), or None when built from logits
         self.head = head
         self._logits = logits
         self._stats: _StatsCache | None = None  # argmax statistics of some rows, computed in a batch
-        self._view: tuple[_StatsCache, Any] | None = None  # (a parent's statistics, our rows there), cut when read
+        self._view: tuple[_StatsCache | None, Any] | None = None  # (a parent's statistics, our rows), cut when read
 
     @property
     def _cache(self) -> _StatsCache | None:
         if self._view is not None:
             parent, index = self._view
-            self._stats, self._view = parent.subset(index), None
+            self._stats, self._view = (parent.subset(index) if parent is not None else None), None
         return self._stats
 
     @_cache.setter
@@ -60,7 +60,7 @@ class Scores:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        source = self.hidden if self.hidden is not None else self._logits
+        source: Any = self.hidden if self.hidden is not None else self._logits
         return tuple(source.shape[:-1])
 
     def __len__(self) -> int:

@@ -133,7 +133,8 @@ class InvariantHead:
         return torch.cat(parts)[: flat.shape[0]].reshape(*hidden.shape[:-1], -1)
 
     def stats(self, hidden: torch.Tensor, exclude: int | None = None, temperature: float = 1.0):
-        """``(tokens, best, lse)`` per row of ``hidden`` ``(n, d)``, as :meth:`LMHead.stats <refusion.models.head.LMHead.stats>`."""
+        """``(tokens, best, lse)`` per row of ``hidden`` ``(n, d)``, as :meth:`LMHead.stats
+        <refusion.models.head.LMHead.stats>`."""
         if self.tile is None:
             return self.head.stats(hidden, exclude, temperature, **self._options)
         parts = [(self.head.stats(tile, exclude, temperature, **self._options), stop - start)

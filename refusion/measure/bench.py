@@ -80,7 +80,8 @@ def ar_method(adapter: Any, gen_length: int) -> Method:
         if counters.shapes is not None:
             forwards, heads = autoregressive([len(prompt)], len(tokens))
             counters.shapes.extend(forwards)
-            counters.head_rows.extend(heads)
+            if counters.head_rows is not None:
+                counters.head_rows.extend(heads)
         return tokens
 
     return Method(run, counters)
@@ -101,7 +102,7 @@ def decoder_method(decoder: Any, adapter: Any, gen_length: int) -> Method:
 
 def measure(
     name: str,
-    method: Callable[[list[int]], list[int]],
+    method: Method,
     adapter: Any,
     examples: Sequence[Example],
     *,
@@ -195,7 +196,7 @@ def table(rows: Sequence[Result], baseline: str, cost_model: str | None = None) 
     for r in rows:
         line = (f"{r.method:<44} {r.accuracy:>6.1%} {r.forwards:>9d} {r.tokens_per_forward:>8.2f} {r.seconds:>8.2f} "
                 f"{base.seconds / r.seconds:>8.2f}x {base.forwards / r.forwards:>8.2f}x")
-        if cost_model and r.gpu_seconds:
+        if cost_model and r.gpu_seconds and base.gpu_seconds:
             line += f" {r.tokens / r.gpu_seconds:>26.0f} {base.gpu_seconds / r.gpu_seconds:>12.2f}x"
         lines.append(line)
     return "\n".join(lines)

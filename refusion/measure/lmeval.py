@@ -29,6 +29,7 @@ from lm_eval.api.registry import register_model
 
 from refusion.api import build_decoder, load_model
 from refusion.config.params import parse_value
+from refusion.config.spec import DEFAULT_GEN_LENGTH
 from refusion.errors import ConfigError
 from refusion.models.checks import torch_dtype
 from refusion.prompts import encode_prompt
@@ -63,7 +64,7 @@ class RefusionLM(LM):
         kwargs: dict[str, Any] = {"dtype": torch_dtype(dtype)}
         if device:
             kwargs["device"] = device
-        self.model = load_model(pretrained, **kwargs)
+        self.model: Any = load_model(pretrained, **kwargs)  # an adapter of a transformers network (`.model`)
         self.decoder, self.preset_length = build_decoder(
             self.model, preset=preset, **{k: _parse(v) for k, v in options.items()}
         )
@@ -87,7 +88,7 @@ class RefusionLM(LM):
             until = gen_kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
             wanted = self.gen_length or gen_kwargs.get("max_gen_toks") or self.preset_length
-            jobs.append((self.decoder.fit_length(int(wanted)), index, context, gen_kwargs, until))
+            jobs.append((self.decoder.fit_length(int(wanted or DEFAULT_GEN_LENGTH)), index, context, gen_kwargs, until))
         out: list[str] = [""] * len(jobs)
         jobs.sort(key=lambda job: job[0])
         for start in range(0, len(jobs), self.batch_size):
@@ -96,7 +97,7 @@ class RefusionLM(LM):
                 same = [job for job in chunk if job[0] == length]
                 ids = [encode_prompt(job[2], self.model.tokenizer, self.chat, allow_special=True) for job in same]
                 for job, result in zip(same, self.decoder.decode_batch(self.model, ids, length)):
-                    text = result.text
+                    text = result.text or ""
                     for stop in job[4]:
                         if stop and stop in text:
                             text = text[: text.index(stop)]

@@ -164,7 +164,7 @@ FIELDS = {
     "eval": ("schema", "version", "kind", "environment", "settings", "decoder", "results", "outputs_sha256",
              "generations"),
 }
-_REQUIRED = {
+_REQUIRED: dict[str, dict[str, type]] = {
     "bench": {"settings": dict, "rows": list},
     "eval": {"settings": dict, "results": dict},
 }
@@ -178,7 +178,7 @@ SETTINGS_FIELDS = {
     "eval": ("tasks", "model_args", "include_path", "limit", "num_fewshot", "apply_chat_template", *EVAL_SEED_FIELDS),
 }
 _SETTINGS = {"bench": ("per_task", "gen_length", "methods"), "eval": ("tasks", "model_args")}
-_ROW = {"method": str, "examples": int, "correct": int, "forwards": int, "tokens": int, "seconds": (int, float),
+_ROW: dict[str, type | tuple[type, ...]] = {"method": str, "examples": int, "correct": int, "forwards": int, "tokens": int, "seconds": (int, float),
         "outputs": list}
 #: the fields of a bench row: a :class:`~refusion.measure.results.Result` and what the record adds
 ROW_FIELDS = ("method", "examples", "correct", "forwards", "tokens", "seconds", "score", "per_task", "gpu_seconds",

@@ -259,7 +259,8 @@ def compile_options(value: Any) -> dict[str, Any] | None:
     else:
         raise ConfigError(f"`compile` must be {allowed}; got {value!r}.", param="compile")
     defaults = {"mode": None, "backend": "inductor", "dynamic": True, "buckets": None}
-    _check(*({**defaults, **options}[key] for key in OPTIONS), "compile")
+    merged = {**defaults, **options}
+    _check(merged["mode"], merged["backend"], merged["dynamic"], merged["buckets"], "compile")
     if options.get("mode") in CUDA_GRAPH_MODES and not torch.cuda.is_available():
         raise ConfigError(f"`compile` mode {options['mode']!r} captures CUDA graphs and needs CUDA, which is not "
                           "available; on the CPU use compile=True.", param="compile")

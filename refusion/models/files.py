@@ -74,7 +74,7 @@ def quietly(load: Any, *args: Any, **kwargs: Any) -> Any:
     except Exception as exc:
         found = report.summary()
         if found:
-            exc.__notes__ = [*getattr(exc, "__notes__", []), f"load report: {found}"]
+            exc.__notes__ = [*getattr(exc, "__notes__", []), f"load report: {found}"]  # type: ignore[attr-defined]
         raise
     finally:
         remote_code.TIME_OUT_REMOTE_CODE = timeout
@@ -91,7 +91,7 @@ def quietly(load: Any, *args: Any, **kwargs: Any) -> Any:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
 
 
-def tokenizer_class(name: Any) -> type | None:
+def tokenizer_class(name: Any) -> Any:
     """transformers' tokenizer class called ``name`` (``"Qwen2Tokenizer"``, ``"TokenizersBackend"``), or ``None``
     when ``name`` is not one: the auto classes (``AutoTokenizer``), model classes and anything else are refused,
     since building them from a checkpoint may import the checkpoint's code."""

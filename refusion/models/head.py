@@ -56,7 +56,8 @@ class LMHead:
 
     def stats(self, hidden: torch.Tensor, exclude: int | None = None, temperature: float = 1.0, *,
               chunk: int | None = None):
-        """``(tokens, best, lse)`` per row of ``hidden`` ``(n, d)``: argmax id (never ``exclude``), its tempered logit, log-sum-exp.
+        """``(tokens, best, lse)`` per row of ``hidden`` ``(n, d)``: argmax id (never ``exclude``), its tempered
+        logit, log-sum-exp.
 
         ``chunk``: a fixed vocabulary chunk for the torch path (see :func:`refusion_kernels.lm_head_stats`).
         """

@@ -55,7 +55,7 @@ def load_model(model: Any = None, *, tokenizer: Any = None, adapter: str | None 
     if compile is not False and compile is not None:
         from refusion.models.compiled import compile_adapter, compile_options
 
-        compiling = compile_options(compile)
+        compiling = compile_options(compile) or {}
         loaded = load_model(model, tokenizer=tokenizer, adapter=adapter, trust_remote_code=trust_remote_code, **options)
         return compile_adapter(loaded, **compiling)
 
@@ -87,7 +87,7 @@ def load_model(model: Any = None, *, tokenizer: Any = None, adapter: str | None 
             loaded = _loading(model, adapter_cls.from_pretrained, model, trust_remote_code=trust_remote_code, **options)
             if tokenizer is not None:
                 loaded.tokenizer = tokenizer
-        loaded.preset = preset
+        loaded.preset = preset  # type: ignore[attr-defined]  # the checkpoint's recommended decoder
         return loaded
     if hasattr(model, "config") and callable(model):
         return registry().get("model_adapter", adapter or "hf-causal")(model, tokenizer, **options)
@@ -213,7 +213,8 @@ def hub_unreachable(timeout: float = 3.0) -> str | None:
 
 
 def find_family(config: Mapping[str, Any]) -> Any:
-    """The registered :class:`~refusion.models.families.ModelFamily` (an instance) that recognises ``config``, or None."""
+    """The registered :class:`~refusion.models.families.ModelFamily` (an instance) that recognises ``config``, or
+    None."""
     from refusion.plugins.registry import registry
 
     for entry in registry().entries("model_family"):
@@ -276,4 +277,4 @@ def load_from_options(options: Mapping[str, Any]) -> ModelAdapter:
     elif get("logit_shift") is not None:
         raise ConfigError(f"`logit_shift` {get('logit_shift')} applies only with adapter 'hf-mdm' (bidirectional "
                           f"models); the adapter is {adapter!r}. Drop it or use adapter 'hf-mdm'.", param="logit_shift")
-    return load_model(get("model"), adapter=adapter, trust_remote_code=get("trust_remote_code"), **kwargs)
+    return load_model(get("model"), adapter=adapter, trust_remote_code=bool(get("trust_remote_code")), **kwargs)

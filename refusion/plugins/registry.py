@@ -53,7 +53,7 @@ class Registration:
 
     kind: str
     name: str
-    cls: type
+    cls: Any  # the part's class, a subclass of its kind's interface
     plugin: str
     source: str
 
@@ -69,7 +69,7 @@ class Registration:
                 if not f.init:
                     continue
                 default = f.default
-                if isinstance(default, attrs.Factory):
+                if isinstance(default, attrs.Factory):  # type: ignore[arg-type]  # attrs.Factory is a class
                     default = default.factory() if not default.takes_self else None
                 out[f.alias or f.name] = None if default is attrs.NOTHING else default
             return out
@@ -113,7 +113,7 @@ class Registry:
         if not inspect.isclass(cls) or not issubclass(cls, interface):
             raise RegistrationError(f"{where} registered {cls!r} as a {kind}, but it does not subclass {interface.__name__}.")
         if inspect.isabstract(cls):
-            missing = ", ".join(sorted(cls.__abstractmethods__))
+            missing = ", ".join(sorted(getattr(cls, "__abstractmethods__", ())))
             raise RegistrationError(f"{where} registered {cls.__name__}, which does not implement: {missing}.")
         name = cls.__dict__.get("name")
         if not isinstance(name, str) or not name:
@@ -147,7 +147,7 @@ class Registry:
             raise unknown_name(kind.replace("_", " "), name, entries)
         return entries[name]
 
-    def get(self, kind: str, name: str) -> type:
+    def get(self, kind: str, name: str) -> Any:
         """The class registered as ``name`` for ``kind``; the error lists the known names."""
         return self.entry(kind, name).cls
 

@@ -54,9 +54,10 @@ def create_app(generator: Generator, *, model_name: str = "refusion", defaults: 
     app = FastAPI(title="refusion", lifespan=lifespan)
     app.state.server = server
     app.add_middleware(BodyLimit, max_bytes=policy.max_body_bytes)
-    app.add_exception_handler(APIError, api_error)
-    app.add_exception_handler(RequestValidationError, invalid_request)
-    app.add_exception_handler(HTTPException, http_error)
+    # Starlette types handlers as taking any Exception; each of these is registered for its own class
+    app.add_exception_handler(APIError, api_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, invalid_request)  # type: ignore[arg-type]
+    app.add_exception_handler(HTTPException, http_error)  # type: ignore[arg-type]
     for router in ROUTERS:
         app.include_router(router)
     return app

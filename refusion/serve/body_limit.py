@@ -8,13 +8,13 @@ OpenAI error body, and at most one chunk over the limit is ever held.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from refusion.errors import BodyTooLarge
 from refusion.serve.errors import error_response, too_large
 
-Message = dict[str, Any]
+Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 

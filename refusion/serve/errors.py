@@ -29,7 +29,7 @@ def bad_request(error: ConfigError, *, prompt_field: str = "prompt", params: Any
     names = dict(REQUEST_FIELDS, prompt=prompt_field)
     if prompt_field != "prompt":
         names["prompt_ids"] = prompt_field
-    if error.param in params:
+    if error.param is not None and error.param in params:
         names[error.param] = f"params.{error.param}"
     request = renamed(error, names)
     message = str(request).replace("gen_length <=", "max_tokens <=")

@@ -231,7 +231,8 @@ def plan_request(body: CompletionRequest | ChatCompletionRequest, generator: Any
         check_part_names(options)
         decoder = build_decoder(model, **options)[0] if options else None
         check_guidance(decoder or generator.decoder, generator.engine)
-        raw = chat_prompt(body, model.tokenizer, policy.allow_special_tokens) if chat else body.prompt
+        raw = (chat_prompt(body, model.tokenizer, policy.allow_special_tokens)
+               if isinstance(body, ChatCompletionRequest) else body.prompt)
         if isinstance(raw, str) and not raw:
             raise APIError(400, f"`{prompt_field}` is empty.", param=prompt_field, code="invalid_value")
         ids = (encode_prompt(raw, model.tokenizer, False, allow_special=policy.allow_special_tokens)
@@ -240,7 +241,7 @@ def plan_request(body: CompletionRequest | ChatCompletionRequest, generator: Any
         if limit is not None and len(ids) >= limit:
             raise APIError(400, f"`{prompt_field}` is {len(ids)} tokens long; the model holds {limit} positions, "
                            "prompt and answer together.", param=prompt_field, code="context_length_exceeded")
-        length = body.length if chat else body.max_tokens
+        length = body.length if isinstance(body, ChatCompletionRequest) else body.max_tokens
         length = length or defaults.gen_length or generator.gen_length
     except ConfigError as exc:
         raise bad_request(exc, prompt_field=prompt_field, params=own) from None

@@ -1,4 +1,5 @@
-"""lm-evaluation-harness tasks as a sweep's task set, through the ``refusion`` model type (:mod:`refusion.measure.lmeval`).
+"""lm-evaluation-harness tasks as a sweep's task set, through the ``refusion`` model type
+(:mod:`refusion.measure.lmeval`).
 
 The tasks are loaded once; each point runs them with its decoder in place of
 the model type's own (batch 1), and the AR baseline with transformers
@@ -26,7 +27,8 @@ PREFIX = "lm-eval:"
 
 @attrs.frozen
 class HarnessTasks:
-    """``tasks`` (harness task names), ``limit`` examples per task, an ``include_path`` of task YAMLs, the ``metric``."""
+    """``tasks`` (harness task names), ``limit`` examples per task, an ``include_path`` of task YAMLs, the
+    ``metric``."""
 
     tasks: tuple[str, ...]
     limit: int | None = None
@@ -132,7 +134,7 @@ def evaluate_harness(adapter: Any, harness: HarnessTasks, task_dict: Any, decode
             return [SimpleNamespace(tokens=o, text=tok.decode(o, skip_special_tokens=True)) for o in outs]
 
         counting = _CountingDecoder(lambda n: n, ar)
-    lm.decoder = counting
+    lm.decoder = counting  # type: ignore[assignment]  # stands in for the decoder: the same two methods
     with observe(adapter.model, Counters()) as counters:  # every forward, refusion's or generate's
         results = lm_eval.evaluator.evaluate(lm, task_dict, limit=harness.limit, bootstrap_iters=0,
                                              log_samples=False, verbosity="ERROR")

@@ -190,7 +190,8 @@ def run_sweep(space: Sequence[str] | Space = (), tasks: str | TaskSet = "held-ou
               out: str | Path = "sweep-out", storage: str | Path | None = None, study: str = "refusion-sweep",
               progress: bool = True, plot: bool = True,
               evaluate: Callable[[Any, DecoderSpec, TaskSet], Result] | None = None, **options: Any) -> SweepResult:
-    """Evaluate a space of decoders on ``tasks`` and write ``trials.csv``, ``pareto.png`` and ``preset.json`` to ``out``.
+    """Evaluate a space of decoders on ``tasks`` and write ``trials.csv``, ``pareto.png`` and ``preset.json`` to
+    ``out``.
 
     ``space`` is a list of dimension specs (``"selector=threshold,topk"``,
     ``"slot_threshold=0.5:0.9:0.1"``) and/or the ``space_file`` option a
@@ -235,7 +236,7 @@ def run_plan(plan: SweepPlan, *, model: Any = None, out: str | Path = "sweep-out
             space = build_space(base, plan.dimensions)
         except ConfigError as exc:
             if exc.param in plan.file_dimensions:
-                raise ConfigError(f"{where('`space file`', options.space_file)}, field `space.{exc.param}`: {exc}",
+                raise ConfigError(f"{where('`space file`', str(options.space_file))}, field `space.{exc.param}`: {exc}",
                                   param=exc.param) from None
             raise
     length = options.gen_length or space.base.gen_length or DEFAULT_GEN_LENGTH
@@ -283,7 +284,7 @@ def _measures(taskset: Any, warmup: int) -> tuple[Callable, Callable]:
 
     def point(adapter: Any, preset: DecoderSpec, tasks: Any) -> Result:
         decoder = Decoder.from_spec(preset)
-        return evaluate_harness(adapter, tasks, task_dict, decoder, preset.gen_length)
+        return evaluate_harness(adapter, tasks, task_dict, decoder, preset.gen_length or DEFAULT_GEN_LENGTH)
 
     return point, lambda a, t, n: evaluate_harness(a, t, task_dict, None, n)
 
@@ -296,8 +297,9 @@ def _search(study: Any, space: Space, points: list | None, mode: str, adapter: A
 
     done = {point_key(r.point) for r in completed(study)}
     start = time.monotonic()
+    total: int | None
     if mode == "grid":
-        todo = [p for p in points if point_key(p) not in done]
+        todo = [p for p in points or () if point_key(p) not in done]
         total = len(todo) if trials is None else max(0, min(len(todo), trials - len(done)))
     else:
         total = None if trials is None else max(0, trials - len(done))
@@ -369,7 +371,8 @@ def _finish(study: Any, db: Path, space: Space, length: int, ar: Result, mode: s
     preset = attrs.evolve(
         space.preset(chosen.point, length),
         description=f"chosen by refusion sweep ({describe_point(chosen.point)}): accuracy {chosen['accuracy']:.1%} "
-        f"(AR {ar.accuracy:.1%}), {chosen['forward_ratio']:.2f}x fewer forwards, {chosen['speedup']:.2f}x wall speed-up",
+        f"(AR {ar.accuracy:.1%}), {chosen['forward_ratio']:.2f}x fewer forwards, {chosen['speedup']:.2f}x wall "
+        "speed-up",
     )
     files["preset"] = outputs.write_preset(out / "preset.json", preset)
     if plot:

@@ -113,7 +113,8 @@ def check_examples(tasks: Any, adapter: Any, gen_length: int) -> None:
         return
     tokenizer = adapter.tokenizer
     place = getattr(tasks, "place", None) or (lambda index: f"`tasks` {str(tasks.name)!r}, example {index}")
-    unk, specials, known = unknown_token_id(tokenizer), special_texts(tokenizer), {}
+    unk, specials = unknown_token_id(tokenizer), special_texts(tokenizer)
+    known: dict[str, bool] = {}
     lengths = []
     for index, example in enumerate(examples):
         for field in ("prompt", "answer"):

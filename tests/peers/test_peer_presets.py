@@ -1,4 +1,5 @@
-"""Each peer preset decodes, by default, token for token as the restated peer algorithm (tests/support/peer_restatements.py)."""
+"""Each peer preset decodes, by default, token for token as the restated peer algorithm
+(tests/support/peer_restatements.py)."""
 
 import torch
 from hypothesis import given, settings

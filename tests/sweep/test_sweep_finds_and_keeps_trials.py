@@ -1,4 +1,5 @@
-"""`refusion sweep` end to end on the shipped model: grid, optuna, resume after an interruption, the preset it writes."""
+"""`refusion sweep` end to end on the shipped model: grid, optuna, resume after an interruption, the preset it
+writes."""
 
 import csv
 import json

@@ -288,8 +288,8 @@ class Dream(Family):
             "use_cache_is_an_argument": "use_cache" in sig(self.gub.DreamGenerationMixin.diffusion_generate)
             or "use_cache" in sig(self.gub.DreamGenerationMixin._sample),
             "model_calls_pass_use_cache_True": src.count("use_cache=True"),
-            "note": "generation_utils_block.diffusion_generate/_sample take no use_cache argument: every model call "
-                    "passes use_cache=True (prefix cache, or dual cache with replace_position when dual_cache=True)"}}
+            "note": "generation_utils_block.diffusion_generate/_sample take no use_cache argument: every model "
+                    "call passes use_cache=True (prefix cache, or dual cache with replace_position when dual_cache=True)"}}
 
 
 # =========================================================================== SDAR

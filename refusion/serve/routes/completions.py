@@ -104,7 +104,7 @@ async def answer(request: Request, schema: Any, endpoint: str) -> Any:
 
 async def whole(server: ServerState, live: LiveRequest, request: Request, endpoint: str) -> JSONResponse:
     """The whole answer once the request ends; cancelled if the client disconnects first."""
-    chat, text, last = endpoint == "chat", [], None
+    chat, text, last = endpoint == "chat", list[str](), None
     metrics = server.metrics
     try:
         async for piece in pieces(live, disconnected=request.is_disconnected):

@@ -26,7 +26,7 @@ class AcceptDraft(Infiller):
         commits = []
         for i in chosen:
             commits.append(Commit(plan.slots[i], plan.slot_tokens(i), plan.positions[plan.rows(i)], kv=None, chain=i))
-        return InfillResult(commits)
+        return InfillResult(commits)  # type: ignore[arg-type]  # the core's attrs converter (tuple) is untyped for mypy
 
 
 @hookimpl

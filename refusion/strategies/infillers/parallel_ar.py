@@ -103,7 +103,7 @@ class ParallelAR(Infiller):
             stop = min(start + length, cut)
             commits.append(Commit(plan.slots[i], tokens[start:stop], positions[start:stop], out.kv[start:stop], chain=0))
             start += length
-        return InfillResult(commits, next_logits=out.scores[cut - 1])
+        return InfillResult(commits, next_logits=out.scores[cut - 1])  # type: ignore[arg-type]  # the core's attrs converter (tuple) is untyped for mypy
 
     def _parallel(self, ctx, plan, chosen, branches: list[_Branch]) -> InfillGenerator:
         done: dict[int, tuple[Commit, torch.Tensor]] = {}
@@ -139,7 +139,7 @@ class ParallelAR(Infiller):
                 done = {k: v for k, v in done.items() if k <= cutoff}
             active = still_active
         ordered = [done[k] for k in sorted(done)]
-        return InfillResult([c for c, _ in ordered], next_logits=ordered[-1][1])
+        return InfillResult([c for c, _ in ordered], next_logits=ordered[-1][1])  # type: ignore[misc]  # as above
 
     def _masked(self, ctx: InfillContext, b: _Branch) -> torch.Tensor:
         window = b.tokens[b.kv_len :].clone()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar, Literal
+
 import attrs
 
 from refusion.cache.sequence import CacheEditor
@@ -25,7 +27,7 @@ class PrefixCache(CacheReorderer):
 
     name = "prefix-cache"
     requires = {"causal": False, "kv_cache": True}
-    mode = "prefix"
+    mode: ClassVar[Literal["prefix", "dual"]] = "prefix"
 
     prefix_at_block: bool = attrs.field(default=False, validator=boolean)
 

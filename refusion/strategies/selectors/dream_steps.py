@@ -56,7 +56,7 @@ class DreamSteps(SlotSelector):
         chosen: Sequence[int] = ()
         while not len(chosen):
             last = step >= self.steps - 1
-            t, s = (timesteps[step], timesteps[step + 1]) if not last else (None, None)
+            t, s = (timesteps[step], timesteps[step + 1]) if not last else (1.0, 1.0)  # unused when last
             step += 1
             if self.alg == "origin":
                 generator = plan.generator if plan.generator is not None else torch.Generator().manual_seed(0)

@@ -123,16 +123,9 @@ def test_reproduce_refuses_unreadable_and_non_json_files(tmp_path, capsys):
 
 def test_an_eval_record_carries_the_environment_decoder_and_settings(tmp_path, capsys, monkeypatch):
     pytest.importorskip("lm_eval")
-    from refusion.training.tasks import held_out
-    from tests.support.lmeval_task import TASK
+    from tests.support.lmeval_task import write_task
 
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
-    data = tmp_path / "synthetic.jsonl"
-    data.write_text("".join(json.dumps({"prompt": e.prompt, "answer": e.answer}) + "\n"
-                            for e in held_out(1) if e.task in ("copy", "reverse")))
-    (tmp_path / "refusion_synthetic.yaml").write_text(TASK.format(data=data))
+    write_task(tmp_path, monkeypatch)
     path = tmp_path / "eval.json"
     assert main(["eval", "--tasks", "refusion_synthetic", "--include-path", str(tmp_path), "--model-args",
                  "selector=topk,k=2", "--record", str(path)]) == 0

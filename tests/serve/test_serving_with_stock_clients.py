@@ -54,16 +54,9 @@ def test_lm_eval_local_completions_with_its_defaults(server, tmp_path, monkeypat
     pytest.importorskip("lm_eval")
     import lm_eval
 
-    from refusion.training.tasks import held_out
-    from tests.support.lmeval_task import TASK
+    from tests.support.lmeval_task import write_task
 
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
-    data = tmp_path / "synthetic.jsonl"
-    data.write_text("".join(json.dumps({"prompt": e.prompt, "answer": e.answer}) + "\n"
-                            for e in held_out(1) if e.task in ("copy", "reverse")))
-    (tmp_path / "refusion_synthetic.yaml").write_text(TASK.format(data=data))
+    write_task(tmp_path, monkeypatch)
     results = lm_eval.simple_evaluate(
         model="local-completions", model_args=f"model={MODEL},base_url={server.url}/v1/completions",
         tasks=["refusion_synthetic"], task_manager=lm_eval.tasks.TaskManager(include_path=str(tmp_path)),

@@ -19,6 +19,7 @@ from starlette.requests import ClientDisconnect
 
 from refusion.errors import APIError, InvalidJSON
 from refusion.serve.errors import invalid_json, validation_error
+from refusion.serve.routes.completions import CLIENT_CLOSED
 from refusion.serve.schema import parse_body
 from refusion.serve.state import ServerState, server_of
 
@@ -58,17 +59,22 @@ def _check_model(server: ServerState, name: str | None) -> None:
                        type="not_found_error", param="model", code="model_not_found")
 
 
-async def _body(request: Request, schema: Any) -> Any:
+async def _read(request: Request, schema: Any) -> tuple[ServerState, Any, Any] | None:
+    """``(server, body, tokenizer)`` of a tokenizer request (``None`` when the client hung up mid-body); a bad body,
+    another model's name or a model without a tokenizer raise :class:`APIError`."""
+    server = server_of(request)
     try:
         raw = await request.body()
     except ClientDisconnect:
         return None
     try:
-        return parse_body(raw, schema)
+        body = parse_body(raw, schema)
     except InvalidJSON as exc:
         raise invalid_json(str(exc), exc.param) from None
     except ValidationError as exc:
         raise validation_error(exc) from None
+    _check_model(server, body.model)
+    return server, body, _tokenizer(server)
 
 
 @router.get("/tokenizer_info")
@@ -85,12 +91,10 @@ async def tokenizer_info(request: Request) -> dict[str, Any]:
 @router.post("/tokenize")
 async def tokenize(request: Request) -> Any:
     """``{"count", "max_model_len", "tokens"}`` of ``prompt``."""
-    server = server_of(request)
-    body = await _body(request, TokenizeRequest)
-    if body is None:
-        return Response(status_code=499)
-    _check_model(server, body.model)
-    tokenizer = _tokenizer(server)
+    read = await _read(request, TokenizeRequest)
+    if read is None:
+        return Response(status_code=CLIENT_CLOSED)
+    server, body, tokenizer = read
     bound = server.policy.prompt_chars(server.generator.model)
     if bound is not None and len(body.prompt) > bound:
         raise APIError(400, f"`prompt` holds {len(body.prompt)} characters of text; this server takes at most {bound} "
@@ -107,12 +111,10 @@ async def tokenize(request: Request) -> Any:
 @router.post("/detokenize")
 async def detokenize(request: Request) -> Any:
     """``{"prompt"}``: the text of ``tokens``."""
-    server = server_of(request)
-    body = await _body(request, DetokenizeRequest)
-    if body is None:
-        return Response(status_code=499)
-    _check_model(server, body.model)
-    tokenizer = _tokenizer(server)
+    read = await _read(request, DetokenizeRequest)
+    if read is None:
+        return Response(status_code=CLIENT_CLOSED)
+    server, body, tokenizer = read
     vocab = server.generator.model.vocab_size
     bad = [t for t in body.tokens if not 0 <= t < vocab]
     if bad:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
@@ -201,9 +202,11 @@ def prompts(args: argparse.Namespace) -> list[Any]:
 
 def check_decoding(args: argparse.Namespace) -> None:
     """Build the decoder the decoding flags describe, without a model, so that a bad part name, parameter or
-    ``--gen-length`` is refused before the model loads. Under the checkpoint's own preset (its
-    ``refusion.json``, read without loading the model) when no ``--preset`` is given. A peer's preset
-    (``--preset sdar``) translates its arguments against the model, so it is checked once the model is loaded."""
+    ``--gen-length`` is refused before the model loads. Under ``--preset`` (or ``--preset-file``), else the
+    checkpoint's own preset (a local checkpoint's ``refusion.json``, read without loading the model). Without
+    either, the decoder depends on the model (a hub checkpoint's files, its family's default), and so does a
+    peer's preset (``--preset sdar`` translates its arguments against the model): those are checked once the
+    model is loaded."""
     from refusion.api import build_decoder
     from refusion.config import preset as named_preset
     from refusion.models.loading import read_model_preset
@@ -211,10 +214,10 @@ def check_decoding(args: argparse.Namespace) -> None:
     params = decoding_params(args)
     parts = {kind: getattr(args, kind) for kind in PART_KINDS if getattr(args, kind, None) is not None}
     preset = chosen_preset(args)
-    if preset is None:
+    if preset is None and Path(model_path(args)).is_dir():
         preset = read_model_preset(model_path(args), trust_remote_code=getattr(args, "trust_remote_code", False))
     spec = named_preset(preset) if isinstance(preset, str) else preset
-    if spec is not None and spec.peer is not None:
+    if spec is None or spec.peer is not None:
         return
     decoder, _ = build_decoder(None, preset=preset, **parts, **params)
     if getattr(args, "gen_length", None) is not None:

@@ -23,12 +23,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import fmt_ratio, fmt_spread, greedy_loop, header, hf_generate, interleave  # noqa: E402
+from common import fmt_ratio, fmt_spread, greedy_loop, header, hf_generate, interleave
 
-from refusion.api import load_model  # noqa: E402
-from refusion.decoding.decoder import Decoder  # noqa: E402
-from refusion.engines import open_engine  # noqa: E402
-from refusion.training.tasks import held_out, is_correct  # noqa: E402
+from refusion.api import load_model
+from refusion.decoding.decoder import Decoder
+from refusion.engines import open_engine
+from refusion.training.tasks import held_out, is_correct
 
 GEN_LENGTH = 32
 

@@ -45,13 +45,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # this process and, through Ray's processes, the workers
 
-import torch  # noqa: E402
+import torch
+from common import header
 
-from common import header  # noqa: E402
-
-from refusion.batch.lines import input_lines, pending_lines  # noqa: E402
-from refusion.batch.output import ResultWriter  # noqa: E402
-from refusion.training.tasks import held_out  # noqa: E402
+from refusion.batch.lines import input_lines, pending_lines
+from refusion.batch.output import ResultWriter
+from refusion.training.tasks import held_out
 
 
 def write_input(path: Path, prompts: int) -> None:

@@ -32,11 +32,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import fmt_ratio, fmt_spread, header, interleave, refusion_counts  # noqa: E402
+from common import fmt_ratio, fmt_spread, header, interleave, refusion_counts
 
-from refusion.api import load_model  # noqa: E402
-from refusion.decoding.decoder import Decoder  # noqa: E402
-from refusion.training.tasks import held_out  # noqa: E402
+from refusion.api import load_model
+from refusion.decoding.decoder import Decoder
+from refusion.training.tasks import held_out
 
 PRESET = dict(slot_size=4, serial_num_blocks=1, slot_threshold=0.7, token_threshold=0.5)
 GEN = 32

@@ -16,9 +16,9 @@ import torch
 
 sys.path.insert(0, ".")
 
-from refusion.models.hf import HFCausalLM  # noqa: E402
-from refusion.models.tiny import tiny_qwen3  # noqa: E402
-from tests.engines.test_engines import decoder_from  # noqa: E402
+from refusion.models.hf import HFCausalLM
+from refusion.models.tiny import tiny_qwen3
+from tests.engines.test_engines import decoder_from
 
 
 def draw(rng: random.Random):

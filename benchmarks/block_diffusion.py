@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import fmt_ratio, fmt_spread, header, interleave, refusion_counts  # noqa: E402
+from common import fmt_ratio, fmt_spread, header, interleave, refusion_counts
 
-from refusion.decoding.decoder import Decoder  # noqa: E402
-from refusion.models.block import tiny_block_diffusion  # noqa: E402
+from refusion.decoding.decoder import Decoder
+from refusion.models.block import tiny_block_diffusion
 
 BLOCK, GEN = 16, 64
 SELECTORS = {
@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     rows_out = []
     for label, params in SELECTORS.items():
         decoder = Decoder.from_names(partitioner="semi-ar", infiller="draft", block_length=BLOCK, **params)
-        competitors = {engine: (lambda e=engine: refusion_counts(decoder.decode_batch(model, prompts, GEN, engine=e)))
+        competitors = {engine: (lambda e=engine, d=decoder: refusion_counts(d.decode_batch(model, prompts, GEN, engine=e)))
                        for engine in ("block-recompute", "block")}
         rows = interleave(competitors, model, rounds=args.rounds, baseline="block-recompute", memory=False)
         if rows[0].counts["rows"] != rows[1].counts["rows"]:

@@ -23,13 +23,13 @@ import os
 import statistics
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import attrs
 import torch
 
 from refusion.decoding.counters import Counters, observe
-
 
 # -- models -------------------------------------------------------------------------
 SIZES = {
@@ -110,7 +110,8 @@ class _MallInfo2(ctypes.Structure):
 
 
 def _heap_reader() -> Callable[[], int] | None:
-    """Bytes the C heap holds for live allocations (glibc ``mallinfo2``: in-use arena + mmapped blocks), if available."""
+    """Bytes the C heap holds for live allocations (glibc ``mallinfo2``: in-use arena + mmapped blocks), if
+    available."""
     try:
         libc = ctypes.CDLL("libc.so.6")
         mallinfo2 = libc.mallinfo2
@@ -154,7 +155,7 @@ class PeakMemory:
             self.rise = max(self.rise, self._read() - self.base)
             time.sleep(0.001)
 
-    def __enter__(self) -> "PeakMemory":
+    def __enter__(self) -> PeakMemory:
         gc.collect()
         self.base = self._read()
         self._thread = threading.Thread(target=self._watch, daemon=True)
@@ -174,7 +175,7 @@ class KVBufferPeak:
         self.peak = 0
         self._saved: list[tuple[str, Any]] = []
 
-    def __enter__(self) -> "KVBufferPeak":
+    def __enter__(self) -> KVBufferPeak:
         from refusion.cache.stores import PreallocatedKV
 
         probe = self

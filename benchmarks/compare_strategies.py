@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 
 from refusion.api import load_model
-from refusion.measure.bench import ar_method, decoder_method, measure, table
 from refusion.decoding.decoder import Decoder
+from refusion.measure.bench import ar_method, decoder_method, measure, table
 from refusion.training.tasks import held_out
 
 GEN_LENGTH = 32

@@ -62,8 +62,8 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -165,7 +165,7 @@ class Bench:
         #: the whole run ends by then: a box never reaches past it (the smoke run has no deadline)
         self.deadline = time.perf_counter() + (float("inf") if args.smoke else args.deadline)
 
-    def box(self, name: str, key: str | None = None) -> "Box":
+    def box(self, name: str, key: str | None = None) -> Box:
         """The time box of section ``name`` (budget ``key``), cut to what is left before the deadline."""
         return Box(name, round(min(self.budgets[key or name], self.deadline - time.perf_counter()), 1))
 
@@ -318,8 +318,15 @@ def kernels(bench: Bench) -> dict:
     import torch
 
     box = bench.box("kernels")
-    from refusion_kernels import (confidence, confidence_reference, lm_head_stats, lm_head_stats_reference,
-                                  scatter_kv, scatter_kv_reference, triton_available)
+    from refusion_kernels import (
+        confidence,
+        confidence_reference,
+        lm_head_stats,
+        lm_head_stats_reference,
+        scatter_kv,
+        scatter_kv_reference,
+        triton_available,
+    )
 
     if not triton_available():
         return box.close({"skipped": "Triton cannot run here (no CUDA device and TRITON_INTERPRET unset)"})
@@ -350,8 +357,8 @@ def kernels(bench: Bench) -> dict:
             a, pa = confidence(logits, exclude=mask, backend="triton")
             b, pb = confidence_reference(logits, exclude=mask)
             return {"agree_tokens": float((a == b).float().mean()), "max_prob_diff": float((pa.float() - pb.float()).abs().max())}
-        add("confidence", f"{n}x{vocab} {str(dt)[6:]}", lambda l=logits: confidence(l, exclude=mask, backend="triton"),
-            lambda l=logits: confidence_reference(l, exclude=mask), agree_conf)
+        add("confidence", f"{n}x{vocab} {str(dt)[6:]}", lambda lg=logits: confidence(lg, exclude=mask, backend="triton"),
+            lambda lg=logits: confidence_reference(lg, exclude=mask), agree_conf)
     weight = torch.randn(vocab, hidden, device=dev, dtype=dt, generator=g) * 0.02
     for n in sizes:
         h = torch.randn(n, hidden, device=dev, dtype=dt, generator=g)
@@ -398,8 +405,8 @@ def refusion_run(adapter, size, decoder, prompts, gen: int, gpu) -> dict:
 def generate_run(adapter, size, prompts, gen: int, gpu) -> dict:
     """transformers ``generate`` (greedy, its KV cache, the mask token suppressed), its forwards counted."""
     import torch
-
     from common import hf_generate
+
     from refusion.measure.costmodel import autoregressive, estimate
 
     calls = [0]

@@ -34,7 +34,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-
 from common import header, random_qwen3
 
 from refusion.decoding.decoder import Decoder

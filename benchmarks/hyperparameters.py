@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from refusion.api import load_model
-from refusion.search import sweep
+from refusion.sweep import run_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,7 +53,7 @@ def run_rounds(args: argparse.Namespace) -> tuple[dict, list[dict]]:
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             start = time.perf_counter()
-            result = sweep(space, f"held-out:{args.per_task}", model=adapter, preset="model", mode="grid",
+            result = run_sweep(space, f"held-out:{args.per_task}", model=adapter, preset="model", mode="grid",
                            gen_length=32, out=Path(tmp) / f"round{r}", plot=False, progress=not args.quiet)
             ars.append(result.ar)
             for rec in result.records:

@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import cuda_milliseconds  # noqa: E402
+from common import cuda_milliseconds
 
 
 def timed(fn, repeats: int = 50) -> float:
@@ -40,8 +40,8 @@ def main() -> int:
     print(f"{'op':<34} {'shape':<28} {'triton ms':>10} {'torch ms':>10} {'speed-up':>9} {'agree':>6}")
     for rows, vocab, dtype in ((128, 151936, torch.bfloat16), (512, 151936, torch.bfloat16), (2048, 151936, torch.float32)):
         logits = torch.randn(rows, vocab, device="cuda", dtype=dtype) * 4
-        tri = timed(lambda: confidence(logits, exclude=151670, backend="triton"))
-        ref = timed(lambda: confidence_reference(logits, exclude=151670))
+        tri = timed(lambda logits=logits: confidence(logits, exclude=151670, backend="triton"))
+        ref = timed(lambda logits=logits: confidence_reference(logits, exclude=151670))
         agree = torch.equal(confidence(logits, exclude=151670, backend="triton")[0], confidence_reference(logits, exclude=151670)[0])
         print(f"{'confidence (argmax + prob)':<34} {f'{rows}x{vocab} {str(dtype)[6:]}':<28} {tri:>10.3f} {ref:>10.3f} "
               f"{ref / tri:>8.2f}x {str(agree):>6}")
@@ -50,14 +50,15 @@ def main() -> int:
         src = torch.randn(layers, 2, heads, tokens, dim, device="cuda", dtype=torch.bfloat16)
         rows_idx = torch.randint(0, 8, (tokens,), device="cuda")
         cols = torch.randperm(context, device="cuda")[:tokens]
-        tri = timed(lambda: scatter_kv(cache, src, rows_idx, cols, backend="triton"))
-        ref = timed(lambda: scatter_kv_reference(cache, src, rows_idx, cols))
+        tri = timed(lambda c=cache, s=src, r=rows_idx, k=cols: scatter_kv(c, s, r, k, backend="triton"))
+        ref = timed(lambda c=cache, s=src, r=rows_idx, k=cols: scatter_kv_reference(c, s, r, k))
         a = cache.clone()
         scatter_kv(a, src, rows_idx, cols, backend="triton")
         b = cache.clone()
         scatter_kv_reference(b, src, rows_idx, cols)
         shape = f"{tokens} tok into {layers}L x 8 x {context}"
-        print(f"{'scatter committed KV':<34} {shape:<28} {tri:>10.3f} {ref:>10.3f} {ref / tri:>8.2f}x {str(torch.equal(a, b)):>6}")
+        agree = str(torch.equal(a, b))
+        print(f"{'scatter committed KV':<34} {shape:<28} {tri:>10.3f} {ref:>10.3f} {ref / tri:>8.2f}x {agree:>6}")
     return 0
 
 

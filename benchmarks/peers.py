@@ -307,7 +307,7 @@ class PeerSession:
     def __init__(self, a, tmp: Path, round_index: int):
         cmd, env = _peer_command(a, "serve", tmp, ["--job", str(tmp / "job.json")])
         self.log = tmp / f"peer_round{round_index}.log"
-        self._log = open(self.log, "w")  # noqa: SIM115 -- closed in close()
+        self._log = open(self.log, "w")
         self.proc = subprocess.Popen(cmd, env=env, cwd=str(tmp), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._log, text=True, bufsize=1)
         self.versions = self._read()
@@ -374,7 +374,7 @@ def summarise(cases, rounds: list[tuple[dict, dict]], prompts, a, built) -> list
     C = _common()
     records = []
     n = len(prompts)
-    for name, family, function, args, seed in cases:
+    for name, family, function, _args, _seed in cases:
         peer_row, ours_row, wall_row = C.Row("peer"), C.Row("refusion"), C.Row("refusion wall")
         for peer, ours in rounds:
             for row, calls in ((peer_row, peer["cases"][name]), (ours_row, ours[name])):
@@ -393,7 +393,10 @@ def summarise(cases, rounds: list[tuple[dict, dict]], prompts, a, built) -> list
         peer_fwd = sum(r["forwards"] for r in peer0)
         ours_fwd = sum(r["forwards"] for r in ours0)
         forbidden = sum(t in (MASK, EOS, EOT) for r in peer0 + ours0 for t in r["tokens"])
-        ms = lambda row, field: (row.median(field) * 1e3, *(v * 1e3 for v in row.spread(field)))
+
+        def ms(row, field):
+            return (row.median(field) * 1e3, *(v * 1e3 for v in row.spread(field)))
+
         rec = {"case": name, "family": family, "peer_function": function, "size": a.size, "prompts": n,
                "rounds": len(rounds), "threads": 1, "device": "cpu", "same_weights": True,
                "head_scale": built[family]["head_scale"], "parameters": built[family]["parameters"],

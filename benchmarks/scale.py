@@ -38,11 +38,21 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (ar_counts, fmt_ratio, fmt_spread, greedy_loop, header, hf_generate, interleave,  # noqa: E402
-                    parameters, random_qwen3, refusion_counts)
+from common import (
+    ar_counts,
+    fmt_ratio,
+    fmt_spread,
+    greedy_loop,
+    header,
+    hf_generate,
+    interleave,
+    parameters,
+    random_qwen3,
+    refusion_counts,
+)
 
-from refusion.decoding.decoder import Decoder  # noqa: E402
-from refusion.models.hf import HFCausalLM  # noqa: E402
+from refusion.decoding.decoder import Decoder
+from refusion.models.hf import HFCausalLM
 
 SLOT, BLOCK, PROMPT = 8, 32, 16
 
@@ -85,7 +95,8 @@ def competitors(model, adapter, gen: int, batch: int, methods, engines):
 def table(rows, batch: int, gen: int, token_bytes: int) -> list[dict]:
     need = batch * (PROMPT + gen) * token_bytes  # keys/values of every row's prompt and answer
     print(f"{'method':<22} {'CPU s [spread]':>22} {'wall s':>8} {'vs generate':>20} {'ms/token':>9} "
-          f"{'fwd':>6} {'fed/fwd':>8} {'tok/fwd':>8} {'outside ms/seq/fwd':>19} {'KV ctx MB':>10} {'KV buf/need':>11} {'peak MB':>7}")
+          f"{'fwd':>6} {'fed/fwd':>8} {'tok/fwd':>8} {'outside ms/seq/fwd':>19} "
+          f"{'KV ctx MB':>10} {'KV buf/need':>11} {'peak MB':>7}")
     records = []
     for row in rows:
         c = row.counts

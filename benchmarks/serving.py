@@ -41,11 +41,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import header, interleave  # noqa: E402
+from common import header, interleave
 
-from refusion.api import load_model  # noqa: E402
-from refusion.generator import Generator  # noqa: E402
-from refusion.training.tasks import held_out  # noqa: E402
+from refusion.api import load_model
+from refusion.generator import Generator
+from refusion.training.tasks import held_out
 
 ROOT = Path(__file__).resolve().parent.parent
 GEN = 32  # the shipped model's preset length

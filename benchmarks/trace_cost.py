@@ -26,12 +26,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import fmt_ratio, fmt_spread, header, interleave  # noqa: E402
+from common import fmt_ratio, fmt_spread, header, interleave
 
-from refusion.api import build_decoder, load_model  # noqa: E402
-from refusion.decoding.session import DecodeSession  # noqa: E402
-from refusion.measure.trace import read_trace, write_trace  # noqa: E402
-from refusion.training.tasks import held_out  # noqa: E402
+from refusion.api import build_decoder, load_model
+from refusion.decoding.session import DecodeSession
+from refusion.measure.trace import read_trace, write_trace
+from refusion.training.tasks import held_out
 
 
 class StepClock:
@@ -41,7 +41,7 @@ class StepClock:
         self.seconds, self.records = 0.0, 0
         self._saved = (DecodeSession._snapshot, DecodeSession._step_record)
 
-    def __enter__(self) -> "StepClock":
+    def __enter__(self) -> StepClock:
         snapshot, record = self._saved
 
         def timed_snapshot(session):

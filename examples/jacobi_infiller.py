@@ -13,9 +13,9 @@ from __future__ import annotations
 import attrs
 import torch
 
-from refusion.plugins import hookimpl
 from refusion.decoding.protocol import ModelCall
 from refusion.decoding.types import Commit, InfillResult, Plan
+from refusion.plugins import hookimpl
 from refusion.strategies.base import InfillContext, Infiller, InfillGenerator
 from refusion.validators import probability
 

@@ -20,7 +20,7 @@ Serve many requests on one running engine (continuous batching)::
 
 Generate for every row of a JSON Lines file, resumably (``refusion batch`` from the shell)::
 
-    refusion.batch("prompts.jsonl", "results.jsonl", max_rows=16)
+    refusion.run_batch("prompts.jsonl", "results.jsonl", max_rows=16)
 
 The names below are imported when first used, so ``import refusion`` is
 quick and loads no model code, strategy search or training.
@@ -53,16 +53,17 @@ _EXPORTS = {
     "Progress": "refusion.generator",
     "Request": "refusion.generator",
     "registry": "refusion.plugins.registry",
-    "sweep": "refusion.search",
+    "run_batch": "refusion.batch.embedded",
+    "run_sweep": "refusion.sweep.run",
 }
 
 
-#: public subpackages that are also called as functions (``refusion.batch(...)``), imported on first use
-_CALLABLE_PACKAGES = ("batch",)
+#: public subpackages named after their commands (``refusion.batch``, ``refusion.sweep``), imported on first use
+_PACKAGES = ("batch", "sweep")
 
 
 def __getattr__(name: str) -> Any:
-    if name in _CALLABLE_PACKAGES:  # the package itself, callable: the same object however it was first imported
+    if name in _PACKAGES:
         return importlib.import_module(f"refusion.{name}")
     module = _EXPORTS.get(name)
     if module is None:
@@ -73,7 +74,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS, *_CALLABLE_PACKAGES})
+    return sorted({*globals(), *_EXPORTS, *_PACKAGES})
 
 
-__all__ = ["__version__", "errors", *sorted([*_EXPORTS, *_CALLABLE_PACKAGES])]
+__all__ = ["__version__", "errors", *sorted([*_EXPORTS, *_PACKAGES])]

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from refusion.config import DecoderSpec, preset as get_preset
+from refusion.config import DecoderSpec
+from refusion.config import preset as get_preset
 from refusion.config.spec import DEFAULT_GEN_LENGTH
 from refusion.decoding.decoder import Decoder
 from refusion.errors import ConfigError, RefusionWarning
-from refusion.prompts import encode_prompt
 from refusion.models.base import ModelAdapter
 from refusion.models.loading import load_model
+from refusion.prompts import encode_prompt
 
 
 def decoder_spec(

@@ -1,13 +1,17 @@
-"""Exceptions raised by refusion.
+"""Every exception refusion raises, all under :class:`RefusionError`.
 
 Every error a user can cause is a :class:`ConfigError` whose message names the
-parameter (in backticks), the value it got and what is allowed. Every error a
-plugin causes is a :class:`PluginError` naming the plugin.
+parameter (in backticks), the value it got and what is allowed; a batch row's
+is a :class:`RowError` (it also names the row), an HTTP request's an
+:class:`APIError` (it also carries the status the server answers with). Every
+error a plugin causes is a :class:`PluginError` naming the plugin.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+import copy
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 
 class RefusionError(Exception):
@@ -29,7 +33,7 @@ class ConfigError(RefusionError, ValueError):
         return (_config_error, (type(self), str(self), self.param))
 
 
-def _config_error(cls: type, message: str, param: str | None) -> "ConfigError":
+def _config_error(cls: type, message: str, param: str | None) -> ConfigError:
     error = cls(message)
     error.param = param
     return error
@@ -44,7 +48,8 @@ class QueueFull(RefusionError):
 
 
 class CallbackError(RefusionError):
-    """A request's ``on_event`` callback raised: that request fails with this error (the cause chained), others go on."""
+    """A request's ``on_event`` callback raised: that request fails with this error (the cause chained), others go
+    on."""
 
 
 class StalledError(RefusionError):
@@ -64,6 +69,69 @@ class PluginError(RefusionError):
         self.source = source
 
 
+class UsageError(ConfigError):
+    """A command line the ``refusion`` command cannot parse (an unknown flag, a value of the wrong type or out of
+    range); the message names the flag as argparse does (``argument --port: ...``)."""
+
+
+class RegistrationError(PluginError):
+    """A plugin tried to register a class that is not a valid part, or a name that is taken."""
+
+
+class RowError(ConfigError):
+    """A batch row that cannot be run: ``param`` names its field, ``row_id`` the row's own ``id`` (``None`` when it
+    has no readable one) and ``line`` its line in the input (counted from 1)."""
+
+    def __init__(self, message: str, *, param: str | None = None, row_id: str | None = None,
+                 line: int | None = None):
+        super().__init__(message, param=param)
+        self.row_id = row_id
+        self.line = line
+
+    def __reduce__(self):  # keep ``param``, ``row_id`` and ``line`` across processes (Ray workers)
+        return (_row_error, (str(self), self.param, self.row_id, self.line))
+
+
+def _row_error(message: str, param: str | None, row_id: str | None, line: int | None) -> RowError:
+    return RowError(message, param=param, row_id=row_id, line=line)
+
+
+class InvalidJSON(ConfigError):
+    """A request body that is not one JSON object (the message says why; ``param`` names the field when one is at
+    fault, e.g. a ``NaN`` in ``temperature``)."""
+
+
+class BodyTooLarge(RefusionError):
+    """A request body passed the server's limit while it was read (the server answers 413)."""
+
+
+class APIError(RefusionError):
+    """An error the HTTP server answers with: the HTTP ``status``, OpenAI's error ``type``, the request field at
+    fault (``param``), a machine-readable ``code`` and extra response ``headers`` (``Retry-After``)."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers
+
+    def __repr__(self) -> str:
+        return f"APIError({self.status}, {self.message!r}, param={self.param!r}, code={self.code!r})"
+
+    def body(self) -> dict[str, Any]:
+        """OpenAI's error body; text echoed from the request that is not valid Unicode is escaped, never a 500."""
+        return {"error": {"message": _printable(self.message), "type": self.type, "param": _printable(self.param),
+                          "code": self.code}}
+
+
+def _printable(text: str | None) -> str | None:
+    return None if text is None else text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 class RefusionWarning(UserWarning):
     """Something refusion did for the user that they did not ask for (e.g. a default length fitted to the model)."""
 
@@ -81,3 +149,16 @@ def unknown_name(kind: str, name: str, known: Iterable[str]) -> UnknownNameError
     """Return an :class:`UnknownNameError` listing the known names of ``kind``."""
     names = ", ".join(sorted(known)) or "(none registered)"
     return UnknownNameError(f"Unknown {kind} {name!r}. Known {kind}s: {names}.", param=kind.replace(" ", "_"))
+
+
+def renamed(error: ConfigError, names: Mapping[str, str]) -> ConfigError:
+    """A copy of ``error`` (same class) naming its parameter as the caller's user knows it: ``param`` and each
+    ```name``` in the message replaced by ``names[name]`` (a server's ``max_tokens`` for the decoder's ``gen_length``).
+    """
+    message = str(error)
+    for old, new in names.items():
+        message = message.replace(f"`{old}`", f"`{new}`")
+    out = copy.copy(error)
+    out.args = (message,)
+    out.param = names.get(error.param, error.param) if error.param is not None else None
+    return out

@@ -19,6 +19,8 @@ writes them); callers check their fields' ranges.
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +38,8 @@ def where(what: str, path: str | Path, line: int | None = None) -> str:
 
 
 def read_text(path: str | Path, *, what: str, param: str, max_bytes: int = MAX_BYTES) -> str:
-    """The UTF-8 text of ``path`` (at most ``max_bytes`` bytes); ``what`` names the file in errors (```tasks` file``)."""
+    """The UTF-8 text of ``path`` (at most ``max_bytes`` bytes); ``what`` names the file in errors (```tasks`
+    file``)."""
     try:
         with open(path, "rb") as f:
             data = f.read(max_bytes + 1)
@@ -74,18 +77,32 @@ def check_depth(value: Any, *, place: str, param: str, max_depth: int = MAX_DEPT
     return value
 
 
-def _parse(text: str, place: str, param: str, line: int | None, max_depth: int) -> Any:
+def parse_text(text: str, parse: Callable[[str], Any], *, place: str, param: str, language: str,
+               syntax: type[Exception] | tuple[type[Exception], ...], describe: Callable[[Any], str] = str,
+               max_depth: int = MAX_DEPTH) -> Any:
+    """``parse(text)`` (``json.loads``, ``tomllib.loads``, ``yaml.safe_load``), every failure one
+    :class:`ConfigError` starting with ``place``: a ``syntax`` error of ``language`` (``describe`` says where),
+    values nested too deeply (Python's recursion limit, or deeper than ``max_depth``), a number too long to read."""
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        at = f"line {exc.lineno}, column {exc.colno}" if line is None else f"column {exc.colno}"
-        raise ConfigError(f"{place}: not valid JSON ({exc.msg} at {at}).", param=param) from None
+        value = parse(text)
+    except syntax as exc:
+        raise ConfigError(f"{place}: not valid {language} ({describe(exc)}).", param=param) from None
     except RecursionError:
         raise ConfigError(f"{place}: values are nested too deeply (more than {max_depth} levels are refused).",
                           param=param) from None
     except ValueError as exc:  # an integer of more than 4300 digits
+        if isinstance(exc, ConfigError):
+            raise
         raise ConfigError(f"{place}: a number cannot be read ({exc}).", param=param) from None
     return check_depth(value, place=place, param=param, max_depth=max_depth)
+
+
+def _parse(text: str, place: str, param: str, line: int | None, max_depth: int) -> Any:
+    def describe(exc: json.JSONDecodeError) -> str:
+        return f"{exc.msg} at " + (f"line {exc.lineno}, column {exc.colno}" if line is None else f"column {exc.colno}")
+
+    return parse_text(text, json.loads, place=place, param=param, language="JSON", syntax=json.JSONDecodeError,
+                      describe=describe, max_depth=max_depth)
 
 
 def read_json(path: str | Path, *, what: str, param: str, max_bytes: int = MAX_BYTES,
@@ -104,3 +121,15 @@ def read_json_lines(path: str | Path, *, what: str, param: str, max_bytes: int =
         if line.strip():
             out.append((number, _parse(line, where(what, path, number), param, number, max_depth)))
     return out
+
+
+def check_output_dir(path: Any, param: str = "out") -> None:
+    """Refuse an output directory that is an existing file or cannot be created (checks only, creates nothing)."""
+    if not isinstance(path, (str, Path)) or not str(path):
+        raise ConfigError(f"`{param}` must be a directory path; got {path!r}.", param=param)
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"`{param}` {str(path)!r} is an existing file; name a directory (it is created if missing).", param=param)
+    existing = next((p for p in (out, *out.parents) if p.exists()), Path("."))
+    if not existing.is_dir() or not os.access(existing, os.W_OK):
+        raise ConfigError(f"`{param}` {str(path)!r} cannot be created: {str(existing)!r} is not a writable directory.", param=param)

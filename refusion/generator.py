@@ -33,16 +33,17 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import deque
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import attrs
 
 from refusion.decoding.decoder import Decoder, Prepared, with_text
 from refusion.decoding.session import DecodeSession
+from refusion.decoding.types import DecodeResult, StepRecord
 from refusion.engines import Runner, engine_class, open_engine
 from refusion.engines.choose import check_invariance
 from refusion.errors import CallbackError, ConfigError, QueueFull, StalledError
-from refusion.decoding.types import DecodeResult, StepRecord
 
 
 @attrs.frozen
@@ -67,7 +68,7 @@ class Progress:
     it failed, then ``error`` holds the exception, e.g. a plugin's).
     """
 
-    request: "Request"
+    request: Request
     step: StepRecord | None
     commits: tuple[CommittedSlot, ...]
     prefix_tokens: tuple[int, ...]
@@ -86,7 +87,7 @@ class Request:
     happen; :meth:`wait` returns the :class:`~refusion.decoding.types.DecodeResult`.
     """
 
-    def __init__(self, generator: "Generator", index: int, decoder: Decoder, prepared: Prepared,
+    def __init__(self, generator: Generator, index: int, decoder: Decoder, prepared: Prepared,
                  on_event: Callable[[Progress], None] | None):
         self.generator = generator
         self.id = index
@@ -275,7 +276,12 @@ class Generator:
         return request
 
     def cancel(self, request: Request) -> None:
-        """Stop ``request`` at the next step (see :meth:`Request.cancel`)."""
+        """Stop ``request`` at the next step (see :meth:`Request.cancel`); it must be a request this generator's
+        :meth:`submit` returned (anything else is a :class:`ConfigError` naming ``request``)."""
+        if not isinstance(request, Request) or request.generator is not self:
+            what = "another generator's request" if isinstance(request, Request) else repr(request)[:80]
+            raise ConfigError(f"`request` must be a Request this generator's submit() returned; got {what}.",
+                              param="request")
         request.cancel()
 
     # -- stepping ------------------------------------------------------------------
@@ -347,7 +353,7 @@ class Generator:
         for key, request in list(self._running.items()):
             try:
                 self._runner.cancel(request.session)
-            except Exception:  # noqa: BLE001 - freeing is best effort once the step itself failed
+            except Exception:
                 pass
             del self._running[key]
             request.status, request.error, request.session = "failed", error, None
@@ -465,7 +471,7 @@ class Generator:
         return event
 
     # -- a background thread -----------------------------------------------------------
-    def start(self) -> "Generator":
+    def start(self) -> Generator:
         """Step the generator in a daemon thread until :meth:`close`; returns ``self``."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="refusion-generator", daemon=True)
@@ -501,7 +507,7 @@ class Generator:
         else:
             self.run_until_idle()
 
-    def __enter__(self) -> "Generator":
+    def __enter__(self) -> Generator:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -11,7 +11,8 @@
 from __future__ import annotations
 
 import random
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -130,7 +131,6 @@ def check_part(part: Any, *, trials: int = 6, seed: int = 0) -> None:
     the generation region (cut only at EOS).
     """
     from refusion.decoding.decoder import Decoder
-
     from refusion.models.mdm import tiny_bidirectional
 
     rng = random.Random(seed)

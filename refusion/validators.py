@@ -1,20 +1,40 @@
-"""attrs validators that raise :class:`~refusion.errors.ConfigError` in the house style.
+"""Checks of parameters in the house style: every failure is a :class:`~refusion.errors.ConfigError` naming the
+parameter (in backticks), the value and what is allowed.
 
-Use them on a part's parameters (``attrs.field(validator=probability)``): each
-names the parameter and the allowed values, and every validator that takes a
-float refuses NaN and infinities. :func:`finite_fields` is the same check run
-on any attrs instance; the registry runs it on every part it builds, so a
-plugin's float parameter can never hold NaN even if its own validator forgets.
+Two forms of the same rules:
+
+* plain checks for any code that takes a value from a user (``check_integer("max_rows", value, 1)``), which
+  return the value or raise;
+* attrs validators for a part's parameters (``attrs.field(validator=probability)``).
+
+Every check that takes a number refuses ``bool`` (``True`` is not ``1`` here), NaN and infinities.
+:func:`finite_fields` runs the float check on any attrs instance; the registry runs it on every part it builds,
+so a plugin's float parameter can never hold NaN even if its own validator forgets.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import attrs
 
-from refusion.errors import bad_value
+from refusion.errors import ConfigError, bad_value
+
+
+def shown(value: Any, width: int = 80) -> str:
+    """``repr(value)`` cut to ``width`` characters; an integer too long to print is described by its size."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int of more than 4300 digits
+        return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def is_integer(value: Any) -> bool:
+    """True for an int (bool is not an integer here)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def is_number(value: Any) -> bool:
@@ -24,15 +44,60 @@ def is_number(value: Any) -> bool:
     return isinstance(value, int) or math.isfinite(value)
 
 
+def _bound(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:g}"
+
+
+def _range(low: float | None, high: float | None, low_open: bool = False) -> str:
+    """``>= 1``, ``in [0, 1]``, ``in (0, 1]`` or ``<= 9``: the allowed range in words."""
+    if high is None:
+        return f"{'>' if low_open else '>='} {_bound(low)}" if low is not None else ""
+    if low is None:
+        return f"<= {_bound(high)}"
+    return f"in {'(' if low_open else '['}{_bound(low)}, {_bound(high)}]"
+
+
+def check_integer(param: str, value: Any, low: int | None = None, high: int | None = None, why: str = "") -> int:
+    """``value`` if it is an integer (not a bool) in ``[low, high]`` (either bound may be ``None``); else a
+    :class:`ConfigError` naming ``param``. ``why`` says what the value counts (``"examples per task"``)."""
+    if not is_integer(value) or (low is not None and value < low) or (high is not None and value > high):
+        bound = _range(low, high)
+        note = f" ({why})" if why else ""
+        raise ConfigError(f"`{param}` must be an integer{' ' + bound if bound else ''}{note}; got {shown(value)}.",
+                          param=param)
+    return value
+
+
+def check_number(param: str, value: Any, low: float | None = None, high: float | None = None, *,
+                 low_open: bool = False, why: str = "") -> float:
+    """``value`` as a float if it is a finite int or float in ``[low, high]`` (``(low, high]`` with ``low_open``;
+    either bound may be ``None``); else a :class:`ConfigError` naming ``param``."""
+    ok = is_number(value) and (low is None or (value > low if low_open else value >= low)) and (
+        high is None or value <= high)
+    if not ok:
+        bound = _range(low, high, low_open)
+        note = f" ({why})" if why else ""
+        raise ConfigError(f"`{param}` must be a finite number{' ' + bound if bound else ''}{note}; got "
+                          f"{shown(value)}.", param=param)
+    return float(value)
+
+
+def check_boolean(param: str, value: Any) -> bool:
+    """``value`` if it is ``True`` or ``False``; else a :class:`ConfigError` naming ``param``."""
+    if not isinstance(value, bool):
+        raise bad_value(param, value, "True or False")
+    return value
+
+
 def positive_int(instance: Any, attribute: Any, value: Any) -> None:
     """An integer >= 1."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_integer(value) or value < 1:
         raise bad_value(attribute.name, value, "an integer >= 1")
 
 
 def non_negative_int(instance: Any, attribute: Any, value: Any) -> None:
     """An integer >= 0."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not is_integer(value) or value < 0:
         raise bad_value(attribute.name, value, "an integer >= 0")
 
 
@@ -97,8 +162,7 @@ def one_of(allowed: tuple) -> Any:
 
 def boolean(instance: Any, attribute: Any, value: Any) -> None:
     """A validator accepting only ``True`` and ``False``."""
-    if not isinstance(value, bool):
-        raise bad_value(attribute.name, value, "True or False")
+    check_boolean(attribute.name, value)
 
 
 def open_unit_interval(instance: Any, attribute: Any, value: Any) -> None:

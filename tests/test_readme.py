@@ -2,8 +2,9 @@
 the README stays short (the rest lives under docs/)."""
 
 import re
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,7 +10,7 @@ import torch
 BACKENDS = ("auto", "torch", "triton")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def triton_available() -> bool:
     """True when Triton imports and can run: a GPU driver, or the interpreter (``TRITON_INTERPRET=1``)."""
     try:

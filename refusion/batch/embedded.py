@@ -6,102 +6,96 @@ skipped, a second row with the same id is an error row (id ``line-N``), the
 rest go to the worker (embedded, in this process) or, with ``ray``, to
 :func:`refusion.batch.ray_data.run_on_ray`. Result rows are appended as they
 finish, each as one whole line; a progress bar on stderr shows rows and
-tokens per second. Options are checked before the model loads.
+tokens per second of generation, as the summary does. Options and the output
+are checked before the model loads, and nothing is loaded when every row is
+already in the output.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import attrs
 
 from refusion.batch.lines import count_pending, input_lines, is_dataset, pending_lines
-from refusion.batch.output import ResultWriter
+from refusion.batch.output import ResultWriter, check_output
 from refusion.errors import ConfigError
+from refusion.limits import MAX_GEN_LENGTH
+from refusion.validators import check_integer, check_number
 
 
 @attrs.frozen
 class BatchSummary:
     """What a run did: rows written (``errors`` of them error rows), rows ``skipped`` as already in the output,
-    tokens generated and the ``seconds`` it took."""
+    tokens generated, the ``seconds`` it took in all and the ``load_seconds`` of those spent loading the model
+    (0 when nothing was left to run)."""
 
     rows: int
     skipped: int
     errors: int
     tokens: int
     seconds: float
+    load_seconds: float = 0.0
 
     @property
     def tokens_per_second(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+        """Tokens per second of generation (the model's loading left out), as the progress bar shows them."""
+        busy = self.seconds - self.load_seconds
+        return self.tokens / busy if busy > 0 else 0.0
 
 
 #: Python keyword -> how errors name it (the command line passes its flags' spellings)
-NAMES = {"input": "input", "out": "out", "max_rows": "max_rows", "max_tokens": "max_tokens", "workers": "workers",
-         "gpus_per_worker": "gpus_per_worker", "cpus_per_worker": "cpus_per_worker", "gen_length": "gen_length"}
-
-
-def check_number(name: str, value: Any, low: float, *, integer: bool = True, strict: bool = False,
-                 names: dict | None = None) -> None:
-    """Refuse ``value`` unless it is an integer (or a finite number) ``>= low`` (``> low`` if ``strict``)."""
-    shown = (names or NAMES).get(name, name)
-    kind = "an integer" if integer else "a number"
-    ok = not isinstance(value, bool) and isinstance(value, int if integer else (int, float))
-    ok = ok and math.isfinite(value) and (value > low if strict else value >= low)
-    if not ok:
-        raise ConfigError(f"`{shown}` must be {kind} {'>' if strict else '>='} {low:g}; got {value!r}.", param=shown)
+NAMES = {"input": "input", "out": "out", "max_rows": "max_rows", "max_batch_tokens": "max_batch_tokens",
+         "workers": "workers", "gpus_per_worker": "gpus_per_worker", "cpus_per_worker": "cpus_per_worker",
+         "gen_length": "gen_length"}
 
 
 def check_paths(input_path: Any, output_path: Any, names: dict | None = None) -> None:
-    """The input is a readable file, the output's folder exists and the output is not the input."""
+    """The input is a readable file; the output can hold results and is not the input
+    (:func:`~refusion.batch.output.check_output`). Nothing is opened for writing."""
     names = names or NAMES
-    if not isinstance(input_path, (str, os.PathLike)):
-        return  # rows or a Dataset from Python
-    source, out = Path(input_path), Path(output_path)
-    if not source.is_file():
-        why = "is a directory" if source.is_dir() else "does not exist"
-        raise ConfigError(f"`{names['input']}` {str(source)!r} {why}; give a JSON Lines file.", param=names["input"])
-    if not os.access(source, os.R_OK):
-        raise ConfigError(f"`{names['input']}` {str(source)!r} cannot be read (permission denied).",
-                          param=names["input"])
-    if out.is_dir() or not out.parent.is_dir():
-        why = "is a directory" if out.is_dir() else f"is in a folder that does not exist ({str(out.parent)!r})"
-        raise ConfigError(f"`{names['out']}` {str(out)!r} {why}.", param=names["out"])
-    if out.exists() and out.resolve() == source.resolve():
-        raise ConfigError(f"`{names['out']}` is the input file {str(source)!r}; write the results elsewhere.",
-                          param=names["out"])
+    file_input = isinstance(input_path, (str, os.PathLike))
+    if file_input:
+        source = Path(input_path)
+        if not source.is_file():
+            why = "is a directory" if source.is_dir() else "does not exist"
+            raise ConfigError(f"`{names['input']}` {str(source)!r} {why}; give a JSON Lines file.",
+                              param=names["input"])
+        if not os.access(source, os.R_OK):
+            raise ConfigError(f"`{names['input']}` {str(source)!r} cannot be read (permission denied).",
+                              param=names["input"])
+    check_output(output_path, input_path if file_input else None, param=names["out"])
 
 
-def check_options(input_path: Any, output_path: Any, *, model: Any, ray: str | None, max_rows: int, max_tokens: int,
-                  workers: int, gpus_per_worker: float, cpus_per_worker: float, names: dict | None = None,
-                  **decoder_options: Any) -> None:
+def check_options(input_path: Any, output_path: Any, *, model: Any, ray: str | None, max_rows: int,
+                  max_batch_tokens: int, workers: int, gpus_per_worker: float, cpus_per_worker: float,
+                  names: dict | None = None, **decoder_options: Any) -> None:
     """Every option checked before the model loads: numbers in range, Ray's only with ``ray``, paths usable, the
     default decoder buildable."""
     from refusion.api import build_decoder
     from refusion.models.checks import check_model_path
 
     shown = names or NAMES
-    check_number("max_rows", max_rows, 1, names=names)
-    check_number("max_tokens", max_tokens, 1, names=names)
-    check_number("workers", workers, 1, names=names)
-    check_number("gpus_per_worker", gpus_per_worker, 0, integer=False, names=names)
-    check_number("cpus_per_worker", cpus_per_worker, 0, integer=False, strict=True, names=names)
+    check_integer(shown["max_rows"], max_rows, 1)
+    check_integer(shown["max_batch_tokens"], max_batch_tokens, 1)
+    check_integer(shown["workers"], workers, 1)
+    check_number(shown["gpus_per_worker"], gpus_per_worker, 0)
+    check_number(shown["cpus_per_worker"], cpus_per_worker, 0, low_open=True)
     if ray is None:
         for name, value, default in (("workers", workers, 1), ("gpus_per_worker", gpus_per_worker, 0),
                                      ("cpus_per_worker", cpus_per_worker, 1)):
             if value != default:
-                raise ConfigError(f"`{shown.get(name, name)}` applies only to a run on Ray (`ray=`, `--ray`); "
-                                  "an embedded run has one generator in this process.", param=shown.get(name, name))
+                raise ConfigError(f"`{shown[name]}` applies only to a run on Ray (`ray=`, `--ray`); "
+                                  "an embedded run has one generator in this process.", param=shown[name])
     if ray is not None and not isinstance(ray, str):
         raise ConfigError(f"`ray` must be None, 'local' or a Ray address; got {ray!r}.", param="ray")
     if decoder_options.get("gen_length") is not None:
-        check_number("gen_length", decoder_options["gen_length"], 1, names=names)
+        check_integer(shown["gen_length"], decoder_options["gen_length"], 1, MAX_GEN_LENGTH)
     path = model.get("model") if isinstance(model, Mapping) else model
     if isinstance(path, (str, os.PathLike)):
         check_model_path(str(path))
@@ -112,7 +106,7 @@ def check_options(input_path: Any, output_path: Any, *, model: Any, ray: str | N
 
 def run_batch(input_path: Any, output_path: str | os.PathLike, *, model: Any = None, ray: str | None = None,
               workers: int = 1, gpus_per_worker: float = 0, cpus_per_worker: float = 1, max_rows: int = 16,
-              max_tokens: int = 8192, allow_imports: bool = False, progress: bool = True,
+              max_batch_tokens: int = 8192, allow_imports: bool = False, progress: bool = True,
               names: dict | None = None, **decoder_options: Any) -> BatchSummary:
     """Generate for every row of ``input_path`` into ``output_path``; a :class:`BatchSummary`.
 
@@ -120,28 +114,43 @@ def run_batch(input_path: Any, output_path: str | os.PathLike, *, model: Any = N
     ``ray.data.Dataset`` of ``{"line": str}`` or row objects. ``model``: a
     path, ``None`` (the shipped model), a mapping of model options or (embedded
     only) a loaded adapter. ``decoder_options`` are every row's defaults (see
-    :class:`~refusion.batch.worker.BatchWorker`). ``ray`` (an address, or
-    ``"local"``) runs the rows on Ray Data with ``workers`` actors of
-    ``gpus_per_worker``/``cpus_per_worker`` each. Rows already in the output
-    are skipped, so a rerun resumes; ``KeyboardInterrupt`` stops the run with
-    every written line whole. ``names`` maps keywords to the spellings errors
-    use (the command line's flags).
+    :class:`~refusion.batch.worker.BatchWorker`), ``gen_length`` (alias
+    ``max_tokens``) included. At most ``max_rows`` rows decode at once,
+    reserving at most ``max_batch_tokens`` positions together. ``ray`` (an
+    address, or ``"local"``) runs the rows on Ray Data with ``workers`` actors
+    of ``gpus_per_worker``/``cpus_per_worker`` each. Rows already in the output
+    are skipped, so a rerun resumes (and loads no model when nothing is left);
+    ``KeyboardInterrupt`` stops the run with every written line whole.
+    ``names`` maps keywords to the spellings errors use (the command line's
+    flags).
     """
+    if "max_tokens" in decoder_options:  # OpenAI's and vLLM's name for the tokens to generate
+        if decoder_options.get("gen_length") is not None:
+            raise ConfigError("Give `gen_length` or its alias `max_tokens`, not both.", param="max_tokens")
+        decoder_options["gen_length"] = decoder_options.pop("max_tokens")
     dataset = is_dataset(input_path)
     if dataset and ray is None:
         ray = "local"
-    check_options(input_path, output_path, model=model, ray=ray, max_rows=max_rows, max_tokens=max_tokens,
+    check_options(input_path, output_path, model=model, ray=ray, max_rows=max_rows, max_batch_tokens=max_batch_tokens,
                   workers=workers, gpus_per_worker=gpus_per_worker, cpus_per_worker=cpus_per_worker, names=names,
                   **decoder_options)
-    worker_options = dict(max_rows=max_rows, max_tokens=max_tokens, allow_imports=allow_imports, **decoder_options)
+    worker_options = dict(max_rows=max_rows, max_batch_tokens=max_batch_tokens, allow_imports=allow_imports,
+                          **decoder_options)
     start = time.monotonic()
     counts = {"rows": 0, "skipped": 0, "errors": 0, "tokens": 0}
-    with ResultWriter(output_path) as writer:
+    load_seconds = 0.0
+    with ResultWriter(output_path, input_path if isinstance(input_path, (str, os.PathLike)) else None,
+                      param=(names or NAMES)["out"]) as writer:
         early: deque = deque()
         lines = None if dataset else pending_lines(input_lines(input_path), writer.done, early, counts)
         total = None if dataset else count_pending(input_path, writer.done)
+        if total == 0:  # nothing left to run: no model to load
+            for _ in lines or ():  # counts the rows skipped
+                pass
+            return BatchSummary(0, counts["skipped"], 0, 0, time.monotonic() - start)
         bar = progress_bar(total, progress)
         worker = None
+        rows: Iterator[dict]
         try:
             if ray is not None:
                 from refusion.batch.ray_data import run_on_ray
@@ -153,8 +162,10 @@ def run_batch(input_path: Any, output_path: str | os.PathLike, *, model: Any = N
                 from refusion.batch.worker import BatchWorker
 
                 worker = BatchWorker(model, **worker_options)
-                rows = worker.run(lines)
-            record = recorder(writer, counts, bar, time.monotonic())  # tokens/s counted once the model is loaded
+                rows = worker.run(lines or ())
+            loaded = time.monotonic()
+            load_seconds = loaded - start
+            record = recorder(writer, counts, bar, loaded)  # tokens/s counted once the model is loaded
             try:
                 for row in rows:
                     while early:
@@ -171,7 +182,7 @@ def run_batch(input_path: Any, output_path: str | os.PathLike, *, model: Any = N
                 worker.close()
             bar.close()
     return BatchSummary(counts["rows"], counts["skipped"], counts["errors"], counts["tokens"],
-                        time.monotonic() - start)
+                        time.monotonic() - start, load_seconds)
 
 
 def recorder(writer: ResultWriter, counts: dict, bar: Any, start: float) -> Callable[[dict], None]:

@@ -20,16 +20,20 @@ imports Ray until a run starts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import sys
 import warnings
 from collections import deque
-from typing import Any, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import attrs
 
+from refusion.batch.lines import unreadable
+from refusion.batch.output import row_key, row_line
 from refusion.errors import ConfigError, RefusionWarning
 
 #: what a run without Ray says
@@ -57,7 +61,7 @@ def import_ray() -> Any:
     """``ray`` with Ray Data loaded; :class:`ConfigError` (``param="ray"``) saying how to install it if missing."""
     try:
         import ray
-        import ray.data  # noqa: F401  (needs ray[data]: pyarrow, pandas)
+        import ray.data
     except ImportError:
         raise ConfigError(NEEDS_RAY, param="ray") from None
     return ray
@@ -76,10 +80,36 @@ def connect(ray: Any, address: str | None) -> bool:
         check_reachable(address)
         options["address"] = address
     try:
-        ray.init(**options)
+        with quiet_ray_backend():
+            ray.init(**options)
     except ConnectionError as exc:
         raise ConfigError(f"`ray`: cannot connect to the Ray cluster at {address!r}: {exc}", param="ray") from None
     return True
+
+
+@contextlib.contextmanager
+def quiet_ray_backend() -> Iterator[None]:
+    """Around ``ray.init``: keep the C++ log of this process's Ray core worker off stderr, unless the user set
+    ``RAY_BACKEND_LOG_LEVEL``. Ray Data's actor pools always log ``E ... core_worker.cc: Actor ... has constructor
+    arguments in the object store and max_restarts > 0`` (ray-project/ray#53727), a note about Ray's own design,
+    not a failure (failures reach the run as Python exceptions); the level is set to ``fatal``, and the one line
+    the core worker prints about that setting while it starts is sent to /dev/null with the rest of what
+    ``ray.init`` writes to the stderr file descriptor."""
+    if "RAY_BACKEND_LOG_LEVEL" in os.environ:
+        yield
+        return
+    os.environ["RAY_BACKEND_LOG_LEVEL"] = "fatal"
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def check_reachable(address: str, timeout: float = 5.0) -> None:
@@ -214,7 +244,7 @@ class _BatchActor:
     def __call__(self, batch: Mapping[str, Any]) -> dict[str, list]:
         """The batch's result rows as JSON text, one per line."""
         lines = zip((int(n) for n in batch["number"]), (str(t) for t in batch["line"]))
-        results = [json.dumps(row, ensure_ascii=False) for row in self.worker.run(lines)]
+        results = [row_line(row).decode("utf-8") for row in self.worker.run(lines)]
         self.rows += len(results)
         self._ray.get(self.registry.report.remote(self.key, self.rows, *usage()))  # before the rows reach the driver
         return {"result": results}
@@ -233,7 +263,7 @@ class RayRun:
         self._ray, self._early, self._started = ray, early, started
         self._final: list[WorkerInfo] | None = None
         self._source: Iterator[dict] = iter(())
-        self._seen: set[str] = set()  # ids returned so far
+        self._seen: set[str | int] = set()  # rows returned so far, by their key
         self._quiet = logging.getLogger("ray.data")
         self._level = self._quiet.level
         self._quiet.setLevel(logging.CRITICAL)  # Ray Data's notes would cross the progress bar; failures raise
@@ -242,7 +272,7 @@ class RayRun:
             items = []
             for number, text in lines:
                 if text is None:
-                    early.append(_unreadable(number))
+                    early.append(unreadable(number))
                 else:
                     items.append((number, text))
             if items:
@@ -277,7 +307,7 @@ class RayRun:
         finally:
             context.enable_progress_bars = saved
 
-    def __iter__(self) -> "RayRun":
+    def __iter__(self) -> RayRun:
         return self
 
     def __next__(self) -> dict:
@@ -296,8 +326,9 @@ class RayRun:
                 if failure is not None:
                     raise failure from exc
                 raise
-            if row["id"] not in self._seen:
-                self._seen.add(row["id"])
+            key = row_key(row["id"], row["line"])
+            if key not in self._seen:
+                self._seen.add(key)
                 return row
         return self._early.popleft()
 
@@ -330,13 +361,6 @@ class RayRun:
         self._quiet.setLevel(self._level)
         if self._started:
             self._ray.shutdown()
-
-
-def _unreadable(number: int) -> dict:
-    from refusion.batch.output import result_row
-    from refusion.batch.rows import line_id
-
-    return result_row(line_id(number), error=f"row: line {number} is not UTF-8 text or not JSON-able")
 
 
 def run_on_ray(input_path: Any, writer: Any, pending_lines: Iterable[tuple[int, str | None]] | None, *,

@@ -2,7 +2,7 @@
 
 A row is a JSON object with an ``id`` (string or integer), a ``prompt``
 (text or token ids) or chat ``messages`` (``[{"role": ..., "content": ...}]``)
-and optionally ``gen_length``, ``seed``, ``preset``, part names
+and optionally ``gen_length`` (or its OpenAI name ``max_tokens``), ``seed``, ``preset``, part names
 (``partitioner``, ``selector``, ``infiller``, ``reorderer``), ``params`` (part
 parameters, as an object or as ``"key=value"`` strings) and sampling
 (``temperature``, ``top_k``, ``top_p``). Only types, names and the presence of
@@ -14,52 +14,36 @@ a part named by ``"module:Class"`` path is refused unless ``allow_imports``.
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import attrs
 
 from refusion.config.build import PART_KINDS
 from refusion.config.params import parse_param
 from refusion.config.trust import is_import_path, refuse_import_paths
-from refusion.errors import ConfigError
+from refusion.errors import ConfigError, RowError
+from refusion.validators import is_integer, is_number
 
 #: the fields a row may have
-ROW_FIELDS = ("id", "prompt", "messages", "gen_length", "seed", "preset", *PART_KINDS, "params", "temperature",
-              "top_k", "top_p")
+ROW_FIELDS = ("id", "prompt", "messages", "gen_length", "max_tokens", "seed", "preset", *PART_KINDS, "params",
+              "temperature", "top_k", "top_p")
 #: how a trusted user lets rows name classes by module path
 IMPORT_OPT_IN = "Trusted input may allow it with `--allow-imports` (`allow_imports=True`)."
 
 
-class RowError(ConfigError):
-    """A row that cannot be run: ``param`` names its field, ``row_id`` the row (its ``id``, else ``line-N``)."""
-
-    def __init__(self, message: str, *, param: str | None = None, row_id: str | None = None):
-        super().__init__(message, param=param)
-        self.row_id = row_id
-
-    def __reduce__(self):  # keep ``param`` and ``row_id`` across processes (Ray workers)
-        return (_row_error, (str(self), self.param, self.row_id))
-
-
-def _row_error(message: str, param: str | None, row_id: str | None) -> RowError:
-    return RowError(message, param=param, row_id=row_id)
-
-
 @attrs.frozen
 class BatchRow:
-    """A checked row: its ``id``, its ``prompt`` (text, token ids, or the ``messages`` list when ``chat``) and
+    """A checked row: its ``id``, its ``prompt`` (text, token ids, or the ``messages`` list when ``chat``),
     ``options``, the row's own keywords for :meth:`Generator.submit <refusion.generator.Generator.submit>`
-    (``gen_length``, ``seed``, ``preset``, part names, flat part parameters, sampling)."""
+    (``gen_length``, ``seed``, ``preset``, part names, flat part parameters, sampling), and its ``line`` in the
+    input (from 1)."""
 
     id: str
     prompt: Any
     chat: bool
     options: dict
-
-
-def line_id(number: int) -> str:
-    """The id of a row whose own ``id`` cannot be read: ``line-N`` (N counts lines from 1)."""
-    return f"line-{number}"
+    line: int = 0
 
 
 def read_id(value: Any) -> str | None:
@@ -67,7 +51,7 @@ def read_id(value: Any) -> str | None:
     if not isinstance(value, Mapping):
         return None
     given = value.get("id")
-    if isinstance(given, bool) or not isinstance(given, (str, int)) or given == "":
+    if not (is_integer(given) or isinstance(given, str)) or given == "":
         return None
     return str(given)
 
@@ -83,22 +67,21 @@ def peek_id(text: str) -> str | None:
 def parse_line(text: str, number: int, *, allow_imports: bool = False) -> BatchRow:
     """The :class:`BatchRow` of line ``number`` (counted from 1) holding ``text``; :class:`RowError` if it is bad.
 
-    The error's ``row_id`` is the row's ``id`` when it could be read, else
-    ``line-N``; its ``param`` names the field at fault (``row`` when the line
-    is not a JSON object at all).
+    The error's ``row_id`` is the row's ``id`` when it could be read (else
+    ``None``) and its ``line`` is ``number``; its ``param`` names the field at
+    fault (``row`` when the line is not a JSON object at all).
     """
     try:
         value = json.loads(text)
     except (ValueError, RecursionError) as exc:
-        raise RowError(f"line {number} is not valid JSON ({str(exc)[:200]}).", param="row",
-                       row_id=line_id(number)) from None
+        raise RowError(f"line {number} is not valid JSON ({str(exc)[:200]}).", param="row", line=number) from None
     if not isinstance(value, dict):
         raise RowError(f"line {number} must be a JSON object; got {type(value).__name__}.", param="row",
-                       row_id=line_id(number))
+                       line=number)
     row_id = read_id(value)
 
     def fail(field: str, message: str) -> RowError:
-        return RowError(f"`{field}` {message}", param=field, row_id=row_id or line_id(number))
+        return RowError(f"`{field}` {message}", param=field, row_id=row_id, line=number)
 
     for field in value:
         if field not in ROW_FIELDS:
@@ -111,9 +94,11 @@ def parse_line(text: str, number: int, *, allow_imports: bool = False) -> BatchR
     chat = "messages" in value
     prompt = _messages(value["messages"], fail) if chat else _prompt(value["prompt"], fail)
     options: dict[str, Any] = {}
-    for field in ("gen_length", "seed", "top_k"):
+    if "gen_length" in value and "max_tokens" in value:
+        raise fail("max_tokens", "is another name for `gen_length`: give one of them.")
+    for field in ("gen_length", "max_tokens", "seed", "top_k"):
         if field in value:
-            options[field] = _integer(value[field], field, fail)
+            options["gen_length" if field == "max_tokens" else field] = _integer(value[field], field, fail)
     for field in ("temperature", "top_p"):
         if field in value:
             options[field] = _number(value[field], field, fail)
@@ -130,9 +115,9 @@ def parse_line(text: str, number: int, *, allow_imports: bool = False) -> BatchR
         try:
             refuse_import_paths({**options, "params": params}, where=f"row {row_id!r}", opt_in=IMPORT_OPT_IN)
         except ConfigError as exc:
-            raise RowError(str(exc), param=exc.param, row_id=row_id) from None
+            raise RowError(str(exc), param=exc.param, row_id=row_id, line=number) from None
     options.update(params)
-    return BatchRow(row_id, prompt, chat, options)
+    return BatchRow(row_id, prompt, chat, options, number)
 
 
 def _prompt(value: Any, fail: Any) -> Any:
@@ -140,8 +125,7 @@ def _prompt(value: Any, fail: Any) -> Any:
         if not value:
             raise fail("prompt", "is empty.")
         return value
-    if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
-                                                 for t in value):
+    if isinstance(value, list) and value and all(is_integer(t) and t >= 0 for t in value):
         return list(value)
     raise fail("prompt", f"must be text or a non-empty list of token ids (integers >= 0); got {value!r:.80}.")
 
@@ -165,16 +149,16 @@ def _messages(value: Any, fail: Any) -> list[dict]:
 
 
 def _integer(value: Any, field: str, fail: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_integer(value):
         raise fail(field, f"must be an integer; got {value!r:.80}.")
-    if field == "gen_length" and value < 1:
+    if field in ("gen_length", "max_tokens") and value < 1:
         raise fail(field, f"must be an integer >= 1; got {value!r}.")
     return value
 
 
 def _number(value: Any, field: str, fail: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise fail(field, f"must be a number; got {value!r:.80}.")
+    if not is_number(value):
+        raise fail(field, f"must be a finite number; got {value!r:.80}.")
     return value
 
 

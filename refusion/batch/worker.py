@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from typing import Any, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 from refusion.batch.output import result_row
-from refusion.batch.rows import BatchRow, RowError, parse_line
-from refusion.errors import ConfigError
+from refusion.batch.rows import BatchRow, parse_line
+from refusion.errors import ConfigError, RowError, renamed
+from refusion.limits import prompt_chars
 
 #: decoders built for distinct option sets, kept for reuse (rows usually share a few)
 DECODER_CACHE = 64
@@ -42,7 +44,7 @@ class BatchWorker:
     """Runs batch rows on one model with continuous batching.
 
     ``model``: see :func:`load` (loaded once, here). At most ``max_rows``
-    requests decode at once, reserving at most ``max_tokens`` positions
+    requests decode at once, reserving at most ``max_batch_tokens`` positions
     together; a row needing more is an error row. ``decoder_options`` are
     every row's defaults, as :func:`refusion.generate` takes them
     (``preset``, part names, part parameters, sampling, ``seed``,
@@ -51,8 +53,8 @@ class BatchWorker:
     Bad defaults raise :class:`ConfigError` here, before any row is read.
     """
 
-    def __init__(self, model: Any = None, *, max_rows: int = 16, max_tokens: int = 8192, allow_imports: bool = False,
-                 **decoder_options: Any):
+    def __init__(self, model: Any = None, *, max_rows: int = 16, max_batch_tokens: int = 8192,
+                 allow_imports: bool = False, **decoder_options: Any):
         from refusion.generator import Generator
 
         self.model = load(model)
@@ -66,7 +68,7 @@ class BatchWorker:
 
             check_chat(self.model.tokenizer)
         self.defaults = {k: v for k, v in options.items() if v is not None}
-        self.generator = Generator(self.model, max_rows=max_rows, max_tokens=max_tokens,
+        self.generator = Generator(self.model, max_rows=max_rows, max_tokens=max_batch_tokens,
                                    **{k: v for k, v in self.defaults.items() if k != "seed"})
         self.lookahead = max_rows + max(1, max_rows // 2)  # the live rows and a small queue to refill from
         self._decoders: OrderedDict[str, tuple[Any, int | None]] = OrderedDict()
@@ -92,10 +94,21 @@ class BatchWorker:
 
     def prompt_ids(self, row: BatchRow) -> list[int]:
         """The row's prompt as token ids: text encoded (with the chat template if the defaults say ``chat``), ids as
-        they are, ``messages`` through the tokenizer's chat template (none: an error naming ``messages``)."""
+        they are, ``messages`` through the tokenizer's chat template (none: an error naming ``messages``).
+
+        Text (all messages together) longer than
+        :func:`~refusion.limits.prompt_chars` of the model's positions is refused before it is tokenised.
+        """
         from refusion.prompts import check_encodable, check_no_special_text, encode_prompt
 
         tokenizer = self.model.tokenizer
+        field = "messages" if row.chat else "prompt"
+        size = sum(len(m["content"]) for m in row.prompt) if row.chat else \
+            len(row.prompt) if isinstance(row.prompt, str) else 0
+        bound = prompt_chars(getattr(self.model, "max_positions", None))
+        if bound is not None and size > bound:
+            raise ConfigError(f"`{field}` holds {size} characters of text; this model's {self.model.max_positions} "
+                              f"positions take at most {bound} (checked before tokenising).", param=field)
         if not row.chat:
             return encode_prompt(row.prompt, tokenizer, self.chat, allow_special=self.allow_special)
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
@@ -135,7 +148,7 @@ class BatchWorker:
         Closing the iterator early cancels the rows still decoding.
         """
         pending = iter(lines)
-        live: dict[Any, str] = {}  # request -> row id
+        live: dict[Any, tuple[str, int]] = {}  # request -> (row id, line)
         exhausted = False
         try:
             while True:
@@ -145,32 +158,32 @@ class BatchWorker:
                     except StopIteration:
                         exhausted = True
                         break
-                    row_id = None
                     try:
                         row = parse_line(text, number, allow_imports=self.allow_imports)
-                        row_id = row.id
-                        live[self.submit(row)] = row_id
                     except RowError as error:
-                        yield result_row(error.row_id, error=error)
+                        yield result_row(error.row_id, number, error=error)
+                        continue
+                    try:
+                        live[self.submit(row)] = (row.id, number)
                     except ConfigError as error:
-                        yield result_row(row_id, error=error)
+                        yield result_row(row.id, number, error=row_error(error, row))
                 if not live:
                     if exhausted:
                         return
                     continue
                 finished = [event for event in self.generator.step() if event.finished]
                 for event in finished:
-                    row_id = live.pop(event.request)
+                    row_id, line = live.pop(event.request)
                     if event.error is not None:
-                        yield result_row(row_id, error=event.error)
+                        yield result_row(row_id, line, error=event.error)
                     elif event.result is None:
-                        yield result_row(row_id, error="row: cancelled")
+                        yield result_row(row_id, line, error="row: cancelled")
                     else:
-                        yield result_row(row_id, event.result)
+                        yield result_row(row_id, line, event.result)
                 if not finished and self.generator.idle():  # nothing queued or decoding: what is left is stuck
-                    for request, row_id in list(live.items()):
+                    for request, (row_id, line) in list(live.items()):
                         del live[request]
-                        yield result_row(row_id, error=f"row: request stopped as {request.status!r}")
+                        yield result_row(row_id, line, error=f"row: request stopped as {request.status!r}")
         finally:
             for request in live:
                 request.cancel()
@@ -179,8 +192,21 @@ class BatchWorker:
         """Cancel what is still queued or decoding and release the generator."""
         self.generator.close(drain=False)
 
-    def __enter__(self) -> "BatchWorker":
+    def __enter__(self) -> BatchWorker:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+
+#: names the decoder gives a row's inputs -> the row field each comes from
+DECODER_NAMES = {"prompt_ids": "prompt"}
+
+
+def row_error(error: ConfigError, row: BatchRow) -> ConfigError:
+    """``error`` naming the row's own field: the decoder's ``prompt_ids`` is the row's ``prompt`` (``messages`` for
+    a chat row)."""
+    if error.param in DECODER_NAMES:
+        return renamed(error, {error.param: "messages" if row.chat else DECODER_NAMES[error.param]})
+    return error

@@ -31,7 +31,7 @@ from refusion.decoding.protocol import KVSegment
 from refusion.decoding.scores import Scores
 
 
-def _one_row(value: "Scores | torch.Tensor | None") -> "Scores | None":
+def _one_row(value: Scores | torch.Tensor | None) -> Scores | None:
     """One-row Scores from ``(vocab,)`` logits, one-row Scores or a single-row slice of Scores."""
     if value is None:
         return None
@@ -89,7 +89,7 @@ class SequenceCache:
         *,
         anchor: int | None = None,
         continues: bool = False,
-        last_logits: "torch.Tensor | Scores | None" = None,
+        last_logits: torch.Tensor | Scores | None = None,
     ) -> None:
         """Append tokens in cache order.
 
@@ -110,7 +110,7 @@ class SequenceCache:
             return
         start = len(self)
         covered = 0 if kv is None or self.pending else min(len(kv), n)
-        if covered:
+        if covered and kv is not None:
             self.store.append(kv[:covered])
             self.encoded += covered
             self._record(start, start + covered, start if anchor is None else anchor, continues)
@@ -129,7 +129,7 @@ class SequenceCache:
         self.last_scores = None
 
     # -- used by engines -------------------------------------------------------
-    def mark_encoded(self, last_scores: "Scores | torch.Tensor | None") -> None:
+    def mark_encoded(self, last_scores: Scores | torch.Tensor | None) -> None:
         """Record that the pending entries were just encoded causally (the engine put them in the store).
 
         ``last_scores``: the model's output at the last entry (logits of shape
@@ -203,7 +203,7 @@ class CacheEditor:
         return self._cache.last_position
 
     def append(self, tokens, positions, kv: KVSegment | None = None, *, anchor: int | None = None,
-               continues: bool = False, last_logits: "torch.Tensor | Scores | None" = None) -> None:
+               continues: bool = False, last_logits: torch.Tensor | Scores | None = None) -> None:
         """See :meth:`SequenceCache.append`."""
         length, encoded = len(self._cache), self._cache.encoded
         self._cache.append(tokens, positions, kv, anchor=anchor, continues=continues, last_logits=last_logits)

@@ -133,13 +133,14 @@ class PreallocatedKV:
         self.free(source)
 
     def write(self, row: int, start: int, kv: torch.Tensor, counters: Counters | None = None) -> None:
-        """Write ``kv`` of shape ``(layers, 2, heads, n, dim)`` into row ``row`` at slots ``start:start+n`` (one copy)."""
+        """Write ``kv`` of shape ``(layers, 2, heads, n, dim)`` into row ``row`` at slots ``start:start+n`` (one
+        copy)."""
         n = kv.shape[3]
         self.ensure_capacity(start + n)
         self.data[:, :, row, :, start : start + n] = kv
         (counters or self.counters).copied(new=n * self.token_bytes)
 
-    def row(self, index: int, counters: Counters | None = None) -> "RowStore":
+    def row(self, index: int, counters: Counters | None = None) -> RowStore:
         return RowStore(self, index, counters)
 
 

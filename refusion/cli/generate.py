@@ -7,7 +7,16 @@ import json
 import sys
 from typing import Any
 
-from refusion.cli.options import add_decoding_options, add_model_options, add_prompt_options, decode, load, prompts
+from refusion.cli.options import (
+    add_decoding_options,
+    add_model_options,
+    add_prompt_options,
+    check_decoding,
+    decode,
+    integer,
+    load,
+    prompts,
+)
 from refusion.errors import ConfigError
 
 
@@ -26,8 +35,10 @@ def result_json(result: Any) -> dict:
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    texts = prompts(args)
+    check_decoding(args)  # a bad part, parameter or length before the model loads
     model = load(args)
-    for result in decode(args, prompts(args), model):
+    for result in decode(args, texts, model):
         if args.json:
             print(json.dumps(result_json(result)))
         else:
@@ -61,6 +72,7 @@ def run_visualize(args: argparse.Namespace) -> int:
                               param="--sequence")
         result = results[args.sequence]
     else:
+        check_decoding(args)
         model = load(args)
         args.prompt = [args.prompt]
         (result,) = decode(args, prompts(args), model)
@@ -96,7 +108,7 @@ def add_parsers(sub: Any) -> None:
     vis.add_argument("prompt", nargs="?", default=None, help="prompt text (or token ids with --ids)")
     vis.add_argument("--from-trace", default=None, metavar="FILE",
                      help="draw a decode read from a trace file (generate --trace) instead of decoding a prompt")
-    vis.add_argument("--sequence", type=int, default=0, help="with --from-trace: which sequence of a batch (default 0)")
+    vis.add_argument("--sequence", type=integer(0), default=0, help="with --from-trace: which sequence of a batch (default 0)")
     add_prompt_options(vis)
     vis.add_argument("--out", default=None, help="PNG file to write (default: trace.png unless --gif/--html is given)")
     vis.add_argument("--gif", default=None, help="also write an animated GIF, one frame per iteration")

@@ -4,23 +4,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
-from refusion.cli.options import add_model_options, load, model_settings, write_record
+from refusion.cli.options import add_model_options, integer, load, model_settings, write_record
 from refusion.errors import ConfigError
+from refusion.limits import MAX_EXAMPLES, MAX_GEN_LENGTH, MAX_PER_TASK
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from refusion.config import load_preset, preset as get_preset
+    from refusion.config import load_preset
+    from refusion.config import preset as get_preset
     from refusion.decoding.decoder import Decoder
-    from refusion.measure.bench import AR_METHOD, run_bench as bench, table
+    from refusion.measure.bench import AR_METHOD, table
+    from refusion.measure.bench import run_bench as bench
     from refusion.training.tasks import held_out
 
     if args.cost_model is not None:
         from refusion.measure.costmodel import parse
 
         parse(args.cost_model)  # before any work
-    check_bench_options(args)
     files = [(f"file {f}", load_preset(f)) for f in args.preset_file or ()]  # bad files refused before any work
     names = args.method or ([] if files else ["model", "ar", "fast-dllm"])
     for name in names:  # unknown presets are refused before the model loads
@@ -64,51 +67,33 @@ def _fits(name: str, decoder: Any, gen_length: int) -> Any:
     return decoder
 
 
-def check_bench_options(args: argparse.Namespace) -> None:
-    """Every numeric option of ``refusion bench`` in range (:mod:`refusion.measure.limits`), before any work."""
-    from refusion.measure.limits import MAX_GEN_LENGTH, integer
-    from refusion.training.tasks import MAX_PER_TASK, TASKS
-
-    integer("--per-task", args.per_task, 1, MAX_PER_TASK, f"held-out examples per task; {len(TASKS)} tasks")
-    integer("--gen-length", args.gen_length, 1, MAX_GEN_LENGTH, "tokens generated per prompt")
-    check_model_flags(args)
-
-
-def check_model_flags(args: argparse.Namespace) -> None:
-    """The numeric model flags (token ids, block length) in range, before the model loads."""
-    from refusion.measure.limits import MAX_GEN_LENGTH, integer
-
-    if getattr(args, "mask_token_id", None) is not None:
-        integer("--mask-token-id", args.mask_token_id, 0, MAX_TOKEN_ID, "a token id")
-    for token in getattr(args, "eos_token_id", None) or ():
-        integer("--eos-token-id", token, 0, MAX_TOKEN_ID, "a token id")
-    if getattr(args, "model_block_length", None) is not None:
-        integer("--model-block-length", args.model_block_length, 1, MAX_GEN_LENGTH)
-
-
-#: token ids on the command line lie below 2**31
-MAX_TOKEN_ID = 2**31 - 1
-
-
 def run_eval(args: argparse.Namespace) -> int:
-    from refusion.measure.limits import MAX_EXAMPLES, integer
-
-    if args.limit is not None:
-        integer("--limit", args.limit, 1, MAX_EXAMPLES, "examples per task")
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if not tasks:
         raise ConfigError(f"`--tasks` must name at least one task; got {args.tasks!r}.", param="--tasks")
+    if args.log_samples and args.output_path is None:
+        raise ConfigError("`--log-samples` needs `--output-path` (the samples are written there), as in lm-eval.",
+                          param="--log-samples")
     try:
-        from refusion.measure.lmeval import evaluate
+        from refusion.measure.lmeval import evaluate, make_tables
     except ImportError as exc:
         raise ConfigError(f"`refusion eval` needs lm-evaluation-harness: pip install 'refusion[eval]' ({exc}).",
                           param="tasks") from None
+    model_args = args.model_args
+    if args.batch_size is not None:
+        model_args = ",".join(filter(None, [model_args, f"batch_size={args.batch_size}"]))
     try:
-        results = evaluate(tasks, model_args=args.model_args, include_path=args.include_path, limit=args.limit)
+        results = evaluate(tasks, model_args=model_args, include_path=args.include_path, limit=args.limit,
+                           num_fewshot=args.num_fewshot, apply_chat_template=args.apply_chat_template,
+                           log_samples=args.log_samples, output_path=args.output_path)
     except KeyError as exc:  # lm-eval's "not a registered task" and friends
         raise ConfigError(f"`--tasks` {args.tasks!r}: {exc.args[0] if exc.args else exc}", param="--tasks") from None
-    scores = results["results"]
-    print(json.dumps(scores, indent=None if args.json else 2, default=str))
+    if args.output_path is not None:
+        print(f"refusion: results written under {args.output_path}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(results["results"], default=str))
+    else:
+        print(make_tables(results))
     if args.record:
         write_record(results["refusion_record"], args.record, False)
     return 0
@@ -130,12 +115,13 @@ def add_parsers(sub: Any) -> None:
                            description="Decode the synthetic held-out tasks with AR (transformers generate) and the "
                            "named presets ('model' = the checkpoint's refusion.json); print accuracy, forwards, "
                            "tokens per forward, wall time and ratios to AR.")
-    bench.add_argument("--per-task", type=int, default=10, help="held-out examples per task, 1 to 1000 (default 10)")
+    bench.add_argument("--per-task", type=integer(1, MAX_PER_TASK, "held-out examples per task"), default=10,
+                       help="held-out examples per task, 1 to 1000 (default 10)")
     bench.add_argument("--method", action="append", default=None, metavar="PRESET",
                        help="a preset to measure (repeatable; default: model, ar, fast-dllm)")
     bench.add_argument("--preset-file", action="append", default=None, metavar="FILE",
                        help="also measure the decoder spec in this JSON file, e.g. a sweep's preset.json (repeatable)")
-    bench.add_argument("--gen-length", type=int, default=32,
+    bench.add_argument("--gen-length", type=integer(1, MAX_GEN_LENGTH), default=32,
                        help="tokens to generate per prompt, 1 to 65536 and within the model's positions (default 32)")
     bench.add_argument("--json", action="store_true",
                        help="print a reproducible record as JSON: rows, outputs, environment, decoder specs")
@@ -149,12 +135,23 @@ def add_parsers(sub: Any) -> None:
 
     ev = sub.add_parser("eval", help="run lm-evaluation-harness tasks with a refusion strategy",
                         description="Run EleutherAI lm-evaluation-harness tasks with the `refusion` model type "
-                        "(needs `pip install refusion[eval]`).")
+                        "(needs `pip install refusion[eval]`) and print lm-eval's results table. The flags are "
+                        "lm-eval's own (`lm_eval --model refusion ...`).")
     ev.add_argument("--tasks", required=True, help="comma-separated task names")
     ev.add_argument("--model-args", default="", help="e.g. pretrained=DIR,preset=gsm8k,selector=topk,k=2")
     ev.add_argument("--include-path", default=None, help="directory with extra task YAML files")
-    ev.add_argument("--limit", type=int, default=None, help="examples per task (1 to 100000)")
-    ev.add_argument("--json", action="store_true", help="compact JSON")
+    ev.add_argument("--limit", type=integer(1, MAX_EXAMPLES), default=None, help="examples per task (1 to 100000)")
+    ev.add_argument("--num-fewshot", type=integer(0), default=None,
+                    help="few-shot examples in each prompt (default: the task's own)")
+    ev.add_argument("--batch-size", type=integer(1), default=None,
+                    help="prompts decoded together (default 1; the same as batch_size= in --model-args)")
+    ev.add_argument("--output-path", default=None, metavar="DIR",
+                    help="write lm-eval's results JSON (and, with --log-samples, each task's samples) under DIR")
+    ev.add_argument("--log-samples", action="store_true", help="also write every prompt and answer (needs "
+                    "--output-path)")
+    ev.add_argument("--apply-chat-template", action="store_true",
+                    help="wrap each prompt in the tokenizer's chat template (multi-turn few-shot, as lm-eval does)")
+    ev.add_argument("--json", action="store_true", help="print the scores as compact JSON instead of the table")
     ev.add_argument("--record", default=None, metavar="FILE",
                     help="write the run's reproducible record (environment, decoder spec, settings) to FILE")
     ev.set_defaults(func=run_eval)

@@ -1,14 +1,69 @@
-"""What every command shares: the model flags, the decoding flags, prompts, records."""
+"""What every command shares: the model flags, the decoding flags, prompts, records, and the flags' types.
+
+Every number a flag takes is checked by its argparse ``type`` (:func:`integer`,
+:func:`number`) against :mod:`refusion.limits` while the command line is
+parsed, before anything heavy is imported: a bad value is refused in a
+fraction of a second, naming the flag (``argument --port: must be an integer
+in [1, 65535]; got 70000``).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from refusion.config import PART_KINDS, PRESETS
 from refusion.config.params import parse_param
 from refusion.errors import ConfigError
+from refusion.limits import MAX_GEN_LENGTH, MAX_TOKEN_ID
+from refusion.validators import check_integer, check_number
+
+#: the largest sampling seed (a decode's generator takes 64 bits)
+MAX_SEED = 2**64 - 1
+
+
+def _argument_error(error: ConfigError) -> argparse.ArgumentTypeError:
+    """A validator's error as argparse's (which prefixes the flag): ```value` must be ...`` -> ``must be ...``."""
+    return argparse.ArgumentTypeError(str(error).removeprefix("`value` ").rstrip("."))
+
+
+def integer(low: int | None = None, high: int | None = None, why: str = "") -> Callable[[str], int]:
+    """An argparse ``type``: an integer in ``[low, high]`` (either bound may be ``None``)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        try:
+            return check_integer("value", value, low, high, why)
+        except ConfigError as exc:
+            raise _argument_error(exc) from None
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def number(low: float | None = None, high: float | None = None, *, low_open: bool = False,
+           why: str = "") -> Callable[[str], float]:
+    """An argparse ``type``: a finite number in ``[low, high]`` (``(low, high]`` with ``low_open``); NaN and
+    infinities are refused."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+        try:
+            return check_number("value", value, low, high, low_open=low_open, why=why)
+        except ConfigError as exc:
+            raise _argument_error(exc) from None
+
+    parse.__name__ = "number"
+    return parse
 
 
 def _param(text: str) -> tuple[str, Any]:
@@ -26,14 +81,16 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                        "their config.json (default: the model shipped with refusion)")
     group.add_argument("--device", default=None, help="torch device for the model, e.g. cuda")
     group.add_argument("--dtype", default="auto", help="model dtype: auto, float32, bfloat16, ...")
-    group.add_argument("--mask-token-id", type=int, default=None, help="mask token id, if the checkpoint does not say")
-    group.add_argument("--eos-token-id", type=int, action="append", default=None, help="EOS id (repeatable)")
+    group.add_argument("--mask-token-id", type=integer(0, MAX_TOKEN_ID), default=None,
+                       help="mask token id, if the checkpoint does not say")
+    group.add_argument("--eos-token-id", type=integer(0, MAX_TOKEN_ID), action="append", default=None,
+                       help="EOS id (repeatable)")
     group.add_argument("--adapter", default=None,
                        help="for architectures outside the supported families only: hf-causal (causal LMs), hf-mdm "
                        "(bidirectional MDMs) or hf-block (block diffusion); default: recognised from config.json")
     group.add_argument("--logit-shift", type=int, default=None, choices=(0, 1),
                        help="with --adapter hf-mdm: 0 = LLaDA-style, 1 = Dream-style (logits predict the next position)")
-    group.add_argument("--model-block-length", type=int, default=None, metavar="N",
+    group.add_argument("--model-block-length", type=integer(1, MAX_GEN_LENGTH), default=None, metavar="N",
                        help="block length of a block-diffusion model (SDAR: config.json's block_size, else 4)")
     group.add_argument("--trust-remote-code", action="store_true", default=False,
                        help="run the checkpoint's own code (only for architectures outside the supported families)")
@@ -55,14 +112,15 @@ def model_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 #: decoding flags that set a spec parameter: flag, parameter, argparse keywords
 PARAMETER_FLAGS = (
-    ("--slot-size", "slot_size", dict(type=int, help="tokens per slot (partitioner `slot_size`)")),
-    ("--serial-blocks", "serial_num_blocks", dict(type=int, help="serial blocks (partitioner `serial_num_blocks`)")),
-    ("--slot-threshold", "slot_threshold", dict(type=float, help="selector `slot_threshold` in [0, 1]")),
-    ("--token-threshold", "token_threshold", dict(type=float, help="infiller `token_threshold` in [0, 1]")),
-    ("--temperature", "temperature", dict(type=float, help="sampling temperature for drafts (0 = greedy)")),
-    ("--top-k", "top_k", dict(type=int, help="sample among the k most likely tokens")),
-    ("--top-p", "top_p", dict(type=float, help="sample within the top-p probability mass")),
-    ("--seed", "seed", dict(type=int, help="seed of the sampling (each prompt has its own generator)")),
+    ("--slot-size", "slot_size", dict(type=integer(1), help="tokens per slot (partitioner `slot_size`)")),
+    ("--serial-blocks", "serial_num_blocks", dict(type=integer(1),
+                                                  help="serial blocks (partitioner `serial_num_blocks`)")),
+    ("--slot-threshold", "slot_threshold", dict(type=number(), help="selector `slot_threshold` in [0, 1]")),
+    ("--token-threshold", "token_threshold", dict(type=number(), help="infiller `token_threshold` in [0, 1]")),
+    ("--temperature", "temperature", dict(type=number(), help="sampling temperature for drafts (0 = greedy)")),
+    ("--top-k", "top_k", dict(type=integer(0), help="sample among the k most likely tokens")),
+    ("--top-p", "top_p", dict(type=number(), help="sample within the top-p probability mass")),
+    ("--seed", "seed", dict(type=integer(0, MAX_SEED), help="seed of the sampling (each prompt has its own generator)")),
     ("--engine", "engine", dict(help="what runs the model calls: branch (batched, shared-prefix branches), repeat "
                                      "(the reference's), canvas (bidirectional models), block (block diffusion); "
                                      "default: the best for the model")),
@@ -77,10 +135,12 @@ def add_decoding_options(parser: argparse.ArgumentParser) -> None:
                             "llada, dream, sdar; paper otherwise)")
     group.add_argument("--preset-file", default=None, metavar="FILE",
                        help="a decoder spec file, e.g. the preset.json `refusion sweep` writes (instead of --preset)")
-    group.add_argument("--gen-length", type=int, default=None,
+    group.add_argument("--gen-length", "--max-tokens", dest="gen_length", type=integer(1, MAX_GEN_LENGTH),
+                       default=None,
                        help="tokens to generate, exactly (the last slot or block may be shorter; a length the "
-                       "partitioner cannot split is refused with the nearest allowed ones). Default: the preset's, "
-                       "shortened to fit the model's positions (the shipped model has 128) with a note")
+                       "partitioner cannot split is refused with the nearest allowed ones); --max-tokens is the same "
+                       "flag under OpenAI's and vLLM's name. Default: the preset's, shortened to fit the model's "
+                       "positions (the shipped model has 128) with a note")
     for kind in PART_KINDS:
         group.add_argument(f"--{kind}", default=None, help=f"{kind} name (`refusion plugins` lists them)")
     for flag, _, options in PARAMETER_FLAGS:
@@ -108,6 +168,7 @@ def decoding_params(args: argparse.Namespace) -> dict[str, Any]:
             if getattr(args, key, None) is not None:
                 raise ConfigError(f"`{key}` is given twice (as an option and as -p {key}=...); keep one.", param=key)
             setattr(args, key, params.pop(key))
+    args.param = list(params.items())  # moved keys are options now: a second call sees them once
     flags = [(flag.lstrip("-").replace("-", "_"), key) for flag, key, _ in PARAMETER_FLAGS]
     for dest, key in [*flags, ("stop_at_eos", "stop_at_eos")]:
         if getattr(args, dest, None) is not None:
@@ -138,6 +199,37 @@ def prompts(args: argparse.Namespace) -> list[Any]:
             raise ConfigError(f"`prompt` with --ids must be comma-separated integers; got {args.prompt!r}.",
                               param="prompt") from None
     return given
+
+
+def check_decoding(args: argparse.Namespace) -> None:
+    """Build the decoder the decoding flags describe, without a model, so that a bad part name, parameter or
+    ``--gen-length`` is refused before the model loads. Under ``--preset`` (or ``--preset-file``), else the
+    checkpoint's own preset (a local checkpoint's ``refusion.json``, read without loading the model). Without
+    either, the decoder depends on the model (a hub checkpoint's files, its family's default), and so does a
+    peer's preset (``--preset sdar`` translates its arguments against the model): those are checked once the
+    model is loaded."""
+    from refusion.api import build_decoder
+    from refusion.config import preset as named_preset
+    from refusion.models.loading import read_model_preset
+
+    params = decoding_params(args)
+    parts = {kind: getattr(args, kind) for kind in PART_KINDS if getattr(args, kind, None) is not None}
+    preset = chosen_preset(args)
+    if preset is None and Path(model_path(args)).is_dir():
+        preset = read_model_preset(model_path(args), trust_remote_code=getattr(args, "trust_remote_code", False))
+    spec = named_preset(preset) if isinstance(preset, str) else preset
+    if spec is None or spec.peer is not None:
+        return
+    decoder, _ = build_decoder(None, preset=preset, **parts, **params)
+    if getattr(args, "gen_length", None) is not None:
+        decoder.partition(args.gen_length)
+
+
+def model_path(args: argparse.Namespace) -> str:
+    """The checkpoint directory ``--model`` names (default: the shipped model's)."""
+    from refusion.models.default import default_model_path
+
+    return args.model if getattr(args, "model", None) is not None else str(default_model_path())
 
 
 def decode(args: argparse.Namespace, texts: list[Any], model: Any) -> list[Any]:
@@ -171,11 +263,6 @@ def add_trust_options(parser: Any, *, what: str) -> None:
     parser.add_argument("--allow-special-tokens", action="store_true", default=False,
                         help=f"let the text of {what} name special tokens (e.g. <|endoftext|>), which become their "
                         "ids (refused by default)")
-
-
-def at_least(flag: str, value: int, low: int) -> None:
-    if value < low:
-        raise ConfigError(f"`{flag}` must be an integer >= {low}; got {value}.", param=flag)
 
 
 def write_record(record: dict, path: str | None, to_stdout: bool) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 def run_plugins(args: argparse.Namespace) -> int:
     from refusion.plugins.registry import registry
 
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "kind": r.kind, "name": r.name, "class": f"{r.cls.__module__}.{r.cls.__qualname__}",
             "source": r.source, "package": r.package, "plugin": r.plugin, "parameters": r.parameters(),

@@ -7,29 +7,31 @@ import json
 import sys
 from typing import Any
 
-from refusion.cli.options import add_model_options, load
+from refusion.cli.options import add_model_options, integer, load, number
 from refusion.config import PRESETS
 from refusion.errors import ConfigError
+from refusion.limits import MAX_EXAMPLES, MAX_GEN_LENGTH, MAX_MINUTES, MAX_TRIALS, SEED_LIMIT
 
 
-def run_sweep(args: argparse.Namespace) -> int:
-    from refusion.search.run import plan_sweep, run_plan
+def run_sweep_command(args: argparse.Namespace) -> int:
+    from refusion.sweep.run import SweepOptions, plan_sweep, run_plan
 
     tasks: Any = args.tasks
-    options = {k: getattr(args, k) for k in ("limit", "include_path", "metric") if getattr(args, k) is not None}
+    harness = {k: getattr(args, k) for k in ("limit", "include_path", "metric") if getattr(args, k) is not None}
     if tasks.startswith("lm-eval:"):
-        from refusion.search.harness import parse_harness
+        from refusion.sweep.harness import parse_harness
 
-        tasks = parse_harness(tasks, **options)
-    elif options:
-        flag = next(iter(options))
+        tasks = parse_harness(tasks, **harness)
+    elif harness:
+        flag = next(iter(harness))
         raise ConfigError(f"`--{flag.replace('_', '-')}` is for --tasks lm-eval:TASK; got --tasks {tasks}.", param=flag)
-    plan = plan_sweep(args.space, tasks, preset=args.preset, space_file=args.space_file, mode=args.mode,
-                      trials=args.trials, minutes=args.minutes, objective=args.objective, gen_length=args.gen_length,
-                      seed=args.seed, max_accuracy_drop=args.max_accuracy_drop)  # every input, before the model loads
+    options = SweepOptions(preset=args.preset, space_file=args.space_file, mode=args.mode, trials=args.trials,
+                           minutes=args.minutes, objective=args.objective, gen_length=args.gen_length, seed=args.seed,
+                           max_accuracy_drop=args.max_accuracy_drop)
+    plan = plan_sweep(args.space, tasks, options, out=args.out)  # every input, before the model loads
     result = run_plan(plan, model=load(args), out=args.out, storage=args.storage, study=args.study,
                       progress=not args.json, plot=not args.no_plot)
-    from refusion.search.outputs import describe_point
+    from refusion.sweep.outputs import describe_point
 
     if args.json:
         row = lambda r: {"trial": r.number, "point": r.point, **r.metrics}  # noqa: E731
@@ -40,7 +42,8 @@ def run_sweep(args: argparse.Namespace) -> int:
     else:
         print(f"{result.mode} sweep: {len(result.records)} trials in the study ({result.new_trials} new); AR accuracy "
               f"{result.ar['accuracy']:.1%}, {result.ar['forwards']} forwards")
-        print(f"{'trial':>5} {'acc':>6} {'forwards':>8} {'tok/fwd':>7} {'fwd ratio':>9} {'speed-up':>8}  point (Pareto front)")
+        print(f"{'trial':>5} {'acc':>6} {'forwards':>8} {'tok/fwd':>7} {'fwd ratio':>9} {'speed-up':>8}  "
+              "point (Pareto front)")
         for r in result.front:
             mark = "*" if r is result.chosen else " "
             print(f"{r.number:>5} {r['accuracy']:>6.1%} {r['forwards']:>8} {r['tokens_per_forward']:>7.2f} "
@@ -67,27 +70,29 @@ def add_parsers(sub: Any) -> None:
     sw.add_argument("--tasks", default="held-out",
                     help="held-out, held-out:N (N per shipped task), a .jsonl file of prompt/answer objects, or "
                     "lm-eval:TASK[,TASK] (lm-evaluation-harness tasks; needs refusion[eval])")
-    sw.add_argument("--limit", type=int, default=None, help="with lm-eval tasks: examples per task (1 to 100000)")
+    sw.add_argument("--limit", type=integer(1, MAX_EXAMPLES), default=None,
+                    help="with lm-eval tasks: examples per task (1 to 100000)")
     sw.add_argument("--include-path", default=None, help="with lm-eval tasks: a directory of task YAML files")
     sw.add_argument("--metric", default=None, help="with lm-eval tasks: the metric to maximise (default: the first)")
     sw.add_argument("--preset", default=None, choices=["model", *sorted(PRESETS)],
                     help="the preset the space varies (default: the checkpoint's refusion.json)")
-    sw.add_argument("--gen-length", type=int, default=None,
+    sw.add_argument("--gen-length", type=integer(1, MAX_GEN_LENGTH), default=None,
                     help="tokens to generate, 1 to 65536 and within the model's positions (default: the preset's)")
     sw.add_argument("--mode", default="auto", choices=("auto", "grid", "optuna"),
                     help="grid (at most 100000 points), optuna, or auto (grid up to 64 points)")
-    sw.add_argument("--trials", type=int, default=None,
+    sw.add_argument("--trials", type=integer(1, MAX_TRIALS), default=None,
                     help="trials in the study, earlier runs included (1 to 100000)")
-    sw.add_argument("--minutes", type=float, default=None, help="time budget of this run (> 0, at most 43200)")
+    sw.add_argument("--minutes", type=number(0, MAX_MINUTES, low_open=True), default=None,
+                    help="time budget of this run (> 0, at most 43200)")
     sw.add_argument("--objective", default="forwards", choices=("forwards", "wall"),
                     help="what to minimise besides maximising accuracy (wall = seconds per token)")
     sw.add_argument("--out", default="sweep-out", help="output directory (default sweep-out)")
     sw.add_argument("--storage", default=None, help="SQLite file of the trials (default OUT/sweep.db)")
     sw.add_argument("--study", default="refusion-sweep", help="study name inside the storage")
-    sw.add_argument("--seed", type=int, default=0, help="seed of optuna's sampler (0 to 2**32-1)")
-    sw.add_argument("--max-accuracy-drop", type=float, default=0.0,
+    sw.add_argument("--seed", type=integer(0, SEED_LIMIT - 1), default=0, help="seed of optuna's sampler (0 to 2**32-1)")
+    sw.add_argument("--max-accuracy-drop", type=number(0, 1), default=0.0,
                     help="the chosen preset is the fastest front point within this much of AR's accuracy (0 to 1)")
     sw.add_argument("--no-plot", action="store_true", help="skip the PNG")
     sw.add_argument("--json", action="store_true", help="print the front, the chosen point and the files as JSON")
     add_model_options(sw)
-    sw.set_defaults(func=run_sweep)
+    sw.set_defaults(func=run_sweep_command)

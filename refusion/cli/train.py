@@ -4,24 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-from pathlib import Path
 from typing import Any
 
-from refusion.cli.options import at_least
-from refusion.errors import ConfigError
-
-
-def check_output_dir(path: Any, param: str = "out") -> None:
-    """Refuse an output directory that is an existing file or cannot be created (checks only, creates nothing)."""
-    if not isinstance(path, (str, Path)) or not str(path):
-        raise ConfigError(f"`{param}` must be a directory path; got {path!r}.", param=param)
-    out = Path(path)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"`{param}` {str(path)!r} is an existing file; name a directory (it is created if missing).", param=param)
-    existing = next((p for p in (out, *out.parents) if p.exists()), Path("."))
-    if not existing.is_dir() or not os.access(existing, os.W_OK):
-        raise ConfigError(f"`{param}` {str(path)!r} cannot be created: {str(existing)!r} is not a writable directory.", param=param)
+from refusion.cli.options import integer
+from refusion.files import check_output_dir
+from refusion.limits import MAX_THREADS, SEED_LIMIT
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -30,9 +17,6 @@ def run_train(args: argparse.Namespace) -> int:
 
     from refusion.training.trainer import TrainConfig, train
 
-    for flag, value in (("--threads", args.threads), ("--steps", args.steps), ("--batch-size", args.batch_size)):
-        if value is not None:
-            at_least(flag, value, 1)
     check_output_dir(args.out, "--out")  # before 30 minutes of training, not after
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -49,9 +33,11 @@ def add_parsers(sub: Any) -> None:
         description="Train the Qwen3-architecture ReFusion model that ships with refusion (defaults reproduce it).",
     )
     train.add_argument("--out", required=True, help="output directory (weights, config, tokenizer)")
-    train.add_argument("--seed", type=int, default=0, help="seed of the data, masks and initial weights")
-    train.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the shipped model's)")
-    train.add_argument("--batch-size", type=int, default=None, help="examples per step")
-    train.add_argument("--threads", type=int, default=None, help="torch threads (weights are reproducible per count)")
+    train.add_argument("--seed", type=integer(0, SEED_LIMIT - 1), default=0,
+                       help="seed of the data, masks and initial weights")
+    train.add_argument("--steps", type=integer(1), default=None, help="optimizer steps (default: the shipped model's)")
+    train.add_argument("--batch-size", type=integer(1), default=None, help="examples per step")
+    train.add_argument("--threads", type=integer(1, MAX_THREADS), default=None,
+                       help="torch threads (weights are reproducible per count)")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     train.set_defaults(func=run_train)

@@ -7,7 +7,8 @@ listing the names (``sorted(PRESETS)``) imports no part.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from refusion.config.build import PART_KINDS
 from refusion.config.spec import DecoderSpec

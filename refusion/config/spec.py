@@ -19,15 +19,16 @@ is the one way from a spec to a decoder; :meth:`DecoderSpec.of` goes back.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, cast
 
 import attrs
 
 from refusion.config.build import PART_KINDS, build_part, class_path, part_parameters
 from refusion.errors import ConfigError, UnknownNameError
-from refusion.validators import is_number
-from refusion.measure.limits import MAX_GEN_LENGTH, shown
+from refusion.limits import MAX_GEN_LENGTH
+from refusion.validators import is_number, shown
 
 #: the decoder's own options, besides its parts and sampler (``Decoder`` fields of the same names)
 DECODER_OPTIONS = ("engine", "seed", "stop_at_eos", "cfg_scale", "calls_per_token", "batch_invariant")
@@ -79,7 +80,7 @@ class PartSpec:
     instance: Any = attrs.field(default=None, eq=False, repr=False)
 
     @classmethod
-    def of(cls, kind: str, part: Any) -> "PartSpec":
+    def of(cls, kind: str, part: Any) -> PartSpec:
         """A spec for ``part``: a name or ``"module:Class"`` string, a class, or an instance."""
         if isinstance(part, PartSpec):
             return part
@@ -139,7 +140,7 @@ class SamplerSpec:
                 from None
 
     @classmethod
-    def of(cls, sample: Any) -> "SamplerSpec":
+    def of(cls, sample: Any) -> SamplerSpec:
         from refusion.decoding.sampling import SAMPLERS, Greedy, greedy
 
         if sample is greedy:
@@ -148,7 +149,7 @@ class SamplerSpec:
             return cls() if sample.fused else cls("greedy", attrs.asdict(sample))
         for name, kind in SAMPLERS.items():
             if type(sample) is kind:
-                return cls(name, attrs.asdict(sample))
+                return cls(name, attrs.asdict(cast(Any, sample)))
         return cls(class_path(type(sample)), instance=sample)
 
 
@@ -200,15 +201,16 @@ class DecoderSpec:
     # -- construction ----------------------------------------------------------
     @classmethod
     def of_parts(cls, partitioner: Any = "fixed", selector: Any = "threshold", infiller: Any = "parallel-ar",
-                 reorderer: Any = "commit-order", **fields: Any) -> "DecoderSpec":
+                 reorderer: Any = "commit-order", **fields: Any) -> DecoderSpec:
         """A spec from part names, classes or instances (parameters then go through :meth:`with_params`)."""
         parts = dict(partitioner=partitioner, selector=selector, infiller=infiller, reorderer=reorderer)
-        return cls(**{kind: PartSpec.of(kind, part) for kind, part in parts.items()}, **fields)
+        specs: dict[str, Any] = {kind: PartSpec.of(kind, part) for kind, part in parts.items()}
+        return cls(**specs, **fields)
 
     @classmethod
-    def of(cls, decoder: Any) -> "DecoderSpec":
+    def of(cls, decoder: Any) -> DecoderSpec:
         """The spec of a live :class:`~refusion.decoding.decoder.Decoder` (its parts' fields are their parameters)."""
-        parts = {kind: PartSpec.of(kind, getattr(decoder, kind)) for kind in PART_KINDS}
+        parts: dict[str, Any] = {kind: PartSpec.of(kind, getattr(decoder, kind)) for kind in PART_KINDS}
         options = {name: getattr(decoder, name) for name in DECODER_OPTIONS}
         return cls(**parts, sampler=SamplerSpec.of(decoder.sample), **options)
 
@@ -216,10 +218,10 @@ class DecoderSpec:
         return {kind: getattr(self, kind) for kind in PART_KINDS}
 
     # -- the one merge rule -------------------------------------------------------
-    def with_parts(self, **names: Any) -> "DecoderSpec":
+    def with_parts(self, **names: Any) -> DecoderSpec:
         """Replace parts (names, classes or instances; ``None`` keeps the spec's). A part whose name changes loses
         its parameters; the sampler and the decoder options stay."""
-        changed = {}
+        changed: dict[str, Any] = {}
         for kind, part in names.items():
             if kind not in PART_KINDS:
                 raise ConfigError(f"`{kind}` is not a part; parts are {', '.join(PART_KINDS)}.", param=kind)
@@ -230,7 +232,7 @@ class DecoderSpec:
                 changed[kind] = new
         return attrs.evolve(self, **changed)
 
-    def with_params(self, params: Mapping[str, Any]) -> "DecoderSpec":
+    def with_params(self, params: Mapping[str, Any]) -> DecoderSpec:
         """Set parameters: decoder options (``seed``, ``engine``, ...), ``gen_length``, the sampler (``sampler``,
         ``temperature``, ``top_k``, ``top_p``; a temperature on a greedy spec samples categorically), or part
         parameters: ``"kind.key"`` for one part, a bare ``key`` for every part that declares it. An unknown key
@@ -295,7 +297,7 @@ class DecoderSpec:
         return attrs.evolve(self, sampler=sampler, **fields)
 
     def merged(self, parts: Mapping[str, Any] | None = None, params: Mapping[str, Any] | None = None, *,
-               model: Any = None) -> "DecoderSpec":
+               model: Any = None) -> DecoderSpec:
         """The spec with ``parts`` replaced, then ``params`` set (see :meth:`with_parts`, :meth:`with_params`).
 
         When the spec reproduces a peer function (``peer``), the arguments of
@@ -348,7 +350,7 @@ class DecoderSpec:
         return out
 
     @classmethod
-    def from_dict(cls, data: Any, *, where: str = "decoder spec") -> "DecoderSpec":
+    def from_dict(cls, data: Any, *, where: str = "decoder spec") -> DecoderSpec:
         """The spec :meth:`to_dict` wrote (errors name ``where`` and the field).
 
         Also reads the earlier formats: a preset file (``gen_length``,
@@ -390,10 +392,10 @@ class DecoderSpec:
         return _checked_fields(cls(**fields), where)
 
     @classmethod
-    def _from_earlier(cls, data: dict[str, Any], where: str) -> "DecoderSpec":
+    def _from_earlier(cls, data: dict[str, Any], where: str) -> DecoderSpec:
         if "sample" in data:  # a record's decoder, before the one format
             sample = data.pop("sample")
-            parts = {}
+            parts: dict[str, Any] = {}
             for kind in PART_KINDS:
                 part = data.pop(kind, None)
                 if not isinstance(part, Mapping) or not isinstance(part.get("name"), str):
@@ -445,9 +447,10 @@ class DecoderSpec:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
 
     @classmethod
-    def load(cls, path: Any) -> "DecoderSpec":
+    def load(cls, path: Any) -> DecoderSpec:
         """Read a spec file (``refusion.json``, ``--preset-file``, a sweep's ``preset.json``); errors name the file."""
-        from refusion.files import read_json, where as named
+        from refusion.files import read_json
+        from refusion.files import where as named
 
         data = read_json(path, what="`preset file`", param="preset_file", max_bytes=MAX_SPEC_BYTES)
         return cls.from_dict(data, where=named("`preset file`", path))
@@ -504,13 +507,13 @@ def _registered(kind: str, name: str, path: Any) -> bool:
 
 def _checked_fields(spec: DecoderSpec, where: str) -> DecoderSpec:
     """Refuse field values of the wrong type (the decoder checks ranges when it is built)."""
-    checks = (("gen_length", (int, type(None))), ("description", str), ("peer", (str, type(None))),
+    checks: tuple[tuple[str, type | tuple[type, ...]], ...] = (("gen_length", (int, type(None))), ("description", str), ("peer", (str, type(None))),
               ("seed", int), ("stop_at_eos", (bool, str)), ("cfg_scale", (int, float)), ("calls_per_token", int),
               ("engine", (str, type(None))), ("batch_invariant", bool))
     for name, kinds in checks:
         value = getattr(spec, name)
-        kinds = kinds if isinstance(kinds, tuple) else (kinds,)
-        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        allowed = kinds if isinstance(kinds, tuple) else (kinds,)
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
             raise ConfigError(f"{where}: field `{name}` has the wrong type: {value!r:.80}.", param=name)
     if spec.gen_length is not None and not 1 <= spec.gen_length <= MAX_GEN_LENGTH:
         raise ConfigError(f"{where}: field `gen_length` must be an integer in [1, {MAX_GEN_LENGTH}]; got "

@@ -11,7 +11,8 @@ user opt in (``refusion serve --allow-imports``, ``reproduce --allow-imports``).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from refusion.config.build import PART_KINDS
 from refusion.errors import ConfigError
@@ -48,7 +49,7 @@ def import_paths(config: Any) -> dict[str, str]:
             value = config.get(field)
             name = value.get("name") if isinstance(value, Mapping) else value  # {"name": ..., "params": ...} too
             if is_import_path(name):
-                found[field] = name
+                found[field] = str(name)
         nested = config.get("params")
         if isinstance(nested, Mapping):
             found.update({f"params.{k}": v for k, v in import_paths({k: nested[k] for k in nested}).items()})

@@ -10,14 +10,14 @@ cache, so one bad plugin can never corrupt a decode or make it loop forever.
 from __future__ import annotations
 
 import functools
-from typing import Any, Generator, Sequence
+from collections.abc import Generator, Sequence
+from typing import Any
 
 import torch
 
-from refusion.errors import ConfigError, PluginError, RefusionError
 from refusion.decoding.protocol import KVSegment, ModelCall
 from refusion.decoding.types import Commit, InfillResult, Partition, Plan
-
+from refusion.errors import ConfigError, PluginError, RefusionError
 
 _CHECK_BUILTINS = False
 
@@ -43,7 +43,8 @@ def _builtin(cls: type) -> bool:
 def checks_answers(part: Any) -> bool:
     """Whether the decoder checks ``part``'s answers on every call: any part but refusion's own built-ins
     (decided once per part when a decode starts; see :func:`check_builtins`)."""
-    return _CHECK_BUILTINS or not _builtin(type(part))
+    kind: Any = type(part)  # classes are hashable
+    return _CHECK_BUILTINS or not _builtin(kind)
 
 
 def describe(part: Any) -> str:

@@ -52,7 +52,7 @@ class Counters:
     padded_tokens: int = 0
     kv_context_bytes: int = 0
     kv_new_bytes: int = 0
-    parent: "Counters | None" = attrs.field(default=None, repr=False)
+    parent: Counters | None = attrs.field(default=None, repr=False)
     #: query tokens of each forward, in order (a sequence's counters keep it; the decoder's trace reads it)
     fed_log: list[int] = attrs.field(factory=list, repr=False)
     shapes: list[ForwardShape] | None = attrs.field(default=None, repr=False)

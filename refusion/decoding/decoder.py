@@ -17,21 +17,28 @@ a running engine.
 from __future__ import annotations
 
 import functools
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any, cast
 
 import attrs
 import torch
 
 from refusion.config.spec import DecoderSpec, SamplerSpec
-from refusion.decoding.checks import (call_part, check_length, check_prompt, checked_partition, checks_answers,
-                                      plugin_error)
+from refusion.decoding.checks import (
+    call_part,
+    check_length,
+    check_prompt,
+    checked_partition,
+    checks_answers,
+    plugin_error,
+)
 from refusion.decoding.sampling import Sampler, greedy
 from refusion.decoding.session import DecodeSession
 from refusion.decoding.types import DecodeResult, Partition
 from refusion.errors import ConfigError
 from refusion.models.base import ModelAdapter
 from refusion.strategies.base import CacheReorderer, Infiller, SlotPartitioner, SlotSelector
-from refusion.validators import boolean, positive_int
+from refusion.validators import boolean, check_integer, is_integer, is_number, positive_int
 
 
 def _part(kind: type):
@@ -68,8 +75,8 @@ class Decoder:
     ``stop_at_eos`` (default) drops every slot after a committed EOS (early
     stop); without it every position is decoded and the answer is cut at the
     first EOS at the end; ``"block"`` finishes the serial block in which an
-    EOS was committed and stops there (SDAR's ``stopping_criteria_idx``). ``cfg_scale`` > 0 applies LLaDA's classifier-free
-    guidance (a second forward with the prompt masked; see
+    EOS was committed and stops there (SDAR's ``stopping_criteria_idx``).
+    ``cfg_scale`` > 0 applies LLaDA's classifier-free guidance (a second forward with the prompt masked; see
     :meth:`~refusion.engines.base.Engine.guide`). ``batch_invariant=True``
     makes every prompt's tokens identical alone and in any batch, in every
     dtype (bf16 and fp16 included), at a cost: the engine runs each
@@ -82,7 +89,7 @@ class Decoder:
     selector: SlotSelector = _part(SlotSelector)
     infiller: Infiller = _part(Infiller)
     reorderer: CacheReorderer = _part(CacheReorderer)
-    sample: Sampler = greedy
+    sample: Sampler = cast(Sampler, greedy)
     calls_per_token: int = attrs.field(default=4, validator=positive_int)
     engine: Any = attrs.field(default=None, validator=lambda i, a, v: _check_engine(v))
     stop_at_eos: bool | str = attrs.field(default=True, validator=lambda i, a, v: _check_stop(v))
@@ -98,7 +105,7 @@ class Decoder:
         infiller: Any = "parallel-ar",
         reorderer: Any = "commit-order",
         **params: Any,
-    ) -> "Decoder":
+    ) -> Decoder:
         """Build parts from names, classes, ``"module:Class"`` strings or instances.
 
         ``params`` go to whichever part declares them (``slot_size=``,
@@ -118,7 +125,7 @@ class Decoder:
         return cls.from_spec(spec.with_params(params))
 
     @classmethod
-    def from_spec(cls, spec: DecoderSpec) -> "Decoder":
+    def from_spec(cls, spec: DecoderSpec) -> Decoder:
         """The decoder a :class:`~refusion.config.spec.DecoderSpec` describes: the one way from a spec to a decoder.
         Every part parameter and option is checked, errors naming the parameter."""
         return cls(**spec.part_objects(), **spec.options())
@@ -168,8 +175,7 @@ class Decoder:
 
     def prepare(self, model: ModelAdapter, prompt_ids: Any, gen_length: int, *, seed: int | None = None) -> Prepared:
         """Check one prompt against the model and partition its generation region, once, before any work."""
-        if isinstance(gen_length, bool) or not isinstance(gen_length, int) or gen_length < 1:
-            raise ConfigError(f"`gen_length` must be an integer >= 1; got {gen_length!r}.", param='gen_length')
+        check_integer("gen_length", gen_length, 1)
         if seed is not None:
             _check_seed(seed)
         prompt = check_prompt(prompt_ids, model)
@@ -181,8 +187,9 @@ class Decoder:
         return Prepared(prompt, partition, self.seed if seed is None else seed)
 
     # -- running -------------------------------------------------------------
-    def start(self, model: ModelAdapter, engine: Any, prepared: Prepared) -> "DecodeSession":
-        """Admit a prepared prompt into ``engine`` (a live :class:`~refusion.engines.base.Engine`) and set up its session."""
+    def start(self, model: ModelAdapter, engine: Any, prepared: Prepared) -> DecodeSession:
+        """Admit a prepared prompt into ``engine`` (a live :class:`~refusion.engines.base.Engine`) and set up its
+        session."""
         if self.batch_invariant:
             from refusion.engines.choose import check_invariance
 
@@ -194,7 +201,7 @@ class Decoder:
 
     def session(
         self, model: ModelAdapter, prompt_ids: Any, gen_length: int, *, engine: Any = None, seed: int | None = None
-    ) -> "DecodeSession":
+    ) -> DecodeSession:
         """Validate the input and set up the decode of one prompt on its own engine (not started yet).
 
         ``engine``: an engine name, class or live instance (default: the
@@ -237,8 +244,7 @@ class Decoder:
             raise ConfigError("`prompts` must be a non-empty list of token-id sequences.", param='prompts')
         if seeds is not None:
             seeds = list(seeds)
-            if len(seeds) != len(prompts) or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**64
-                                                     for x in seeds):
+            if len(seeds) != len(prompts) or not all(is_integer(x) and 0 <= x < 2**64 for x in seeds):
                 raise ConfigError(f"`seeds` must hold one integer >= 0 per prompt ({len(prompts)}); got {seeds!r}.", param='seeds')
         prepared = [self.prepare(model, p, gen_length, seed=None if seeds is None else seeds[i])
                     for i, p in enumerate(prompts)]
@@ -280,13 +286,13 @@ def _check_stop(value: Any) -> None:
 
 
 def _check_seed(value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64:
+    if not is_integer(value) or not 0 <= value < 2**64:
         raise ConfigError(f"`seed` must be an integer in [0, 2**64); got {value!r}.", param='seed')
 
 
 def _check_cfg_scale(value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise ConfigError(f"`cfg_scale` must be a number >= 0 (0 = no guidance); got {value!r}.", param='cfg_scale')
+    if not is_number(value) or not value >= 0:
+        raise ConfigError(f"`cfg_scale` must be a finite number >= 0 (0 = no guidance); got {value!r}.", param='cfg_scale')
 
 
 def _check_engine(value: Any) -> None:

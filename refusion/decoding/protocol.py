@@ -20,7 +20,8 @@ approximate keys/values within a block (Fast-dLLM's prefix and dual caches).
 from __future__ import annotations
 
 import functools
-from typing import Literal, Sequence
+from collections.abc import Sequence
+from typing import Literal
 
 import attrs
 import torch
@@ -42,13 +43,13 @@ class KVSegment:
     def __len__(self) -> int:
         return self.data.shape[3]
 
-    def __getitem__(self, index: slice) -> "KVSegment":
+    def __getitem__(self, index: slice) -> KVSegment:
         if not isinstance(index, slice) or index.step not in (None, 1):
             raise TypeError("KVSegment supports contiguous slices only")
         return KVSegment(self.data[:, :, :, index])
 
     @staticmethod
-    def cat(segments: Sequence["KVSegment | None"]) -> "KVSegment | None":
+    def cat(segments: Sequence[KVSegment | None]) -> KVSegment | None:
         """Concatenate segments along the token axis (``None`` entries are skipped)."""
         parts = [s.data for s in segments if s is not None and len(s)]
         if not parts:
@@ -56,7 +57,7 @@ class KVSegment:
         return KVSegment(parts[0] if len(parts) == 1 else torch.cat(parts, dim=3))
 
     @staticmethod
-    def from_layers(layers: Sequence[tuple[torch.Tensor, torch.Tensor]], batch: int, start: int, stop: int) -> "KVSegment":
+    def from_layers(layers: Sequence[tuple[torch.Tensor, torch.Tensor]], batch: int, start: int, stop: int) -> KVSegment:
         """Cut tokens ``start:stop`` of batch row ``batch`` out of per-layer ``(keys, values)``.
 
         Each ``keys``/``values`` tensor has shape ``(batch, kv_heads, length, head_dim)``.
@@ -94,7 +95,7 @@ class Branch:
     def __len__(self) -> int:
         return self.tokens.shape[0]
 
-    def extended(self, output: "ExtendOutput", n: int) -> "Branch":
+    def extended(self, output: ExtendOutput, n: int) -> Branch:
         """This branch plus the first ``n`` tokens fed by ``output`` (which must extend this branch)."""
         parent = output.extend.parent
         if parent is not self and (len(parent) or len(self)):
@@ -129,7 +130,7 @@ class Extend:
     parent: Branch
     tokens: torch.Tensor = attrs.field(converter=lambda v: _as_long_1d("tokens", v))
     positions: torch.Tensor = attrs.field(converter=lambda v: _as_long_1d("positions", v))
-    reads: "slice | torch.Tensor | None" = None
+    reads: slice | torch.Tensor | None = None
 
     def __attrs_post_init__(self):
         if self.tokens.shape != self.positions.shape:
@@ -151,7 +152,7 @@ class ModelCall:
             raise ValueError("a ModelCall needs at least one Extend")
 
     @classmethod
-    def of(cls, *extends: Extend) -> "ModelCall":
+    def of(cls, *extends: Extend) -> ModelCall:
         return cls(extends)
 
 
@@ -178,7 +179,7 @@ class ExtendOutput:
     scores: Scores = attrs.field(converter=Scores.of)
     #: per-layer ``(keys, values)`` of shape (rows, heads, length, dim), or one buffer tensor of shape
     #: (layers, 2, rows, heads, capacity, dim)
-    _layers: "Sequence[tuple[torch.Tensor, torch.Tensor]] | torch.Tensor" = attrs.field(repr=False)
+    _layers: Sequence[tuple[torch.Tensor, torch.Tensor]] | torch.Tensor = attrs.field(repr=False)
     _batch: int = attrs.field(repr=False)
     _start: int = attrs.field(repr=False)
     _epoch: Epoch | None = attrs.field(default=None, repr=False)
@@ -214,7 +215,7 @@ class Projection:
     """
 
     scores: Scores
-    rows: "slice | torch.Tensor"
+    rows: slice | torch.Tensor
 
 
 @attrs.frozen

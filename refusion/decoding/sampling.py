@@ -19,19 +19,23 @@ are bfloat16 and tie as theirs do), ``"float64"`` in float64 (Fast-dLLM).
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 import torch
 
-from refusion.errors import ConfigError, bad_value
 from refusion.decoding.scores import Scores
-from refusion.validators import is_number, one_of, optional, positive_int, probability
+from refusion.errors import ConfigError, bad_value
+from refusion.validators import is_integer, is_number, one_of, optional, positive_int, probability
 
 
 class Sampler(Protocol):
+    """A draw of one token per row: ``(tokens, confidences)``. Samplers with ``draws_canvas`` or ``draws_block``
+    also take the rows' ``positions`` and ``canvas_length`` or ``block`` (:func:`sample_with`)."""
+
     def __call__(
-        self, logits: torch.Tensor, exclude: int | None = None, generator: torch.Generator | None = None
+        self, logits: torch.Tensor, exclude: int | None = None, generator: torch.Generator | None = None,
+        **where: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
@@ -80,7 +84,7 @@ def filtered(logits: torch.Tensor, top_k: int | None = None, top_p: float | None
 
 
 def greedy(
-    logits: "torch.Tensor | Scores", exclude: int | None = None, generator: torch.Generator | None = None
+    logits: torch.Tensor | Scores, exclude: int | None = None, generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Argmax token (never ``exclude``) and its softmax probability (the reference's rule at temperature 0).
 
@@ -90,7 +94,7 @@ def greedy(
     return Scores.of(logits).greedy(exclude)
 
 
-greedy.accepts_scores = True
+greedy.accepts_scores = True  # type: ignore[attr-defined]  # a marker read by sample_with
 
 
 def token_probability(logits: "torch.Tensor | Scores", tokens: torch.Tensor,
@@ -155,7 +159,7 @@ def is_greedy(sampler: Sampler) -> bool:
             or (isinstance(sampler, Sampling) and sampler.temperature < 1e-4))
 
 
-def apply_sampler(sampler: Sampler, scores: "torch.Tensor | Scores", exclude: int | None,
+def apply_sampler(sampler: Sampler, scores: torch.Tensor | Scores, exclude: int | None,
                   generator: torch.Generator | None, *, positions: torch.Tensor | None = None,
                   canvas_length: int | None = None, block: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Call ``sampler`` with what it accepts: Scores if it says so, else full logits.
@@ -192,7 +196,7 @@ def _temperature(instance, attribute, value):
 
 
 def _top_k(instance, attribute, value):
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+    if value is not None and (not is_integer(value) or value < 1):
         raise bad_value(attribute.name, value, "None or an integer >= 1")
 
 
@@ -222,8 +226,9 @@ class Sampling:
     accepts_scores = True
 
     def __attrs_post_init__(self):
-        if self.temperature < 1e-4:
-            ignored = [name for name in ("top_k", "top_p") if getattr(self, name) is not None]
+        if self.temperature < 1e-4:  # top_p 1 keeps every token: a neutral value, as OpenAI clients send it
+            ignored = [name for name, value, neutral in (("top_k", self.top_k, None), ("top_p", self.top_p, 1))
+                       if value is not None and value != neutral]
             if ignored:
                 raise ConfigError(
                     f"`{ignored[0]}` has no effect at `temperature` {self.temperature} (greedy decoding takes the "
@@ -297,7 +302,7 @@ class GumbelMax:
 
 
 def _top_k_off(instance, attribute, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not is_integer(value) or value < 0:
         raise bad_value(attribute.name, value, "an integer >= 0 (0 = no top-k filter)")
 
 

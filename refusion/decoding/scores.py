@@ -22,11 +22,8 @@ from typing import Any
 
 import torch
 
+from refusion.dtypes import reduction_dtype
 from refusion_kernels.underflow import floor_for_exp
-
-
-def _reduce_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 class Scores:
@@ -41,31 +38,31 @@ class Scores:
     def __init__(self, hidden: torch.Tensor | None = None, head: Any = None, logits: torch.Tensor | None = None):
         if logits is None and (hidden is None or head is None):
             raise ValueError("Scores need `logits` or both `hidden` and `head`")
-        self.hidden = hidden
+        self.hidden: Any = hidden  # (..., d), or None when built from logits
         self.head = head
         self._logits = logits
         self._stats: _StatsCache | None = None  # argmax statistics of some rows, computed in a batch
-        self._view: tuple[_StatsCache, Any] | None = None  # (a parent's statistics, our rows there), cut when read
+        self._view: tuple[_StatsCache | None, Any] | None = None  # (a parent's statistics, our rows), cut when read
 
     @property
-    def _cache(self) -> "_StatsCache | None":
+    def _cache(self) -> _StatsCache | None:
         if self._view is not None:
             parent, index = self._view
-            self._stats, self._view = parent.subset(index), None
+            self._stats, self._view = (parent.subset(index) if parent is not None else None), None
         return self._stats
 
     @_cache.setter
-    def _cache(self, value: "_StatsCache | None") -> None:
+    def _cache(self, value: _StatsCache | None) -> None:
         self._stats, self._view = value, None
 
     @staticmethod
-    def of(value: "Scores | torch.Tensor") -> "Scores":
+    def of(value: Scores | torch.Tensor) -> Scores:
         """``value`` as Scores (a logits tensor is wrapped)."""
         return value if isinstance(value, Scores) else Scores(logits=value)
 
     @property
     def shape(self) -> tuple[int, ...]:
-        source = self.hidden if self.hidden is not None else self._logits
+        source: Any = self.hidden if self.hidden is not None else self._logits
         return tuple(source.shape[:-1])
 
     def __len__(self) -> int:
@@ -82,7 +79,7 @@ class Scores:
             self._logits = self.head.logits(self.hidden)
         return self._logits
 
-    def __getitem__(self, index: Any) -> "Scores":
+    def __getitem__(self, index: Any) -> Scores:
         if self._logits is not None:
             out = Scores(self.hidden[index] if self.hidden is not None else None, self.head, self._logits[index])
         else:
@@ -116,7 +113,7 @@ class Scores:
                 return cached
         if self._logits is None:
             return self.head.stats(self.hidden, exclude, temperature)
-        x = self._logits.to(_reduce_dtype(self._logits.dtype))
+        x = self._logits.to(reduction_dtype(self._logits.dtype))
         if temperature != 1.0:
             x = x / temperature
         lse = torch.logsumexp(floor_for_exp(x), dim=-1)
@@ -144,7 +141,7 @@ class Scores:
             else:  # one pass: the tokens' logits from the same projection as the log-sum-exp
                 _, _, lse, picked = self.head.stats(self.hidden, targets=tokens)
             return torch.exp(picked - lse)
-        x = self._logits.to(_reduce_dtype(self._logits.dtype))
+        x = self._logits.to(reduction_dtype(self._logits.dtype))
         picked = x.gather(-1, tokens.to(x.device).unsqueeze(-1)).squeeze(-1)
         return torch.exp(picked - torch.logsumexp(floor_for_exp(x), dim=-1))  # as the fused path computes it
 
@@ -167,12 +164,12 @@ class _StatsCache:
         self.target, self.target_prob = target, target_prob
 
     @classmethod
-    def empty(cls, exclude: int | None, n: int, dtype: torch.dtype) -> "_StatsCache":
+    def empty(cls, exclude: int | None, n: int, dtype: torch.dtype) -> _StatsCache:
         floats, ids = torch.zeros(4, n, dtype=dtype), torch.full((2, n), -1, dtype=torch.long)
         return cls(exclude, torch.zeros(n, dtype=torch.bool), ids[0], floats[0], floats[1], floats[2], ids[1],
                    floats[3])
 
-    def subset(self, index: Any) -> "_StatsCache":
+    def subset(self, index: Any) -> _StatsCache:
         if isinstance(index, torch.Tensor):
             index = index.cpu()
         return _StatsCache(self.exclude, self.known[index], self.tokens[index], self.best[index], self.lse[index],

@@ -12,7 +12,8 @@ there are slots.
 from __future__ import annotations
 
 import time
-from typing import Any, Generator, Sequence
+from collections.abc import Generator, Sequence
+from typing import Any
 
 import attrs
 import torch

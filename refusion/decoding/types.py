@@ -9,7 +9,8 @@ Position ids are absolute (prompt tokens come first, from 0); a slot's
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import attrs
 import torch
@@ -147,7 +148,7 @@ class Plan:
 
     @classmethod
     def from_logits(cls, slots: tuple[Slot, ...], positions: torch.Tensor, logits: torch.Tensor,
-                    generator: torch.Generator | None = None) -> "Plan":
+                    generator: torch.Generator | None = None) -> Plan:
         """A plan with greedy drafts from full logits ``(n, vocab)`` (for tests and hand-made plans)."""
         from refusion.decoding.sampling import greedy
 
@@ -269,7 +270,7 @@ class InfillResult:
     """
 
     commits: tuple[Commit, ...] = attrs.field(converter=tuple)
-    next_logits: "torch.Tensor | Scores | None" = None
+    next_logits: torch.Tensor | Scores | None = None
 
 
 def _measured(default: Any) -> Any:

@@ -21,7 +21,8 @@ and ``canvas`` (:mod:`refusion.engines.canvas`); plugins add more through the
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Mapping
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import torch
 
@@ -88,13 +89,13 @@ class Engine(ABC):
     mixes_sequences: ClassVar[bool] = True
 
     def __init__(self, model: Any, *, batch_invariant: bool = False):
-        from refusion.errors import ConfigError, bad_value
+        from refusion.errors import ConfigError
+        from refusion.validators import check_boolean
 
         reason = self.unsupported(model)
         if reason is not None:
             raise ConfigError(f"engine {self.name!r} cannot run {type(model).__name__}: {reason}.", param="engine")
-        if not isinstance(batch_invariant, bool):
-            raise bad_value("batch_invariant", batch_invariant, "True or False")
+        check_boolean("batch_invariant", batch_invariant)
         self.model = model
         #: the batch-invariance of every forward (:mod:`refusion.engines.invariant`), or ``None``
         self.invariance = None

@@ -24,16 +24,17 @@ of that block (recomputed with the block, as SDAR does).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
 from refusion.cache.sequence import SequenceCache
 from refusion.cache.stores import NoStore
+from refusion.decoding.protocol import BlockReuse, Extend, ExtendOutput, ModelCall
 from refusion.engines.base import Engine, SequenceState
 from refusion.errors import ConfigError
 from refusion.plugins import hookimpl
-from refusion.decoding.protocol import BlockReuse, Extend, ExtendOutput, ModelCall
 
 
 class BlockSequence(SequenceState):

@@ -28,16 +28,17 @@ into a freed one.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any, cast
 
 import torch
 
 from refusion.cache.sequence import SequenceCache
 from refusion.cache.stores import PreallocatedKV, RowStore
+from refusion.decoding.protocol import ExtendOutput, ModelCall
 from refusion.engines.base import Engine, SequenceState
 from refusion.models.base import exclusive
 from refusion.plugins import hookimpl
-from refusion.decoding.protocol import ExtendOutput, ModelCall
 
 CUSTOM_MASK_ATTENTION = ("sdpa", "eager")
 
@@ -97,6 +98,13 @@ class BranchEngine(Engine):
         #: packed forwards (no padding; HF models with attention functions) or padded rows with a 4-D mask
         self.packed = reason is None if packed is None else packed
 
+    @property
+    def kv(self) -> PreallocatedKV:
+        """The buffer every sequence's keys and values live in (made when the first sequence is admitted)."""
+        if self.buffer is None:
+            raise RuntimeError("the branch engine has no buffer before a sequence is admitted")
+        return self.buffer
+
     @classmethod
     def unsupported(cls, model: Any) -> str | None:
         caps = model.capabilities
@@ -118,9 +126,9 @@ class BranchEngine(Engine):
             layers, heads, dim, dtype = self.model.kv_shape()
             self.buffer = PreallocatedKV(layers, self.initial_rows, heads, need, dim, dtype=dtype,
                                          device=self.device, counters=self.counters)
-        row = self.buffer.allocate(need)
+        row = self.kv.allocate(need)
         counters = self.new_counters()
-        store = RowStore(self.buffer, row, counters)
+        store = RowStore(self.kv, row, counters)
         state = BranchSequence(SequenceCache(store, prompt, torch.arange(prompt.shape[0])), counters,
                                prompt.shape[0], region_length)
         state.store = store
@@ -131,15 +139,15 @@ class BranchEngine(Engine):
         if state.released:
             return
         super().release(state)
-        store: RowStore = state.store
+        store = cast(BranchSequence, state).store
         row = store.row
         store.detach()
         del self.by_row[row]
-        self.buffer.free(row)
+        self.kv.free(row)
         last = max(self.by_row, default=-1)
         if last > row:  # keep the live rows contiguous: the last one moves into the hole
             moved = self.by_row.pop(last)
-            self.buffer.move(last, row, moved.counters)
+            self.kv.move(last, row, moved.counters)
             moved.store.row = row
             self.by_row[row] = moved
 
@@ -150,7 +158,7 @@ class BranchEngine(Engine):
             if row == target:
                 continue
             other = self.by_row.get(target)
-            buf = self.buffer
+            buf = self.kv
             if other is None:  # a free row
                 buf.move(row, target, state.counters)
                 del self.by_row[row]
@@ -173,21 +181,21 @@ class BranchEngine(Engine):
     def run(self, calls: Mapping[SequenceState, ModelCall]) -> dict[SequenceState, tuple[ExtendOutput, ...]]:
         """One forward for the given sequences' calls; returns their outputs by sequence."""
         self.epoch.value += 1
-        states: list[BranchSequence] = sorted(calls, key=lambda s: s.store.row)
+        states = sorted(cast("Mapping[BranchSequence, ModelCall]", calls), key=lambda s: s.store.row)
         self._place(states)
         rows = [_Row.of(state, calls[state]) for state in states]
         if self.packed:
             return self._run_packed(rows)
         if self.batch_invariant and len(rows) > 1:  # padding to the widest row changes each row's sums: one forward each
-            self.buffer.ensure_capacity(max(row.context + row.width + row.n for row in rows))
+            self.kv.ensure_capacity(max(row.context + row.width + row.n for row in rows))
             return {s: out for r, row in enumerate(rows) for s, out in self._run_padded([row], first=r).items()}
         return self._run_padded(rows)
 
-    def _write_parents(self, rows: list["_Row"], column_of, first: int = 0) -> None:
+    def _write_parents(self, rows: list[_Row], column_of, first: int = 0) -> None:
         """Scatter every row's parent branches' keys/values into its scratch columns (one kernel call); ``rows[r]``
         is buffer row ``first + r``."""
         src, row_idx, col_idx = [], [], []
-        buf = self.buffer
+        buf = self.kv
         for r, row in enumerate(rows):
             for parent in row.parents:
                 n = len(parent)
@@ -200,11 +208,11 @@ class BranchEngine(Engine):
 
             scatter_kv(buf.data, torch.cat(src, dim=3), torch.cat(row_idx), torch.cat(col_idx))
 
-    def _run_packed(self, rows: list["_Row"]) -> dict[SequenceState, tuple[ExtendOutput, ...]]:
+    def _run_packed(self, rows: list[_Row]) -> dict[SequenceState, tuple[ExtendOutput, ...]]:
         """Every row's queries packed into one row of tokens; each row's keys after its own context."""
         from refusion.engines.ragged import RaggedCache, RaggedLayout, switched
 
-        buf = self.buffer
+        buf = self.kv
         device = self.device
         n_rows = len(rows)
         buf.ensure_capacity(max(row.context + row.width + row.n for row in rows))
@@ -258,10 +266,10 @@ class BranchEngine(Engine):
             start += row.n
         return outputs
 
-    def _run_padded(self, rows: list["_Row"], first: int = 0) -> dict[SequenceState, tuple[ExtendOutput, ...]]:
+    def _run_padded(self, rows: list[_Row], first: int = 0) -> dict[SequenceState, tuple[ExtendOutput, ...]]:
         """Adapters without attention functions: rows padded to the widest, one 4-D mask, scratch after the longest
         context; ``rows[r]`` is buffer row ``first + r``."""
-        buf = self.buffer
+        buf = self.kv
         device = self.device
         n_rows = len(rows)
         start = max(row.context for row in rows)
@@ -293,7 +301,7 @@ class BranchEngine(Engine):
 
         scratch = _ScratchCache(buf.data[:, :, first:], n_rows, query_at, q_max)
         scores = self.scores(ids.to(device), pos.to(device), self._mask_for_model(mask.to(device)), scratch)
-        fed = {row.state: row.n for row in rows}
+        fed: dict[SequenceState, int] = {row.state: row.n for row in rows}
         self.served(fed, padded=n_rows * q_max - sum(fed.values()), pairs=n_rows * q_max * (query_at + q_max),
                     keys=n_rows * query_at)
         layers = buf.data
@@ -315,7 +323,7 @@ class BranchEngine(Engine):
     def _mask_for_model(self, mask: torch.Tensor) -> torch.Tensor:
         """sdpa takes the boolean mask; eager attention needs an additive float mask."""
         if attention_implementation(self.model) == "eager":
-            dtype = self.buffer.data.dtype
+            dtype = self.kv.data.dtype
             return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
         return mask
 
@@ -324,9 +332,18 @@ class _Row:
     """One sequence's part of a forward: its parents' scratch span, then its queries (pending tokens first)."""
 
     __slots__ = ("state", "call", "context", "pending", "parents", "parent_at", "width", "spans", "n")
+    state: BranchSequence
+    call: ModelCall
+    context: int
+    pending: int
+    parents: list[Any]
+    parent_at: dict[int, int]
+    width: int
+    spans: list[tuple[int, int]]
+    n: int
 
     @classmethod
-    def of(cls, state: BranchSequence, call: ModelCall) -> "_Row":
+    def of(cls, state: BranchSequence, call: ModelCall) -> _Row:
         row = cls()
         row.state, row.call = state, call
         cache = state.context

@@ -24,16 +24,17 @@ second with the prompt masked, and the logits are
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any, cast
 
 import attrs
 import torch
 
 from refusion.cache.sequence import SequenceCache
 from refusion.cache.stores import NoStore
+from refusion.decoding.protocol import BlockReuse, Extend, ExtendOutput, ModelCall
 from refusion.engines.base import Engine, SequenceState
 from refusion.plugins import hookimpl
-from refusion.decoding.protocol import BlockReuse, Extend, ExtendOutput, ModelCall
 
 
 @attrs.define
@@ -100,8 +101,8 @@ class CanvasEngine(Engine):
         eos = self.model.eos_token_ids
         return CanvasSequence(context, counters, prompt.shape[0], region_length, min(eos) if eos else None)
 
-    def guide(self, state: CanvasSequence, cfg_scale: float) -> None:
-        state.cfg_scale = float(cfg_scale)
+    def guide(self, state: SequenceState, cfg_scale: float) -> None:
+        cast(CanvasSequence, state).cfg_scale = float(cfg_scale)
 
     def run(self, calls: Mapping[SequenceState, ModelCall]) -> dict[SequenceState, tuple[ExtendOutput, ...]]:
         self.epoch.value += 1
@@ -159,7 +160,7 @@ class CanvasEngine(Engine):
 
     def _full(self, state, extend, canvas, block, wanted) -> ExtendOutput:
         positions = torch.arange(canvas.shape[0])
-        store = self.model.new_cache() if block is not None else None
+        store: Any = self.model.new_cache() if block is not None else None
         logits = self._forward(state, canvas, positions, store)
         if block is not None:
             shift = self.model.capabilities.logit_shift

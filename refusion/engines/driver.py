@@ -14,14 +14,15 @@ Programs may be added between steps (continuous batching) and cancelled.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
-from refusion.engines.base import Engine, SequenceState
 from refusion.decoding.protocol import ModelCall, Projection
 from refusion.decoding.scores import project
 from refusion.decoding.types import DecodeResult
+from refusion.engines.base import Engine, SequenceState
 
 
 class Runner:

@@ -17,15 +17,16 @@ engine that does not.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
 from refusion.cache.sequence import SequenceCache
 from refusion.cache.stores import DynamicStore
+from refusion.decoding.protocol import Extend, ExtendOutput, ModelCall
 from refusion.engines.base import Engine, SequenceState
 from refusion.plugins import hookimpl
-from refusion.decoding.protocol import Extend, ExtendOutput, ModelCall
 
 
 class RepeatEngine(Engine):

@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 
 from refusion.decoding.counters import Counters, observe
 from refusion.errors import ConfigError
-from refusion.measure.limits import MAX_EXAMPLES, MAX_GEN_LENGTH, check_room, integer
+from refusion.limits import MAX_EXAMPLES, MAX_GEN_LENGTH, check_room
 from refusion.measure.results import Result
 from refusion.training.tasks import Example, is_correct
+from refusion.validators import check_integer
 
 
 def _cut_at_eos(ids: list[int], eos: frozenset[int]) -> list[int]:
@@ -78,7 +80,8 @@ def ar_method(adapter: Any, gen_length: int) -> Method:
         if counters.shapes is not None:
             forwards, heads = autoregressive([len(prompt)], len(tokens))
             counters.shapes.extend(forwards)
-            counters.head_rows.extend(heads)
+            if counters.head_rows is not None:
+                counters.head_rows.extend(heads)
         return tokens
 
     return Method(run, counters)
@@ -99,7 +102,7 @@ def decoder_method(decoder: Any, adapter: Any, gen_length: int) -> Method:
 
 def measure(
     name: str,
-    method: Callable[[list[int]], list[int]],
+    method: Method,
     adapter: Any,
     examples: Sequence[Example],
     *,
@@ -111,10 +114,10 @@ def measure(
 
     ``cost_model`` (e.g. ``"qwen3-8b@h100"``) also estimates the time the same
     forwards would take on that GPU at that model size (:mod:`refusion.measure.costmodel`).
-    ``warmup`` (0 to :data:`~refusion.measure.limits.MAX_EXAMPLES`) prompts are decoded first, untimed;
+    ``warmup`` (0 to :data:`~refusion.limits.MAX_EXAMPLES`) prompts are decoded first, untimed;
     at most ``MAX_EXAMPLES`` examples.
     """
-    integer("warmup", warmup, 0, MAX_EXAMPLES, "prompts decoded before timing")
+    check_integer("warmup", warmup, 0, MAX_EXAMPLES, "prompts decoded before timing")
     _check_examples(examples)
     if cost_model is not None:
         from refusion.measure.costmodel import parse
@@ -166,8 +169,8 @@ def run_bench(adapter: Any, examples: Sequence[Example], methods: Sequence[tuple
     baseline (:func:`ar_method`). Returns one :class:`~refusion.measure.results.Result` per method.
 
     Checked before anything decodes: ``gen_length`` in [1, 65,536] and, after the longest prompt, within the
-    model's positions; at most :data:`~refusion.measure.limits.MAX_EXAMPLES` examples; ``cost_model``."""
-    integer("gen_length", gen_length, 1, MAX_GEN_LENGTH, "tokens generated per prompt")
+    model's positions; at most :data:`~refusion.limits.MAX_EXAMPLES` examples; ``cost_model``."""
+    check_integer("gen_length", gen_length, 1, MAX_GEN_LENGTH, "tokens generated per prompt")
     _check_examples(examples)
     if cost_model is not None:
         from refusion.measure.costmodel import parse
@@ -193,7 +196,7 @@ def table(rows: Sequence[Result], baseline: str, cost_model: str | None = None) 
     for r in rows:
         line = (f"{r.method:<44} {r.accuracy:>6.1%} {r.forwards:>9d} {r.tokens_per_forward:>8.2f} {r.seconds:>8.2f} "
                 f"{base.seconds / r.seconds:>8.2f}x {base.forwards / r.forwards:>8.2f}x")
-        if cost_model and r.gpu_seconds:
+        if cost_model and r.gpu_seconds and base.gpu_seconds:
             line += f" {r.tokens / r.gpu_seconds:>26.0f} {base.gpu_seconds / r.gpu_seconds:>12.2f}x"
         lines.append(line)
     return "\n".join(lines)

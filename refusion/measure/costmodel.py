@@ -24,7 +24,7 @@ same model and GPU (ratios), not as a promise of absolute throughput.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import attrs
 
@@ -61,7 +61,7 @@ class ModelSize:
         return 2 * self.layers * self.kv_heads * self.head_dim * self.bytes_per_param
 
     @classmethod
-    def from_config(cls, config, name: str = "model", bytes_per_param: int = 2) -> "ModelSize":
+    def from_config(cls, config, name: str = "model", bytes_per_param: int = 2) -> ModelSize:
         heads = config.num_attention_heads
         return cls(name, config.num_hidden_layers, config.hidden_size, heads,
                    getattr(config, "num_key_value_heads", None) or heads,

@@ -149,7 +149,8 @@ class HostReads(PerStep, TorchFunctionMode):
         return sum(self.placed.values())
 
     def top_sites(self, n: int = 15, *, placed: bool = False) -> list[tuple[int, str, str]]:
-        """The ``n`` most frequent ``(count, kind, site)`` of network-data reads (``placed``: of placed-tensor reads)."""
+        """The ``n`` most frequent ``(count, kind, site)`` of network-data reads (``placed``: of placed-tensor
+        reads)."""
         sites = self.placed_sites if placed else self.sites
         return [(c, kind, site) for (kind, site), c in sites.most_common(n)]
 
@@ -195,7 +196,8 @@ class HostReads(PerStep, TorchFunctionMode):
                     setattr(item, self._attr, level)
 
     def tag(self, value: Any) -> Any:
-        """Mark the tensors of ``value`` (a tensor, a list/tuple of them, a ``Scores``, a model output) as network data."""
+        """Mark the tensors of ``value`` (a tensor, a list/tuple of them, a ``Scores``, a model output) as network
+        data."""
         if isinstance(value, (torch.Tensor, list, tuple)):
             self._tag(value, _NET)
         elif isinstance(value, dict):  # transformers ModelOutput
@@ -304,7 +306,11 @@ class HostReads(PerStep, TorchFunctionMode):
                 self._step_forwards += 1
         return out
 
-    def __enter__(self) -> "HostReads":
+    def _unmark(self, weights: list) -> None:
+        for t in weights:
+            delattr(t, self._attr)
+
+    def __enter__(self) -> HostReads:
         from refusion.engines.base import Engine
         from refusion.engines.driver import Runner
 
@@ -329,15 +335,21 @@ class HostReads(PerStep, TorchFunctionMode):
                 probe._in_step = False
                 probe.steps.append(StepReads(live, probe._step_reads, probe._step_placed, probe._step_forwards))
 
-        Engine.scores, Runner.step = scores, step
-        self._undo.append(lambda: (setattr(Engine, "scores", original_scores), setattr(Runner, "step", original_step)))
+        setattr(Engine, "scores", scores)  # noqa: B010 - patched for the probe's lifetime, put back by _undo
+        setattr(Runner, "step", step)  # noqa: B010
+
+        def restore() -> None:
+            setattr(Engine, "scores", original_scores)  # noqa: B010
+            setattr(Runner, "step", original_step)  # noqa: B010
+
+        self._undo.append(restore)
         for module in _modules(self.model):
             self._undo.append(module.register_forward_pre_hook(self._pre_hook).remove)
             self._undo.append(module.register_forward_hook(self._post_hook, always_call=True).remove)
             weights = [t for t in itertools.chain(module.parameters(), module.buffers()) if not hasattr(t, self._attr)]
             for t in weights:  # the weights live on the device
                 setattr(t, self._attr, _NET)
-            self._undo.append(lambda weights=weights: [delattr(t, self._attr) for t in weights])
+            self._undo.append(lambda weights=weights: self._unmark(weights))
         super().__enter__()
         return self
 

@@ -14,19 +14,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import platform
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import attrs
 
 from refusion.config.build import class_path
 from refusion.errors import ConfigError
 from refusion.files import read_json, where
-from refusion.measure.limits import MAX_EXAMPLES, MAX_GEN_LENGTH, MAX_THREADS, SEED_LIMIT, shown
+from refusion.limits import MAX_EXAMPLES, MAX_GEN_LENGTH, MAX_THREADS, SEED_LIMIT
+from refusion.validators import is_integer, is_number, shown
 
 RECORD_SCHEMA = "refusion-record"
 RECORD_VERSION = 1
@@ -163,7 +164,7 @@ FIELDS = {
     "eval": ("schema", "version", "kind", "environment", "settings", "decoder", "results", "outputs_sha256",
              "generations"),
 }
-_REQUIRED = {
+_REQUIRED: dict[str, dict[str, type]] = {
     "bench": {"settings": dict, "rows": list},
     "eval": {"settings": dict, "results": dict},
 }
@@ -174,10 +175,10 @@ ENVIRONMENT_FIELDS = ("refusion", "torch", "transformers", "python", "platform",
 EVAL_SEED_FIELDS = ("random_seed", "numpy_random_seed", "torch_random_seed", "fewshot_random_seed")
 SETTINGS_FIELDS = {
     "bench": ("per_task", "gen_length", "methods", "preset_files", "cost_model", "model"),
-    "eval": ("tasks", "model_args", "include_path", "limit", *EVAL_SEED_FIELDS),
+    "eval": ("tasks", "model_args", "include_path", "limit", "num_fewshot", "apply_chat_template", *EVAL_SEED_FIELDS),
 }
 _SETTINGS = {"bench": ("per_task", "gen_length", "methods"), "eval": ("tasks", "model_args")}
-_ROW = {"method": str, "examples": int, "correct": int, "forwards": int, "tokens": int, "seconds": (int, float),
+_ROW: dict[str, type | tuple[type, ...]] = {"method": str, "examples": int, "correct": int, "forwards": int, "tokens": int, "seconds": (int, float),
         "outputs": list}
 #: the fields of a bench row: a :class:`~refusion.measure.results.Result` and what the record adds
 ROW_FIELDS = ("method", "examples", "correct", "forwards", "tokens", "seconds", "score", "per_task", "gpu_seconds",
@@ -191,7 +192,7 @@ def check_record(record: Any, source: str = "record") -> dict:
     """``record`` if it is a well-formed bench or eval record; else a :class:`ConfigError` starting with
     ``source`` and naming the field (also as its ``param``: ``settings.gen_length``, ``rows[0].forwards``).
 
-    Checks every field's type and range (a run larger than :mod:`refusion.measure.limits` allows is refused
+    Checks every field's type and range (a run larger than :mod:`refusion.limits` allows is refused
     here, before any model loads), refuses fields a record does not have, and reads each decoder spec back
     (without importing ``"module:Class"`` parts). Nothing is run.
     """
@@ -216,7 +217,7 @@ def _unknown(value: Mapping[str, Any], allowed: Sequence[str], field: str) -> No
 def _int(value: Any, field: str, low: int, high: int, why: str = "", none: bool = False) -> None:
     if value is None and none:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+    if not is_integer(value) or not low <= value <= high:
         raise _fail(field, f"must be an integer in [{low}, {high}]{f' ({why})' if why else ''}"
                            f"{' or null' if none else ''}; got {shown(value)}.")
 
@@ -224,7 +225,7 @@ def _int(value: Any, field: str, low: int, high: int, why: str = "", none: bool 
 def _num(value: Any, field: str, low: float = 0.0, none: bool = False) -> None:
     if value is None and none:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < low:
+    if not is_number(value) or value < low:
         raise _fail(field, f"must be a finite number >= {low}{' or null' if none else ''}; got {shown(value)}.")
 
 
@@ -249,8 +250,7 @@ def _check_environment(env: Mapping[str, Any]) -> None:
     for key in ("refusion", "torch", "transformers", "python", "platform", "device", "dtype", "engine"):
         _text(env.get(key), f"environment.{key}", none=True)
     seeds = env.get("seeds")
-    if seeds is not None and (not isinstance(seeds, list) or not all(
-            isinstance(v, int) and not isinstance(v, bool) for v in seeds)):
+    if seeds is not None and (not isinstance(seeds, list) or not all(map(is_integer, seeds))):
         raise _fail("environment.seeds", f"must be a list of integers or null; got {shown(seeds)}.")
     if env.get("model") is not None and not isinstance(env.get("model"), dict):
         raise _fail("environment.model", f"must be an object or null; got {shown(env.get('model'))}.")
@@ -288,7 +288,8 @@ def _check_settings(kind: str, settings: Mapping[str, Any]) -> None:
         if key not in settings:
             raise ConfigError(f"field `settings.{key}` is missing from the record.", param=f"settings.{key}")
     if kind == "bench":
-        from refusion.training.tasks import MAX_PER_TASK, TASKS
+        from refusion.limits import MAX_PER_TASK
+        from refusion.training.tasks import TASKS
 
         _int(settings["per_task"], "settings.per_task", 1, MAX_PER_TASK,
              f"held-out examples per task, {len(TASKS)} tasks: at most {MAX_PER_TASK * len(TASKS)} examples")
@@ -313,6 +314,10 @@ def _check_settings(kind: str, settings: Mapping[str, Any]) -> None:
         limit = settings.get("limit")
         if not (isinstance(limit, float) and 0 < limit < 1):  # lm-evaluation-harness also takes a fraction
             _int(limit, "settings.limit", 1, MAX_EXAMPLES, "examples per task, or a fraction in (0, 1)", none=True)
+        _int(settings.get("num_fewshot"), "settings.num_fewshot", 0, MAX_EXAMPLES, none=True)
+        chat = settings.get("apply_chat_template")
+        if chat is not None and not isinstance(chat, bool):
+            raise _fail("settings.apply_chat_template", f"must be true, false or null; got {shown(chat)}.")
         for key in EVAL_SEED_FIELDS:
             _int(settings.get(key), f"settings.{key}", 0, SEED_LIMIT - 1, none=True)
 
@@ -342,8 +347,7 @@ def _check_row(row: Any, i: int) -> None:
     if len(outputs) > MAX_EXAMPLES:
         raise _fail(f"{field}.outputs", f"holds {len(outputs)} examples; the limit is {MAX_EXAMPLES}.")
     for j, tokens in enumerate(outputs):
-        if not isinstance(tokens, list) or not all(
-                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < MAX_ID for t in tokens):
+        if not isinstance(tokens, list) or not all(is_integer(t) and 0 <= t < MAX_ID for t in tokens):
             raise _fail(f"{field}.outputs[{j}]", f"must be a list of token ids (integers in [0, {MAX_ID})); got "
                                                  f"{shown(tokens)}.")
     _check_decoder(row["decoder"], f"{field}.decoder")

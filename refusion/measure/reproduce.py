@@ -11,13 +11,14 @@ times side by side without comparing them (they never repeat exactly).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import attrs
 
-from refusion.errors import ConfigError
 from refusion.config import DecoderSpec
 from refusion.decoding.decoder import Decoder
+from refusion.errors import ConfigError
 from refusion.measure.records import check_model_options, check_record, environment
 
 #: environment entries whose change is reported (dotted paths into the environment)
@@ -185,8 +186,10 @@ def _eval(record: Mapping[str, Any], progress: bool) -> Reproduction:
 
     settings = record["settings"]
     seeds = {k: settings[k] for k in EVAL_SEEDS if k in settings}
+    options = {k: settings[k] for k in ("num_fewshot", "apply_chat_template") if settings.get(k) is not None}
     _, again = evaluate_with_record(settings["tasks"], model_args=settings["model_args"],
-                                    include_path=settings.get("include_path"), limit=settings.get("limit"), **seeds)
+                                    include_path=settings.get("include_path"), limit=settings.get("limit"), **seeds,
+                                    **options)
     differences = []
     for task, metrics in record["results"].items():
         now = again["results"].get(task)

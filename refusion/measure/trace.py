@@ -24,14 +24,15 @@ import math
 import re
 import reprlib
 import sys
+from collections.abc import Callable, Iterator, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 
-from refusion.errors import ConfigError
 from refusion.decoding.types import DecodeResult, Partition, Slot, StepRecord
+from refusion.errors import ConfigError
 
 SCHEMA_NAME = "refusion-trace"
 SCHEMA_VERSION = 1
@@ -274,10 +275,10 @@ def _plain(kinds: list[str]) -> Callable[[Any], None]:
     return check
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _checkers() -> dict[str, Callable[[Any], None]]:
     """One checker per record kind, compiled once from the shipped schema."""
-    defs, done = schema()["$defs"], {}
+    defs, done = schema()["$defs"], dict[str, Any]()
     return {kind: _compile({"$ref": f"#/$defs/{kind}"}, defs, done) for kind in _KINDS}
 
 
@@ -412,7 +413,8 @@ class _Sequence:
     """One sequence as its records arrive: the header's partition, the steps so far, the running totals."""
 
     def __init__(self, header: dict):
-        self.header, self.end = header, None
+        self.header: dict[str, Any] = header
+        self.end: dict[str, Any] | None = None
         self.partition = _partition(header)
         g = self.partition.gen_length
         self.tokens, self.commit = [-1] * g, [-1] * g
@@ -489,6 +491,8 @@ class _Sequence:
 
     def result(self) -> DecodeResult:
         header, end = self.header, self.end
+        if end is None:
+            raise _Bad("is missing: the trace has no end record for this sequence", "end")
         extra = {"all_tokens": self.tokens, "engine": header.get("engine"), "fed_tokens": end["fed_tokens"],
                  "kv_bytes": dict(end["kv_bytes"]), "engine_counters": end.get("engine_counters"),
                  "decoder": header.get("decoder")}

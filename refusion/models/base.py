@@ -126,7 +126,8 @@ class ModelAdapter(ABC):
         """
 
     def scores(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: Any, cache: Any) -> Scores:
-        """Run the network like :meth:`forward`; the output at every fed position as :class:`~refusion.decoding.scores.Scores`.
+        """Run the network like :meth:`forward`; the output at every fed position as
+        :class:`~refusion.decoding.scores.Scores`.
 
         Engines call this. The default wraps :meth:`forward`'s full logits;
         an adapter that can separate the LM head returns hidden states plus

@@ -18,7 +18,8 @@ bool for ``sdpa``, additive float for ``eager``.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -26,7 +27,7 @@ from refusion.errors import bad_value
 from refusion.models.base import ModelCapabilities
 from refusion.models.hf import HFCausalLM
 from refusion.plugins import hookimpl
-
+from refusion.validators import is_integer
 
 LAYOUTS = ("absolute", "prompt")
 
@@ -53,7 +54,7 @@ class HFBlockDiffusionLM(HFCausalLM):
 
     def __init__(self, model: Any, tokenizer: Any | None = None, *, block_length: int = 4, layout: str = "prompt",
                  mask_token_id: int | None = None, eos_token_id: int | Iterable[int] | None = None):
-        if isinstance(block_length, bool) or not isinstance(block_length, int) or block_length < 1:
+        if not is_integer(block_length) or block_length < 1:
             raise bad_value("block_length", block_length, "an integer >= 1 (the block size the model was trained with)")
         if layout not in LAYOUTS:
             raise bad_value("layout", layout, f"one of {', '.join(map(repr, LAYOUTS))}")

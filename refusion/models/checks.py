@@ -6,10 +6,12 @@ parameter, the value and the fix; none loads a model or allocates a tensor.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from refusion.errors import ConfigError
+from refusion.validators import is_integer
 
 
 def check_model_path(path: str) -> None:
@@ -79,11 +81,31 @@ CONFIG_SIZES = {"vocab_size": 2**24, "hidden_size": 2**17, "intermediate_size": 
                 "max_position_embeddings": 2**26}
 
 
+#: a checkpoint's special-token fields, each a token id or a list of them (or null)
+TOKEN_FIELDS = ("eos_token_id", "bos_token_id", "pad_token_id", "mask_token_id")
+
+
+def check_token_fields(section: dict, vocab_size: Any, path: str, where: str) -> None:
+    """Refuse a special-token field of ``section`` (:data:`TOKEN_FIELDS`) that is not a token id (or a list of
+    them) below ``vocab_size``; ``where`` starts the field's name in the message (``"config.json field `"``)."""
+    high = vocab_size if is_integer(vocab_size) and vocab_size > 0 else None
+    for field in TOKEN_FIELDS:
+        value = section.get(field)
+        if value is None:
+            continue
+        ids = value if isinstance(value, list) else [value]
+        if not ids or not all(is_integer(t) and t >= 0 and (high is None or t < high) for t in ids):
+            allowed = f"a token id in [0, {high})" if high is not None else "a token id (an integer >= 0)"
+            raise ConfigError(f"`model` {path!r}: {where}{field}` must be {allowed} or a list of them; got "
+                              f"{value!r:.60}.", param="model")
+
+
 def check_config(config: dict, path: str) -> None:
     """Refuse a ``config.json`` whose size fields are not positive integers within :data:`CONFIG_SIZES`.
 
-    Also checks ``model_type`` (text) and ``architectures`` (a list of
-    text); the same fields nested under ``text_config`` are checked too. A
+    Also checks ``model_type`` (text), ``architectures`` (a list of text)
+    and the special-token ids (:func:`check_token_fields`: within the
+    vocabulary); the same fields nested under ``text_config`` are checked too. A
     damaged or hostile config is refused here, before transformers builds
     a network from it (a negative or astronomical size would fail deep inside
     ``torch`` or allocate for ever).
@@ -95,9 +117,11 @@ def check_config(config: dict, path: str) -> None:
             value = section.get(field)
             if value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+            if not is_integer(value) or not 1 <= value <= high:
                 raise ConfigError(f"`model` {path!r}: config.json field `{place}{field}` must be an integer in "
                                   f"[1, {high}]; got {value!r:.60}.", param="model")
+        check_token_fields(section, section.get("vocab_size", config.get("vocab_size")), path, f"config.json field "
+                           f"`{place}")
     if "model_type" in config and not isinstance(config["model_type"], str):
         raise ConfigError(f"`model` {path!r}: config.json field `model_type` must be text; got "
                           f"{config['model_type']!r:.60}.", param="model")
@@ -105,3 +129,43 @@ def check_config(config: dict, path: str) -> None:
     if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
         raise ConfigError(f"`model` {path!r}: config.json field `architectures` must be a list of class names; got "
                           f"{archs!r:.60}.", param="model")
+
+
+#: safetensors dtypes that hold no real numbers: a weight stored so is refused (transformers would cast it in silence)
+INTEGER_DTYPES = ("BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64")
+#: a safetensors header larger than this is left for the loader to report
+MAX_HEADER_BYTES = 100 * 2**20
+
+
+def safetensors_dtypes(file: Path) -> dict[str, str]:
+    """``{tensor name: dtype}`` from a safetensors file's header (``{}`` when the header cannot be read)."""
+    import json
+
+    try:
+        with open(file, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            if not 0 < size <= MAX_HEADER_BYTES:
+                return {}
+            header = json.loads(f.read(size))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(header, dict):
+        return {}
+    return {name: str(info.get("dtype")) for name, info in header.items()
+            if name != "__metadata__" and isinstance(info, dict)}
+
+
+def check_weights(path: str, config: dict) -> None:
+    """Refuse a local checkpoint whose weights (``*.weight`` tensors) are stored as integers or booleans, naming the
+    file, the tensor and its dtype, before anything is loaded: transformers would cast them to the model's float
+    dtype without a word. A checkpoint with a ``quantization_config`` passes (its packed weights are integers);
+    a damaged file is left for the loader to report."""
+    local = Path(path).expanduser()
+    if not local.is_dir() or config.get("quantization_config") is not None:
+        return
+    for file in sorted(local.glob("*.safetensors")):
+        for name, dtype in safetensors_dtypes(file).items():
+            if name.endswith(".weight") and dtype in INTEGER_DTYPES:
+                raise ConfigError(f"`model` {path!r}: {file.name} stores the weight `{name}` as {dtype}; weights are "
+                                  "floating point (F16, BF16, F32, F64), or quantized with a `quantization_config` in "
+                                  "config.json. Is the file damaged or converted wrongly?", param="model")

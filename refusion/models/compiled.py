@@ -38,6 +38,7 @@ import attrs
 import torch
 
 from refusion.errors import ConfigError
+from refusion.validators import is_integer
 
 #: ``mode`` values :func:`compile_adapter` takes (``torch.compile``'s), and those that capture CUDA graphs
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -193,7 +194,7 @@ def _check(mode: Any, backend: Any, dynamic: Any, buckets: Any, within: str | No
         raise bad("mode", f"{mode!r} applies to the 'inductor' backend only; got backend {backend!r}.")
     if dynamic not in (True, False, None):
         raise bad("dynamic", f"must be True, False or None; got {dynamic!r}.")
-    if buckets is not None and (isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 1):
+    if buckets is not None and (not is_integer(buckets) or buckets < 1):
         raise bad("buckets", f"must be None or an integer >= 1; got {buckets!r}.")
 
 
@@ -264,7 +265,8 @@ def compile_options(value: Any) -> dict[str, Any] | None:
     else:
         raise ConfigError(f"`compile` must be {allowed}; got {value!r}.", param="compile")
     defaults = {"mode": None, "backend": "inductor", "dynamic": True, "buckets": None}
-    _check(*({**defaults, **options}[key] for key in OPTIONS), "compile")
+    merged = {**defaults, **options}
+    _check(merged["mode"], merged["backend"], merged["dynamic"], merged["buckets"], "compile")
     if options.get("mode") in CUDA_GRAPH_MODES and not torch.cuda.is_available():
         raise ConfigError(f"`compile` mode {options['mode']!r} captures CUDA graphs and needs CUDA, which is not "
                           "available; on the CPU use compile=True.", param="compile")

@@ -75,11 +75,6 @@ class LMHead:
     def vocab_size(self) -> int:
         return self.weight.shape[0]
 
-    @property
-    def reduce_dtype(self) -> torch.dtype:
-        """The dtype of probabilities and log-sum-exps: float32, or float64 for a float64 model."""
-        return torch.float64 if self.weight.dtype == torch.float64 else torch.float32
-
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits of shape ``(*hidden.shape[:-1], vocab)``, as the model's own head computes them."""
         start = time.process_time()

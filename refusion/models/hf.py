@@ -8,15 +8,16 @@ transformers 5.24, ``past_key_values=`` before: :func:`cache_keyword`).
 from __future__ import annotations
 
 import inspect
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
-from refusion.errors import ConfigError
-from refusion.models.checks import check_token_ids
-from refusion.models.base import ModelAdapter, ModelCapabilities
-from refusion.plugins import hookimpl
 from refusion.decoding.scores import Scores
+from refusion.errors import ConfigError
+from refusion.models.base import ModelAdapter, ModelCapabilities
+from refusion.models.checks import check_token_ids
+from refusion.plugins import hookimpl
 
 MASK_TOKEN_STRINGS = ("<|mask|>", "<mask>", "[MASK]")
 
@@ -116,7 +117,7 @@ class HFCausalLM(ModelAdapter):
     def from_pretrained(
         cls, path: str, *, dtype: torch.dtype | str = "auto", device: str | None = None, trust_remote_code: bool = False,
         **kwargs: Any
-    ) -> "HFCausalLM":
+    ) -> HFCausalLM:
         """Load a checkpoint directory (or hub id, where the hub is reachable) with its tokenizer.
 
         The checkpoint's own code (``auto_map``) runs only with

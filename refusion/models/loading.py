@@ -11,11 +11,14 @@ may run, so it never asks on standard input.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 from refusion.errors import ConfigError
-from refusion.models.checks import check_config, check_device, check_model_path, torch_dtype
 from refusion.models.base import ModelAdapter
+from refusion.models.checks import check_config, check_device, check_model_path, check_weights, torch_dtype
+from refusion.validators import check_boolean
 
 #: keywords :func:`load_model` passes on to transformers' ``from_pretrained``
 TRANSFORMERS_OPTIONS = ("device_map", "attn_implementation", "quantization_config", "max_memory", "offload_folder",
@@ -55,7 +58,7 @@ def load_model(model: Any = None, *, tokenizer: Any = None, adapter: str | None 
     if compile is not False and compile is not None:
         from refusion.models.compiled import compile_adapter, compile_options
 
-        compiling = compile_options(compile)
+        compiling = compile_options(compile) or {}
         loaded = load_model(model, tokenizer=tokenizer, adapter=adapter, trust_remote_code=trust_remote_code, **options)
         return compile_adapter(loaded, **compiling)
 
@@ -63,8 +66,7 @@ def load_model(model: Any = None, *, tokenizer: Any = None, adapter: str | None 
         if tokenizer is not None:
             model.tokenizer = tokenizer
         return model
-    if not isinstance(trust_remote_code, bool):
-        raise ConfigError(f"`trust_remote_code` must be True or False; got {trust_remote_code!r}.", param='trust_remote_code')
+    check_boolean("trust_remote_code", trust_remote_code)
     if model is None:
         from refusion.models.default import default_model_path
 
@@ -75,6 +77,8 @@ def load_model(model: Any = None, *, tokenizer: Any = None, adapter: str | None 
             options["dtype"] = torch_dtype(options["dtype"])
         check_device(options.get("device"))
         config = read_config(model)
+        preset = read_model_preset(model, trust_remote_code=trust_remote_code)  # refused before any weight is read
+        check_weights(model, config)
         family = None if adapter is not None else find_family(config)
         if family is not None:
             check_options(options, family.adapter_options, f"the {family.name!r} family")
@@ -86,7 +90,7 @@ def load_model(model: Any = None, *, tokenizer: Any = None, adapter: str | None 
             loaded = _loading(model, adapter_cls.from_pretrained, model, trust_remote_code=trust_remote_code, **options)
             if tokenizer is not None:
                 loaded.tokenizer = tokenizer
-        loaded.preset = read_model_preset(model) or family_preset(family)
+        loaded.preset = preset or family_preset(family)  # type: ignore[attr-defined]
         return loaded
     if hasattr(model, "config") and callable(model):
         return registry().get("model_adapter", adapter or "hf-causal")(model, tokenizer, **options)
@@ -97,14 +101,33 @@ def load_model(model: Any = None, *, tokenizer: Any = None, adapter: str | None 
 PRESET_FILE = "refusion.json"
 
 
-def read_model_preset(path: str) -> Any:
-    """The decoder spec a checkpoint recommends (``refusion.json`` next to its weights), or ``None``."""
+#: how a user lets a checkpoint's ``refusion.json`` name parts by module path
+PRESET_OPT_IN = "Only with `trust_remote_code=True` (CLI: --trust-remote-code) does a checkpoint run code of its own."
+
+
+def read_model_preset(path: str, *, trust_remote_code: bool = False) -> Any:
+    """The decoder spec a checkpoint recommends (``refusion.json`` next to its weights), or ``None``.
+
+    A part or engine it names by ``"module:Class"`` path would import and run
+    that module (the checkpoint folder's own, from the current directory): it is
+    refused, naming the field, unless ``trust_remote_code``. Nothing is imported here.
+    """
     from pathlib import Path
 
     from refusion.config import load_preset
+    from refusion.config.trust import refuse_import_paths
+    from refusion.files import where
 
     file = Path(path) / PRESET_FILE
-    return load_preset(file) if file.is_file() else None
+    if not file.is_file():
+        return None
+    spec = load_preset(file)
+    if not trust_remote_code:
+        try:
+            refuse_import_paths(spec, where=where("`model` preset file", file), opt_in=PRESET_OPT_IN)
+        except ConfigError as exc:
+            raise ConfigError(str(exc), param="model") from None
+    return spec
 
 
 def family_preset(family: Any) -> Any:
@@ -121,17 +144,19 @@ def _loading(path: str, load: Any, *args: Any, **kwargs: Any) -> ModelAdapter:
     A damaged checkpoint fails in many libraries' own ways (safetensors'
     ``SafetensorError`` for truncated weights, torch's size mismatches,
     huggingface_hub's config validation, ``OSError`` for missing files): the
-    user gets one :class:`ConfigError` with the cause's type and first line,
-    the cause chained for debugging.
+    user gets one :class:`ConfigError` with the cause's type and first line
+    and what transformers' hidden load report said (kept as a note by
+    :func:`~refusion.models.files.quietly`), the cause chained for debugging.
     """
     try:
         return load(*args, **kwargs)
     except ConfigError:
         raise
-    except Exception as exc:  # noqa: BLE001 - every way a checkpoint can be damaged, reported as one error
+    except Exception as exc:
         first = (str(exc).strip().splitlines() or [""])[0]
-        raise ConfigError(f"`model` {path!r} could not be loaded as a checkpoint ({type(exc).__name__}: {first:.300})",
-                          param='model') from exc
+        notes = "".join(f"; {note:.500}" for note in getattr(exc, "__notes__", ()))
+        raise ConfigError(f"`model` {path!r} could not be loaded as a checkpoint ({type(exc).__name__}: {first:.300}"
+                          f"{notes})", param="model") from exc
 
 
 def read_config(path: str) -> dict[str, Any]:
@@ -140,14 +165,9 @@ def read_config(path: str) -> dict[str, Any]:
     Unreadable, non-UTF-8, over-nested or non-object JSON and size fields out of
     range (:func:`~refusion.models.checks.check_config`) are ConfigErrors naming the checkpoint.
     """
-    from transformers.utils import cached_file
-
     from refusion.files import read_json
 
-    try:
-        file = cached_file(path, "config.json")
-    except OSError as exc:
-        raise ConfigError(f"`model` {path!r}: its config.json cannot be read ({exc}).", param='model') from exc
+    file = checkpoint_file(path, "config.json")
     config = read_json(file, what="`model` config.json", param="model", max_bytes=16 * 2**20)
     if not isinstance(config, dict):
         raise ConfigError(f"`model` {path!r}: config.json must hold a JSON object; got {type(config).__name__}.", param='model')
@@ -155,8 +175,57 @@ def read_config(path: str) -> dict[str, Any]:
     return config
 
 
+def checkpoint_file(path: str, name: str) -> str:
+    """The local path of the checkpoint's file ``name``: in the directory ``path``, in the Hugging Face cache, or
+    downloaded from the hub.
+
+    A hub id neither local nor cached is refused at once, naming ``model``,
+    when the hub cannot be reached (offline mode, a host name that does not
+    resolve, a connection refused): huggingface_hub would retry for about 20
+    seconds first.
+    """
+    from transformers.utils import cached_file
+
+    try:
+        return cached_file(path, name, local_files_only=True)
+    except OSError as exc:
+        if Path(path).expanduser().is_dir():
+            raise ConfigError(f"`model` {path!r}: its {name} cannot be read ({exc}).", param="model") from exc
+    unreachable = hub_unreachable()
+    if unreachable is not None:
+        raise ConfigError(f"`model` {path!r} is not a local directory, not in the Hugging Face cache, and the hub "
+                          f"cannot be reached ({unreachable}). Give a checkpoint directory, or download it first "
+                          "(`hf download ORG/NAME`).", param="model")
+    try:
+        return cached_file(path, name)
+    except OSError as exc:
+        raise ConfigError(f"`model` {path!r}: its {name} cannot be read ({exc}).", param="model") from exc
+
+
+def hub_unreachable(timeout: float = 3.0) -> str | None:
+    """Why the Hugging Face hub cannot be reached (``None`` when it can, or when a proxy decides)."""
+    import os
+    import socket
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None  # the proxy connects, not this machine
+    url = urlsplit(constants.ENDPOINT)
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as exc:
+        return f"{host}:{port}: {exc.strerror or exc}"
+    return None
+
+
 def find_family(config: Mapping[str, Any]) -> Any:
-    """The registered :class:`~refusion.models.families.ModelFamily` (an instance) that recognises ``config``, or None."""
+    """The registered :class:`~refusion.models.families.ModelFamily` (an instance) that recognises ``config``, or
+    None."""
     from refusion.plugins.registry import registry
 
     for entry in registry().entries("model_family"):
@@ -219,4 +288,4 @@ def load_from_options(options: Mapping[str, Any]) -> ModelAdapter:
     elif get("logit_shift") is not None:
         raise ConfigError(f"`logit_shift` {get('logit_shift')} applies only with adapter 'hf-mdm' (bidirectional "
                           f"models); the adapter is {adapter!r}. Drop it or use adapter 'hf-mdm'.", param="logit_shift")
-    return load_model(get("model"), adapter=adapter, trust_remote_code=get("trust_remote_code"), **kwargs)
+    return load_model(get("model"), adapter=adapter, trust_remote_code=bool(get("trust_remote_code")), **kwargs)

@@ -9,8 +9,8 @@ autoregressively (``parallel-ar``, ``greedy-verify``) are refused for it.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Iterable
-
+from collections.abc import Iterable
+from typing import Any
 
 from refusion.errors import ConfigError
 from refusion.models.base import ModelCapabilities

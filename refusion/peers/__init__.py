@@ -9,7 +9,8 @@ own decoder).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from refusion.errors import unknown_name
 from refusion.peers.base import PeerCall, PeerFunction

@@ -13,7 +13,8 @@ threshold=None, steps=16)`` takes the peer's own call.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import attrs
 

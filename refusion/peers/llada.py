@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from refusion.peers.base import PeerCall, PeerFunction, check_mask_id, check_no_padding, refuse, taken
 

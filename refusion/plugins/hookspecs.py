@@ -8,7 +8,7 @@ The decode loop never calls hooks: it calls methods of the parts it was given.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import pluggy
 

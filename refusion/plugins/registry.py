@@ -8,17 +8,14 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import attrs
 
-from refusion.errors import ConfigError, PluginError, RefusionError, unknown_name
+from refusion.errors import ConfigError, PluginError, RegistrationError, unknown_name
 from refusion.plugins.manager import PluginManager, make_plugin_manager
 from refusion.validators import finite_fields
-
-
-class RegistrationError(RefusionError):
-    """A plugin tried to register a class that is not a valid part, or a duplicate name."""
 
 
 def _interfaces() -> dict[str, type]:
@@ -56,7 +53,7 @@ class Registration:
 
     kind: str
     name: str
-    cls: type
+    cls: Any  # the part's class, a subclass of its kind's interface
     plugin: str
     source: str
 
@@ -72,7 +69,7 @@ class Registration:
                 if not f.init:
                     continue
                 default = f.default
-                if isinstance(default, attrs.Factory):
+                if isinstance(default, attrs.Factory):  # type: ignore[arg-type]  # attrs.Factory is a class
                     default = default.factory() if not default.takes_self else None
                 out[f.alias or f.name] = None if default is attrs.NOTHING else default
             return out
@@ -116,7 +113,7 @@ class Registry:
         if not inspect.isclass(cls) or not issubclass(cls, interface):
             raise RegistrationError(f"{where} registered {cls!r} as a {kind}, but it does not subclass {interface.__name__}.")
         if inspect.isabstract(cls):
-            missing = ", ".join(sorted(cls.__abstractmethods__))
+            missing = ", ".join(sorted(getattr(cls, "__abstractmethods__", ())))
             raise RegistrationError(f"{where} registered {cls.__name__}, which does not implement: {missing}.")
         name = cls.__dict__.get("name")
         if not isinstance(name, str) or not name:
@@ -150,7 +147,7 @@ class Registry:
             raise unknown_name(kind.replace("_", " "), name, entries)
         return entries[name]
 
-    def get(self, kind: str, name: str) -> type:
+    def get(self, kind: str, name: str) -> Any:
         """The class registered as ``name`` for ``kind``; the error lists the known names."""
         return self.entry(kind, name).cls
 

@@ -4,36 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import attrs
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from refusion.errors import ConfigError
+from refusion.errors import APIError, ConfigError, renamed
 
 
-@attrs.frozen
-class APIError(Exception):
-    """An error to send to the client: ``status``, a message, OpenAI's ``type``, the request field and a code."""
-
-    status: int
-    message: str
-    type: str = "invalid_request_error"
-    param: str | None = None
-    code: str | None = None
-    headers: dict[str, str] | None = None
-
-    def body(self) -> dict[str, Any]:
-        """The JSON body; text echoed from the request that is not valid Unicode is escaped, never a 500."""
-        return {"error": {"message": _printable(self.message), "type": self.type, "param": _printable(self.param),
-                          "code": self.code}}
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
-
-
-def _printable(text: str | None) -> str | None:
-    return None if text is None else text.encode("utf-8", "backslashreplace").decode("utf-8")
+def error_response(error: APIError) -> JSONResponse:
+    """The HTTP response of ``error``: its status, its headers and OpenAI's error body."""
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
 #: decoder-side names that a request spells differently
@@ -46,17 +26,14 @@ def bad_request(error: ConfigError, *, prompt_field: str = "prompt", params: Any
     A part parameter sent in ``params`` is named ``params.<key>``; the prompt
     is ``prompt_field`` (``messages`` for chat).
     """
-    message = str(error)
-    name = error.param
-    if name is not None:
-        if name in REQUEST_FIELDS:
-            name = REQUEST_FIELDS[name]
-            message = message.replace("`gen_length`", "`max_tokens`").replace("gen_length <=", "max_tokens <=")
-        if name == "prompt":
-            name = prompt_field
-        elif name in params:
-            name = f"params.{name}"
-    return APIError(400, message, param=name, code="invalid_value")
+    names = dict(REQUEST_FIELDS, prompt=prompt_field)
+    if prompt_field != "prompt":
+        names["prompt_ids"] = prompt_field
+    if error.param is not None and error.param in params:
+        names[error.param] = f"params.{error.param}"
+    request = renamed(error, names)
+    message = str(request).replace("gen_length <=", "max_tokens <=")
+    return APIError(400, message, param=request.param, code="invalid_value")
 
 
 def validation_error(error: RequestValidationError | ValidationError) -> APIError:
@@ -82,9 +59,9 @@ def validation_error(error: RequestValidationError | ValidationError) -> APIErro
     return APIError(400, f"`{param}`: {first.get('msg')}; got {got}.", param=param or None, code="invalid_type")
 
 
-def invalid_json(reason: str) -> APIError:
-    """A 400 for a body that is not one JSON object."""
-    return APIError(400, f"The body is not valid JSON: {reason}.", code="invalid_json")
+def invalid_json(reason: str, param: str | None = None) -> APIError:
+    """A 400 for a body that is not one JSON object; ``param`` names the field at fault when one is."""
+    return APIError(400, f"The body is not valid JSON: {reason}.", param=param, code="invalid_json")
 
 
 def too_large(limit: int) -> APIError:

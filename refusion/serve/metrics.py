@@ -69,10 +69,11 @@ class ServerMetrics:
         self.latency.labels(endpoint).observe(latency)
 
     def refused(self, path: str, status: int) -> None:
-        """Count a request to a decoding endpoint answered 400 (``invalid``) or 404 (``not_found``) before decoding."""
+        """Count a request to a decoding endpoint refused before decoding: 400 or 415 (``invalid``), 404
+        (``not_found``)."""
         endpoint = ENDPOINTS.get(path)
-        if endpoint is not None and status in (400, 404):
-            self.requests.labels(endpoint, "invalid" if status == 400 else "not_found").inc()
+        if endpoint is not None and status in (400, 404, 415):
+            self.requests.labels(endpoint, "not_found" if status == 404 else "invalid").inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

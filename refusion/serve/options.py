@@ -19,26 +19,13 @@ from refusion.config.params import parse_param
 from refusion.config.trust import is_import_path, refuse_import_paths
 from refusion.decoding.decoder import Decoder
 from refusion.engines.base import Engine
-from refusion.errors import ConfigError, UnknownNameError
+from refusion.errors import APIError, ConfigError, UnknownNameError
+from refusion.limits import MAX_BODY_BYTES, prompt_chars
 from refusion.plugins.registry import registry
 from refusion.prompts import check_encodable, check_no_special_text, encode_prompt
-from refusion.serve.errors import APIError, bad_request
-from refusion.serve.schema import ChatCompletionRequest, CompletionRequest, DecodingFields
-
-#: the default bound on a request body, in bytes (``refusion serve --max-body-bytes``)
-MAX_BODY_BYTES = 256 * 1024
-#: prompt text may hold this many characters per model position before it is refused untokenised
-CHARS_PER_POSITION = 8
-
-
-def _positive(name: str, optional: bool = False):
-    def check(instance: Any, attribute: Any, value: Any) -> None:
-        if optional and value is None:
-            return
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"`{name}` must be {'None or ' if optional else ''}an integer >= 1; got {value!r}.",
-                              param=name)
-    return check
+from refusion.serve.errors import bad_request
+from refusion.serve.schema import ChatCompletionRequest, CompletionRequest, DecodingFields, unhonoured
+from refusion.validators import boolean, optional, positive_int
 
 
 @attrs.frozen
@@ -47,23 +34,22 @@ class ServePolicy:
 
     ``max_body_bytes`` bounds a request body (``--max-body-bytes``; larger is
     413); ``max_prompt_chars`` bounds prompt text, checked before it is
-    tokenised (``--max-prompt-chars``; default ``CHARS_PER_POSITION`` per model
+    tokenised (``--max-prompt-chars``; default :data:`~refusion.limits.CHARS_PER_POSITION` per model
     position). Requests may name parts by ``"module:Class"`` path only with
     ``allow_imports`` (``--allow-imports``), and put special-token text in
     prompts only with ``allow_special_tokens`` (``--allow-special-tokens``).
     """
 
-    max_body_bytes: int = attrs.field(default=MAX_BODY_BYTES, validator=_positive("max_body_bytes"))
-    max_prompt_chars: int | None = attrs.field(default=None, validator=_positive("max_prompt_chars", optional=True))
-    allow_imports: bool = False
-    allow_special_tokens: bool = False
+    max_body_bytes: int = attrs.field(default=MAX_BODY_BYTES, validator=positive_int)
+    max_prompt_chars: int | None = attrs.field(default=None, validator=optional(positive_int))
+    allow_imports: bool = attrs.field(default=False, validator=boolean)
+    allow_special_tokens: bool = attrs.field(default=False, validator=boolean)
 
     def prompt_chars(self, model: Any) -> int | None:
         """The most characters of prompt text ``model`` is sent (``None``: no bound but the body's)."""
         if self.max_prompt_chars is not None:
             return self.max_prompt_chars
-        positions = getattr(model, "max_positions", None)
-        return None if positions is None else CHARS_PER_POSITION * positions
+        return prompt_chars(getattr(model, "max_positions", None))
 
 
 @attrs.frozen
@@ -153,6 +139,16 @@ def refuse_imports(body: DecodingFields, own: Mapping[str, Any]) -> None:
         raise APIError(400, str(exc), param=exc.param, code="import_refused") from None
 
 
+def refuse_unhonoured(body: DecodingFields) -> None:
+    """400 naming the first OpenAI field whose value refusion cannot honour (a penalty, ``logprobs``, ``echo``, ...);
+    their neutral values pass (:data:`~refusion.serve.schema.NEUTRAL`)."""
+    found = unhonoured(body)
+    if found is not None:
+        field, value, accepted = found
+        raise APIError(400, f"`{field}` = {value!r:.80} cannot be honoured by this server; send {accepted}, or leave "
+                       "it out.", param=field, code="unsupported_value")
+
+
 def check_prompt_size(body: CompletionRequest | ChatCompletionRequest, field: str, bound: int | None) -> None:
     """400 naming ``field`` when the prompt text (all messages together) is over ``bound`` characters.
 
@@ -222,6 +218,7 @@ def plan_request(body: CompletionRequest | ChatCompletionRequest, generator: Any
     :class:`ConfigError` with :meth:`Plan.config_error`.
     """
     policy = policy or ServePolicy()
+    refuse_unhonoured(body)
     model = generator.model
     chat = isinstance(body, ChatCompletionRequest)
     prompt_field = "messages" if chat else "prompt"
@@ -234,7 +231,8 @@ def plan_request(body: CompletionRequest | ChatCompletionRequest, generator: Any
         check_part_names(options)
         decoder = build_decoder(model, **options)[0] if options else None
         check_guidance(decoder or generator.decoder, generator.engine)
-        raw = chat_prompt(body, model.tokenizer, policy.allow_special_tokens) if chat else body.prompt
+        raw = (chat_prompt(body, model.tokenizer, policy.allow_special_tokens)
+               if isinstance(body, ChatCompletionRequest) else body.prompt)
         if isinstance(raw, str) and not raw:
             raise APIError(400, f"`{prompt_field}` is empty.", param=prompt_field, code="invalid_value")
         ids = (encode_prompt(raw, model.tokenizer, False, allow_special=policy.allow_special_tokens)
@@ -243,7 +241,7 @@ def plan_request(body: CompletionRequest | ChatCompletionRequest, generator: Any
         if limit is not None and len(ids) >= limit:
             raise APIError(400, f"`{prompt_field}` is {len(ids)} tokens long; the model holds {limit} positions, "
                            "prompt and answer together.", param=prompt_field, code="context_length_exceeded")
-        length = body.length if chat else body.max_tokens
+        length = body.length if isinstance(body, ChatCompletionRequest) else body.max_tokens
         length = length or defaults.gen_length or generator.gen_length
     except ConfigError as exc:
         raise bad_request(exc, prompt_field=prompt_field, params=own) from None

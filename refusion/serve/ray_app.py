@@ -28,8 +28,9 @@ import attrs
 
 from refusion.errors import ConfigError, RefusionError
 from refusion.serve.options import ServeDefaults, ServePolicy
-from refusion.serve.runner import address as host_port
-from refusion.serve.runner import bind, check_number, check_server_options, model_name_of
+from refusion.serve.settings import address as host_port
+from refusion.serve.settings import bind, check_server_options, model_name_of
+from refusion.validators import check_integer, check_number
 
 #: what to install when Ray is missing
 RAY_HINT = 'pip install "refusion[ray]"'
@@ -60,10 +61,10 @@ def check_replicas(replicas: Any, name: str = "replicas") -> None:
             raise ConfigError(f"`{name}` must be an integer >= 1 or autoscaling bounds (min, max); got {replicas!r}.",
                               param=name)
         low, high = replicas
-        check_number(f"{name} (min)", low, 0)
-        check_number(f"{name} (max)", high, max(1, low), note="and >= min")
+        check_integer(f"{name} (min)", low, 0)
+        check_integer(f"{name} (max)", high, max(1, low), why="and >= min")
         return
-    check_number(name, replicas, 1, note="or autoscaling bounds (min, max)")
+    check_integer(name, replicas, 1, why="or autoscaling bounds (min, max)")
 
 
 @attrs.frozen
@@ -132,7 +133,7 @@ class ReplicaApp:
         """Whether the generator's thread runs (or the app has not started yet)."""
         if self.app is None:
             return True
-        generator = self.app.state.generator
+        generator = self.app.state.server.generator
         return generator.running or generator.closing
 
 
@@ -259,8 +260,8 @@ def deploy(model: Any = None, *, replicas: int | tuple[int, int] = 1, address: s
                          max_queue=max_queue, retry_after=retry_after, shutdown_timeout=shutdown_timeout,
                          log_level=log_level, torch_threads=torch_threads)
     check_replicas(replicas)
-    check_number("cpus_per_replica", cpus_per_replica, 0, integer=False)
-    check_number("gpus_per_replica", gpus_per_replica, 0, integer=False)
+    check_number("cpus_per_replica", cpus_per_replica, 0)
+    check_number("gpus_per_replica", gpus_per_replica, 0)
     serve = import_serve()
     import ray
 
@@ -298,7 +299,7 @@ def failure(serve: Any, exc: Exception) -> str:
     """Why the deployment failed, in one line: the last exception its replicas raised, else ``exc``'s own."""
     try:
         found = serve.status().applications[APP_NAME].deployments[APP_NAME].message
-    except Exception:  # noqa: BLE001 - no status to read: fall back on the exception
+    except Exception:
         found = ""
     for text in (found, str(exc)):
         raised = [m for m in map(_RAISED.match, text.splitlines()) if m]

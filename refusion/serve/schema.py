@@ -1,48 +1,77 @@
 """Request bodies of the OpenAI endpoints, with refusion's own fields; pydantic checks the types.
 
 Unknown fields are refused (400 naming the field) rather than ignored, so a
-typo or an unsupported OpenAI option never passes silently.
+typo never passes silently. OpenAI's fields that refusion cannot honour
+(penalties, ``logit_bias``, ``logprobs``, ``echo``, ``best_of``, ``suffix``,
+tools, response formats) are accepted with their neutral values, which stock
+clients send (LangChain's OpenAI wrapper sends ``frequency_penalty: 0``), and
+refused with any other value, naming the field (:func:`unhonoured`), as vLLM
+does.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, TypeVar, Union
+import math
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
 
-ParamValue = Union[StrictBool, StrictInt, StrictFloat, StrictStr, None]
+from refusion.errors import InvalidJSON
+
+ParamValue = StrictBool | StrictInt | StrictFloat | StrictStr | None
+#: stop strings a request may send (OpenAI takes 4; lm-evaluation-harness sends a task's stops and the EOS text)
+MAX_STOPS = 16
 Body = TypeVar("Body", bound=BaseModel)
-
-
-class InvalidJSON(ValueError):
-    """The body is not one JSON object (the message says why)."""
 
 
 JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
               type(None): "null"}
 
 
-def _no_constant(name: str) -> Any:
-    raise InvalidJSON(f"{name} is not a JSON number")
+class _Constant(float):
+    """``NaN``, ``Infinity`` or ``-Infinity`` in a body, kept (as a float that says which) until its field is known."""
+
+    name: str
+
+
+def _constant(name: str) -> _Constant:
+    value = _Constant({"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[name])
+    value.name = name
+    return value
+
+
+def _find_constant(value: Any, path: str = "") -> tuple[str, str] | None:
+    """``(field path, constant)`` of the first ``NaN``/``Infinity`` in ``value`` (``temperature``, ``params.k``)."""
+    if isinstance(value, _Constant):
+        return path, value.name
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _find_constant(item, f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else key)
+        if found is not None:
+            return found
+    return None
 
 
 def parse_body(raw: bytes, schema: type[Body]) -> Body:
     """``raw`` (a request body) as ``schema``: raises :class:`InvalidJSON` or pydantic's ``ValidationError``.
 
-    Strict JSON: ``NaN`` and ``Infinity`` are refused, as are nesting deeper
-    than Python's recursion limit and integers of more than 4300 digits.
+    Strict JSON: ``NaN`` and ``Infinity`` are refused naming the field that
+    holds them (``param``), as are nesting deeper than Python's recursion limit
+    and integers of more than 4300 digits.
     """
     try:
-        data = json.loads(raw, parse_constant=_no_constant)
-    except InvalidJSON:
-        raise
+        data = json.loads(raw, parse_constant=_constant)
     except RecursionError:
         raise InvalidJSON("it is nested too deeply") from None
     except ValueError as exc:  # JSONDecodeError, bad UTF-8, an integer with too many digits
         raise InvalidJSON(str(exc)) from None
     if not isinstance(data, dict):
         raise InvalidJSON(f"the body must be a JSON object, not {JSON_TYPES.get(type(data), 'that')}")
+    found = _find_constant(data)
+    if found is not None:
+        raise InvalidJSON(f"`{found[0]}` is {found[1]}, which is not a JSON number", param=found[0])
     return schema.model_validate(data)
 
 
@@ -80,6 +109,10 @@ class DecodingFields(BaseModel):
     reorderer: StrictStr | None = None
     params: dict[StrictStr, ParamValue] | list[StrictStr] | None = None
     stream_steps: bool = False
+    # OpenAI's fields that refusion cannot honour: accepted with their neutral values only (:func:`unhonoured`)
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[StrictStr, float] | None = None
 
     @field_validator("n")
     @classmethod
@@ -92,8 +125,8 @@ class DecodingFields(BaseModel):
     @classmethod
     def _stops(cls, value):
         stops = [value] if isinstance(value, str) else value
-        if stops is not None and (len(stops) > 4 or any(not s for s in stops)):
-            raise ValueError("stop must be at most 4 non-empty strings")
+        if stops is not None and (len(stops) > MAX_STOPS or any(not s for s in stops)):
+            raise ValueError(f"stop must be at most {MAX_STOPS} non-empty strings")
         return value
 
     @property
@@ -107,6 +140,10 @@ class CompletionRequest(DecodingFields):
     """``POST /v1/completions``: ``prompt`` is text or token ids (or a list holding one of them)."""
 
     prompt: StrictStr | list[StrictInt] | list[StrictStr] | list[list[StrictInt]]
+    logprobs: StrictInt | None = None
+    echo: bool | None = None
+    best_of: StrictInt | None = None
+    suffix: StrictStr | None = None
 
     @field_validator("prompt")
     @classmethod
@@ -144,7 +181,43 @@ class ChatCompletionRequest(DecodingFields):
 
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: StrictInt | None = None
+    response_format: dict[StrictStr, Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: StrictStr | dict[StrictStr, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
     @property
     def length(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+#: OpenAI fields refusion cannot honour: field -> (is the value neutral?, what to send instead)
+NEUTRAL: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "frequency_penalty": (lambda v: v == 0, "0 (refusion applies no penalties)"),
+    "presence_penalty": (lambda v: v == 0, "0 (refusion applies no penalties)"),
+    "logit_bias": (lambda v: not v, "{} (refusion does not bias logits)"),
+    "logprobs": (lambda v: v is False, "false or null (refusion returns no log probabilities)"),
+    "top_logprobs": (lambda v: v == 0, "0 or null (refusion returns no log probabilities)"),
+    "echo": (lambda v: v is False, "false (the prompt is not repeated in the answer)"),
+    "best_of": (lambda v: v == 1, "1 (one answer per request)"),
+    "suffix": (lambda v: v == "", "an empty string (refusion does not insert text before a suffix)"),
+    "response_format": (lambda v: v == {"type": "text"}, '{"type": "text"} (no JSON mode)'),
+    "tools": (lambda v: not v, "[] (refusion serve does not call tools)"),
+    "tool_choice": (lambda v: v in ("none", "auto"), '"none" (refusion serve does not call tools)'),
+}
+
+
+def unhonoured(body: BaseModel) -> tuple[str, Any, str] | None:
+    """``(field, value, what is accepted)`` for the first OpenAI field of ``body`` that asks for something refusion
+    cannot do (a non-neutral value of a :data:`NEUTRAL` field; ``tool_choice`` other than ``none`` or ``auto``, or
+    ``auto`` with tools), else ``None``. Fields left out or ``null`` are neutral."""
+    fields = type(body).model_fields
+    for name, (neutral, accepted) in NEUTRAL.items():
+        if name not in fields:
+            continue
+        value = getattr(body, name)
+        if value is not None and not neutral(value):
+            return name, value, accepted
+    return None

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import attrs
 
@@ -99,7 +100,8 @@ async def pieces(live: LiveRequest, *, poll: float = 0.5, disconnected: Any = No
                     return
                 delta = text.finish("length")
                 yield Piece(delta, finish_reason=text.finish_reason, tokens=tuple(text.tokens),
-                            forwards=event.result.forwards, prefix_length=event.prefix_length)
+                            forwards=event.result.forwards if event.result is not None else None,
+                            prefix_length=event.prefix_length)
                 return
             delta = text.feed(event.prefix_tokens)
             if text.done:  # the answer is complete for the client (EOS, stop string or max_tokens)

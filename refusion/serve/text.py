@@ -8,7 +8,8 @@ character, is held back until the next tokens settle it.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 
 class StreamText:

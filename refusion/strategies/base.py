@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import functools
 from abc import ABC, abstractmethod
-from typing import ClassVar, Generator, Sequence
+from collections.abc import Generator, Sequence
+from typing import ClassVar
 
 import attrs
 import torch
 
-from refusion.decoding.protocol import ROOT, BlockReuse, Branch, Extend, ExtendOutput, ModelCall
 from refusion.cache.sequence import CacheEditor
+from refusion.decoding.protocol import ROOT, BlockReuse, Branch, Extend, ExtendOutput, ModelCall
 from refusion.decoding.sampling import Sampler, greedy
 from refusion.decoding.scores import Scores
 from refusion.decoding.types import Commit, InfillResult, Partition, Plan, Slot
@@ -153,7 +154,7 @@ class InfillContext:
     def last_logits(self) -> torch.Tensor | None:
         return None if self.last_scores is None else self.last_scores.logits[0]
 
-    def sample(self, logits: "torch.Tensor | Scores") -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(self, logits: torch.Tensor | Scores) -> tuple[torch.Tensor, torch.Tensor]:
         """Draft tokens and their probabilities from Scores (or logits of shape ``(n, vocab)``)."""
         return self.sampler(logits, exclude=self.mask_token_id)
 

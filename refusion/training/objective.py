@@ -17,7 +17,7 @@ shipped model needs for its AR baseline.
 from __future__ import annotations
 
 import random
-from typing import Sequence
+from collections.abc import Sequence
 
 import attrs
 import torch

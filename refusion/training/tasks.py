@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import random
 import string
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import attrs
 
 from refusion.errors import ConfigError
+from refusion.limits import MAX_PER_TASK
+from refusion.validators import is_integer
 
 LETTERS = string.ascii_lowercase
 
@@ -77,8 +79,6 @@ TASKS: dict[str, Callable[[random.Random], Example]] = {
 
 #: Longest answer any task produces (copy of 20 letters; repeat 4 x 5).
 MAX_ANSWER = 20
-#: Most held-out examples per task a caller may ask for (``refusion bench --per-task``, ``held-out:N``, records).
-MAX_PER_TASK = 1000
 
 
 def examples(seed: int, tasks: tuple[str, ...] = tuple(TASKS)) -> Iterator[Example]:
@@ -91,7 +91,7 @@ def examples(seed: int, tasks: tuple[str, ...] = tuple(TASKS)) -> Iterator[Examp
 def held_out(n: int, seed: int = 10_000, tasks: tuple[str, ...] = tuple(TASKS)) -> list[Example]:
     """``n`` examples per task (1 to :data:`MAX_PER_TASK`) from a seed the trainer never uses (training seeds are
     < 10_000); another ``n`` is a :class:`~refusion.errors.ConfigError` naming ``per_task``."""
-    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_PER_TASK:
+    if not is_integer(n) or not 1 <= n <= MAX_PER_TASK:
         raise ConfigError(f"`per_task` (held-out examples per task) must be an integer in [1, {MAX_PER_TASK}]; "
                           f"got {n!r:.80}.", param="per_task")
     unknown = [t for t in tasks if not isinstance(t, str) or t not in TASKS]

@@ -125,7 +125,7 @@ def train(config: TrainConfig, out_dir: str | Path, *, progress: bool = True) ->
     start = time.perf_counter()
     bar = tqdm(range(config.steps), desc="refusion train", disable=not progress)
     smoothed: dict[str, float] = {}
-    for step in bar:
+    for _ in bar:
         batch_examples = []
         for _ in range(config.batch_size):
             ex = next(stream)

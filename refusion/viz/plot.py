@@ -13,11 +13,12 @@ the iterations and the per-iteration trace. A result read from a trace file
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from refusion.errors import ConfigError
 from refusion.decoding.types import DecodeResult
+from refusion.errors import ConfigError
 
 
 def token_labels(result: DecodeResult, tokenizer: Any) -> list[str]:

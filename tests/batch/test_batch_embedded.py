@@ -9,8 +9,9 @@ import refusion
 from refusion.batch import output as batch_output
 from refusion.batch import worker as batch_worker
 from refusion.batch.embedded import run_batch
-from refusion.batch.rows import RowError, parse_line
+from refusion.batch.rows import parse_line
 from refusion.cli import main
+from refusion.errors import RowError
 
 #: rows without `gen_length` under the 128-token "paper" preset get the longest length that fits, with a note
 pytestmark = pytest.mark.filterwarnings("ignore::refusion.errors.RefusionWarning")
@@ -42,7 +43,9 @@ def write_jsonl(path, rows):
 
 
 def read_rows(path):
-    return {row["id"]: row for row in map(json.loads, path.read_text().splitlines())}
+    """The result rows by key: their id, or their input line for a row without a usable id."""
+    return {row["id"] if row["id"] is not None else row["line"]: row for row in map(json.loads,
+                                                                                       path.read_text().splitlines())}
 
 
 def expected_tokens(model, row, defaults=None):
@@ -112,18 +115,18 @@ def test_an_interrupted_run_resumes_to_the_same_file(tmp_path, model, monkeypatc
 
 
 BAD_ROWS = [
-    ("line-2", "not json at all", "row"),
-    ("line-3", "[1, 2]", "row"),
+    (2, "not json at all", "row"),
+    (3, "[1, 2]", "row"),
     ("u", {"id": "u", "prompt": "rev ab=", "colour": "red"}, "colour"),
     ("t", {"id": "t", "prompt": "rev ab=", "seed": "7"}, "seed"),
-    ("line-6", {"id": True, "prompt": "rev ab="}, "id"),
+    (6, {"id": True, "prompt": "rev ab="}, "id"),
     ("m", {"id": "m"}, "prompt"),
     ("s", {"id": "s", "prompt": "rev <|mask|>="}, "prompt"),
     ("e", {"id": "e", "prompt": "copy a<|endoftext|>="}, "prompt"),
     ("x", {"id": "x", "prompt": "rev ab=", "selector": "nope"}, "selector"),
     ("y", {"id": "y", "prompt": "rev ab=", "selector": "os.path:join"}, "selector"),
     ("z", {"id": "z", "prompt": "rev ab=", "gen_length": 0}, "gen_length"),
-    ("line-13", {"id": "ok1", "prompt": "sort ba="}, "id"),
+    (13, {"id": "ok1", "prompt": "sort ba="}, "id"),
     ("c", {"id": "c", "messages": [{"role": "user", "content": "rev ab="}]}, "messages"),
     ("k", {"id": "k", "prompt": "rev ab=", "params": {"k": 2}}, "k"),
     ("p", {"id": "p", "prompt": "rev ab=", "params": {"seed": 2}}, "params.seed"),
@@ -157,7 +160,7 @@ def test_parse_line_names_the_row_and_the_field():
                       allow_imports=True).options == {"infiller": "pkg.mod:Infill"}
     with pytest.raises(RowError) as caught:
         parse_line('{"prompt": "x"}', 9)
-    assert (caught.value.row_id, caught.value.param) == ("line-9", "id")
+    assert (caught.value.row_id, caught.value.line, caught.value.param) == (None, 9, "id")
 
 
 def test_the_command_writes_results_and_a_json_summary_then_resumes(tmp_path, capsys, monkeypatch):
@@ -174,7 +177,7 @@ def test_the_command_writes_results_and_a_json_summary_then_resumes(tmp_path, ca
         assert read_rows(out)[row["id"]]["tokens"] == expected_tokens(model, row, {"seed": 4, "temperature": 0.5})
     assert main(argv) == 0
     assert json.loads(capsys.readouterr().out)["skipped"] == 4
-    assert refusion.batch([{"id": "more", "prompt": "rev ab="}], out, model=model, progress=False).rows == 1
+    assert refusion.run_batch([{"id": "more", "prompt": "rev ab="}], out, model=model, progress=False).rows == 1
 
 
 @pytest.mark.parametrize("flags, named", [

@@ -33,10 +33,12 @@ def good_rows(count=ROWS):
 
 
 def read_rows(path):
+    """The result rows by key (their id, or their line when they have none), each written once."""
     lines = path.read_text().splitlines()
     rows = [json.loads(line) for line in lines]
-    assert len(rows) == len({row["id"] for row in rows}), "an id was written twice"
-    return {row["id"]: row for row in rows}
+    keys = [row["id"] if row["id"] is not None else row["line"] for row in rows]
+    assert len(keys) == len(set(keys)), "a row was written twice"
+    return dict(zip(keys, rows))
 
 
 @pytest.fixture(scope="module")
@@ -112,9 +114,9 @@ def test_bad_rows_are_error_rows_naming_the_field(command_line):
     _, rows, _, _ = command_line
     assert rows["bad-prompt"]["error"].startswith("prompt: ")
     assert rows["bad-length"]["error"].startswith("gen_length: ")
-    unreadable = [row for row_id, row in rows.items() if row_id.startswith("line-")]
-    assert len(unreadable) == 1 and "JSON" in unreadable[0]["error"]
-    for row_id in ("bad-prompt", "bad-length", unreadable[0]["id"]):
+    unreadable = [row for key, row in rows.items() if isinstance(key, int)]
+    assert len(unreadable) == 1 and "JSON" in unreadable[0]["error"] and unreadable[0]["id"] is None
+    for row_id in ("bad-prompt", "bad-length", unreadable[0]["line"]):
         assert rows[row_id]["tokens"] is None and rows[row_id]["text"] is None
     assert sum(row["error"] is not None for row in rows.values()) == len(BAD)
 
@@ -177,3 +179,20 @@ def test_an_address_no_cluster_answers_at_is_refused_at_once():
         with pytest.raises(ConfigError, match="no Ray cluster answers") as error:
             check_reachable(address)
         assert error.value.param == "ray"
+
+
+def test_a_run_that_starts_its_own_ray_prints_none_of_rays_notes(tmp_path):
+    """``--ray`` in a fresh process: the summary and nothing of Ray's own (its core worker's C++ log lines, e.g.
+    ray-project/ray#53727's ``E ... core_worker.cc`` note about every actor pool), as docs/scaling.md says."""
+    import os
+    import subprocess
+
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"id": "a", "prompt": "rev ab=", "gen_length": 4}) + "\n")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_BACKEND_LOG_LEVEL"}
+    done = subprocess.run([sys.executable, "-m", "refusion.cli", "batch", str(source), "--out",
+                           str(tmp_path / "out.jsonl"), "--ray", "--no-progress"], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("1 rows written"), done.stderr

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from refusion.decoding.protocol import Branch, Extend, ModelCall
 from refusion.engines.branch import BranchEngine
 from refusion.engines.repeat import RepeatEngine
-from refusion.decoding.protocol import Branch, Extend, ModelCall
 from tests.support.helpers import tiny
 
 

@@ -30,7 +30,7 @@ def test_generate_with_ids_prints_json(checkpoint, capsys):
 def test_cli_reports_bad_input_without_a_traceback(checkpoint, capsys):
     code = main(["generate", "1,2", "--ids", "--model", checkpoint, "--slot-size", "0"])
     assert code == 2
-    assert "`slot_size` must be an integer >= 1; got 0" in capsys.readouterr().err
+    assert "`--slot-size` must be an integer >= 1; got 0" in capsys.readouterr().err
 
 
 def test_cli_accepts_generic_parameters(checkpoint, capsys):
@@ -60,11 +60,9 @@ def test_presets_hold_the_reference_settings():
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_every_preset_builds_and_decodes(name, checkpoint):
-    from refusion.models.mdm import tiny_bidirectional
-
-    from refusion.models.hf import HFCausalLM
-
     from refusion.models.block import tiny_block_diffusion
+    from refusion.models.hf import HFCausalLM
+    from refusion.models.mdm import tiny_bidirectional
 
     preset = PRESETS[name]
     if preset.selector.name == "sdar-steps":

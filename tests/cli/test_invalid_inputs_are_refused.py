@@ -26,27 +26,31 @@ NAN, INF = float("nan"), float("inf")
 
 # (arguments, exit status, text the message must contain)
 CLI_CASES = [
-    # 1: lengths far beyond the model are refused before slots are built
-    (["generate", "rev hello=", "--gen-length", "1000000000"], 2, "`gen_length` (1000000000)"),
-    (["generate", "rev hello=", "--gen-length", "0"], 2, "`gen_length` must be an integer >= 1"),
+    # 1: lengths far beyond the model are refused before slots are built (the flag's range while parsing)
+    (["generate", "rev hello=", "--gen-length", "1000000000"], 2, "`--gen-length/--max-tokens` must be an integer "
+     "in [1, 65536]; got 1000000000"),
+    (["generate", "rev hello=", "--gen-length", "1000"], 2, "`gen_length` (1000)"),
+    (["generate", "rev hello=", "--gen-length", "0"], 2, "`--gen-length/--max-tokens` must be an integer in [1, "),
     (["generate", "rev hello=", "--gen-length", "-5"], 2, "got -5"),
     (["generate", "rev hello=", "--gen-length", "four"], 2, "invalid int value: 'four'"),
     # 2: NaN / inf floats
-    (["generate", "rev hello=", "--temperature", "nan"], 2, "`temperature`"),
+    (["generate", "rev hello=", "--temperature", "nan"], 2, "`--temperature` must be a finite number; got nan"),
     (["generate", "rev hello=", "--temperature", "inf"], 2, "got inf"),
     (["generate", "rev hello=", "--temperature", "-1"], 2, "`temperature`"),
-    (["generate", "rev hello=", "--slot-threshold", "nan"], 2, "`slot_threshold`"),
-    (["generate", "rev hello=", "--token-threshold", "inf"], 2, "`token_threshold`"),
-    (["generate", "rev hello=", "--temperature", "1", "--top-p", "nan"], 2, "`top_p`"),
+    (["generate", "rev hello=", "--slot-threshold", "nan"], 2, "`--slot-threshold`"),
+    (["generate", "rev hello=", "--slot-threshold", "2"], 2, "`slot_threshold`"),
+    (["generate", "rev hello=", "--token-threshold", "inf"], 2, "`--token-threshold`"),
+    (["generate", "rev hello=", "--temperature", "1", "--top-p", "nan"], 2, "`--top-p`"),
     (["generate", "rev hello=", "--selector", "factor", "-p", "factor=nan"], 2, "`factor`"),
     (["generate", "rev hello=", "--selector", "factor", "-p", "factor=-inf"], 2, "`factor`"),
-    (["generate", "rev hello=", "--slot-size", "0"], 2, "`slot_size`"),
+    (["generate", "rev hello=", "--slot-size", "0"], 2, "`--slot-size` must be an integer >= 1; got 0"),
     # 3: a length the partitioner cannot split is refused with the nearest allowed ones
     (["generate", "rev hello=", "--slot-size", "4", "--serial-blocks", "3", "--gen-length", "16"], 2,
      "Nearest allowed `gen_length`: 12 or 21"),
     (["bench", "--method", "paper", "--gen-length", "4", "--per-task", "1"], 2, "method 'paper' cannot decode"),
     # 4: bench counts
-    (["bench", "--per-task", "0"], 2, "`--per-task` must be an integer >= 1; got 0"),
+    (["bench", "--per-task", "0"], 2, "`--per-task` must be an integer in [1, 1000] (held-out examples per task); "
+     "got 0"),
     (["bench", "--per-task", "-1"], 2, "got -1"),
     (["bench", "--gen-length", "0"], 2, "`--gen-length`"),
     # 5: characters the char tokenizer does not know
@@ -54,7 +58,7 @@ CLI_CASES = [
     (["generate", "HÉLLO€="], 2, "'€'"),
     (["generate", "rev hello!"], 2, "alphabet"),
     # 6: train
-    (["train", "--threads", "0", "--out", "{tmp}/m"], 2, "`--threads` must be an integer >= 1; got 0"),
+    (["train", "--threads", "0", "--out", "{tmp}/m"], 2, "`--threads` must be an integer in [1, 4096]; got 0"),
     (["train", "--threads", "-1", "--out", "{tmp}/m"], 2, "`--threads`"),
     (["train", "--steps", "0", "--out", "{tmp}/m"], 2, "`--steps`"),
     (["train", "--out", "{tmp}/a_file"], 2, "is an existing file"),
@@ -90,7 +94,7 @@ CLI_CASES = [
     (["generate", "x", "--engine", "nope"], 2, "nope"),
     (["generate", "x", "-p", "nonsense=1"], 2, "Unknown parameter `nonsense`"),
     (["generate", "x", "-p", "novalue"], 2, "expected KEY=VALUE"),
-    (["generate", "x", "--seed", "-1"], 2, "`seed`"),
+    (["generate", "x", "--seed", "-1"], 2, "`--seed`"),
     (["generate", "x", "--preset", "nope"], 2, "invalid choice: 'nope'"),
     (["generate", "x", "--adapter", "nope"], 2, "Unknown model adapter 'nope'"),
     # issue 21: special-token text, text that is not Unicode, class paths that cannot be imported safely

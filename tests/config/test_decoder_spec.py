@@ -3,7 +3,8 @@
 import json
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import refusion
 from refusion.config import DECODER_OPTIONS, PRESETS, SPEC_PARAMS, DecoderSpec, SamplerSpec
@@ -11,7 +12,7 @@ from refusion.decoding.decoder import Decoder
 from refusion.decoding.sampling import SAMPLERS, BlockMultinomial, GumbelMax, Sampling
 from refusion.errors import ConfigError
 from refusion.measure.trace import read_trace
-from refusion.search.space import build_space
+from refusion.sweep.space import build_space
 
 #: a value for every decoder option, different from its default
 OPTION_VALUES = {"engine": "repeat", "seed": 7, "stop_at_eos": False, "cfg_scale": 0.0, "calls_per_token": 5,

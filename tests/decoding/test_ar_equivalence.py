@@ -1,6 +1,7 @@
 """Property (a): leftmost selection + lossless infilling is greedy AR decoding, token for token."""
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from refusion.decoding.decoder import Decoder
 from tests.support.helpers import hf_greedy, layouts, model_setups

@@ -4,12 +4,12 @@ import attrs
 import pytest
 import torch
 
-from refusion.decoding.protocol import ModelCall
 from refusion.decoding.decoder import Decoder
+from refusion.decoding.protocol import ModelCall
+from refusion.decoding.types import Commit, InfillResult
 from refusion.errors import ConfigError, PluginError, UnknownNameError
 from refusion.models.hf import HFCausalLM
 from refusion.models.tiny import tiny_qwen3
-from refusion.decoding.types import Commit, InfillResult
 from refusion.strategies.base import CacheReorderer, Infiller, SlotSelector
 from refusion.strategies.infillers.parallel_ar import ParallelAR
 from tests.support.helpers import tiny

@@ -2,15 +2,16 @@
 
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from refusion.models.head import LMHead, find_head
 from refusion.decoding.scores import Scores, project
+from refusion.models.head import LMHead, find_head
 from tests.support.helpers import tiny
 
 pytest.importorskip("triton")
 
-from refusion_kernels.lm_head import _lm_head_triton, lm_head_stats_reference  # noqa: E402
+from refusion_kernels.lm_head import _lm_head_triton, lm_head_stats_reference
 
 
 def full_stats(hidden, weight, bias, exclude, temperature):

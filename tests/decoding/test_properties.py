@@ -10,7 +10,8 @@ import itertools
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from refusion.decoding.decoder import Decoder
 from refusion.decoding.protocol import Branch, Extend, ModelCall, Projection

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 
 from refusion.config import PART_KINDS
 from refusion.decoding.decoder import Decoder
+from refusion.decoding.types import DecodeResult
 from refusion.errors import ConfigError
 from refusion.models.mdm import tiny_bidirectional
 from refusion.plugins.registry import registry
-from refusion.decoding.types import DecodeResult
 from tests.support.helpers import tiny
 
 GEN_LENGTH = 16  # two 8-token slots for the default fixed partitioner (2 blocks)

@@ -5,7 +5,8 @@ lock-step branches, batch-repeated cache). The library decodes with its own
 parts (independent branches, branch handles, commit-order reorderer).
 """
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from refusion.decoding.decoder import Decoder
 from refusion.testing import ScriptedModel, one_hot_logits

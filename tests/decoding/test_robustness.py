@@ -7,8 +7,8 @@ import torch
 
 import refusion
 from refusion.decoding.decoder import Decoder
-from refusion.errors import ConfigError
 from refusion.decoding.sampling import Sampling
+from refusion.errors import ConfigError
 from tests.support.helpers import tiny
 
 

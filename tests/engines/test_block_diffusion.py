@@ -3,7 +3,8 @@
 import attrs
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from refusion.decoding.decoder import Decoder
 from refusion.engines.block import BlockEngine, BlockRecomputeEngine

@@ -2,15 +2,16 @@
 
 import attrs
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from refusion.decoding.decoder import Decoder
+from refusion.decoding.protocol import Branch, Extend, ModelCall
 from refusion.engines import choose_engine, open_engine
 from refusion.engines.branch import BranchEngine
 from refusion.engines.canvas import CanvasEngine
 from refusion.engines.repeat import RepeatEngine
 from refusion.errors import ConfigError, UnknownNameError
-from refusion.decoding.protocol import Branch, Extend, ModelCall
 from tests.support.helpers import tiny
 
 SETTINGS = st.fixed_dictionaries({
@@ -140,7 +141,7 @@ def test_output_kv_expires_at_the_next_call(engine):
     (first,) = run({session.state: ModelCall.of(Extend(Branch(), [4], [3]))})[session.state]
     run({session.state: ModelCall.of(Extend(Branch(), [5], [4]))})
     with pytest.raises(RuntimeError, match="read after a later model call"):
-        first.kv
+        _ = first.kv
 
 
 @given(settings=SETTINGS, seed=st.integers(0, 5000), eos=st.sampled_from([None, 2]),

@@ -8,7 +8,8 @@ holding it, so no other thread's forward sees the switch.
 import threading
 
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from refusion.decoding.decoder import Decoder
 from refusion.generator import Generator
@@ -52,7 +53,7 @@ def test_threads_and_a_running_generator_on_one_model_get_the_single_threaded_to
         try:
             for job in jobs_of_thread:
                 got[id(job)] = alone(job[0], model, job[1], job[2])
-        except Exception as exc:  # noqa: BLE001 - reported below with the thread's jobs
+        except Exception as exc:
             errors.append(exc)
 
     generator = Generator(model, engine="branch", max_rows=2).start()

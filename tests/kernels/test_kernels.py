@@ -2,12 +2,13 @@
 
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 pytest.importorskip("triton")
 
-from refusion_kernels import choose, confidence, confidence_reference, scatter_kv, scatter_kv_reference  # noqa: E402
-from refusion_kernels.confidence import _confidence_triton  # noqa: E402
+from refusion_kernels import choose, confidence, confidence_reference, scatter_kv, scatter_kv_reference
+from refusion_kernels.confidence import _confidence_triton
 
 
 def run_triton_confidence(logits, temperature=1.0, exclude=None, block=None):

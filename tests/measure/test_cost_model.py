@@ -3,11 +3,19 @@
 import pytest
 
 from refusion.decoding.counters import ForwardShape
-from refusion.measure.costmodel import (GPUS, MODELS, autoregressive, counted_seconds, forward_seconds, head_seconds,
-                                       parse, recording)
 from refusion.decoding.decoder import Decoder
 from refusion.engines import open_engine
 from refusion.errors import ConfigError, UnknownNameError
+from refusion.measure.costmodel import (
+    GPUS,
+    MODELS,
+    autoregressive,
+    counted_seconds,
+    forward_seconds,
+    head_seconds,
+    parse,
+    recording,
+)
 from tests.support.helpers import tiny
 
 QWEN8B, H100 = MODELS["qwen3-8b"], GPUS["h100"]

@@ -4,7 +4,8 @@ import json
 
 import jsonschema
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import refusion
 from refusion.cli import main

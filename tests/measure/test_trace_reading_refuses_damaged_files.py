@@ -11,7 +11,8 @@ import tracemalloc
 
 import jsonschema
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from refusion.decoding.decoder import Decoder
 from refusion.errors import ConfigError

@@ -13,6 +13,7 @@ import os
 import shutil
 
 import pytest
+import torch
 
 import refusion
 from refusion.errors import ConfigError
@@ -31,6 +32,24 @@ def _config(**fields):
         config = json.loads((path / "config.json").read_text())
         (path / "config.json").write_text(json.dumps({**config, **fields}))
     return damage
+
+
+def _tensors(change):
+    """Rewrite the weights file with ``change(tensors)`` (a dict of name -> tensor)."""
+    def damage(path):
+        from safetensors.torch import load_file, save_file
+
+        file = path / "model.safetensors"
+        save_file(change(load_file(file)), file, metadata={"format": "pt"})
+    return damage
+
+
+def _as_int32(tensors):
+    return {name: (t * 100).to(torch.int32) for name, t in tensors.items()}
+
+
+def _narrow_embedding(tensors):
+    return {**tensors, "model.embed_tokens.weight": tensors["model.embed_tokens.weight"][:40].clone()}
 
 
 def _config_bytes(data):
@@ -61,6 +80,14 @@ CASES = [
     ("config with a 5000-digit number", _config_bytes(b'{"vocab_size": ' + b"9" * 5000 + b"}"), "number cannot be read"),
     ("config a list", _config_bytes(b"[1, 2]"), "must hold a JSON object"),
     ("config not JSON", _config_bytes(b"{'vocab_size': 3}"), "not valid JSON"),
+    # issue 30: weights that are not numbers, token ids beyond the vocabulary, the report quiet loading hid
+    ("weights stored as int32", _tensors(_as_int32), "stores the weight `model.embed_tokens.weight` as I32"),
+    ("EOS id beyond the vocabulary", _config(eos_token_id=10**9), "`eos_token_id` must be a token id in [0, 48)"),
+    ("an EOS list with a negative id", _config(eos_token_id=[1, -3]), "`eos_token_id` must be a token id"),
+    ("mask id beyond the vocabulary", _config(mask_token_id=48), "`mask_token_id` must be a token id in [0, 48)"),
+    ("embedding of another vocabulary", _tensors(_narrow_embedding),
+     "model.embed_tokens.weight: MISMATCH (Reinit due to size mismatch - ckpt: torch.Size([40, 128]) vs "
+     "model:torch.Size([48, 128]))"),
 ]
 
 
@@ -80,3 +107,23 @@ def test_the_undamaged_copy_loads(tmp_path):
     path = tmp_path / "checkpoint"
     shutil.copytree(default_model_path(), path)
     assert refusion.generate("rev helloworld=", refusion.load_model(str(path))).text == "dlrowolleh"
+
+
+def test_a_hub_id_the_hub_cannot_serve_is_refused_at_once(monkeypatch):
+    """Neither local nor cached and the hub unreachable (here: a host name that cannot resolve): one ConfigError
+    naming `model` at once, instead of huggingface_hub's five retries over about 20 seconds."""
+    import time
+
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "ENDPOINT", "https://hub.refusion-test.invalid")
+    for variable in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(variable, raising=False)
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as info:
+        refusion.load_model("no-such-org/no-such-model")
+    assert time.monotonic() - started < 8  # the retries alone take over 20 s
+    assert info.value.param == "model" and "cannot be reached" in str(info.value)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ConfigError, match="HF_HUB_OFFLINE is set"):
+        refusion.load_model("no-such-org/no-such-model")

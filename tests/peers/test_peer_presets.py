@@ -1,7 +1,9 @@
-"""Each peer preset decodes, by default, token for token as the restated peer algorithm (tests/support/peer_restatements.py)."""
+"""Each peer preset decodes, by default, token for token as the restated peer algorithm
+(tests/support/peer_restatements.py)."""
 
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import refusion
 from tests.support import peer_restatements as peer

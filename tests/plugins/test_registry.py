@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from refusion.plugins import hookspecs
 from refusion.config import DecoderSpec
 from refusion.decoding.decoder import Decoder
-from refusion.errors import ConfigError, PluginError, UnknownNameError
+from refusion.errors import ConfigError, PluginError, RegistrationError, UnknownNameError
+from refusion.plugins import hookspecs
 from refusion.plugins.manager import DEFAULT_PLUGINS, hookimpl, make_plugin_manager
-from refusion.plugins.registry import HOOKS, Registry, RegistrationError, registry, reset_registry
+from refusion.plugins.registry import HOOKS, Registry, registry, reset_registry
 from refusion.strategies.base import SlotSelector
 from tests.support.helpers import tiny
 from tests.support.plugins import sample_plugin

@@ -7,7 +7,8 @@ import time
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from refusion.api import load_model
 from refusion.generator import Generator

@@ -16,10 +16,10 @@ from fastapi.testclient import TestClient
 
 from refusion.api import load_model
 from refusion.cli import main
+from refusion.errors import APIError, BodyTooLarge
 from refusion.generator import Generator
 from refusion.serve import ServeDefaults, ServePolicy, create_app
-from refusion.serve.errors import APIError
-from refusion.serve.limits import BodyLimit, BodyTooLarge
+from refusion.serve.body_limit import BodyLimit
 from refusion.serve.options import plan_request
 from refusion.serve.schema import ChatCompletionRequest
 from tests.support.serving import one_torch_thread  # noqa: F401 (a fixture)
@@ -109,7 +109,7 @@ HOSTILE = [  # (endpoint, body: a dict sent as JSON or raw bytes, status (None: 
     ("completions", {**BODY, "top_k": 10**30}, None, None),
     ("completions", {**BODY, "n": 10**30}, 400, "n"),
     ("completions", {**BODY, "stream": "yes"}, 400, "stream"),
-    ("completions", {**BODY, "stop": ["a"] * 10}, 400, "stop"),
+    ("completions", {**BODY, "stop": ["a"] * 17}, 400, "stop"),
     ("completions", {**BODY, "model": 5}, 400, "model"),
     ("completions", {**BODY, "model": "\ud800"}, 404, "model"),
     ("completions", {**BODY, "prompt": 5}, 400, "prompt"),
@@ -221,7 +221,7 @@ def test_the_body_limit_refuses_a_declared_length_unread_and_stops_reading_past_
 
 
 def test_planning_runs_off_the_event_loop(model, monkeypatch):
-    import refusion.serve.app as app_module
+    import refusion.serve.routes.completions as app_module
 
     def slow_plan(*args, **kwargs):
         time.sleep(1.5)

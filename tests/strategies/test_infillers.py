@@ -39,7 +39,9 @@ def test_global_verification_commits_all_chosen_slots_in_one_pass():
 
 
 def test_global_verification_commits_only_whole_verified_slots():
-    low_at_4 = lambda p, t: (DRAFT.get(p + 1, 0), 0.3 if p + 1 == 4 else 0.99)
+    def low_at_4(p, t):
+        return DRAFT.get(p + 1, 0), 0.3 if p + 1 == 4 else 0.99
+
     model = scripted(lambda seen, p: (DRAFT[p], 0.95), low_at_4)
     result = paper().decode(model, [0], 4)
     assert result.tokens.tolist() == [3, 4, 5, 6]

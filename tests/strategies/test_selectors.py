@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from refusion.errors import ConfigError
 from refusion.decoding.types import Plan, Slot
+from refusion.errors import ConfigError
 from refusion.strategies.selectors.entropy import LowestEntropy
 from refusion.strategies.selectors.leftmost import Leftmost
 from refusion.strategies.selectors.margin import TopKMargin

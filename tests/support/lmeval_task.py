@@ -18,3 +18,20 @@ metric_list:
     aggregation: mean
     higher_is_better: true
 """
+
+
+def write_task(folder, monkeypatch, tasks=("copy", "reverse"), per_task=1):
+    """The task above over ``per_task`` held-out examples of each of ``tasks``, written to ``folder`` (its include
+    path), with the datasets library kept offline and its cache under ``folder``; returns ``folder``."""
+    import json
+
+    from refusion.training.tasks import held_out
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(folder / "cache"))
+    data = folder / "synthetic.jsonl"
+    data.write_text("".join(json.dumps({"prompt": e.prompt, "answer": e.answer}) + "\n"
+                            for e in held_out(per_task) if e.task in tasks))
+    (folder / "refusion_synthetic.yaml").write_text(TASK.format(data=data))
+    return folder

@@ -40,7 +40,7 @@ class ServerProcess:
         self.args = args
         self.process: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 90.0) -> "ServerProcess":
+    def start(self, timeout: float = 90.0) -> ServerProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         env.pop("TRITON_INTERPRET", None)
         self.process = subprocess.Popen(

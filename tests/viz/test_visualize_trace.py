@@ -24,7 +24,7 @@ def test_visualize_writes_a_trace_and_draws_it_back_as_png_and_html(tmp_path, ca
     committed = int((result.commit_step >= 0).sum())
     assert text.count('class="cell" data-step=') == committed == len(result.tokens)
     assert text.count("<tr>") == len(result.steps) + 1  # header row + one per iteration
-    assert ">EOS</span>" in text and 'max="%d"' % (len(result.steps) - 1) in text
+    assert ">EOS</span>" in text and f'max="{len(result.steps) - 1}"' in text
     assert fresh.read_text().count('class="cell" data-step=') == committed
 
 

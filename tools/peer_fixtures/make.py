@@ -100,10 +100,9 @@ def worker(a) -> int:
     import transformers
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
-    from safetensors.torch import save_file
-
     import pf_common as C
     import pf_families as F
+    from safetensors.torch import save_file
 
     peers = {"llada": a.llada, "fast_dllm": a.fast_dllm, "sdar": a.sdar, "refusion": a.refusion}
     fam = F.FAMILIES[a.worker](peers)
@@ -200,6 +199,7 @@ def run_calls(fam, guards, calls, prompt_ids, log):
 
     import pf_common as C
     import pf_families as F
+    import torch
 
     records = list()
     skipped = list(fam.skipped()) if hasattr(fam, "skipped") else []
@@ -222,7 +222,7 @@ def run_calls(fam, guards, calls, prompt_ids, log):
                     x, extra = fam.run(model, call, prompt)
             except C.FixtureError:
                 raise
-            except Exception as e:  # noqa: BLE001 -- a peer call that cannot run as written
+            except Exception as e:
                 if guard.violations:
                     x = None
                 else:

@@ -12,10 +12,9 @@ import re
 import sys
 import types
 
-import torch
-
 import pf_common as C
 import pf_tokenizer as T
+import torch
 
 HIDDEN, LAYERS, HEADS, KV_HEADS, INTER, MAXPOS = 64, 2, 4, 2, 128, 512
 VOCAB, MASK, EOS, EOT, BOS, PAD = T.VOCAB, T.MASK, T.EOS, T.EOT, T.BOS, T.PAD
@@ -313,8 +312,8 @@ class Dream(Family):
             "use_cache_is_an_argument": "use_cache" in sig(self.gub.DreamGenerationMixin.diffusion_generate)
             or "use_cache" in sig(self.gub.DreamGenerationMixin._sample),
             "model_calls_pass_use_cache_True": src.count("use_cache=True"),
-            "note": "generation_utils_block.diffusion_generate/_sample take no use_cache argument: every model call "
-                    "passes use_cache=True (prefix cache, or dual cache with replace_position when dual_cache=True)"}}
+            "note": "generation_utils_block.diffusion_generate/_sample take no use_cache argument: every model "
+                    "call passes use_cache=True (prefix cache, or dual cache with replace_position when dual_cache=True)"}}
 
 
 # =========================================================================== SDAR
@@ -410,7 +409,7 @@ class SDAR(Family):
             (dict(remasking_strategy="low_confidence_static", stopping_criteria_idx=[EOS, EOT]), ""),
         ]
         for p in range(3):
-            for extra, note in strategies:
+            for extra, _note in strategies:
                 args = dict(mask_id=MASK, gen_length=gens[p], block_length=4, denoising_steps=4, temperature=1.0,
                             top_k=0, top_p=1.0, confidence_threshold=0.85, stopping_criteria_idx=None)
                 args.update(extra)

@@ -19,7 +19,8 @@ one by subclassing :class:`ModelFamily` (see ``docs/models.md``).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any, ClassVar
 
 from refusion.errors import ConfigError
 from refusion.models.base import ModelAdapter

@@ -11,7 +11,8 @@ uninitialised.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from refusion.models.families.base import MaskedDiffusionFamily, plain_fields
 from refusion.plugins import hookimpl

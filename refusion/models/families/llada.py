@@ -11,7 +11,8 @@ so Fast-dLLM's prefix and dual caches keep exact rotary positions.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from refusion.errors import ConfigError
 from refusion.models.families.base import MaskedDiffusionFamily, refuse_fields

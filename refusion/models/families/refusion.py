@@ -10,7 +10,8 @@ The model shipped with refusion is of this family.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from refusion.models.families.base import ModelFamily, plain_fields
 from refusion.plugins import hookimpl

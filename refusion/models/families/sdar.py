@@ -14,7 +14,8 @@ tokenizer's ``mask_token`` (``<|MASK|>``) unless the config names one.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from refusion.models.families.base import ModelFamily, plain_fields
 from refusion.plugins import hookimpl

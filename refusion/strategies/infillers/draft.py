@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import attrs
 
-from refusion.plugins import hookimpl
 from refusion.decoding.types import Commit, InfillResult, Plan
+from refusion.plugins import hookimpl
 from refusion.strategies.base import InfillContext, Infiller, InfillGenerator
 
 
@@ -26,7 +26,7 @@ class AcceptDraft(Infiller):
         commits = []
         for i in chosen:
             commits.append(Commit(plan.slots[i], plan.slot_tokens(i), plan.positions[plan.rows(i)], kv=None, chain=i))
-        return InfillResult(commits)
+        return InfillResult(commits)  # type: ignore[arg-type]  # the core's attrs converter (tuple) is untyped for mypy
 
 
 @hookimpl

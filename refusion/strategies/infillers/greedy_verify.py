@@ -28,9 +28,9 @@ from __future__ import annotations
 import attrs
 import torch
 
-from refusion.plugins import hookimpl
 from refusion.decoding.protocol import ROOT, Branch, ModelCall
 from refusion.decoding.types import Commit, InfillResult, Plan
+from refusion.plugins import hookimpl
 from refusion.strategies.base import InfillContext, Infiller, InfillGenerator
 from refusion.validators import positive_int
 
@@ -124,7 +124,7 @@ class GreedyVerify(Infiller):
                 reads = slice(s.accepted - 1 - fed_from, None) if s.accepted < s.length else slice(-1, None)
                 extends.append(ctx.extend(s.tokens[fed_from:fed_to], s.positions[fed_from:fed_to], s.branch,
                                           reads=reads))
-            outs = yield ModelCall(extends)
+            outs = yield ModelCall(extends)  # type: ignore[arg-type]  # the core's attrs converter (tuple) is untyped for mypy
             still, cutoff, fed_spec, agreed_spec, from_plan = [], None, 0, 0, False
             for s, o, (fed_from, fed_to) in zip(active, outs, windows):
                 lo = s.accepted - 1 - fed_from  # the row that predicts the first unverified token
@@ -141,7 +141,7 @@ class GreedyVerify(Infiller):
                     from_plan |= bool(len(drafts)) and not s.refined
                     known = s.accepted + agreed  # tokens[:known] verified; guess[agreed] is the AR token at `known`
                     s.branch = s.branch.extended(o, known - fed_from)
-                    last = o.scores[known - 1 - fed_from] if known == fed_to else None
+                    last = o.scores[known - 1 - fed_from] if known == fed_to else None  # type: ignore[assignment]
                     if known < s.length:
                         s.tokens[known] = guess[agreed]
                         refined = guess[agreed + 1 :]  # Jacobi: later guesses, conditioned on this round's drafts
@@ -179,7 +179,7 @@ class GreedyVerify(Infiller):
         if self.adaptive:
             state.spec = spec
         ordered = [done[k] for k in sorted(done)]
-        return InfillResult([c for c, _ in ordered], next_logits=ordered[-1][1])
+        return InfillResult([c for c, _ in ordered], next_logits=ordered[-1][1])  # type: ignore[misc]  # as above
 
     def _refeed(self, spec: int, skippable: bool) -> bool:
         """Feed a finished slot's last token(s) once more for their keys/values and the next token's logits?

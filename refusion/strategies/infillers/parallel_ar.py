@@ -25,9 +25,9 @@ import attrs
 import torch
 
 from refusion.decoding.protocol import ROOT, Branch, ExtendOutput, ModelCall
-from refusion.plugins import hookimpl
 from refusion.decoding.sampling import PRECISIONS, token_probability
 from refusion.decoding.types import Commit, InfillResult, Plan
+from refusion.plugins import hookimpl
 from refusion.strategies.base import InfillContext, Infiller, InfillGenerator
 from refusion.validators import one_of, probability
 
@@ -111,7 +111,7 @@ class ParallelAR(Infiller):
             stop = min(start + length, cut)
             commits.append(Commit(plan.slots[i], tokens[start:stop], positions[start:stop], out.kv[start:stop], chain=0))
             start += length
-        return InfillResult(commits, next_logits=out.scores[cut - 1])
+        return InfillResult(commits, next_logits=out.scores[cut - 1])  # type: ignore[arg-type]  # the core's attrs converter (tuple) is untyped for mypy
 
     def _parallel(self, ctx, plan, chosen, branches: list[_Branch]) -> InfillGenerator:
         fused = self.precision == "float32"
@@ -149,7 +149,7 @@ class ParallelAR(Infiller):
                 done = {k: v for k, v in done.items() if k <= cutoff}
             active = still_active
         ordered = [done[k] for k in sorted(done)]
-        return InfillResult([c for c, _ in ordered], next_logits=ordered[-1][1])
+        return InfillResult([c for c, _ in ordered], next_logits=ordered[-1][1])  # type: ignore[misc]  # as above
 
     def _masked(self, ctx: InfillContext, b: _Branch) -> torch.Tensor:
         window = b.tokens[b.kv_len :].clone()

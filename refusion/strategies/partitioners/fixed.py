@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import attrs
 
+from refusion.decoding.types import Partition, Slot
 from refusion.errors import ConfigError
 from refusion.plugins import hookimpl
-from refusion.decoding.types import Partition, Slot
 from refusion.strategies.base import SlotPartitioner
-from refusion.validators import positive_int
+from refusion.validators import check_integer, positive_int
 
 
 def check_gen_length(gen_length: object) -> None:
     """Refuse a ``gen_length`` that is not an integer >= 1."""
-    if isinstance(gen_length, bool) or not isinstance(gen_length, int) or gen_length < 1:
-        raise ConfigError(f"`gen_length` must be an integer >= 1; got {gen_length!r}.", param='gen_length')
+    check_integer("gen_length", gen_length, 1)
 
 
 def slots_of(offset: int, length: int, slot_size: int, first_index: int, block: int) -> list[Slot]:

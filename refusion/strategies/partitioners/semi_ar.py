@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import attrs
 
-from refusion.plugins import hookimpl
 from refusion.decoding.types import Partition
+from refusion.plugins import hookimpl
 from refusion.strategies.base import SlotPartitioner
 from refusion.strategies.partitioners.fixed import check_gen_length, slots_of
-from refusion.validators import boolean, one_of
-from refusion.validators import positive_int
+from refusion.validators import boolean, one_of, positive_int
 
 ALIGNMENTS = ("region", "absolute")
 

@@ -6,9 +6,9 @@ import attrs
 import torch
 
 from refusion.cache.sequence import CacheEditor
-from refusion.plugins import hookimpl
 from refusion.decoding.protocol import KVSegment
 from refusion.decoding.types import InfillResult
+from refusion.plugins import hookimpl
 from refusion.strategies.base import CacheReorderer
 
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from typing import ClassVar, Literal
+
 import attrs
 
 from refusion.cache.sequence import CacheEditor
-from refusion.validators import boolean
-from refusion.plugins import hookimpl
 from refusion.decoding.protocol import BlockReuse
 from refusion.decoding.types import InfillResult
+from refusion.plugins import hookimpl
 from refusion.strategies.base import CacheReorderer
+from refusion.validators import boolean
 
 
 @attrs.frozen
@@ -25,7 +27,7 @@ class PrefixCache(CacheReorderer):
 
     name = "prefix-cache"
     requires = {"causal": False, "kv_cache": True}
-    mode = "prefix"
+    mode: ClassVar[Literal["prefix", "dual"]] = "prefix"
 
     prefix_at_block: bool = attrs.field(default=False, validator=boolean)
 

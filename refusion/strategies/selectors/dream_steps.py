@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import attrs
 import torch
 
-from refusion.plugins import hookimpl
 from refusion.decoding.types import Plan
+from refusion.plugins import hookimpl
 from refusion.strategies.base import SlotSelector
 from refusion.decoding.sampling import PRECISIONS, filtered, probabilities
 from refusion.strategies.selectors.scored import TIES, note_block, ranked
-from refusion.validators import one_of
-from refusion.validators import open_unit_interval, optional, positive_int, probability
+from refusion.validators import one_of, open_unit_interval, optional, positive_int, probability
 
 ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 
@@ -80,7 +79,7 @@ class DreamSteps(SlotSelector):
         chosen: Sequence[int] = ()
         while not len(chosen):
             last = step >= self.steps - 1
-            t, s = (timesteps[step], timesteps[step + 1]) if not last else (None, None)
+            t, s = (timesteps[step], timesteps[step + 1]) if not last else (1.0, 1.0)  # unused when last
             step += 1
             if self.alg == "origin":
                 generator = plan.generator if plan.generator is not None else torch.Generator().manual_seed(0)

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import attrs
 import torch
 
-from refusion.plugins import hookimpl
 from refusion.decoding.types import Plan
+from refusion.plugins import hookimpl
 from refusion.strategies.base import SlotSelector
 from refusion.strategies.selectors.scored import TIES, note_block, ranked
-from refusion.validators import one_of
-from refusion.validators import positive_number
+from refusion.validators import one_of, positive_number
 
 
 RULES = ("paper", "fast-dllm")

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import attrs
 
-from refusion.plugins import hookimpl
 from refusion.decoding.types import Plan
+from refusion.plugins import hookimpl
 from refusion.strategies.base import SlotSelector
 
 

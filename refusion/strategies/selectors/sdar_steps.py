@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import attrs
 
-from refusion.validators import one_of
-from refusion.plugins import hookimpl
 from refusion.decoding.types import Plan
+from refusion.plugins import hookimpl
 from refusion.strategies.base import SlotSelector
 from refusion.strategies.selectors.scored import TIES, ranked
-from refusion.validators import positive_int, probability
+from refusion.validators import one_of, positive_int, probability
 
 STRATEGIES = ("low_confidence_dynamic", "low_confidence_static", "sequential")
 

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import attrs
 
-from refusion.plugins import hookimpl
 from refusion.decoding.types import Plan
+from refusion.plugins import hookimpl
 from refusion.strategies.base import SlotSelector
 from refusion.strategies.selectors.scored import TIES, note_block, ranked
-from refusion.validators import boolean, one_of
-from refusion.validators import probability
+from refusion.validators import boolean, one_of, probability
 
 
 @attrs.frozen

@@ -5,8 +5,8 @@ from __future__ import annotations
 import attrs
 import torch
 
-from refusion.plugins import hookimpl
 from refusion.decoding.types import Plan
+from refusion.plugins import hookimpl
 from refusion.strategies.selectors.scored import TopKByScore
 
 

@@ -4,10 +4,10 @@ import attrs
 import torch
 
 from refusion.cache.sequence import SequenceCache
+from refusion.decoding.protocol import ExtendOutput
 from refusion.engines.base import Engine, SequenceState
 from refusion.models.families.refusion import ReFusion
 from refusion.models.hf import HFCausalLM
-from refusion.decoding.protocol import ExtendOutput
 from refusion.plugins import hookimpl
 from refusion.strategies.base import SlotSelector
 from refusion.strategies.infillers.greedy_verify import GreedyVerify

@@ -5,7 +5,7 @@ for a real Triton install).
 """
 __version__ = "0.0.0+peer-fixtures-import-only"
 
-from . import language  # noqa: E402,F401
+from . import language  # noqa: F401
 
 
 class _Kernel:

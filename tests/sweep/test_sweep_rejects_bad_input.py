@@ -6,12 +6,12 @@ import pytest
 
 pytest.importorskip("optuna")
 
-from refusion.config import load_preset, preset  # noqa: E402
-from refusion.errors import ConfigError, UnknownNameError  # noqa: E402
-from refusion.search.space import build_space  # noqa: E402
-from refusion.search.spacefile import load_space_file  # noqa: E402
-from refusion.search.study import open_study  # noqa: E402
-from refusion.search.tasks import load_tasks  # noqa: E402
+from refusion.config import load_preset, preset
+from refusion.errors import ConfigError, UnknownNameError
+from refusion.sweep.space import build_space
+from refusion.sweep.spacefile import load_space_file
+from refusion.sweep.study import open_study
+from refusion.sweep.tasks import load_tasks
 
 BASE = preset("paper")
 
@@ -169,10 +169,14 @@ def no_model(monkeypatch):
     ({"space": ["slot_threshold=0:inf:0.1"]}, "slot_threshold"),
     ({"space": ["slot_size=1:1000000000:1"], "mode": "grid"}, "slot_size"),
     ({"space": ["slot_threshold=0.1:0.9:1e-12"]}, "slot_threshold"),
+    ({"out": "{file}"}, "out"),  # an existing file: a raw FileExistsError before (issue 30)
+    ({"mode_of_search": "grid"}, "mode_of_search"),  # not an option of a sweep
 ])
 def test_a_bad_sweep_option_is_refused_before_the_model_loads(no_model, tmp_path, options, param):
-    from refusion.search import sweep
+    from refusion.sweep import run_sweep as sweep
 
+    (tmp_path / "a_file").write_text("not a directory")
+    options = {k: tmp_path / "a_file" if v == "{file}" else v for k, v in options.items()}
     kwargs = {"space": ["slot_threshold=0.5,0.9"], "out": tmp_path, "progress": False, **options}
     with pytest.raises(ConfigError) as info:
         sweep(**kwargs)
@@ -204,7 +208,7 @@ def test_a_value_no_point_could_use_is_refused_not_dropped(spec, param, words):
                                   {"low": "a", "high": 1}, {"values": "abc"}, {"values": [1], "low": 0},
                                   [[0.5, 0.6]], {"low": 0, "high": 10**30}])
 def test_nan_and_malformed_values_from_python_are_refused(spec):
-    from refusion.search.space import dimension
+    from refusion.sweep.space import dimension
 
     with pytest.raises(ConfigError) as info:
         build_space(BASE, [dimension("slot_threshold", spec)])
@@ -234,7 +238,7 @@ def test_a_grid_counts_repeated_values_once():
 
 
 def test_lm_eval_limits_are_range_checked():
-    from refusion.search.harness import parse_harness
+    from refusion.sweep.harness import parse_harness
 
     for limit in (0, 10**9, True, "5"):
         with pytest.raises(ConfigError) as info:
@@ -280,7 +284,7 @@ def shipped():
 
 def test_a_task_file_the_tokenizer_cannot_read_is_refused_before_any_trial(shipped, tmp_path):
     """Was: an unknown character was read as the unknown token and every decoder scored 0% without a word."""
-    from refusion.search import sweep
+    from refusion.sweep import run_sweep as sweep
 
     path = tmp_path / "tasks.jsonl"
     path.write_text(json.dumps({"prompt": "rev ab=", "answer": "ba"}) + "\n"
@@ -291,7 +295,7 @@ def test_a_task_file_the_tokenizer_cannot_read_is_refused_before_any_trial(shipp
 
 
 def test_a_prompt_with_no_room_for_the_generation_is_refused_before_any_trial(shipped, tmp_path):
-    from refusion.search import sweep
+    from refusion.sweep import run_sweep as sweep
 
     path = tmp_path / "tasks.jsonl"
     path.write_text(json.dumps({"prompt": "rev ab=", "answer": "ba"}) + "\n"
@@ -305,7 +309,7 @@ def test_a_prompt_with_no_room_for_the_generation_is_refused_before_any_trial(sh
 def test_a_bad_value_in_a_space_file_names_the_file(shipped, tmp_path):
     path = tmp_path / "space.yaml"
     path.write_text("space:\n  slot_threshold: [0.5, 2]\n")
-    from refusion.search import sweep
+    from refusion.sweep import run_sweep as sweep
 
     with pytest.raises(ConfigError, match=r"`space file` '.*space.yaml', field `space.slot_threshold`.*value 2") as info:
         sweep(space_file=path, model=shipped, out=tmp_path / "out", progress=False)
@@ -318,6 +322,6 @@ def test_the_cli_checks_a_sweep_before_loading_the_model(no_model, tmp_path, cap
     assert main(["sweep", "-s", "slot_size=1:1000000000:1", "--mode", "grid", "--out", str(tmp_path)]) == 2
     assert "at most 100000" in capsys.readouterr().err
     assert main(["sweep", "-s", "slot_size=4,8", "--gen-length", "1000000000", "--out", str(tmp_path)]) == 2
-    assert "`gen_length`" in capsys.readouterr().err
+    assert "`--gen-length`" in capsys.readouterr().err
     assert main(["sweep", "-s", "slot_size=4,8", "--tasks", "lm-eval:x", "--limit", "0", "--out", str(tmp_path)]) == 2
-    assert "`limit`" in capsys.readouterr().err
+    assert "`--limit`" in capsys.readouterr().err

@@ -1,4 +1,5 @@
-"""lm-evaluation-harness tasks as a sweep's task set, through the ``refusion`` model type (:mod:`refusion.measure.lmeval`).
+"""lm-evaluation-harness tasks as a sweep's task set, through the ``refusion`` model type
+(:mod:`refusion.measure.lmeval`).
 
 The tasks are loaded once; each point runs them with its decoder in place of
 the model type's own (batch 1), and the AR baseline with transformers
@@ -10,21 +11,24 @@ network, tokens and seconds around generation. Needs ``refusion[eval]``.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 import attrs
 
 from refusion.errors import ConfigError
-from refusion.measure.limits import MAX_EXAMPLES, integer, shown
+from refusion.limits import MAX_EXAMPLES
 from refusion.measure.results import Result
+from refusion.validators import check_integer, shown
 
 PREFIX = "lm-eval:"
 
 
 @attrs.frozen
 class HarnessTasks:
-    """``tasks`` (harness task names), ``limit`` examples per task, an ``include_path`` of task YAMLs, the ``metric``."""
+    """``tasks`` (harness task names), ``limit`` examples per task, an ``include_path`` of task YAMLs, the
+    ``metric``."""
 
     tasks: tuple[str, ...]
     limit: int | None = None
@@ -35,7 +39,7 @@ class HarnessTasks:
         if not self.tasks or not all(self.tasks):
             raise ConfigError(f"`tasks`: name at least one lm-evaluation-harness task after `{PREFIX}`.", param='tasks')
         if self.limit is not None:
-            integer("limit", self.limit, 1, MAX_EXAMPLES, "examples per task")
+            check_integer("limit", self.limit, 1, MAX_EXAMPLES, "examples per task")
         for name in ("include_path", "metric"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
@@ -130,7 +134,7 @@ def evaluate_harness(adapter: Any, harness: HarnessTasks, task_dict: Any, decode
             return [SimpleNamespace(tokens=o, text=tok.decode(o, skip_special_tokens=True)) for o in outs]
 
         counting = _CountingDecoder(lambda n: n, ar)
-    lm.decoder = counting
+    lm.decoder = counting  # type: ignore[assignment]  # stands in for the decoder: the same two methods
     with observe(adapter.model, Counters()) as counters:  # every forward, refusion's or generate's
         results = lm_eval.evaluator.evaluate(lm, task_dict, limit=harness.limit, bootstrap_iters=0,
                                              log_samples=False, verbosity="ERROR")

@@ -21,9 +21,10 @@ from typing import Any
 import attrs
 
 from refusion.errors import ConfigError
-from refusion.files import MAX_DEPTH, check_depth, read_text, where
-from refusion.measure.limits import MAX_GEN_LENGTH, integer, shown
-from refusion.search.space import Dimension, dimension
+from refusion.files import parse_text, read_text, where
+from refusion.limits import MAX_GEN_LENGTH
+from refusion.sweep.space import Dimension, dimension
+from refusion.validators import check_integer, shown
 
 #: space files larger than this are refused before they are parsed
 MAX_SPACE_BYTES = 4 * 2**20
@@ -50,34 +51,22 @@ def _read(path: Path) -> Any:
         raise ConfigError(f"{where(WHAT, path)} must end in .yaml, .yml or .toml.", param=PARAM)
     text = read_text(path, what=WHAT, param=PARAM, max_bytes=MAX_SPACE_BYTES)
     place = where(WHAT, path)
-    try:
-        if suffix == ".toml":
-            import tomllib
+    if suffix == ".toml":
+        import tomllib
 
-            try:
-                data = tomllib.loads(text)
-            except tomllib.TOMLDecodeError as exc:
-                raise ConfigError(f"{place} is not valid TOML: {exc}.", param=PARAM) from None
-        else:
-            try:
-                import yaml
-            except ImportError:
-                raise ConfigError("A YAML space file needs PyYAML: pip install 'refusion[research]'.",
-                                  param=PARAM) from None
-            try:
-                data = yaml.safe_load(text)
-            except yaml.YAMLError as exc:
-                line = getattr(getattr(exc, "problem_mark", None), "line", None)
-                at = f" at line {line + 1}" if line is not None else ""
-                raise ConfigError(f"{place} is not valid YAML{at}: {exc}.", param=PARAM) from None
-    except RecursionError:
-        raise ConfigError(f"{place}: values are nested too deeply (more than {MAX_DEPTH} levels are refused).",
-                          param=PARAM) from None
-    except ValueError as exc:  # a number of more than 4300 digits
-        if isinstance(exc, ConfigError):
-            raise
-        raise ConfigError(f"{place}: a value cannot be read ({exc}).", param=PARAM) from None
-    return check_depth(data, place=place, param=PARAM)
+        return parse_text(text, tomllib.loads, place=place, param=PARAM, language="TOML",
+                          syntax=tomllib.TOMLDecodeError)
+    try:
+        import yaml
+    except ImportError:
+        raise ConfigError("A YAML space file needs PyYAML: pip install 'refusion[research]'.", param=PARAM) from None
+
+    def describe(exc: Any) -> str:
+        line = getattr(getattr(exc, "problem_mark", None), "line", None)
+        return (f"line {line + 1}: " if line is not None else "") + " ".join(str(exc).split())
+
+    return parse_text(text, yaml.safe_load, place=place, param=PARAM, language="YAML", syntax=yaml.YAMLError,
+                      describe=describe)
 
 
 def load_space_file(path: str | Path) -> SpaceFile:
@@ -106,7 +95,7 @@ def load_space_file(path: str | Path) -> SpaceFile:
     length = data.get("gen_length")
     if length is not None:
         try:
-            integer("gen_length", length, 1, MAX_GEN_LENGTH, "tokens generated per prompt")
+            check_integer("gen_length", length, 1, MAX_GEN_LENGTH, "tokens generated per prompt")
         except ConfigError as exc:
             raise ConfigError(f"{place}: field {exc}", param="gen_length") from None
     preset = data.get("preset")

@@ -8,18 +8,15 @@ OpenAI error body, and at most one chunk over the limit is ever held.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from refusion.serve.errors import too_large
+from refusion.errors import BodyTooLarge
+from refusion.serve.errors import error_response, too_large
 
-Message = dict[str, Any]
+Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-
-
-class BodyTooLarge(Exception):
-    """Raised to the app by ``receive`` once the body passed the limit (the middleware answers 413)."""
 
 
 def declared_length(scope: Message) -> int | None:
@@ -79,4 +76,4 @@ class BodyLimit:
             await self._refuse(scope, receive, send)
 
     async def _refuse(self, scope: Message, receive: Receive, send: Send) -> None:
-        await too_large(self.max_bytes).response()(scope, receive, send)
+        await error_response(too_large(self.max_bytes))(scope, receive, send)

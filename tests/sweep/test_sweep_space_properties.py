@@ -1,12 +1,13 @@
 """Invariants of spaces and Pareto fronts (hypothesis), on hand-made data: no model."""
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from refusion.config import preset
-from refusion.search.outputs import choose, pareto_front
-from refusion.search.space import build_space, point_key
-from refusion.search.study import TrialRecord
+from refusion.sweep.outputs import choose, pareto_front
+from refusion.sweep.space import build_space, point_key
+from refusion.sweep.study import TrialRecord
 
 BASE = preset("paper")
 

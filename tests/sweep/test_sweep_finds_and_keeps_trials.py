@@ -1,4 +1,5 @@
-"""`refusion sweep` end to end on the shipped model: grid, optuna, resume after an interruption, the preset it writes."""
+"""`refusion sweep` end to end on the shipped model: grid, optuna, resume after an interruption, the preset it
+writes."""
 
 import csv
 import json
@@ -8,14 +9,14 @@ import torch
 
 pytest.importorskip("optuna")
 
-import refusion  # noqa: E402
-from refusion.api import load_model  # noqa: E402
-from refusion.cli import main  # noqa: E402
-from refusion.search import sweep  # noqa: E402
-from refusion.search.evaluate import evaluate_preset  # noqa: E402
-from refusion.search.space import point_key  # noqa: E402
-from refusion.search.study import completed, open_study  # noqa: E402
-from refusion.search.tasks import load_tasks  # noqa: E402
+import refusion
+from refusion.api import load_model
+from refusion.cli import main
+from refusion.sweep import run_sweep as sweep
+from refusion.sweep.evaluate import evaluate_preset
+from refusion.sweep.space import point_key
+from refusion.sweep.study import completed, open_study
+from refusion.sweep.tasks import load_tasks
 
 PAIRS = [("rev abcde=", "edcba"), ("copy hello=", "hello"), ("rep 2 ab=", "abab")]
 SPACE = ["selector=threshold,topk", "slot_threshold=0.5:0.9:0.4", "k=1,2"]  # 2 threshold + 2 topk points
@@ -106,7 +107,7 @@ def test_cli_sweep_from_a_space_file_and_generate_with_its_preset(model, tasks, 
 
 def test_a_sweep_on_a_local_lm_eval_task_scores_with_the_task_metric(model, tmp_path, monkeypatch):
     pytest.importorskip("lm_eval")
-    from refusion.search.harness import HarnessTasks
+    from refusion.sweep.harness import HarnessTasks
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -17,8 +17,8 @@ import attrs
 
 from refusion.errors import ConfigError
 from refusion.files import read_json_lines, where
-from refusion.measure.limits import MAX_EXAMPLES, check_room
-from refusion.training.tasks import MAX_PER_TASK, Example, held_out
+from refusion.limits import MAX_EXAMPLES, MAX_PER_TASK, check_room
+from refusion.training.tasks import Example, held_out
 
 HELD_OUT = "held-out"
 #: the fields of a task file's line
@@ -46,14 +46,14 @@ class TaskSet:
 
 def load_tasks(spec: Any) -> Any:
     """``"held-out"`` / ``"held-out:N"`` (N held-out examples per shipped task, 1 to 1000, default 10), a ``.jsonl``
-    path, or ``"lm-eval:TASK[,TASK]"`` (a :class:`~refusion.search.harness.HarnessTasks`); task-set objects pass
+    path, or ``"lm-eval:TASK[,TASK]"`` (a :class:`~refusion.sweep.harness.HarnessTasks`); task-set objects pass
     through."""
     if not isinstance(spec, str):
         if not hasattr(spec, "examples") or not hasattr(spec, "name"):
             raise ConfigError(f"`tasks` must be a task-set name or a TaskSet; got {type(spec).__name__}.", param="tasks")
         return spec
     if spec.startswith("lm-eval:"):
-        from refusion.search.harness import parse_harness
+        from refusion.sweep.harness import parse_harness
 
         return parse_harness(spec)
     if spec == HELD_OUT or spec.startswith(HELD_OUT + ":"):
@@ -70,15 +70,10 @@ def load_tasks(spec: Any) -> Any:
                       f"lm-eval:TASK[,TASK]; got {spec!r:.200}.", param='tasks')
 
 
-def read_jsonl(path: str | Path) -> tuple[Example, ...]:
-    """Examples from a JSON Lines file (see :func:`read_jsonl_lines`)."""
-    return read_jsonl_lines(path)[1]
-
-
 def read_jsonl_lines(path: str | Path) -> tuple[tuple[int, ...], tuple[Example, ...]]:
     """The line numbers and examples of a JSON Lines file: one object per line with text fields ``prompt``
     (not empty) and ``answer`` and an optional ``task``; blank lines are skipped; at most
-    :data:`~refusion.measure.limits.MAX_EXAMPLES` lines. A malformed line is an error naming its number."""
+    :data:`~refusion.limits.MAX_EXAMPLES` lines. A malformed line is an error naming its number."""
     rows = read_json_lines(path, what="`tasks` file", param="tasks")
     if len(rows) > MAX_EXAMPLES:
         raise ConfigError(f"{where('`tasks` file', path)} holds {len(rows)} examples; the limit is {MAX_EXAMPLES}.",
@@ -118,7 +113,8 @@ def check_examples(tasks: Any, adapter: Any, gen_length: int) -> None:
         return
     tokenizer = adapter.tokenizer
     place = getattr(tasks, "place", None) or (lambda index: f"`tasks` {str(tasks.name)!r}, example {index}")
-    unk, specials, known = unknown_token_id(tokenizer), special_texts(tokenizer), {}
+    unk, specials = unknown_token_id(tokenizer), special_texts(tokenizer)
+    known: dict[str, bool] = {}
     lengths = []
     for index, example in enumerate(examples):
         for field in ("prompt", "answer"):

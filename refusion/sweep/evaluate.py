@@ -9,17 +9,19 @@ from __future__ import annotations
 from typing import Any
 
 from refusion.config import DecoderSpec
+from refusion.config.spec import DEFAULT_GEN_LENGTH
 from refusion.decoding.decoder import Decoder
 from refusion.measure.results import Result
-from refusion.search.tasks import TaskSet
+from refusion.sweep.tasks import TaskSet
 
 
 def evaluate_preset(adapter: Any, preset: DecoderSpec, tasks: TaskSet, *, warmup: int = 1) -> Result:
-    """Decode every example of ``tasks`` with the decoder ``preset`` describes (its ``gen_length``, fitted to whole slots)."""
+    """Decode every example of ``tasks`` with the decoder ``preset`` describes (its ``gen_length``, fitted to whole
+    slots)."""
     from refusion.measure.bench import decoder_method, measure
 
     decoder = Decoder.from_spec(preset)
-    method = decoder_method(decoder, adapter, decoder.fit_length(preset.gen_length))
+    method = decoder_method(decoder, adapter, decoder.fit_length(preset.gen_length or DEFAULT_GEN_LENGTH))
     return measure("point", method, adapter, tasks.examples, warmup=warmup)
 
 

@@ -9,8 +9,9 @@ objective, mode); resuming it with a different one is an error.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import attrs
 
@@ -29,7 +30,8 @@ def _optuna():
 
 
 def open_study(path: str | Path, name: str, signature: Mapping[str, Any]) -> Any:
-    """Load study ``name`` from the SQLite file ``path`` (creating both if absent); directions: accuracy up, cost down."""
+    """Load study ``name`` from the SQLite file ``path`` (creating both if absent); directions: accuracy up, cost
+    down."""
     optuna = _optuna()
     path = Path(path)
     if path.exists() and (not path.is_file() or not _looks_like_sqlite(path)):
@@ -67,7 +69,8 @@ def _looks_like_sqlite(path: Path) -> bool:
 
 @attrs.frozen
 class TrialRecord:
-    """One evaluated point: its optuna trial number, the point, its metrics and ratios to AR in the run that measured it."""
+    """One evaluated point: its optuna trial number, the point, its metrics and ratios to AR in the run that measured
+    it."""
 
     number: int
     point: dict[str, Any]

@@ -12,25 +12,27 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import attrs
 
-from refusion.config import DecoderSpec, preset as get_preset
+from refusion.config import DecoderSpec
+from refusion.config import preset as get_preset
 from refusion.config.spec import DEFAULT_GEN_LENGTH
 from refusion.decoding.decoder import Decoder
 from refusion.errors import ConfigError, RefusionError
 from refusion.files import where
-from refusion.measure.limits import (MAX_EXAMPLES, MAX_GEN_LENGTH, MAX_MINUTES, MAX_TRIALS, SEED_LIMIT, integer,
-                                     number, shown)
+from refusion.limits import MAX_EXAMPLES, MAX_GEN_LENGTH, MAX_MINUTES, MAX_TRIALS, SEED_LIMIT
 from refusion.measure.results import Result
-from refusion.search import outputs
-from refusion.search.evaluate import evaluate_ar, evaluate_preset
-from refusion.search.space import MAX_GRID, Dimension, Space, build_space, parse_dimension, point_key
-from refusion.search.spacefile import load_space_file
-from refusion.search.study import OBJECTIVES, TrialRecord, completed, open_study
-from refusion.search.tasks import TaskSet, load_tasks
+from refusion.sweep import outputs
+from refusion.sweep.evaluate import evaluate_ar, evaluate_preset
+from refusion.sweep.space import MAX_GRID, Dimension, Space, build_space, parse_dimension, point_key
+from refusion.sweep.spacefile import load_space_file
+from refusion.sweep.study import OBJECTIVES, TrialRecord, completed, open_study
+from refusion.sweep.tasks import TaskSet, load_tasks
+from refusion.validators import check_integer, check_number, shown
 
 MODES = ("auto", "grid", "optuna")
 #: ``auto`` runs a grid search up to this many points, optuna beyond
@@ -76,64 +78,88 @@ def _trial_metrics(m: Result, ar: Result) -> dict[str, Any]:
             "ar_forwards": ar.forwards, "ar_seconds_per_token": ar.seconds_per_token}
 
 
+@attrs.frozen(kw_only=True)
+class SweepOptions:
+    """How a sweep searches, every value checked when the options are made (:class:`ConfigError` naming it).
+
+    ``preset`` is the preset the space varies (a name, ``"model"`` or ``None``:
+    the model's ``refusion.json``); ``space_file`` a YAML/TOML space file;
+    ``mode`` ``grid``, ``optuna`` or ``auto`` (grid up to 64 points);
+    ``trials`` bounds the trials in the study (earlier runs included),
+    ``minutes`` this run's time; ``objective`` is what optuna minimises
+    besides maximising accuracy (``forwards`` or ``wall``: seconds per
+    token); ``gen_length`` the tokens generated per prompt (default: the
+    preset's); ``seed`` seeds optuna's sampler; the chosen point is the fastest
+    Pareto point within ``max_accuracy_drop`` of AR's accuracy; ``warmup``
+    prompts are decoded before timing.
+    """
+
+    preset: str | None = None
+    space_file: str | Path | None = None
+    mode: str = "auto"
+    trials: int | None = None
+    minutes: float | None = None
+    objective: str = "forwards"
+    gen_length: int | None = None
+    seed: int = 0
+    max_accuracy_drop: float = 0.0
+    warmup: int = 1
+
+    def __attrs_post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"`mode` must be one of {', '.join(MODES)}; got {shown(self.mode)}.", param="mode")
+        if self.objective not in OBJECTIVES:
+            raise ConfigError(f"`objective` must be one of {', '.join(OBJECTIVES)}; got {shown(self.objective)}.",
+                              param="objective")
+        if self.trials is not None:
+            check_integer("trials", self.trials, 1, MAX_TRIALS, "trials in the study")
+        if self.minutes is not None:
+            check_number("minutes", self.minutes, 0, MAX_MINUTES, low_open=True)
+        if self.gen_length is not None:
+            check_integer("gen_length", self.gen_length, 1, MAX_GEN_LENGTH, "tokens generated per prompt")
+        check_integer("seed", self.seed, 0, SEED_LIMIT - 1)
+        check_number("max_accuracy_drop", self.max_accuracy_drop, 0, 1)
+        check_integer("warmup", self.warmup, 0, MAX_EXAMPLES)
+        if self.preset is not None and self.preset != "model":
+            get_preset(self.preset)
+
+    @classmethod
+    def of(cls, **options: Any) -> SweepOptions:
+        """The options named by ``options``; an unknown name is a :class:`ConfigError` listing the known ones."""
+        known = [field.name for field in attrs.fields(cls)]
+        for name in options:
+            if name not in known:
+                raise ConfigError(f"`{name}` is not an option of a sweep; they are {', '.join(known)}.", param=name)
+        return cls(**options)
+
+
 @attrs.frozen
 class SweepPlan:
     """A sweep's inputs, checked before any model is loaded (:func:`plan_sweep`): the dimensions (from the
-    command line and the space file), the task set, and the options."""
+    command line and the space file), the task set, the options (the space file's ``preset`` and ``gen_length``
+    under the caller's), and where the sweep writes."""
 
     dimensions: tuple[Dimension, ...]
     tasks: Any
-    preset: str | None
-    gen_length: int | None
-    mode: str
-    trials: int | None
-    minutes: float | None
-    objective: str
-    seed: int
-    max_accuracy_drop: float
-    warmup: int
+    options: SweepOptions
     space: Space | None = None
-    space_file: str | None = None
     file_dimensions: tuple[str, ...] = ()
 
 
-def plan_sweep(
-    space: Sequence[str | Dimension] | Space = (),
-    tasks: str | TaskSet = "held-out",
-    *,
-    preset: str | None = None,
-    space_file: str | Path | None = None,
-    mode: str = "auto",
-    trials: int | None = None,
-    minutes: float | None = None,
-    objective: str = "forwards",
-    gen_length: int | None = None,
-    seed: int = 0,
-    max_accuracy_drop: float = 0.0,
-    warmup: int = 1,
-) -> SweepPlan:
-    """Check everything of a sweep that needs no model: the options' ranges, the space file, every dimension
-    (values, ranges, and for a grid search the number of points, computed without listing them) and the task set.
+def plan_sweep(space: Sequence[str | Dimension] | Space = (), tasks: str | TaskSet = "held-out",
+               options: SweepOptions | None = None, *, out: str | Path | None = None) -> SweepPlan:
+    """Check everything of a sweep that needs no model: the options (:class:`SweepOptions`), the space file, every
+    dimension (values, ranges, and for a grid search the number of points, computed without listing them), the
+    task set, and ``out`` (a directory, or a path one can be made at).
 
     Every error is a :class:`ConfigError` whose ``param`` names the option, the dimension or the file.
     """
-    if mode not in MODES:
-        raise ConfigError(f"`mode` must be one of {', '.join(MODES)}; got {shown(mode)}.", param='mode')
-    if objective not in OBJECTIVES:
-        raise ConfigError(f"`objective` must be one of {', '.join(OBJECTIVES)}; got {shown(objective)}.",
-                          param='objective')
-    if trials is not None:
-        integer("trials", trials, 1, MAX_TRIALS, "trials in the study")
-    if minutes is not None:
-        number("minutes", minutes, 0, MAX_MINUTES, low_open=True)
-    if gen_length is not None:
-        integer("gen_length", gen_length, 1, MAX_GEN_LENGTH, "tokens generated per prompt")
-    integer("seed", seed, 0, SEED_LIMIT - 1)
-    number("max_accuracy_drop", max_accuracy_drop, 0, 1)
-    integer("warmup", warmup, 0, MAX_EXAMPLES)
-    if preset is not None and preset != "model":
-        get_preset(preset)
-    file = load_space_file(space_file) if space_file is not None else None
+    from refusion.files import check_output_dir
+
+    options = options or SweepOptions()
+    if out is not None:
+        check_output_dir(out, "out")
+    file = load_space_file(options.space_file) if options.space_file is not None else None
     ready = space if isinstance(space, Space) else None
     if ready is not None:
         dims = ready.dimensions
@@ -142,18 +168,15 @@ def plan_sweep(
             raise ConfigError(f"`space` must be a list of dimensions (NAME=VALUES); got {shown(space)}.", param="space")
         dims = (*(file.dimensions if file else ()),
                 *(d if isinstance(d, Dimension) else parse_dimension(_text(d)) for d in space))
-    if mode == "grid":
+    if options.mode == "grid":
         for dim in dims:  # a grid has at least as many points as any one dimension has values
             count = dim.count()
             if count is None or count > MAX_GRID:
                 dim.grid()  # the error names the dimension
     if file is not None:
-        preset = preset or file.preset
-        gen_length = gen_length or file.gen_length
-        if preset is not None and preset != "model":
-            get_preset(preset)
-    return SweepPlan(tuple(dims), load_tasks(tasks), preset, gen_length, mode, trials, minutes, objective, seed,
-                     float(max_accuracy_drop), warmup, ready, file.path if file else None,
+        options = attrs.evolve(options, preset=options.preset or file.preset,
+                               gen_length=options.gen_length or file.gen_length, space_file=file.path)
+    return SweepPlan(tuple(dims), load_tasks(tasks), options, ready,
                      tuple(d.name for d in file.dimensions) if file else ())
 
 
@@ -163,53 +186,32 @@ def _text(spec: Any) -> str:
     return spec
 
 
-def sweep(
-    space: Sequence[str] | Space = (),
-    tasks: str | TaskSet = "held-out",
-    *,
-    model: Any = None,
-    preset: str | None = None,
-    space_file: str | Path | None = None,
-    mode: str = "auto",
-    trials: int | None = None,
-    minutes: float | None = None,
-    objective: str = "forwards",
-    out: str | Path = "sweep-out",
-    storage: str | Path | None = None,
-    study: str = "refusion-sweep",
-    gen_length: int | None = None,
-    seed: int = 0,
-    max_accuracy_drop: float = 0.0,
-    warmup: int = 1,
-    progress: bool = True,
-    plot: bool = True,
-    evaluate: Callable[[Any, DecoderSpec, TaskSet], Result] | None = None,
-) -> SweepResult:
-    """Evaluate a space of decoders on ``tasks`` and write ``trials.csv``, ``pareto.png`` and ``preset.json`` to ``out``.
+def run_sweep(space: Sequence[str] | Space = (), tasks: str | TaskSet = "held-out", *, model: Any = None,
+              out: str | Path = "sweep-out", storage: str | Path | None = None, study: str = "refusion-sweep",
+              progress: bool = True, plot: bool = True,
+              evaluate: Callable[[Any, DecoderSpec, TaskSet], Result] | None = None, **options: Any) -> SweepResult:
+    """Evaluate a space of decoders on ``tasks`` and write ``trials.csv``, ``pareto.png`` and ``preset.json`` to
+    ``out``.
 
     ``space`` is a list of dimension specs (``"selector=threshold,topk"``,
-    ``"slot_threshold=0.5:0.9:0.1"``) and/or ``space_file`` a YAML/TOML file;
-    they vary ``preset`` (default: the model's ``refusion.json``). ``tasks`` is
-    ``"held-out[:N]"``, a ``.jsonl`` file or ``"lm-eval:TASK[,TASK]"`` /
-    a :class:`~refusion.search.harness.HarnessTasks`. ``mode`` is ``grid``, ``optuna``
-    or ``auto`` (grid up to 64 points). ``trials`` bounds the trials in the
-    study (earlier runs included), ``minutes`` this run's time; ``objective``
-    is what optuna minimises besides maximising accuracy: ``forwards`` or
-    ``wall`` (seconds per token). ``storage`` (default ``out/sweep.db``) keeps
-    every trial; the same storage and ``study`` resume a sweep. The chosen
-    point is the fastest Pareto point within ``max_accuracy_drop`` (in [0, 1]) of AR's
-    accuracy (else the most accurate). ``evaluate`` replaces the measurement
-    (for tests). Never touches the model's weights.
+    ``"slot_threshold=0.5:0.9:0.1"``) and/or the ``space_file`` option a
+    YAML/TOML file; they vary the ``preset`` option (default: the model's
+    ``refusion.json``). ``tasks`` is ``"held-out[:N]"``, a ``.jsonl`` file or
+    ``"lm-eval:TASK[,TASK]"`` / a :class:`~refusion.sweep.harness.HarnessTasks`.
+    ``options`` are :class:`SweepOptions`' fields (``mode``, ``trials``,
+    ``minutes``, ``objective``, ``gen_length``, ``seed``,
+    ``max_accuracy_drop``, ``warmup``, ``preset``, ``space_file``).
+    ``storage`` (default ``out/sweep.db``) keeps every trial; the same storage
+    and ``study`` resume a sweep. ``evaluate`` replaces the measurement (for
+    tests). Never touches the model's weights.
 
-    Limits (:mod:`refusion.measure.limits`): ``gen_length`` <= 65,536 and within
+    Limits (:mod:`refusion.limits`): ``gen_length`` <= 65,536 and within
     the model's positions after the longest prompt, ``trials`` <= 100,000, a
     grid search <= 100,000 points, ``minutes`` <= 43,200. Every input is
     checked (:func:`plan_sweep`) before the model is loaded; the task set's
     text against the model's tokenizer before the study is created.
     """
-    plan = plan_sweep(space, tasks, preset=preset, space_file=space_file, mode=mode, trials=trials, minutes=minutes,
-                      objective=objective, gen_length=gen_length, seed=seed, max_accuracy_drop=max_accuracy_drop,
-                      warmup=warmup)
+    plan = plan_sweep(space, tasks, SweepOptions.of(**options), out=out)
     return run_plan(plan, model=model, out=out, storage=storage, study=study, progress=progress, plot=plot,
                     evaluate=evaluate)
 
@@ -217,59 +219,62 @@ def sweep(
 def run_plan(plan: SweepPlan, *, model: Any = None, out: str | Path = "sweep-out", storage: str | Path | None = None,
              study: str = "refusion-sweep", progress: bool = True, plot: bool = True,
              evaluate: Callable[[Any, DecoderSpec, TaskSet], Result] | None = None) -> SweepResult:
-    """Run a checked :class:`SweepPlan` on ``model`` (see :func:`sweep`)."""
+    """Run a checked :class:`SweepPlan` on ``model`` (see :func:`run_sweep`)."""
     from refusion.api import load_model
-    from refusion.search.tasks import check_examples
+    from refusion.files import check_output_dir
+    from refusion.sweep.tasks import check_examples
 
+    check_output_dir(out, "out")  # before the model loads
     adapter = load_model(model)
     if adapter.tokenizer is None:
         raise ConfigError("`refusion sweep` needs a model with a tokenizer (it scores decoded text).", param='model')
+    options = plan.options
     space = plan.space
     if space is None:
-        base = _base_preset(adapter, plan.preset)
+        base = _base_preset(adapter, options.preset)
         try:
             space = build_space(base, plan.dimensions)
         except ConfigError as exc:
             if exc.param in plan.file_dimensions:
-                raise ConfigError(f"{where('`space file`', plan.space_file)}, field `space.{exc.param}`: {exc}",
+                raise ConfigError(f"{where('`space file`', str(options.space_file))}, field `space.{exc.param}`: {exc}",
                                   param=exc.param) from None
             raise
-    length = plan.gen_length or space.base.gen_length or DEFAULT_GEN_LENGTH
-    integer("gen_length", length, 1, MAX_GEN_LENGTH, "tokens generated per prompt")
+    length = options.gen_length or space.base.gen_length or DEFAULT_GEN_LENGTH
+    check_integer("gen_length", length, 1, MAX_GEN_LENGTH, "tokens generated per prompt")
     taskset = plan.tasks
     check_examples(taskset, adapter, length)
     size = space.grid_size()
-    mode = plan.mode
+    mode = options.mode
     if mode == "auto":
         mode = "grid" if size is not None and size <= GRID_LIMIT else "optuna"
     points = space.grid() if mode == "grid" else None
-    trials = plan.trials
-    if mode == "optuna" and trials is None and plan.minutes is None:
+    trials = options.trials
+    if mode == "optuna" and trials is None and options.minutes is None:
         trials = 30
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     signature = {"space": space.describe(), "base": attrs.evolve(space.base, description="").to_dict(),
                  "tasks": taskset.name, "examples": len(taskset.examples), "gen_length": length,
-                 "objective": plan.objective, "mode": mode}
+                 "objective": options.objective, "mode": mode}
     db = Path(storage) if storage is not None else out / "sweep.db"
     the_study = open_study(db, study, signature)
-    measure, measure_ar = _measures(taskset, plan.warmup)
+    measure, measure_ar = _measures(taskset, options.warmup)
     measure = evaluate or measure
 
     ar = measure_ar(adapter, taskset, length)
     new, interrupted = 0, False
     try:
-        new = _search(the_study, space, points, mode, adapter, taskset, length, ar, measure, plan.objective,
-                      trials, plan.minutes, plan.seed, progress)
+        new = _search(the_study, space, points, mode, adapter, taskset, length, ar, measure, options.objective,
+                      trials, options.minutes, options.seed, progress)
     except KeyboardInterrupt:
         interrupted = True
-    return _finish(the_study, db, space, length, ar, mode, plan.objective, out, plan.max_accuracy_drop, plot, new,
+    return _finish(the_study, db, space, length, ar, mode, options.objective, out, options.max_accuracy_drop, plot, new,
                    interrupted)
 
 
 def _measures(taskset: Any, warmup: int) -> tuple[Callable, Callable]:
     """How a point and AR are measured on ``taskset``: held-out/JSONL examples, or lm-evaluation-harness tasks."""
-    from refusion.search.harness import HarnessTasks, evaluate_harness
+    from refusion.sweep.harness import HarnessTasks, evaluate_harness
 
     if not isinstance(taskset, HarnessTasks):
         return (lambda a, p, t: evaluate_preset(a, p, t, warmup=warmup),
@@ -279,7 +284,7 @@ def _measures(taskset: Any, warmup: int) -> tuple[Callable, Callable]:
 
     def point(adapter: Any, preset: DecoderSpec, tasks: Any) -> Result:
         decoder = Decoder.from_spec(preset)
-        return evaluate_harness(adapter, tasks, task_dict, decoder, preset.gen_length)
+        return evaluate_harness(adapter, tasks, task_dict, decoder, preset.gen_length or DEFAULT_GEN_LENGTH)
 
     return point, lambda a, t, n: evaluate_harness(a, t, task_dict, None, n)
 
@@ -292,8 +297,9 @@ def _search(study: Any, space: Space, points: list | None, mode: str, adapter: A
 
     done = {point_key(r.point) for r in completed(study)}
     start = time.monotonic()
+    total: int | None
     if mode == "grid":
-        todo = [p for p in points if point_key(p) not in done]
+        todo = [p for p in points or () if point_key(p) not in done]
         total = len(todo) if trials is None else max(0, min(len(todo), trials - len(done)))
     else:
         total = None if trials is None else max(0, trials - len(done))
@@ -352,7 +358,7 @@ def _search(study: Any, space: Space, points: list | None, mode: str, adapter: A
 
 def _finish(study: Any, db: Path, space: Space, length: int, ar: Result, mode: str, objective: str, out: Path,
             max_accuracy_drop: float, plot: bool, new: int, interrupted: bool) -> SweepResult:
-    from refusion.search.space import describe_point
+    from refusion.sweep.space import describe_point
 
     records = completed(study)
     ar_row = _ar_metrics(ar)
@@ -365,7 +371,8 @@ def _finish(study: Any, db: Path, space: Space, length: int, ar: Result, mode: s
     preset = attrs.evolve(
         space.preset(chosen.point, length),
         description=f"chosen by refusion sweep ({describe_point(chosen.point)}): accuracy {chosen['accuracy']:.1%} "
-        f"(AR {ar.accuracy:.1%}), {chosen['forward_ratio']:.2f}x fewer forwards, {chosen['speedup']:.2f}x wall speed-up",
+        f"(AR {ar.accuracy:.1%}), {chosen['forward_ratio']:.2f}x fewer forwards, {chosen['speedup']:.2f}x wall "
+        "speed-up",
     )
     files["preset"] = outputs.write_preset(out / "preset.json", preset)
     if plot:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import csv
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from refusion.config import DecoderSpec
-from refusion.search.space import describe_point
-from refusion.search.study import OBJECTIVES, TrialRecord
+from refusion.sweep.space import describe_point
+from refusion.sweep.study import OBJECTIVES, TrialRecord
 
 METRICS = ("accuracy", "correct", "examples", "forwards", "tokens", "tokens_per_forward", "seconds",
            "seconds_per_token", "speedup", "forward_ratio", "ar_accuracy", "ar_forwards", "ar_seconds_per_token")

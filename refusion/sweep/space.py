@@ -13,15 +13,16 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import attrs
 
 from refusion.config import PART_KINDS, SPEC_PARAMS, DecoderSpec
 from refusion.config.params import parse_value
 from refusion.errors import ConfigError, UnknownNameError
-from refusion.measure.limits import MAX_TRIALS, shown
-
+from refusion.limits import MAX_TRIALS
+from refusion.validators import is_integer, shown
 
 #: a grid search tries at most this many points (each is a trial of the study)
 MAX_GRID = MAX_TRIALS
@@ -33,13 +34,14 @@ MIN_FLOAT_STEP = 1e-6
 
 def _number(text: str, field: str) -> float | int:
     value = parse_value(text.strip())
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not _is_number(value):
         raise ConfigError(f"`{field}`: range bounds must be numbers; got {text.strip()[:80]!r}.", param=field)
     return value
 
 
 def _is_number(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float))
+    """An int or a float, infinities and NaN included (ranges refuse them with their own message)."""
+    return is_integer(value) or isinstance(value, float)
 
 
 def _value_problem(value: Any) -> str | None:
@@ -69,7 +71,8 @@ def _tuple(values: Any) -> tuple | None:
 
 @attrs.frozen
 class Dimension:
-    """One axis of the space: ``values`` (an explicit list) or a range ``low..high`` (inclusive) with an optional ``step``.
+    """One axis of the space: ``values`` (an explicit list) or a range ``low..high`` (inclusive) with an optional
+    ``step``.
 
     Values are numbers, text, true/false or none; numbers are finite and within
     +-2**64, range bounds too; a float range's step is at least
@@ -121,6 +124,10 @@ class Dimension:
     def is_integer(self) -> bool:
         return self.values is None and all(isinstance(v, int) for v in (self.low, self.high, self.step or 1))
 
+    def _range(self) -> tuple[Any, Any]:
+        """A range's ``(low, high)``: numbers (checked when the dimension was made; ``values`` is then ``None``)."""
+        return self.low, self.high
+
     def _distinct(self) -> tuple[Any, ...]:
         seen: dict[Any, Any] = {}
         for value in self.values or ():
@@ -134,9 +141,10 @@ class Dimension:
             return len(self._distinct())
         if self.step is None:
             return None
+        low, high = self._range()
         if self.is_integer:
-            return (self.high - self.low) // self.step + 1
-        spans = (self.high - self.low) / self.step
+            return int((high - low) // self.step + 1)
+        spans = (high - low) / self.step
         return math.floor(spans + 1e-9) + 1 if spans < 2**62 else 2**62
 
     def grid(self) -> tuple[Any, ...]:
@@ -150,9 +158,11 @@ class Dimension:
                               f"{MAX_GRID} points. Use a larger step or --mode optuna.", param=self.name)
         if self.values is not None:
             return self._distinct()
+        low, _ = self._range()
+        step: Any = self.step
         if self.is_integer:
-            return tuple(int(self.low + i * self.step) for i in range(count))
-        return tuple(round(self.low + i * self.step, 10) for i in range(count))
+            return tuple(int(low + i * step) for i in range(count))
+        return tuple(round(low + i * step, 10) for i in range(count))
 
     def suggest(self, trial: Any, grid: bool = False) -> Any:
         """The value optuna's ``trial`` proposes on this axis (among the grid values when ``grid``)."""
@@ -162,7 +172,8 @@ class Dimension:
             return trial.suggest_categorical(self.name, list(self.grid()))
         if self.is_integer:
             return trial.suggest_int(self.name, self.low, self.high, step=self.step or 1)
-        return trial.suggest_float(self.name, float(self.low), float(self.high), step=self.step)
+        low, high = self._range()
+        return trial.suggest_float(self.name, float(low), float(high), step=self.step)
 
     def describe(self) -> str:
         if self.values is not None:
@@ -171,7 +182,8 @@ class Dimension:
 
 
 def parse_dimension(text: str) -> Dimension:
-    """``"selector=threshold,topk"``, ``"slot_size=4,8"`` or ``"slot_threshold=0.5:0.9:0.1"`` -> a :class:`Dimension`."""
+    """``"selector=threshold,topk"``, ``"slot_size=4,8"`` or ``"slot_threshold=0.5:0.9:0.1"`` -> a
+    :class:`Dimension`."""
     name, sep, rest = text.partition("=")
     name = name.strip()
     if not sep or not name:
@@ -286,10 +298,10 @@ class Space:
         if name in SAMPLING_PARAMS:
             names = {self.base.sampler.name}
             names.update(v for d in self.params if d.name == "sampler" for v in d._distinct())
-            classes = [SAMPLERS.get("categorical" if n == "greedy" else n) for n in names]
+            classes: list[Any] = [SAMPLERS.get("categorical" if n == "greedy" else n) for n in names]
             return [functools.partial(_field_error, cls, name) for cls in classes if cls is not None]
         kind, _, field = name.rpartition(".")
-        checks = []
+        checks: list[Callable[[Any], ConfigError | None]] = []
         for k in ([kind] if kind else PART_KINDS):
             candidates = {self.base_names()[k], *(v for d in self.parts if d.name == k for v in d._distinct())}
             for part in sorted(candidates):
@@ -321,6 +333,7 @@ class Space:
         if size is None:
             for dim in self.dimensions:
                 dim.grid()  # the error names the range without a step
+            raise ConfigError("`space` has a range without a step; a grid search needs steps.", param="space")
         if size > MAX_GRID:
             raise ConfigError(f"`space` has {size} grid points ({' x '.join(str(d.count()) for d in self.dimensions)} "
                               f"values); a grid search tries at most {MAX_GRID}. Use larger steps, fewer values, or "
@@ -347,7 +360,7 @@ class Space:
             size = 1
             for dim in self.params:
                 if self.accepts(parts, dim.name):
-                    size *= dim.count()
+                    size *= dim.count() or 1  # every count is known here
             total += size
         return total
 

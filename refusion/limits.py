@@ -1,0 +1,58 @@
+"""Every size limit refusion enforces on its inputs, stated once.
+
+A run, request or row larger than these is refused before any work starts,
+with an error naming the parameter (:mod:`refusion.validators` makes the
+checks). Nothing here imports torch: the command line checks its flags
+against these before loading anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from refusion.errors import ConfigError
+
+#: tokens generated per prompt, whatever the model's positions (those are checked too, once it is loaded)
+MAX_GEN_LENGTH = 65_536
+#: held-out examples per shipped task a caller may ask for (``refusion bench --per-task``, ``held-out:N``, records)
+MAX_PER_TASK = 1000
+#: examples of a task set (a JSON Lines file, lm-evaluation-harness ``limit``, a bench record's task set)
+MAX_EXAMPLES = 100_000
+#: trials of a sweep's study, and points of a grid search
+MAX_TRIALS = 100_000
+#: a sweep's time budget in minutes (30 days)
+MAX_MINUTES = 43_200
+#: torch threads a record or a command may ask for
+MAX_THREADS = 4096
+#: seeds of samplers and of training (numpy's range)
+SEED_LIMIT = 2**32
+#: token ids given on the command line lie below this
+MAX_TOKEN_ID = 2**31 - 1
+#: the default bound on a server's request body, in bytes (``refusion serve --max-body-bytes``)
+MAX_BODY_BYTES = 256 * 1024
+#: prompt text may hold this many characters per model position; longer text is refused before it is tokenised
+CHARS_PER_POSITION = 8
+
+
+def prompt_chars(max_positions: int | None) -> int | None:
+    """The most characters of prompt text a model of ``max_positions`` positions is sent (``None``: no bound)."""
+    return None if max_positions is None else CHARS_PER_POSITION * max_positions
+
+
+def check_room(adapter: Any, prompt_lengths: Sequence[int], gen_length: int, *, param: str = "gen_length",
+               where: str = "") -> None:
+    """Refuse ``gen_length`` tokens after the longest prompt when they exceed the model's positions.
+
+    ``where`` names the prompts (``"`tasks` file 'a.jsonl'"``) in the message.
+    Nothing is decoded; models that do not say their positions pass.
+    """
+    limit = getattr(adapter, "max_positions", None)
+    if not limit or not prompt_lengths:
+        return
+    longest = max(prompt_lengths)
+    if longest + gen_length > limit:
+        prompts = f" of {where}" if where else ""
+        raise ConfigError(f"`{param}` {gen_length} plus the longest prompt{prompts} ({longest} tokens) exceeds the "
+                          f"model's {limit} positions; use `{param}` <= {max(limit - longest, 0)}"
+                          + (" and shorter prompts." if limit - longest < 1 else "."), param=param)

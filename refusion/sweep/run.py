@@ -59,7 +59,7 @@ class SweepResult:
     interrupted: bool = False
 
 
-def _base_preset(adapter: Any, name: str | None) -> DecoderSpec:
+def base_preset(adapter: Any, name: str | None) -> DecoderSpec:
     if name is None or name == "model":
         return getattr(adapter, "preset", None) or get_preset("paper")
     return get_preset(name)
@@ -231,7 +231,7 @@ def run_plan(plan: SweepPlan, *, model: Any = None, out: str | Path = "sweep-out
     options = plan.options
     space = plan.space
     if space is None:
-        base = _base_preset(adapter, options.preset)
+        base = base_preset(adapter, options.preset)
         try:
             space = build_space(base, plan.dimensions)
         except ConfigError as exc:

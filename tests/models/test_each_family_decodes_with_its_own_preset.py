@@ -19,7 +19,7 @@ import pytest
 import refusion
 from refusion.config import PRESETS
 from refusion.errors import ConfigError
-from refusion.search.run import _base_preset
+from refusion.sweep.run import base_preset
 from tests.support.serving import ROOT, ServerProcess, free_port
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "peers"
@@ -30,7 +30,7 @@ OWN = {"llada": "llada", "dream": "dream", "sdar": "sdar", "refusion": "paper"}
 def test_load_model_records_the_family_preset(family):
     model = refusion.load_model(str(FIXTURES / family))
     assert model.preset == PRESETS[OWN[family]]
-    assert _base_preset(model, None) == PRESETS[OWN[family]]  # what `refusion sweep` starts from
+    assert base_preset(model, None) == PRESETS[OWN[family]]  # what `refusion sweep` starts from
 
 
 def test_a_checkpoint_refusion_json_comes_before_its_family(tmp_path):

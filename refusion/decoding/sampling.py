@@ -25,6 +25,7 @@ import attrs
 import torch
 
 from refusion.decoding.scores import Scores
+from refusion.dtypes import reduction_dtype
 from refusion.errors import ConfigError, bad_value
 from refusion.validators import is_integer, is_number, one_of, optional, positive_int, probability
 
@@ -55,7 +56,7 @@ def probabilities(logits: torch.Tensor, precision: str) -> torch.Tensor:
         return torch.softmax(logits, dim=-1)
     if precision == "float64":
         return torch.softmax(logits.to(torch.float64), dim=-1)
-    return torch.softmax(logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32), dim=-1)
+    return torch.softmax(logits.to(reduction_dtype(logits.dtype)), dim=-1)
 
 
 _precision = one_of(PRECISIONS)

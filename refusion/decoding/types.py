@@ -17,6 +17,7 @@ import torch
 
 from refusion.decoding.protocol import KVSegment
 from refusion.decoding.scores import Scores
+from refusion.dtypes import reduction_dtype
 
 
 @attrs.frozen
@@ -221,12 +222,17 @@ class Plan:
         return self._table().rows(self.first_rows)[1]
 
     @functools.cached_property
+    def first_logits(self) -> torch.Tensor:
+        """Logits at each slot's first token, shape ``(k, vocab)`` (only those rows are projected)."""
+        if self.scores is None:
+            self._table().rows(slice(0, 0))  # raises the explanation
+        return self.scores[self.first_rows].logits
+
+    @functools.cached_property
     def first_probs(self) -> torch.Tensor:
         """Softmax over the vocabulary at each slot's first token, shape ``(k, vocab)``."""
-        if self.scores is None:
-            self._table().rows(slice(0, 0))
-        logits = self.scores[self.first_rows].logits
-        return torch.softmax(logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32), dim=-1)
+        logits = self.first_logits
+        return torch.softmax(logits.to(reduction_dtype(logits.dtype)), dim=-1)
 
     @functools.cached_property
     def first_margin(self) -> torch.Tensor:

@@ -61,7 +61,7 @@ class CudaSyncs(PerStep):
         if _MESSAGE not in str(message):
             return self._show(message, category, filename, lineno, file, line)
         self.total += 1
-        frame = sys._getframe(1)
+        frame: Any = sys._getframe(1)
         while frame is not None and frame.f_code.co_filename == warnings.__file__:  # the warnings machinery
             frame = frame.f_back
         self.sites[call_site(frame)] += 1
@@ -90,7 +90,7 @@ class CudaSyncs(PerStep):
         self._warnings.__enter__()
         warnings.filterwarnings("always", message=".*" + _MESSAGE)
         self._show, warnings.showwarning = warnings.showwarning, self._seen
-        Runner.step = step
+        setattr(Runner, "step", step)  # noqa: B010 (a method patched for the probe's lifetime)
         self._undo.append(lambda: setattr(Runner, "step", original_step))
         self._thread = threading.get_ident()
         torch.cuda.synchronize()

@@ -43,14 +43,14 @@ class HFMaskedDiffusionLM(HFCausalLM):
         super().__init__(model, tokenizer, mask_token_id=mask_token_id, eos_token_id=eos_token_id)
         accepted = set(inspect.signature(model.forward).parameters)
         self._takes = {k for k in ("position_ids", "attention_mask", "use_cache") if k in accepted}
-        self._cache_kw = cache_keyword(model.forward)
-        self.capabilities = ModelCapabilities(causal=False, logit_shift=logit_shift, kv_cache=self._cache_kw is not None)
+        self._cache_keyword = cache_keyword(model.forward)
+        self.capabilities = ModelCapabilities(causal=False, logit_shift=logit_shift, kv_cache=self._cache_keyword is not None)
 
     def _inputs(self, position_ids, attention_mask, cache):
         kwargs = {"position_ids": position_ids, "attention_mask": attention_mask, "use_cache": cache is not None}
         kwargs = {k: v for k, v in kwargs.items() if k in self._takes}
-        if self._cache_kw is not None and cache is not None:
-            kwargs[self._cache_kw] = cache
+        if self._cache_keyword is not None and cache is not None:
+            kwargs[self._cache_keyword] = cache
         return kwargs
 
     def forward(self, input_ids, position_ids, attention_mask, cache, logits_to_keep=0):

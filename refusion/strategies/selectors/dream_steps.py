@@ -35,7 +35,7 @@ def dream_scores(plan: Plan, alg: str, precision: str = "float32", top_k: int | 
             return plan.first_margin
         p = plan.first_probs
         return (p * torch.log(p + 1e-10)).sum(-1)
-    p = probabilities(filtered(plan.scores[plan.first_rows].logits, top_k, top_p), precision)
+    p = probabilities(filtered(plan.first_logits, top_k, top_p), precision)
     if alg == "topk_margin":
         top = torch.sort(p, dim=-1, descending=True).values
         return top[:, 0] - top[:, 1]

@@ -66,6 +66,7 @@ def main(argv=None) -> int:
             outs = [fn(adapter.model, torch.tensor([p]), GEN_LENGTH, mask, eos)[0] for p in prompts]
             fed = sum(len(p) + len(o) - 1 for p, o in zip(prompts, outs))
             return scored(outs, fed=fed)
+
         return run
 
     def ours(decoder):
@@ -74,6 +75,7 @@ def main(argv=None) -> int:
         def run():
             results = [decoder.decode(adapter, p, GEN_LENGTH, engine=engine) for p in prompts]
             return scored([r.tokens.tolist() for r in results], fed=sum(r.extra["fed_tokens"] for r in results))
+
         return run
 
     competitors = {"AR: transformers generate": ar(hf_generate), "AR: hand-written greedy loop": ar(greedy_loop)}
@@ -83,23 +85,37 @@ def main(argv=None) -> int:
     print(f"# {len(examples)} held-out examples, gen_length {GEN_LENGTH}, batch 1, {args.rounds} rounds interleaved")
     rows = interleave(competitors, adapter, rounds=args.rounds, memory=False)
     loop = next(r for r in rows if r.name.startswith("AR: hand"))
-    print(f"{'method':<46} {'acc':>6} {'CPU s [spread]':>20} {'wall s':>7} {'vs generate':>19} {'vs hand loop':>8} "
-          f"{'fwd':>5} {'tok/fwd':>7} {'fed/fwd':>7} {'outside ms/fwd':>14}")
+    print(
+        f"{'method':<46} {'acc':>6} {'CPU s [spread]':>20} {'wall s':>7} {'vs generate':>19} {'vs hand loop':>8} "
+        f"{'fwd':>5} {'tok/fwd':>7} {'fed/fwd':>7} {'outside ms/fwd':>14}"
+    )
     records = []
     for row in rows:
         c = row.counts
         forwards = row.runs[-1].network_forwards
         outside = statistics.median((r.cpu - r.network_cpu) / max(1, r.network_forwards) for r in row.runs)
         vs_loop = statistics.median(lr.cpu / r.cpu for lr, r in zip(loop.runs, row.runs))
-        print(f"{row.name:<46} {c['correct'] / len(examples):>6.1%} {fmt_spread(row, 'cpu'):>20} "
-              f"{row.median('wall'):>7.2f} {fmt_ratio(row):>19} {vs_loop:>7.2f}x {forwards:>5} "
-              f"{c['tokens'] / forwards:>7.2f} {c['fed'] / forwards:>7.1f} {1e3 * outside:>14.2f}")
-        records.append({"method": row.name, "accuracy": c["correct"] / len(examples), "cpu": row.median("cpu"),
-                        "cpu_spread": row.spread("cpu"), "wall": row.median("wall"),
-                        "vs_generate": statistics.median(row.ratios), "vs_generate_spread": (min(row.ratios),
-                                                                                             max(row.ratios)),
-                        "vs_hand_loop": vs_loop, "forwards": forwards, "tokens_per_forward": c["tokens"] / forwards,
-                        "fed_per_forward": c["fed"] / forwards, "outside_ms_per_forward": 1e3 * outside})
+        print(
+            f"{row.name:<46} {c['correct'] / len(examples):>6.1%} {fmt_spread(row, 'cpu'):>20} "
+            f"{row.median('wall'):>7.2f} {fmt_ratio(row):>19} {vs_loop:>7.2f}x {forwards:>5} "
+            f"{c['tokens'] / forwards:>7.2f} {c['fed'] / forwards:>7.1f} {1e3 * outside:>14.2f}"
+        )
+        records.append(
+            {
+                "method": row.name,
+                "accuracy": c["correct"] / len(examples),
+                "cpu": row.median("cpu"),
+                "cpu_spread": row.spread("cpu"),
+                "wall": row.median("wall"),
+                "vs_generate": statistics.median(row.ratios),
+                "vs_generate_spread": (min(row.ratios), max(row.ratios)),
+                "vs_hand_loop": vs_loop,
+                "forwards": forwards,
+                "tokens_per_forward": c["tokens"] / forwards,
+                "fed_per_forward": c["fed"] / forwards,
+                "outside_ms_per_forward": 1e3 * outside,
+            }
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(records, indent=1))
     return 0

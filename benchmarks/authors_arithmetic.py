@@ -31,14 +31,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import fmt_ratio, fmt_spread, header, interleave, random_qwen3, refusion_counts  # noqa: E402
+from common import fmt_ratio, fmt_spread, header, interleave, random_qwen3, refusion_counts
 
-import refusion  # noqa: E402
-from refusion.models.hf import HFCausalLM  # noqa: E402
+import refusion
+from refusion.models.hf import HFCausalLM
 
 FUSED = {"precision": "float32", "ties": "lowest"}
-CONFIGS = {"paper 0.9/0.9": dict(slot_threshold=0.9, token_threshold=0.9),
-           "slot1-acc": dict(slot_threshold=1.0, token_threshold=0.0)}
+CONFIGS = {
+    "paper 0.9/0.9": dict(slot_threshold=0.9, token_threshold=0.9),
+    "slot1-acc": dict(slot_threshold=1.0, token_threshold=0.0),
+}
 
 
 def setup(name: str, dtype: torch.dtype, batch: int):
@@ -48,8 +50,11 @@ def setup(name: str, dtype: torch.dtype, batch: int):
 
         adapter = refusion.load_model(dtype=dtype)
         examples = held_out(max(1, -(-batch // 6)))[:batch]
-        return adapter, [adapter.tokenizer(e.prompt, add_special_tokens=False)["input_ids"] for e in examples], \
-            dict(gen_length=32)
+        return (
+            adapter,
+            [adapter.tokenizer(e.prompt, add_special_tokens=False)["input_ids"] for e in examples],
+            dict(gen_length=32),
+        )
     model = random_qwen3("20m", dtype=dtype)
     mask = model.config.vocab_size - 1
     with torch.no_grad():
@@ -79,18 +84,24 @@ def main(argv=None) -> int:
                 params = {**fixed, **thresholds}
                 tokens = {}
 
-                def run(extra, key):
+                def run(extra, key, prompts=prompts, adapter=adapter, length=length, params=params, tokens=tokens):
                     results = refusion.generate(prompts, adapter, preset="paper", gen_length=length, **params, **extra)
                     tokens[key] = [r.tokens.tolist() for r in results]
                     return refusion_counts(results)
 
-                rows = interleave({"fused float32": lambda: run(FUSED, "fused"),
-                                   "authors' arithmetic": lambda: run({}, "authors")},
-                                  adapter, rounds=a.rounds, baseline="fused float32", memory=False)
+                rows = interleave(
+                    {"fused float32": lambda: run(FUSED, "fused"), "authors' arithmetic": lambda: run({}, "authors")},
+                    adapter,
+                    rounds=a.rounds,
+                    baseline="fused float32",
+                    memory=False,
+                )
                 print(f"\n## {name}, {dtype_name}, {config}, gen {length}, batch {len(prompts)}")
                 for row in rows:
-                    print(f"{row.name:<22} CPU s {fmt_spread(row, 'cpu'):>20}  wall s {fmt_spread(row, 'wall'):>20}  "
-                          f"fused/this {fmt_ratio(row)}")
+                    print(
+                        f"{row.name:<22} CPU s {fmt_spread(row, 'cpu'):>20}  wall s {fmt_spread(row, 'wall'):>20}  "
+                        f"fused/this {fmt_ratio(row)}"
+                    )
                 print(f"same tokens: {sum(x == y for x, y in zip(tokens['fused'], tokens['authors']))}/{len(prompts)}")
     return 0
 

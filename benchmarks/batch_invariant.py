@@ -55,8 +55,11 @@ def twenty_m(dtype: torch.dtype, prompts: int):
 
     adapter = HFCausalLM(random_qwen3("20m", dtype=dtype))
     rng = random.Random(0)
-    return adapter, [[rng.randrange(adapter.vocab_size - 1) for _ in range(rng.randint(4, 48))]
-                     for _ in range(prompts)], 16
+    return (
+        adapter,
+        [[rng.randrange(adapter.vocab_size - 1) for _ in range(rng.randint(4, 48))] for _ in range(prompts)],
+        16,
+    )
 
 
 MODELS = {"shipped": shipped, "20m": twenty_m}
@@ -84,13 +87,20 @@ def part(name: str, dtype_name: str, prompts: int, batches: list[int], rounds: i
 
         return run
 
-    competitors = {f"{'invariant' if inv else 'default'} b{batch}": method(inv, batch)
-                   for batch in batches for inv in (False, True)}
-    print(f"\n## {name}, {dtype_name}: {len(ids)} prompts, gen_length {gen}, {PRESET}, branch engine, "
-          f"{rounds} rounds interleaved")
+    competitors = {
+        f"{'invariant' if inv else 'default'} b{batch}": method(inv, batch)
+        for batch in batches
+        for inv in (False, True)
+    }
+    print(
+        f"\n## {name}, {dtype_name}: {len(ids)} prompts, gen_length {gen}, {PRESET}, branch engine, "
+        f"{rounds} rounds interleaved"
+    )
     rows = {row.name: row for row in interleave(competitors, adapter, rounds=rounds, memory=False)}
-    print(f"{'setting':<14} {'CPU s [spread]':>22} {'wall s [spread]':>22} {'invariant/default CPU':>22} "
-          f"{'wall':>19} {'forwards':>8} {'differ from alone':>17}")
+    print(
+        f"{'setting':<14} {'CPU s [spread]':>22} {'wall s [spread]':>22} {'invariant/default CPU':>22} "
+        f"{'wall':>19} {'forwards':>8} {'differ from alone':>17}"
+    )
     for batch in batches:
         for kind in ("default", "invariant"):
             row = rows[f"{kind} b{batch}"]
@@ -101,11 +111,19 @@ def part(name: str, dtype_name: str, prompts: int, batches: list[int], rounds: i
                 base = rows[f"default b{batch}"]
                 cost_cpu = ratio([r.cpu for r in row.runs], [r.cpu for r in base.runs])
                 cost_wall = ratio([r.wall for r in row.runs], [r.wall for r in base.runs])
-            print(f"{row.name:<14} {fmt_spread(row, 'cpu'):>22} {fmt_spread(row, 'wall'):>22} {cost_cpu:>22} "
-                  f"{cost_wall:>19} {row.counts['forwards']:>8} {differ:>17}")
-    first_inv, first_def = rows[f"invariant b{batches[0]}"].counts["rows"], rows[f"default b{batches[0]}"].counts["rows"]
-    print(f"invariant b{batches[0]} gives the default b{batches[0]}'s tokens for "
-          f"{sum(a == b for a, b in zip(first_inv, first_def))}/{len(ids)} prompts")
+            print(
+                f"{row.name:<14} {fmt_spread(row, 'cpu'):>22} {fmt_spread(row, 'wall'):>22} {cost_cpu:>22} "
+                f"{cost_wall:>19} {row.counts['forwards']:>8} {differ:>17}"
+            )
+    first_inv, first_def = (
+        rows[f"invariant b{batches[0]}"].counts["rows"],
+        rows[f"default b{batches[0]}"].counts["rows"],
+    )
+    print(
+        f"invariant b{batches[0]} gives the default b{batches[0]}'s tokens for "
+        f"{sum(a == b for a, b in zip(first_inv, first_def))}/{len(ids)} prompts"
+    )
+
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

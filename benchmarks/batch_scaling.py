@@ -55,8 +55,9 @@ from refusion.training.tasks import held_out
 
 def write_input(path: Path, prompts: int) -> None:
     examples = held_out(max(1, -(-prompts // 6)))[:prompts]
-    path.write_text("".join(json.dumps({"id": f"p{i}", "prompt": e.prompt, "seed": i}) + "\n"
-                            for i, e in enumerate(examples)))
+    path.write_text(
+        "".join(json.dumps({"id": f"p{i}", "prompt": e.prompt, "seed": i}) + "\n" for i, e in enumerate(examples))
+    )
 
 
 def read_output(path: Path) -> dict[str, dict]:
@@ -76,8 +77,13 @@ def timed(source: Path, out: Path, rows_of) -> dict:
         close = getattr(results, "close", None)
         if close is not None:
             close()
-    return dict(wall=time.perf_counter() - start, cpu=time.process_time() - cpu, arrivals=arrivals,
-                rows=len(arrivals), tokens=tokens)
+    return dict(
+        wall=time.perf_counter() - start,
+        cpu=time.process_time() - cpu,
+        arrivals=arrivals,
+        rows=len(arrivals),
+        tokens=tokens,
+    )
 
 
 def after_first_rows(run: dict) -> float:
@@ -158,7 +164,7 @@ def main() -> None:
         source = Path(folder) / "in.jsonl"
         write_input(source, args.prompts)
         for r in range(-1 if args.warmup else 0, args.rounds):
-            order = names[r % len(names):] + names[:r % len(names)] if r >= 0 else names
+            order = names[r % len(names) :] + names[: r % len(names)] if r >= 0 else names
             this_round = {}
             for name in order:
                 out = Path(folder) / f"out-{r}-{name.replace(' ', '-')}.jsonl"
@@ -172,30 +178,42 @@ def main() -> None:
             for name in names:
                 runs[name].append(this_round[name])
                 ratios[name].append(this_round["embedded"]["wall"] / this_round[name]["wall"])
-            overhead.append((this_round["ray 1 worker"]["wall"] - this_round["embedded"]["wall"])
-                            / this_round["embedded"]["rows"])
+            overhead.append(
+                (this_round["ray 1 worker"]["wall"] - this_round["embedded"]["wall"]) / this_round["embedded"]["rows"]
+            )
     ray.shutdown()
 
     rows = runs["embedded"][0]["rows"]
     tokens = runs["embedded"][0]["tokens"]
     print(header())
-    print(f"# {rows} held-out prompts, gen_length {args.gen_length}, max_rows {args.max_rows}, {tokens} tokens, "
-          f"{args.rounds} rounds interleaved (after a warm-up round: {args.warmup}); ray {ray.__version__}")
-    print("| run | wall s | rows/s | tokens/s | first row s | rows/s after the first rows | driver CPU s "
-          "| workers CPU s | speed vs embedded | peak RSS MB (largest worker) |")
+    print(
+        f"# {rows} held-out prompts, gen_length {args.gen_length}, max_rows {args.max_rows}, {tokens} tokens, "
+        f"{args.rounds} rounds interleaved (after a warm-up round: {args.warmup}); ray {ray.__version__}"
+    )
+    print(
+        "| run | wall s | rows/s | tokens/s | first row s | rows/s after the first rows | driver CPU s "
+        "| workers CPU s | speed vs embedded | peak RSS MB (largest worker) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name in names:
         got = runs[name]
         walls = [g["wall"] for g in got]
-        cells = [spread(walls), spread([rows / w for w in walls], "{:.1f}"),
-                 spread([tokens / w for w in walls], "{:.0f}"), spread([g["arrivals"][0] for g in got]),
-                 spread([after_first_rows(g) for g in got], "{:.1f}"),
-                 spread([g["cpu"] for g in got]),
-                 spread([g["worker_cpu"] for g in got]) if got[0]["worker_cpu"] is not None else "-",
-                 spread(ratios[name]) + "x", spread([max(g["peaks"]) / 2**20 for g in got], "{:.0f}")]
+        cells = [
+            spread(walls),
+            spread([rows / w for w in walls], "{:.1f}"),
+            spread([tokens / w for w in walls], "{:.0f}"),
+            spread([g["arrivals"][0] for g in got]),
+            spread([after_first_rows(g) for g in got], "{:.1f}"),
+            spread([g["cpu"] for g in got]),
+            spread([g["worker_cpu"] for g in got]) if got[0]["worker_cpu"] is not None else "-",
+            spread(ratios[name]) + "x",
+            spread([max(g["peaks"]) / 2**20 for g in got], "{:.0f}"),
+        ]
         print(f"| {name} | " + " | ".join(cells) + " |")
-    print("Ray overhead per row, (ray 1 worker wall - embedded wall) / rows, per round: "
-          f"{spread([1e3 * o for o in overhead], '{:.1f}')} ms")
+    print(
+        "Ray overhead per row, (ray 1 worker wall - embedded wall) / rows, per round: "
+        f"{spread([1e3 * o for o in overhead], '{:.1f}')} ms"
+    )
 
 
 if __name__ == "__main__":

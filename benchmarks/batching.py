@@ -60,21 +60,27 @@ def part1(model_dir, prompts: int, rounds: int) -> None:
                     totals[key] += counts[key]
                 results += chunk
             return totals
+
         return run
 
-    competitors = {f"{engine} batch {batch}": method(engine, batch) for engine in ("repeat", "branch")
-                   for batch in (1, 4, 16)}
+    competitors = {
+        f"{engine} batch {batch}": method(engine, batch) for engine in ("repeat", "branch") for batch in (1, 4, 16)
+    }
     print(f"\n## part 1: {len(ids)} held-out prompts, gen_length {GEN}, {PRESET}, {rounds} rounds interleaved")
     rows = interleave(competitors, adapter, rounds=rounds, baseline="repeat batch 1")
-    print(f"{'engine':<17} {'CPU s [spread]':>20} {'wall s':>7} {'tokens/CPU s':>12} {'vs repeat@1':>19} {'fwd':>5} "
-          f"{'fed/fwd':>8} {'pad/fwd':>8} {'KV re-copied/fwd':>16} {'KV written/fwd':>15} {'peak MB':>7}")
+    print(
+        f"{'engine':<17} {'CPU s [spread]':>20} {'wall s':>7} {'tokens/CPU s':>12} {'vs repeat@1':>19} {'fwd':>5} "
+        f"{'fed/fwd':>8} {'pad/fwd':>8} {'KV re-copied/fwd':>16} {'KV written/fwd':>15} {'peak MB':>7}"
+    )
     for row in rows:
         c = row.counts
         f = max(1, c["forwards"])
-        print(f"{row.name:<17} {fmt_spread(row, 'cpu'):>20} {row.median('wall'):>7.2f} "
-              f"{c['tokens'] / row.median('cpu'):>12.0f} {fmt_ratio(row):>19} {f:>5} {c['fed'] / f:>8.1f} "
-              f"{c['padded'] / f:>8.1f} {c['kv_context'] / f:>14,.0f} B {c['kv_new'] / f:>13,.0f} B "
-              f"{row.median('rss_rise') / 2**20:>7.1f}")
+        print(
+            f"{row.name:<17} {fmt_spread(row, 'cpu'):>20} {row.median('wall'):>7.2f} "
+            f"{c['tokens'] / row.median('cpu'):>12.0f} {fmt_ratio(row):>19} {f:>5} {c['fed'] / f:>8.1f} "
+            f"{c['padded'] / f:>8.1f} {c['kv_context'] / f:>14,.0f} B {c['kv_new'] / f:>13,.0f} B "
+            f"{row.median('rss_rise') / 2**20:>7.1f}"
+        )
 
 
 def part2(contexts: list[int], reps: int = 20) -> None:
@@ -85,10 +91,14 @@ def part2(contexts: list[int], reps: int = 20) -> None:
 
     layers, heads, dim = 8, 4, 64
     token = layers * 2 * heads * dim * 4
-    print(f"\n## part 2: one iteration's cache operations vs cached context (KV of {layers} layers, {heads} kv heads, "
-          f"head_dim {dim}, fp32; medians of {reps})")
-    print(f"{'context':>8} {'commit 8: old / new us':>24} {'bytes old / new':>22} {'4 branches: old / new us':>26} "
-          f"{'bytes old / new':>22}")
+    print(
+        f"\n## part 2: one iteration's cache operations vs cached context (KV of {layers} layers, {heads} kv heads, "
+        f"head_dim {dim}, fp32; medians of {reps})"
+    )
+    print(
+        f"{'context':>8} {'commit 8: old / new us':>24} {'bytes old / new':>22} {'4 branches: old / new us':>26} "
+        f"{'bytes old / new':>22}"
+    )
     for context in contexts:
         ctx = torch.randn(layers, 2, heads, context, dim)
         commit = KVSegment(torch.randn(layers, 2, heads, 8, dim))
@@ -117,9 +127,11 @@ def part2(contexts: list[int], reps: int = 20) -> None:
                 buf.write(0, context + 8 + 4 * b, branch)
             times["branch_new"].append(time.perf_counter() - t)
         med = {k: 1e6 * statistics.median(v) for k, v in times.items()}
-        print(f"{context:>8} {med['commit_old']:>11.0f} / {med['commit_new']:<10.0f} "
-              f"{(context + 8) * token:>11,} / {8 * token:<9,} {med['branch_old']:>12.0f} / {med['branch_new']:<11.0f} "
-              f"{4 * 2 * (context + 4) * token:>11,} / {16 * token:<9,}")
+        print(
+            f"{context:>8} {med['commit_old']:>11.0f} / {med['commit_new']:<10.0f} "
+            f"{(context + 8) * token:>11,} / {8 * token:<9,} {med['branch_old']:>12.0f} / {med['branch_new']:<11.0f} "
+            f"{4 * 2 * (context + 4) * token:>11,} / {16 * token:<9,}"
+        )
 
 
 def main(argv=None) -> int:

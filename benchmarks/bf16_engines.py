@@ -23,11 +23,15 @@ from tests.engines.test_engines import decoder_from
 
 def draw(rng: random.Random):
     """A decoder, a bf16 tiny model and a generation length, drawn as the batch test draws them."""
-    settings = {"selector": rng.choice(["threshold", "topk", "leftmost", "margin", "entropy"]),
-                "infiller": rng.choice(["parallel-ar", "greedy-verify"]),
-                "reorderer": rng.choice(["commit-order", "reencode"]),
-                "slot_size": rng.randint(1, 4), "serial_num_blocks": rng.randint(1, 2), "threshold": rng.random(),
-                "k": rng.randint(1, 3)}
+    settings = {
+        "selector": rng.choice(["threshold", "topk", "leftmost", "margin", "entropy"]),
+        "infiller": rng.choice(["parallel-ar", "greedy-verify"]),
+        "reorderer": rng.choice(["commit-order", "reencode"]),
+        "slot_size": rng.randint(1, 4),
+        "serial_num_blocks": rng.randint(1, 2),
+        "threshold": rng.random(),
+        "k": rng.randint(1, 3),
+    }
     seed = rng.randint(0, 5000)
     adapter = HFCausalLM(tiny_qwen3(vocab_size=16, seed=seed, logit_scale=8.0, eos_token_id=2, dtype=torch.bfloat16))
     return decoder_from(settings), adapter, settings

@@ -42,8 +42,17 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    model = tiny_block_diffusion(block_length=BLOCK, vocab_size=512, hidden_size=128, num_layers=4, num_heads=4,
-                                 num_kv_heads=2, dtype=torch.float32, logit_scale=8.0, seed=0)
+    model = tiny_block_diffusion(
+        block_length=BLOCK,
+        vocab_size=512,
+        hidden_size=128,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        dtype=torch.float32,
+        logit_scale=8.0,
+        seed=0,
+    )
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 500, (24,), generator=generator).tolist() for _ in range(4)]
     print(header())
@@ -52,24 +61,45 @@ def main(argv=None) -> int:
     rows_out = []
     for label, params in SELECTORS.items():
         decoder = Decoder.from_names(partitioner="semi-ar", infiller="draft", block_length=BLOCK, **params)
-        competitors = {engine: (lambda e=engine, d=decoder: refusion_counts(d.decode_batch(model, prompts, GEN, engine=e)))
-                       for engine in ("block-recompute", "block")}
+        competitors = {
+            engine: (lambda e=engine, d=decoder: refusion_counts(d.decode_batch(model, prompts, GEN, engine=e)))
+            for engine in ("block-recompute", "block")
+        }
         rows = interleave(competitors, model, rounds=args.rounds, baseline="block-recompute", memory=False)
         if rows[0].counts["rows"] != rows[1].counts["rows"]:
             raise SystemExit(f"{label}: the cached and recomputed decodes differ")
         for row in rows:
             c = row.counts
-            print(f"| {label} | {row.name} | {c['forwards']} | {c['fed'] / c['forwards']:.1f} | "
-                  f"{c['tokens'] / c['forwards']:.2f} | {fmt_spread(row, 'cpu')} | {fmt_ratio(row)} |")
-            rows_out.append([label, row.name, c["forwards"], f"{c['fed'] / c['forwards']:.2f}",
-                             f"{c['tokens'] / c['forwards']:.3f}", f"{row.median('cpu'):.3f}",
-                             f"{statistics.median(row.ratios):.3f}"])
+            print(
+                f"| {label} | {row.name} | {c['forwards']} | {c['fed'] / c['forwards']:.1f} | "
+                f"{c['tokens'] / c['forwards']:.2f} | {fmt_spread(row, 'cpu')} | {fmt_ratio(row)} |"
+            )
+            rows_out.append(
+                [
+                    label,
+                    row.name,
+                    c["forwards"],
+                    f"{c['fed'] / c['forwards']:.2f}",
+                    f"{c['tokens'] / c['forwards']:.3f}",
+                    f"{row.median('cpu'):.3f}",
+                    f"{statistics.median(row.ratios):.3f}",
+                ]
+            )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "block_diffusion.csv", "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["selector", "engine", "forwards", "fed_per_forward", "tokens_per_forward", "cpu_s",
-                         "cpu_ratio_vs_recompute"])
+        writer.writerow(
+            [
+                "selector",
+                "engine",
+                "forwards",
+                "fed_per_forward",
+                "tokens_per_forward",
+                "cpu_s",
+                "cpu_ratio_vs_recompute",
+            ]
+        )
         writer.writerows(rows_out)
     print(f"\nwrote {out / 'block_diffusion.csv'}")
     return 0

@@ -44,8 +44,17 @@ def random_qwen3(size: str, *, seed: int = 0, dtype: torch.dtype = torch.float32
     from refusion.models.tiny import tiny_qwen3
 
     hidden, layers, heads, kv, factor, vocab = SIZES[size]
-    return tiny_qwen3(vocab_size=vocab, hidden_size=hidden, num_layers=layers, num_heads=heads, num_kv_heads=kv,
-                      intermediate_size=factor * hidden, max_positions=max_positions, seed=seed, dtype=dtype)
+    return tiny_qwen3(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv,
+        intermediate_size=factor * hidden,
+        max_positions=max_positions,
+        seed=seed,
+        dtype=dtype,
+    )
 
 
 def parameters(model: torch.nn.Module) -> int:
@@ -53,8 +62,9 @@ def parameters(model: torch.nn.Module) -> int:
 
 
 # -- the AR baselines -------------------------------------------------------------------
-def hf_generate(model, prompts: torch.Tensor, new_tokens: int, mask_id: int | None = None,
-                eos: list[int] | None = None) -> list[list[int]]:
+def hf_generate(
+    model, prompts: torch.Tensor, new_tokens: int, mask_id: int | None = None, eos: list[int] | None = None
+) -> list[list[int]]:
     """transformers ``generate``: greedy, its KV cache, exactly ``new_tokens`` per row unless ``eos`` stops it."""
     kwargs = dict(max_new_tokens=new_tokens, do_sample=False, pad_token_id=0 if mask_id is None else mask_id)
     if eos:
@@ -64,11 +74,12 @@ def hf_generate(model, prompts: torch.Tensor, new_tokens: int, mask_id: int | No
     if mask_id is not None:
         kwargs["suppress_tokens"] = [mask_id]
     out = model.generate(prompts, attention_mask=torch.ones_like(prompts), **kwargs)
-    return out[:, prompts.shape[1]:].tolist()
+    return out[:, prompts.shape[1] :].tolist()
 
 
-def greedy_loop(model, prompts: torch.Tensor, new_tokens: int, mask_id: int | None = None,
-                eos: list[int] | None = None) -> list[list[int]]:
+def greedy_loop(
+    model, prompts: torch.Tensor, new_tokens: int, mask_id: int | None = None, eos: list[int] | None = None
+) -> list[list[int]]:
     """A hand-written greedy loop with a ``DynamicCache``: the least a Python AR decoder can do per token."""
     from transformers import DynamicCache
 
@@ -105,8 +116,21 @@ def _cut(row: list[int], eos: set[int]) -> list[int]:
 
 # -- measuring ---------------------------------------------------------------------------
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                      "fsmblks", "uordblks", "fordblks", "keepcost")]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def _heap_reader() -> Callable[[], int] | None:
@@ -122,6 +146,7 @@ def _heap_reader() -> Callable[[], int] | None:
     def read() -> int:
         info = mallinfo2()
         return info.uordblks + info.hblkhd
+
     return read
 
 
@@ -137,7 +162,6 @@ class PeakMemory:
     ``mallinfo2`` is missing it falls back to the resident set size
     (``/proc/self/statm``), which only shows growth past the earlier peak.
     """
-
 
     def __init__(self):
         self.page = os.sysconf("SC_PAGE_SIZE")
@@ -190,6 +214,7 @@ class KVBufferPeak:
             def wrapped(buffer, *args, _original=original, **kwargs):
                 _original(buffer, *args, **kwargs)
                 note(buffer)
+
             setattr(PreallocatedKV, name, wrapped)
         return self
 
@@ -233,8 +258,15 @@ class Row:
         return self.runs[-1].counts
 
 
-def interleave(competitors: dict[str, Callable[[], dict]], model: Any, *, rounds: int = 3,
-               baseline: str | None = None, warmup: bool = True, memory: bool = True) -> list[Row]:
+def interleave(
+    competitors: dict[str, Callable[[], dict]],
+    model: Any,
+    *,
+    rounds: int = 3,
+    baseline: str | None = None,
+    warmup: bool = True,
+    memory: bool = True,
+) -> list[Row]:
     """Run every competitor once per round, rotating their order; ratios are ``baseline cpu / method cpu``.
 
     Each callable decodes and returns its counts (``tokens``, ``forwards`` ...). ``model`` is the adapter (its
@@ -247,7 +279,7 @@ def interleave(competitors: dict[str, Callable[[], dict]], model: Any, *, rounds
         for fn in competitors.values():
             fn()
     for r in range(rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         this_round = {}
         for name in order:
             gc.collect()
@@ -283,22 +315,36 @@ def header() -> str:
 
     import transformers
 
-    return (f"# torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} torch "
-            f"thread(s), {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs")
+    return (
+        f"# torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} torch "
+        f"thread(s), {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs"
+    )
 
 
 def refusion_counts(results: list[Any]) -> dict[str, Any]:
     """Counts of one ``decode_batch``: tokens, network forwards, fed tokens, KV bytes (engine totals)."""
     totals = results[0].extra["engine_counters"]
-    return {"tokens": sum(len(r.tokens) for r in results), "forwards": totals["forwards"],
-            "fed": totals["fed_tokens"], "padded": totals["padded_tokens"],
-            "kv_context": totals["kv_bytes"]["context"], "kv_new": totals["kv_bytes"]["new"],
-            "rows": [r.tokens.tolist() for r in results]}
+    return {
+        "tokens": sum(len(r.tokens) for r in results),
+        "forwards": totals["forwards"],
+        "fed": totals["fed_tokens"],
+        "padded": totals["padded_tokens"],
+        "kv_context": totals["kv_bytes"]["context"],
+        "kv_new": totals["kv_bytes"]["new"],
+        "rows": [r.tokens.tolist() for r in results],
+    }
 
 
 def ar_counts(rows: list[list[int]], forwards: int, fed: int) -> dict[str, Any]:
-    return {"tokens": sum(len(r) for r in rows), "forwards": forwards, "fed": fed, "padded": 0,
-            "kv_context": None, "kv_new": None, "rows": rows}
+    return {
+        "tokens": sum(len(r) for r in rows),
+        "forwards": forwards,
+        "fed": fed,
+        "padded": 0,
+        "kv_context": None,
+        "kv_new": None,
+        "rows": rows,
+    }
 
 
 def cuda_milliseconds(fn: Callable[[], Any]) -> float:

@@ -34,18 +34,37 @@ GEN_LENGTH = 32
 MDM = dict(partitioner="semi-ar", infiller="draft", slot_size=1)
 
 METHODS = {
-    "LLaDA low-confidence, block 8, 1 tok/step, no cache": dict(MDM, selector="topk", k=1, block_length=8, reorderer="no-cache"),
-    "LLaDA low-confidence, block 8, 2 tok/step, no cache": dict(MDM, selector="topk", k=2, block_length=8, reorderer="no-cache"),
-    "LLaDA random, block 8, 1 tok/step, no cache": dict(MDM, selector="random", k=1, block_length=8, reorderer="no-cache"),
+    "LLaDA low-confidence, block 8, 1 tok/step, no cache": dict(
+        MDM, selector="topk", k=1, block_length=8, reorderer="no-cache"
+    ),
+    "LLaDA low-confidence, block 8, 2 tok/step, no cache": dict(
+        MDM, selector="topk", k=2, block_length=8, reorderer="no-cache"
+    ),
+    "LLaDA random, block 8, 1 tok/step, no cache": dict(
+        MDM, selector="random", k=1, block_length=8, reorderer="no-cache"
+    ),
     "LLaDA steps schedule, block 8, 16 steps (2 tok/step), no cache": dict(
-        MDM, selector="llada-steps", steps=16, block_length=8, reorderer="no-cache"),
+        MDM, selector="llada-steps", steps=16, block_length=8, reorderer="no-cache"
+    ),
     "LLaDA steps schedule, block 8, 12 steps (3,3,2 tok/step), no cache": dict(
-        MDM, selector="llada-steps", steps=12, block_length=8, reorderer="no-cache"),
+        MDM, selector="llada-steps", steps=12, block_length=8, reorderer="no-cache"
+    ),
     "Dream entropy schedule, 16 steps, one block, no cache": dict(
-        infiller="draft", partitioner="fixed", slot_size=1, serial_num_blocks=1, selector="dream-steps", steps=16,
-        alg="entropy", reorderer="no-cache"),
-    "Fast-dLLM threshold 0.9, block 8, prefix cache": dict(MDM, selector="threshold", slot_threshold=0.9, block_length=8),
-    "Fast-dLLM threshold 0.7, block 32, prefix cache": dict(MDM, selector="threshold", slot_threshold=0.7, block_length=32),
+        infiller="draft",
+        partitioner="fixed",
+        slot_size=1,
+        serial_num_blocks=1,
+        selector="dream-steps",
+        steps=16,
+        alg="entropy",
+        reorderer="no-cache",
+    ),
+    "Fast-dLLM threshold 0.9, block 8, prefix cache": dict(
+        MDM, selector="threshold", slot_threshold=0.9, block_length=8
+    ),
+    "Fast-dLLM threshold 0.7, block 32, prefix cache": dict(
+        MDM, selector="threshold", slot_threshold=0.7, block_length=32
+    ),
     "Fast-dLLM factor 1.0, block 8, prefix cache": dict(MDM, selector="factor", factor=1.0, block_length=8),
     "entropy top-1, block 8, prefix cache": dict(MDM, selector="entropy", k=1, block_length=8),
     "ReFusion paper, slot 4, 0.7/0.5": dict(slot_size=4, serial_num_blocks=1, slot_threshold=0.7, token_threshold=0.5),
@@ -65,13 +84,20 @@ def plot(rows, baseline, path: Path) -> None:
     for number, r in enumerate(rows, 1):
         family = "AR" if r.method.startswith("AR") else r.method.split(" ")[0].rstrip(",")
         x, y = base.seconds / r.seconds, 100 * r.accuracy
-        ax.scatter(x, y, s=180 if family == "ReFusion" else 80, marker=markers.get(family, "o"),
-                   label=f"{number}. {r.method} ({x:.2f}x, {y:.1f}%)")
+        ax.scatter(
+            x,
+            y,
+            s=180 if family == "ReFusion" else 80,
+            marker=markers.get(family, "o"),
+            label=f"{number}. {r.method} ({x:.2f}x, {y:.1f}%)",
+        )
         ax.annotate(str(number), (x, y), fontsize=9, xytext=(6, 5), textcoords="offset points")
     ax.set_xlabel("wall-time speed-up over greedy AR (x)")
     ax.set_ylabel("exact match on held-out tasks (%)")
-    ax.set_title(f"Decoding strategies on the shipped ReFusion model ({base.examples} held-out prompts, batch 1, CPU)",
-                 fontsize=10)
+    ax.set_title(
+        f"Decoding strategies on the shipped ReFusion model ({base.examples} held-out prompts, batch 1, CPU)",
+        fontsize=10,
+    )
     ax.grid(True, alpha=0.3)
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False)
     low = min(100 * r.accuracy for r in rows)
@@ -93,8 +119,11 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     adapter = load_model(args.model, dtype=torch.float32)
     examples = held_out(args.per_task)
-    print(f"# {len(examples)} held-out examples, gen_length {GEN_LENGTH}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads", flush=True)
+    print(
+        f"# {len(examples)} held-out examples, gen_length {GEN_LENGTH}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads",
+        flush=True,
+    )
     ar_name = "AR: transformers generate (greedy, KV cache)"
     rows = [measure(ar_name, ar_method(adapter, GEN_LENGTH), adapter, examples)]
     for name, params in METHODS.items():
@@ -103,12 +132,33 @@ def main(argv=None) -> int:
     print(table(rows, ar_name))
     with open(out / "compare_strategies.csv", "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["method", "accuracy", "forwards", "tokens", "tokens_per_forward", "seconds",
-                         "speedup_vs_ar", "forward_ratio_vs_ar", *[f"acc_{t}" for t in rows[0].per_task]])
+        writer.writerow(
+            [
+                "method",
+                "accuracy",
+                "forwards",
+                "tokens",
+                "tokens_per_forward",
+                "seconds",
+                "speedup_vs_ar",
+                "forward_ratio_vs_ar",
+                *[f"acc_{t}" for t in rows[0].per_task],
+            ]
+        )
         for r in rows:
-            writer.writerow([r.method, f"{r.accuracy:.4f}", r.forwards, r.tokens, f"{r.tokens_per_forward:.3f}",
-                             f"{r.seconds:.3f}", f"{rows[0].seconds / r.seconds:.3f}", f"{rows[0].forwards / r.forwards:.3f}",
-                             *[f"{v:.4f}" for v in r.per_task.values()]])
+            writer.writerow(
+                [
+                    r.method,
+                    f"{r.accuracy:.4f}",
+                    r.forwards,
+                    r.tokens,
+                    f"{r.tokens_per_forward:.3f}",
+                    f"{r.seconds:.3f}",
+                    f"{rows[0].seconds / r.seconds:.3f}",
+                    f"{rows[0].forwards / r.forwards:.3f}",
+                    *[f"{v:.4f}" for v in r.per_task.values()],
+                ]
+            )
     plot(rows, ar_name, out / "compare_strategies.png")
     print(f"\nwrote {out / 'compare_strategies.csv'} and {out / 'compare_strategies.png'}")
     if not args.no_block:

@@ -52,8 +52,10 @@ def main() -> int:
     tok = shipped.tokenizer
     prompts = [tok(e.prompt, add_special_tokens=False)["input_ids"] for e in held_out(args.per_task)]
     print(header())
-    print(f"# {len(prompts)} held-out prompts, batch 1, the shipped model's preset (gen_length {gen_length}), "
-          f"{args.rounds} rounds interleaved; inductor cache {'kept' if args.warm_cache else 'new'}")
+    print(
+        f"# {len(prompts)} held-out prompts, batch 1, the shipped model's preset (gen_length {gen_length}), "
+        f"{args.rounds} rounds interleaved; inductor cache {'kept' if args.warm_cache else 'new'}"
+    )
     for name in args.models.split(","):
         if name == "shipped":
             adapter, inputs = shipped, prompts
@@ -77,8 +79,11 @@ def compare(name: str, adapter, decoder, inputs: list[list[int]], gen_length: in
 
     def decode():
         results = [decoder.decode(adapter, p, gen_length) for p in inputs]
-        return {"tokens": sum(len(r.tokens) for r in results), "forwards": sum(r.forwards for r in results),
-                "rows": [r.tokens.tolist() for r in results]}
+        return {
+            "tokens": sum(len(r.tokens) for r in results),
+            "forwards": sum(r.forwards for r in results),
+            "rows": [r.tokens.tolist() for r in results],
+        }
 
     def eager():
         compiled = module.__dict__.pop("forward")  # the class's own forward again
@@ -96,19 +101,28 @@ def compare(name: str, adapter, decoder, inputs: list[list[int]], gen_length: in
     rows = interleave({"eager": eager, "compiled": decode}, adapter, rounds=rounds, warmup=False, memory=False)
     after = compile_stats(adapter)
     same = first["rows"] == rows[0].runs[0].counts["rows"] and all(
-        e.counts["rows"] == c.counts["rows"] for e, c in zip(rows[0].runs, rows[1].runs))
+        e.counts["rows"] == c.counts["rows"] for e, c in zip(rows[0].runs, rows[1].runs)
+    )
     params = sum(p.numel() for p in adapter.model.parameters())
-    print(f"\n## {name} ({params / 1e6:.2f}M parameters, {rows[0].counts['forwards']} forwards, "
-          f"{rows[0].counts['tokens']} tokens per round)")
-    print(f"first compiled decode (compiles): {warm_wall:.1f} s wall, {warm_cpu:.1f} s CPU in this process; "
-          f"{warm.graphs} graphs in {warm.compiling_calls} compiling calls, {warm.graph_breaks} graph breaks")
+    print(
+        f"\n## {name} ({params / 1e6:.2f}M parameters, {rows[0].counts['forwards']} forwards, "
+        f"{rows[0].counts['tokens']} tokens per round)"
+    )
+    print(
+        f"first compiled decode (compiles): {warm_wall:.1f} s wall, {warm_cpu:.1f} s CPU in this process; "
+        f"{warm.graphs} graphs in {warm.compiling_calls} compiling calls, {warm.graph_breaks} graph breaks"
+    )
     print(f"{'':<10} {'CPU s [spread]':>24} {'wall s [spread]':>24} {'eager/compiled CPU':>22} {'wall':>7}")
     for row in rows:
         wall_ratio = statistics.median(e.wall / r.wall for e, r in zip(rows[0].runs, row.runs))
-        print(f"{row.name:<10} {fmt_spread(row, 'cpu', digits=3):>24} {fmt_spread(row, 'wall', digits=3):>24} "
-              f"{fmt_ratio(row):>22} {wall_ratio:>6.2f}x")
-    print(f"recompiles during the timed rounds: {after.compiling_calls - warm.compiling_calls}; "
-          f"tokens identical to eager: {'yes' if same else 'NO'}")
+        print(
+            f"{row.name:<10} {fmt_spread(row, 'cpu', digits=3):>24} {fmt_spread(row, 'wall', digits=3):>24} "
+            f"{fmt_ratio(row):>22} {wall_ratio:>6.2f}x"
+        )
+    print(
+        f"recompiles during the timed rounds: {after.compiling_calls - warm.compiling_calls}; "
+        f"tokens identical to eager: {'yes' if same else 'NO'}"
+    )
 
 
 if __name__ == "__main__":

@@ -88,22 +88,55 @@ TARGET_SECONDS = 450
 #: minutes: a device lease that runs only this) or ``session`` (under 2 minutes: a lease that runs the GPU test tier
 #: first; benchmarks/gpu_session.py)
 BUDGETS = {
-    "full": {"setup": 30, "kernels": 20, "decode:qwen3-8b": 120, "decode:llada-8b": 70, "profile": 15,
-             "host_reads": 40, "compile": 130},
-    "bench": {"setup": 15, "kernels": 12, "decode:qwen3-8b": 75, "decode:llada-8b": 30, "profile": 10,
-              "host_reads": 15, "compile": 70},
-    "session": {"setup": 14, "kernels": 6, "decode:qwen3-8b": 40, "decode:llada-8b": 12, "profile": 7,
-                "host_reads": 8, "compile": 25},
+    "full": {
+        "setup": 30,
+        "kernels": 20,
+        "decode:qwen3-8b": 120,
+        "decode:llada-8b": 70,
+        "profile": 15,
+        "host_reads": 40,
+        "compile": 130,
+    },
+    "bench": {
+        "setup": 15,
+        "kernels": 12,
+        "decode:qwen3-8b": 75,
+        "decode:llada-8b": 30,
+        "profile": 10,
+        "host_reads": 15,
+        "compile": 70,
+    },
+    "session": {
+        "setup": 14,
+        "kernels": 6,
+        "decode:qwen3-8b": 40,
+        "decode:llada-8b": 12,
+        "profile": 7,
+        "host_reads": 8,
+        "compile": 25,
+    },
 }
 #: with --smoke the boxes are only guards: every code path should run
-SMOKE_BUDGETS = {"setup": 30, "kernels": 30, "decode:qwen3-8b": 30, "decode:llada-8b": 30, "profile": 30,
-                 "compile": 30, "host_reads": 30}
+SMOKE_BUDGETS = {
+    "setup": 30,
+    "kernels": 30,
+    "decode:qwen3-8b": 30,
+    "decode:llada-8b": 30,
+    "profile": 30,
+    "compile": 30,
+    "host_reads": 30,
+}
 #: published throughput of other diffusion-LM servers (as issue 35 quotes them), for scale; not comparable runs
 ANCHORS = [
     {"system": "SGLang", "model": "LLaDA2.0-flash", "tokens_per_second": 935, "hardware": "8x H20 (TP8)"},
     {"system": "vLLM", "model": "DiffusionGemma", "tokens_per_second": 1756, "batch": 1, "hardware": "H100, FP8"},
-    {"system": "dInfer", "model": "LLaDA", "tokens_per_second": 1100, "batch": 1,
-     "hardware": "not named in the quote ('over 1,100 tok/s')"},
+    {
+        "system": "dInfer",
+        "model": "LLaDA",
+        "tokens_per_second": 1100,
+        "batch": 1,
+        "hardware": "not named in the quote ('over 1,100 tok/s')",
+    },
     {"system": "JetEngine", "model": "SDAR", "tokens_per_second": 5000, "batch": 128, "hardware": "H200"},
 ]
 
@@ -132,8 +165,10 @@ class Box:
         result["budget_seconds"] = self.budget
         if self.notes:
             result["notes"] = self.notes
-        print(f"== {self.name}: {self.elapsed():.1f} s (box {self.budget} s)" +
-              "".join(f"\n   {n}" for n in self.notes), flush=True)
+        print(
+            f"== {self.name}: {self.elapsed():.1f} s (box {self.budget} s)" + "".join(f"\n   {n}" for n in self.notes),
+            flush=True,
+        )
         return result
 
 
@@ -213,18 +248,27 @@ def environment(bench: Bench) -> dict:
 
     import torch
 
-    env: dict[str, Any] = {"python": platform.python_version(), "torch_cuda": torch.version.cuda,
-                           "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads()}
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch_cuda": torch.version.cuda,
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+    }
     try:
         import triton
 
         env["triton"] = triton.__version__
-    except Exception as exc:  # noqa: BLE001 - recorded, not raised
+    except Exception as exc:
         env["triton"] = f"not importable: {exc}"
     if bench.cuda:
         props = torch.cuda.get_device_properties(0)
-        env.update({"capability": f"{props.major}.{props.minor}", "multiprocessors": props.multi_processor_count,
-                    "memory_gib": round(props.total_memory / 2**30, 1)})
+        env.update(
+            {
+                "capability": f"{props.major}.{props.minor}",
+                "multiprocessors": props.multi_processor_count,
+                "memory_gib": round(props.total_memory / 2**30, 1),
+            }
+        )
     return env
 
 
@@ -239,18 +283,38 @@ def build(bench: Bench, name: str, layers: int = 0):
     family, hidden, shape_layers, heads, kv, inter, vocab, mask = bench.shapes[name]
     layers = layers or shape_layers
     if family == "qwen3":
-        config = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-                             num_attention_heads=heads, num_key_value_heads=kv, head_dim=hidden // heads,
-                             max_position_embeddings=40960, tie_word_embeddings=False, eos_token_id=None,
-                             pad_token_id=None, bos_token_id=None)
+        config = Qwen3Config(
+            vocab_size=vocab,
+            hidden_size=hidden,
+            intermediate_size=inter,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv,
+            head_dim=hidden // heads,
+            max_position_embeddings=40960,
+            tie_word_embeddings=False,
+            eos_token_id=None,
+            pad_token_id=None,
+            bos_token_id=None,
+        )
         config.mask_token_id = mask
         cls = Qwen3ForCausalLM
     else:
         from refusion.models.families.llada import LLaDA
 
-        published = {"model_type": "llada", "d_model": hidden, "n_heads": heads, "n_kv_heads": kv, "n_layers": layers,
-                     "mlp_hidden_size": inter, "vocab_size": vocab, "embedding_size": vocab,
-                     "max_sequence_length": 4096, "rope_theta": 500000.0, "mask_token_id": mask}
+        published = {
+            "model_type": "llada",
+            "d_model": hidden,
+            "n_heads": heads,
+            "n_kv_heads": kv,
+            "n_layers": layers,
+            "mlp_hidden_size": inter,
+            "vocab_size": vocab,
+            "embedding_size": vocab,
+            "max_sequence_length": 4096,
+            "rope_theta": 500000.0,
+            "mask_token_id": mask,
+        }
         config = LLaDA().stock_config(published)
         from transformers import LlamaForCausalLM as cls
     with torch.device(bench.device):
@@ -275,9 +339,15 @@ def setup(bench: Bench) -> dict:
     import transformers
 
     box = bench.box("setup")
-    result = {"device": torch.cuda.get_device_name() if bench.cuda else "cpu", "torch": torch.__version__,
-              "transformers": transformers.__version__, "dtype": str(bench.dtype), "cost_model": bench.gpu_note,
-              "environment": environment(bench), "models": {}}
+    result = {
+        "device": torch.cuda.get_device_name() if bench.cuda else "cpu",
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "dtype": str(bench.dtype),
+        "cost_model": bench.gpu_note,
+        "environment": environment(bench),
+        "models": {},
+    }
     for name in bench.shapes:
         start = time.perf_counter()
         adapter, size = build(bench, name)
@@ -285,11 +355,19 @@ def setup(bench: Bench) -> dict:
         bench.models[name] = (adapter, size)
         result["models"][name] = {
             "parameters": sum(p.numel() for p in adapter.model.parameters()),
-            "shape": dict(zip(("family", "hidden", "layers", "heads", "kv_heads", "intermediate", "vocab", "mask_id"),
-                              bench.shapes[name])),
-            "build_seconds": round(time.perf_counter() - start, 2)}
-        print(f"built {name}: {result['models'][name]['parameters'] / 1e9:.2f}B parameters in "
-              f"{result['models'][name]['build_seconds']:.1f} s", flush=True)
+            "shape": dict(
+                zip(
+                    ("family", "hidden", "layers", "heads", "kv_heads", "intermediate", "vocab", "mask_id"),
+                    bench.shapes[name],
+                )
+            ),
+            "build_seconds": round(time.perf_counter() - start, 2),
+        }
+        print(
+            f"built {name}: {result['models'][name]['parameters'] / 1e9:.2f}B parameters in "
+            f"{result['models'][name]['build_seconds']:.1f} s",
+            flush=True,
+        )
     return box.close(result)
 
 
@@ -343,12 +421,20 @@ def kernels(bench: Bench) -> dict:
         if not box.fits(0.0, f"{op} {shape}"):
             return
         tri, ref = kernel_time(bench, triton_fn, repeats), kernel_time(bench, torch_fn, repeats)
-        row = {"op": op, "shape": shape, "triton_ms": tri and round(tri, 4), "torch_ms": ref and round(ref, 4),
-               "speedup": round(ref / tri, 3) if tri and ref else None, **agree()}
+        row = {
+            "op": op,
+            "shape": shape,
+            "triton_ms": tri and round(tri, 4),
+            "torch_ms": ref and round(ref, 4),
+            "speedup": round(ref / tri, 3) if tri and ref else None,
+            **agree(),
+        }
         rows.append(row)
         times = f"triton {tri:9.3f} ms  torch {ref:9.3f} ms  {row['speedup']}x" if tri else "not timed (interpreter)"
-        print(f"{op:<14} {shape:<34} {times}  {dict((k, v) for k, v in row.items() if k.startswith(('agree', 'max')))}",
-              flush=True)
+        print(
+            f"{op:<14} {shape:<34} {times}  {dict((k, v) for k, v in row.items() if k.startswith(('agree', 'max')))}",
+            flush=True,
+        )
 
     for n in sizes:
         logits = torch.randn(n, vocab, device=dev, dtype=dt, generator=g) * 4
@@ -356,9 +442,18 @@ def kernels(bench: Bench) -> dict:
         def agree_conf(logits=logits):
             a, pa = confidence(logits, exclude=mask, backend="triton")
             b, pb = confidence_reference(logits, exclude=mask)
-            return {"agree_tokens": float((a == b).float().mean()), "max_prob_diff": float((pa.float() - pb.float()).abs().max())}
-        add("confidence", f"{n}x{vocab} {str(dt)[6:]}", lambda lg=logits: confidence(lg, exclude=mask, backend="triton"),
-            lambda lg=logits: confidence_reference(lg, exclude=mask), agree_conf)
+            return {
+                "agree_tokens": float((a == b).float().mean()),
+                "max_prob_diff": float((pa.float() - pb.float()).abs().max()),
+            }
+
+        add(
+            "confidence",
+            f"{n}x{vocab} {str(dt)[6:]}",
+            lambda lg=logits: confidence(lg, exclude=mask, backend="triton"),
+            lambda lg=logits: confidence_reference(lg, exclude=mask),
+            agree_conf,
+        )
     weight = torch.randn(vocab, hidden, device=dev, dtype=dt, generator=g) * 0.02
     for n in sizes:
         h = torch.randn(n, hidden, device=dev, dtype=dt, generator=g)
@@ -366,10 +461,18 @@ def kernels(bench: Bench) -> dict:
         def agree_head(h=h):
             a = lm_head_stats(h, weight, None, mask, backend="triton")
             b = lm_head_stats_reference(h, weight, None, mask)
-            return {"agree_tokens": float((a[0] == b[0]).float().mean()),
-                    "max_lse_diff": float((a[2].float() - b[2].float()).abs().max())}
-        add("lm_head_stats", f"{n}x{hidden} @ {vocab}x{hidden}", lambda h=h: lm_head_stats(h, weight, None, mask, backend="triton"),
-            lambda h=h: lm_head_stats_reference(h, weight, None, mask), agree_head)
+            return {
+                "agree_tokens": float((a[0] == b[0]).float().mean()),
+                "max_lse_diff": float((a[2].float() - b[2].float()).abs().max()),
+            }
+
+        add(
+            "lm_head_stats",
+            f"{n}x{hidden} @ {vocab}x{hidden}",
+            lambda h=h: lm_head_stats(h, weight, None, mask, backend="triton"),
+            lambda h=h: lm_head_stats_reference(h, weight, None, mask),
+            agree_head,
+        )
     batch, context = bench.batches[-1], bench.prompt_length + bench.gen
     cache = torch.zeros(layers, 2, batch, kv, context, head_dim, device=dev, dtype=dt)
     for t in (batch, min(sizes[1], batch * context)):
@@ -382,9 +485,14 @@ def kernels(bench: Bench) -> dict:
             scatter_kv(a, src, r, c, backend="triton")
             scatter_kv_reference(b, src, r, c)
             return {"agree": bool(torch.equal(a, b))}
-        add("scatter_kv", f"{t} tok into {layers}L x {batch} x {context}",
+
+        add(
+            "scatter_kv",
+            f"{t} tok into {layers}L x {batch} x {context}",
             lambda src=src, r=r, c=c: scatter_kv(cache, src, r, c, backend="triton"),
-            lambda src=src, r=r, c=c: scatter_kv_reference(cache, src, r, c), agree_scatter)
+            lambda src=src, r=r, c=c: scatter_kv_reference(cache, src, r, c),
+            agree_scatter,
+        )
     return box.close({"interpreter": interpreter, "repeats": repeats, "rows": rows})
 
 
@@ -397,9 +505,13 @@ def refusion_run(adapter, size, decoder, prompts, gen: int, gpu) -> dict:
     engine = open_engine(adapter, decoder)
     with recording(engine) as counters:
         results = decoder.decode_batch(adapter, prompts, gen, engine=engine)
-        return {"tokens": sum(len(r.tokens) for r in results), "forwards": counters.forwards,
-                "head_passes": len(counters.head_rows or ()), "engine": engine.name,
-                "predicted_seconds": counted_seconds(counters, size, gpu)}  # read before recording stops
+        return {
+            "tokens": sum(len(r.tokens) for r in results),
+            "forwards": counters.forwards,
+            "head_passes": len(counters.head_rows or ()),
+            "engine": engine.name,
+            "predicted_seconds": counted_seconds(counters, size, gpu),
+        }  # read before recording stops
 
 
 def generate_run(adapter, size, prompts, gen: int, gpu) -> dict:
@@ -416,8 +528,13 @@ def generate_run(adapter, size, prompts, gen: int, gpu) -> dict:
     finally:
         handle.remove()
     forwards, heads = autoregressive([len(p) for p in prompts], gen)
-    return {"tokens": sum(len(r) for r in rows), "forwards": calls[0], "head_passes": len(heads), "engine": "generate",
-            "predicted_seconds": estimate(forwards, heads, size, gpu)}
+    return {
+        "tokens": sum(len(r) for r in rows),
+        "forwards": calls[0],
+        "head_passes": len(heads),
+        "engine": "generate",
+        "predicted_seconds": estimate(forwards, heads, size, gpu),
+    }
 
 
 def summarise(name: str, runs: list[tuple[float, dict]], ratios: list[float]) -> dict:
@@ -426,15 +543,22 @@ def summarise(name: str, runs: list[tuple[float, dict]], ratios: list[float]) ->
     rates = [c["tokens"] / w for w, c in runs]
     wall = statistics.median(walls)
     predicted = counts["predicted_seconds"]
-    row = {"name": name, "engine": counts["engine"], "rounds": len(runs),
-           "wall_seconds": round(wall, 4), "wall_spread": [round(min(walls), 4), round(max(walls), 4)],
-           "tokens_per_second": round(statistics.median(rates), 2),
-           "tokens_per_second_spread": [round(min(rates), 2), round(max(rates), 2)],
-           "tokens": counts["tokens"], "forwards": counts["forwards"], "head_passes": counts["head_passes"],
-           "tokens_per_forward": round(counts["tokens"] / max(1, counts["forwards"]), 3),
-           "predicted_seconds": round(predicted, 4),
-           "predicted_tokens_per_second": round(counts["tokens"] / predicted, 2) if predicted else None,
-           "measured_over_predicted": round(wall / predicted, 3) if predicted else None}
+    row = {
+        "name": name,
+        "engine": counts["engine"],
+        "rounds": len(runs),
+        "wall_seconds": round(wall, 4),
+        "wall_spread": [round(min(walls), 4), round(max(walls), 4)],
+        "tokens_per_second": round(statistics.median(rates), 2),
+        "tokens_per_second_spread": [round(min(rates), 2), round(max(rates), 2)],
+        "tokens": counts["tokens"],
+        "forwards": counts["forwards"],
+        "head_passes": counts["head_passes"],
+        "tokens_per_forward": round(counts["tokens"] / max(1, counts["forwards"]), 3),
+        "predicted_seconds": round(predicted, 4),
+        "predicted_tokens_per_second": round(counts["tokens"] / predicted, 2) if predicted else None,
+        "measured_over_predicted": round(wall / predicted, 3) if predicted else None,
+    }
     peaks = [c["peak_gib"] for _, c in runs if "peak_gib" in c]
     if peaks:
         row["peak_memory_gib"] = max(peaks)
@@ -450,8 +574,14 @@ def growth(engine: str, batch: int, bigger: int) -> float:
     return bigger / batch if engine in ("canvas", "repeat") else 4.0
 
 
-def interleave(bench: Bench, box: Box, competitors: dict[str, Callable[[], dict]], baseline: str | None,
-               estimates: dict[str, float], what: str) -> dict[str, dict]:
+def interleave(
+    bench: Bench,
+    box: Box,
+    competitors: dict[str, Callable[[], dict]],
+    baseline: str | None,
+    estimates: dict[str, float],
+    what: str,
+) -> dict[str, dict]:
     """Rounds of every competitor, order rotating; a run whose estimate does not fit the box is skipped."""
     names, planned = [], 0.0
     for n in competitors:  # admitted in order while the first round's estimated time fits the box
@@ -465,7 +595,7 @@ def interleave(bench: Bench, box: Box, competitors: dict[str, Callable[[], dict]
     for r in range(bench.rounds):
         if r and not box.fits(sum(statistics.median(w for w, _ in runs[n]) for n in names), f"round {r + 1} {what}"):
             break
-        order = names[r % len(names):] + names[: r % len(names)] if names else []
+        order = names[r % len(names) :] + names[: r % len(names)] if names else []
         this: dict[str, float] = {}
         for n in order:
             wall, counts = bench.timed(competitors[n])
@@ -500,8 +630,9 @@ def decode(bench: Bench) -> dict:
             made = {}  # the baseline first: it is admitted first when the box is short
             if family == "qwen3":
                 made["generate"] = lambda: generate_run(adapter, size, prompts, gen, bench.gpu)
-            made.update({p: (lambda d=d: refusion_run(adapter, size, d, prompts, gen, bench.gpu))
-                         for p, d in decoders.items()})
+            made.update(
+                {p: (lambda d=d: refusion_run(adapter, size, d, prompts, gen, bench.gpu)) for p, d in decoders.items()}
+            )
             return made
 
         baseline = "generate" if family == "qwen3" else next(iter(decoders), None)
@@ -512,17 +643,20 @@ def decode(bench: Bench) -> dict:
             estimates[n] = wall * bench.gen / warm_gen
         per_batch = {}
         for batch in bench.batches:
-            rows = interleave(bench, box, make(bench.prompts(name, batch), bench.gen), baseline, estimates,
-                              f"at batch {batch}")
+            rows = interleave(
+                bench, box, make(bench.prompts(name, batch), bench.gen), baseline, estimates, f"at batch {batch}"
+            )
             per_batch[f"batch {batch}"] = rows
             for n, row in rows.items():
                 estimates[n] = row["wall_seconds"] * growth(row["engine"], batch, bench.batches[-1])
-                print(f"{name:<9} b{batch:<3} {n:<15} {row['tokens_per_second']:>9.1f} tok/s "
-                      f"[{row['tokens_per_second_spread'][0]:.1f}-{row['tokens_per_second_spread'][1]:.1f}] "
-                      f"{row['forwards']:>5} fwd {row['tokens_per_forward']:>6.2f} tok/fwd  predicted "
-                      f"{row['predicted_tokens_per_second']} tok/s  measured/predicted {row['measured_over_predicted']}"
-                      + (f"  x{row['speedup_vs_baseline']} vs {baseline}" if "speedup_vs_baseline" in row else ""),
-                      flush=True)
+                print(
+                    f"{name:<9} b{batch:<3} {n:<15} {row['tokens_per_second']:>9.1f} tok/s "
+                    f"[{row['tokens_per_second_spread'][0]:.1f}-{row['tokens_per_second_spread'][1]:.1f}] "
+                    f"{row['forwards']:>5} fwd {row['tokens_per_forward']:>6.2f} tok/fwd  predicted "
+                    f"{row['predicted_tokens_per_second']} tok/s  measured/predicted {row['measured_over_predicted']}"
+                    + (f"  x{row['speedup_vs_baseline']} vs {baseline}" if "speedup_vs_baseline" in row else ""),
+                    flush=True,
+                )
         result[name] = box.close({"batches": per_batch, "baseline": baseline, "not_applicable": skipped})
     result["seconds"] = round(time.perf_counter() - start, 2)
     return result
@@ -543,7 +677,9 @@ def compiled(bench: Bench) -> dict:
     from refusion.decoding.decoder import Decoder
 
     if box.left() < 15:
-        return box.close({"skipped": f"{max(0.0, box.left()):.0f} s left: the first compiled decode cannot be cut short"})
+        return box.close(
+            {"skipped": f"{max(0.0, box.left()):.0f} s left: the first compiled decode cannot be cut short"}
+        )
     from torch._dynamo.utils import counters as dynamo_counters
 
     if bench.compile_layers:
@@ -557,8 +693,12 @@ def compiled(bench: Bench) -> dict:
     start = time.perf_counter()
     compile_adapter(adapter, mode=bench.compile_mode)
     fast = module.__dict__["forward"]
-    result: dict[str, Any] = {"preset": "paper", "mode": bench.compile_mode, "model": model,
-                              "compile_call_seconds": round(time.perf_counter() - start, 2)}
+    result: dict[str, Any] = {
+        "preset": "paper",
+        "mode": bench.compile_mode,
+        "model": model,
+        "compile_call_seconds": round(time.perf_counter() - start, 2),
+    }
 
     def run(compiled_forward: bool, prompts, gen):
         if compiled_forward:
@@ -578,16 +718,26 @@ def compiled(bench: Bench) -> dict:
         eager_warm, _ = bench.timed(lambda: run(False, bench.prompts("qwen3-8b", 1), warm_gen))
         for batch in bench.batches:
             prompts = bench.prompts("qwen3-8b", batch)
-            runs = {"eager": lambda p=prompts: run(False, p, bench.gen),
-                    "compiled": lambda p=prompts: run(True, p, bench.gen)}
+            runs = {
+                "eager": lambda p=prompts: run(False, p, bench.gen),
+                "compiled": lambda p=prompts: run(True, p, bench.gen),
+            }
             grow = bench.gen / warm_gen * (1 if batch == 1 else growth("branch", 1, batch))
-            rows = interleave(bench, box, runs, "eager", {"eager": eager_warm * grow, "compiled": eager_warm * grow},
-                              f"at batch {batch}")
+            rows = interleave(
+                bench,
+                box,
+                runs,
+                "eager",
+                {"eager": eager_warm * grow, "compiled": eager_warm * grow},
+                f"at batch {batch}",
+            )
             result[f"batch {batch}"] = rows
             for n, row in rows.items():
-                print(f"compile   b{batch:<3} {n:<9} {row['tokens_per_second']:>9.1f} tok/s  {row['forwards']} fwd"
-                      + (f"  x{row['speedup_vs_baseline']} vs eager" if "speedup_vs_baseline" in row else ""),
-                      flush=True)
+                print(
+                    f"compile   b{batch:<3} {n:<9} {row['tokens_per_second']:>9.1f} tok/s  {row['forwards']} fwd"
+                    + (f"  x{row['speedup_vs_baseline']} vs eager" if "speedup_vs_baseline" in row else ""),
+                    flush=True,
+                )
         result["compile_stats_after"] = attrs_dict(compile_stats(adapter))
         result["cudagraph_counters"] = {k: v for k, v in dynamo_counters["inductor"].items() if "cudagraph" in k}
     finally:
@@ -634,30 +784,52 @@ def profile(bench: Bench) -> dict:
 
     device_us = sum(total(e, "time_total") for e in events)
     top = sorted(events, key=lambda e: total(e, "time_total"), reverse=True)[:12]
-    runtime = {e.key: e.count for e in events if e.key.startswith(("cudaStreamSynchronize", "cudaDeviceSynchronize",
-                                                                   "cudaMemcpy", "cudaLaunchKernel", "cuLaunchKernel"))}
-    result = {"preset": "paper", "batch": 1, "gen_length": gen, "wall_seconds_under_profiler": round(wall, 4),
-              "forwards": counts["forwards"], "device_busy_seconds": round(device_us / 1e6, 4),
-              "device_busy_fraction": round(device_us / 1e6 / wall, 3) if wall else None,
-              "runtime_calls": runtime,
-              "top_device_ops": [{"op": e.key, "self_device_ms": round(total(e, "time_total") / 1e3, 3),
-                                  "calls": e.count} for e in top if total(e, "time_total") > 0],
-              "top_cpu_ops": [{"op": e.key, "self_cpu_ms": round(e.self_cpu_time_total / 1e3, 3), "calls": e.count}
-                              for e in sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:12]]}
-    print(f"profile   paper b1 gen {gen}: {wall:.2f} s wall under the profiler, device busy "
-          f"{result['device_busy_seconds']:.2f} s ({result['device_busy_fraction']}), {counts['forwards']} forwards",
-          flush=True)
+    runtime = {
+        e.key: e.count
+        for e in events
+        if e.key.startswith(
+            ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy", "cudaLaunchKernel", "cuLaunchKernel")
+        )
+    }
+    result = {
+        "preset": "paper",
+        "batch": 1,
+        "gen_length": gen,
+        "wall_seconds_under_profiler": round(wall, 4),
+        "forwards": counts["forwards"],
+        "device_busy_seconds": round(device_us / 1e6, 4),
+        "device_busy_fraction": round(device_us / 1e6 / wall, 3) if wall else None,
+        "runtime_calls": runtime,
+        "top_device_ops": [
+            {"op": e.key, "self_device_ms": round(total(e, "time_total") / 1e3, 3), "calls": e.count}
+            for e in top
+            if total(e, "time_total") > 0
+        ],
+        "top_cpu_ops": [
+            {"op": e.key, "self_cpu_ms": round(e.self_cpu_time_total / 1e3, 3), "calls": e.count}
+            for e in sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:12]
+        ],
+    }
+    print(
+        f"profile   paper b1 gen {gen}: {wall:.2f} s wall under the profiler, device busy "
+        f"{result['device_busy_seconds']:.2f} s ({result['device_busy_fraction']}), {counts['forwards']} forwards",
+        flush=True,
+    )
     if bench.profile_path:
         tables = []
-        for keys in ((("self_device_time_total", "self_cuda_time_total"),) if bench.cuda else ()) + (("self_cpu_time_total",),):
+        for keys in ((("self_device_time_total", "self_cuda_time_total"),) if bench.cuda else ()) + (
+            ("self_cpu_time_total",),
+        ):
             for key in keys:  # the first key this torch knows (it renamed cuda_* to device_*)
                 try:
                     tables.append(f"## sorted by {key}\n" + events.table(sort_by=key, row_limit=30))
                     break
-                except Exception:  # noqa: BLE001
+                except Exception:
                     continue
-        bench.profile_path.write_text(f"# one decode: paper preset, Qwen3-8B shape, batch 1, gen {gen}; wall "
-                                      f"{wall:.3f} s under the profiler\n\n" + "\n\n".join(tables))
+        bench.profile_path.write_text(
+            f"# one decode: paper preset, Qwen3-8B shape, batch 1, gen {gen}; wall "
+            f"{wall:.3f} s under the profiler\n\n" + "\n\n".join(tables)
+        )
         result["tables"] = str(bench.profile_path)
     return box.close(result)
 
@@ -671,8 +843,10 @@ def host_reads(bench: Bench) -> dict:
     from refusion.measure.host_reads import HostReads
 
     box = bench.box("host_reads")
-    result: dict[str, Any] = {"gen_length": bench.host_gen, "counts": "CUDA tensors" if bench.cuda else
-                              "network-derived tensors (CPU tags)"}
+    result: dict[str, Any] = {
+        "gen_length": bench.host_gen,
+        "counts": "CUDA tensors" if bench.cuda else "network-derived tensors (CPU tags)",
+    }
     estimate = 0.0
     for name, (adapter, _) in bench.models.items():
         for p in PRESETS[bench.shapes[name][0]]:
@@ -697,16 +871,19 @@ def host_reads(bench: Bench) -> dict:
                     from refusion.measure.syncs import CudaSyncs
 
                     with CudaSyncs() as syncs:
-                        decoder.decode_batch(adapter, bench.prompts(name, batch), bench.host_gen,
-                                             engine=open_engine(adapter, decoder))
+                        decoder.decode_batch(
+                            adapter, bench.prompts(name, batch), bench.host_gen, engine=open_engine(adapter, decoder)
+                        )
                     summary["cuda_syncs"] = syncs.summary(sites=5)
                 result[f"{name} / {p} / batch {batch}"] = summary
                 synced = summary.get("cuda_syncs")
-                print(f"host reads {name:<9} {p:<15} b{batch:<3} {summary['steps']:>4} steps {summary['total']:>6} reads "
-                      f"{summary['per_step']:>7.2f}/step {summary['per_sequence_step']:>7.3f}/seq/step "
-                      f"{dict(summary['by_kind'])}"
-                      + (f"; CUDA syncs {synced['per_step']:.2f}/step ({synced['total']})" if synced else ""),
-                      flush=True)
+                print(
+                    f"host reads {name:<9} {p:<15} b{batch:<3} {summary['steps']:>4} steps {summary['total']:>6} reads "
+                    f"{summary['per_step']:>7.2f}/step {summary['per_sequence_step']:>7.3f}/seq/step "
+                    f"{dict(summary['by_kind'])}"
+                    + (f"; CUDA syncs {synced['per_step']:.2f}/step ({synced['total']})" if synced else ""),
+                    flush=True,
+                )
     return box.close(result)
 
 
@@ -717,16 +894,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write every figure here")
     parser.add_argument("--rounds", type=int, default=0, help="timed rounds per batch (default 3; 2 with --smoke)")
     parser.add_argument("--logit-scale", type=float, default=1.0, help="multiply the random LM head (confidence)")
-    parser.add_argument("--compile-mode", default=None, help="torch.compile mode for the compile section "
-                        "(default: inductor's default; 'reduce-overhead' captures CUDA graphs)")
-    parser.add_argument("--compile-layers", type=int, default=0,
-                        help="compile section: a model of the Qwen3-8B shape with this many layers (0: the 8B model "
-                        "itself); inductor's compile time grows with the layers")
+    parser.add_argument(
+        "--compile-mode",
+        default=None,
+        help="torch.compile mode for the compile section "
+        "(default: inductor's default; 'reduce-overhead' captures CUDA graphs)",
+    )
+    parser.add_argument(
+        "--compile-layers",
+        type=int,
+        default=0,
+        help="compile section: a model of the Qwen3-8B shape with this many layers (0: the 8B model "
+        "itself); inductor's compile time grows with the layers",
+    )
     parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
-    parser.add_argument("--budget", choices=sorted(BUDGETS), default="full", help="time boxes: 'full' (8 minutes), "
-                        "'bench' (4 minutes, with --deadline 230) or 'session' (2 minutes, with --deadline 110)")
-    parser.add_argument("--deadline", type=float, default=TARGET_SECONDS,
-                        help=f"seconds after the start by which every section has ended (default {TARGET_SECONDS})")
+    parser.add_argument(
+        "--budget",
+        choices=sorted(BUDGETS),
+        default="full",
+        help="time boxes: 'full' (8 minutes), "
+        "'bench' (4 minutes, with --deadline 230) or 'session' (2 minutes, with --deadline 110)",
+    )
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        default=TARGET_SECONDS,
+        help=f"seconds after the start by which every section has ended (default {TARGET_SECONDS})",
+    )
     parser.add_argument("--profile", type=Path, help="write the profiler tables of one decode here (profile section)")
     args = parser.parse_args(argv)
     if args.smoke:
@@ -741,14 +935,28 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     started = time.perf_counter()
     bench = Bench(args)
-    print(f"time boxes: {', '.join(f'{k} {v} s' for k, v in bench.budgets.items())}; "
-          f"{sum(bench.budgets.values())} s in all", flush=True)
-    out: dict[str, Any] = {"smoke": args.smoke, "command": " ".join(["python benchmarks/gpu.py", *(argv or sys.argv[1:])]),
-                           "settings": {
-        "batches": list(bench.batches), "gen_length": bench.gen, "prompt_length": bench.prompt_length,
-        "rounds": bench.rounds, "logit_scale": bench.logit_scale, "dtype": str(bench.dtype),
-        "host_reads_gen_length": bench.host_gen, "budget": "smoke" if args.smoke else args.budget,
-        "deadline_seconds": None if args.smoke else args.deadline}, "anchors": ANCHORS, "sections": {}}
+    print(
+        f"time boxes: {', '.join(f'{k} {v} s' for k, v in bench.budgets.items())}; "
+        f"{sum(bench.budgets.values())} s in all",
+        flush=True,
+    )
+    out: dict[str, Any] = {
+        "smoke": args.smoke,
+        "command": " ".join(["python benchmarks/gpu.py", *(argv or sys.argv[1:])]),
+        "settings": {
+            "batches": list(bench.batches),
+            "gen_length": bench.gen,
+            "prompt_length": bench.prompt_length,
+            "rounds": bench.rounds,
+            "logit_scale": bench.logit_scale,
+            "dtype": str(bench.dtype),
+            "host_reads_gen_length": bench.host_gen,
+            "budget": "smoke" if args.smoke else args.budget,
+            "deadline_seconds": None if args.smoke else args.deadline,
+        },
+        "anchors": ANCHORS,
+        "sections": {},
+    }
     sections = out["sections"]
 
     def save() -> None:  # after every section: a run stopped from outside keeps what it measured

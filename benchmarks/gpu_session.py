@@ -1,8 +1,10 @@
-"""One device lease's GPU work in one command: the environment, the GPU test tier, the GPU benchmark; all under $OUT.
+"""One device lease's GPU work in one command: the environment, the GPU test tier, the GPU benchmark; all under
+$OUT.
 
 Device command (the `run` tool of a lent H200; the repository root is the working directory):
 
-    PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/gpu_session.py --out $OUT --wheels .whl --total 300
+    PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/gpu_session.py \
+        --out $OUT --wheels .whl --total 300
 
 carry: [".whl"] (the wheels of the transformers CI uses and what it needs that the machine lacks, made with
 ``--print-wheel-download``; without them the machine's own transformers runs); timeout_s: 420. It writes
@@ -12,7 +14,8 @@ decode), summary.json (what ran, how long, pass/fail counts).
 
 A second lease (the benchmark alone, its longer boxes: 3 rounds, batch 16 too, the compile section):
 
-    PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/gpu_session.py --out $OUT --wheels .whl --total 290 --skip-tier
+    PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/gpu_session.py \
+        --out $OUT --wheels .whl --total 290 --skip-tier
 
 Steps, each time-boxed so that the whole run ends within ``--total`` seconds (default 300):
 
@@ -49,19 +52,39 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the tier's files, in the order they run: the compile tests (the longest, the likeliest to be cut) last
-TIER = ["tests/gpu/test_kernels_on_cuda.py", "tests/gpu/test_host_syncs_on_cuda.py",
-        "tests/gpu/test_families_on_cuda.py", "tests/gpu/test_batch_invariance_on_cuda.py",
-        "tests/models/test_compiled_forward.py::test_cuda_graphs_give_eager_tokens_with_a_graph_per_bucket",
-        "tests/gpu/test_compiled_on_cuda.py"]
+TIER = [
+    "tests/gpu/test_kernels_on_cuda.py",
+    "tests/gpu/test_host_syncs_on_cuda.py",
+    "tests/gpu/test_families_on_cuda.py",
+    "tests/gpu/test_batch_invariance_on_cuda.py",
+    "tests/models/test_compiled_forward.py::test_cuda_graphs_give_eager_tokens_with_a_graph_per_bucket",
+    "tests/gpu/test_compiled_on_cuda.py",
+]
 #: what CI installs that the H200 image lacks or has in another version (pip download, --print-wheel-download)
-WHEELS = ("transformers==5.25.0", "huggingface_hub==2.4.0", "httpx2==2.16.2", "httpcore2==2.16.2", "h11==0.16.0",
-          "truststore==0.10.5", "idna==3.20", "anyio==4.16.0", "typing_extensions==4.16.0", "kernels==0.19.1",
-          "tomlkit==0.15.3", "click==8.5.1", "hf-xet==1.8.0", "regex==2026.11.19", "tokenizers==0.23.3")
+WHEELS = (
+    "transformers==5.25.0",
+    "huggingface_hub==2.4.0",
+    "httpx2==2.16.2",
+    "httpcore2==2.16.2",
+    "h11==0.16.0",
+    "truststore==0.10.5",
+    "idna==3.20",
+    "anyio==4.16.0",
+    "typing_extensions==4.16.0",
+    "kernels==0.19.1",
+    "tomlkit==0.15.3",
+    "click==8.5.1",
+    "hf-xet==1.8.0",
+    "regex==2026.11.19",
+    "tokenizers==0.23.3",
+)
 #: what must work with the wheels before they are used
-WHEEL_PROBE = ("import transformers, huggingface_hub, kernels, tokenizers, refusion, refusion_kernels; "
-               "from transformers import AutoTokenizer, Qwen3ForCausalLM, LlamaForCausalLM, Qwen2ForCausalLM; "
-               "AutoTokenizer.from_pretrained('tests/fixtures/peers/refusion'); print('transformers', "
-               "transformers.__version__, 'from', transformers.__file__)")
+WHEEL_PROBE = (
+    "import transformers, huggingface_hub, kernels, tokenizers, refusion, refusion_kernels; "
+    "from transformers import AutoTokenizer, Qwen3ForCausalLM, LlamaForCausalLM, Qwen2ForCausalLM; "
+    "AutoTokenizer.from_pretrained('tests/fixtures/peers/refusion'); print('transformers', "
+    "transformers.__version__, 'from', transformers.__file__)"
+)
 #: seconds the benchmark needs at least (imports, two 8B models, a few runs); below that it is skipped
 BENCH_MINIMUM = 60
 
@@ -86,8 +109,15 @@ class Session:
         it was stopped at its limit."""
         self.say(f"\n=== {name}: {' '.join(command)} (at most {seconds:.0f} s; {self.left():.0f} s left in the run)")
         started = time.perf_counter()
-        process = subprocess.Popen(command, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        process = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env={**os.environ, **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         reader = threading.Thread(target=lambda: [self.say(line.rstrip("\n")) for line in process.stdout], daemon=True)
         reader.start()
         stopped = False
@@ -116,8 +146,10 @@ class Session:
     def finish(self) -> None:
         self.summary["seconds"] = round(time.perf_counter() - self.start, 1)
         (self.out / "summary.json").write_text(json.dumps(self.summary, indent=1, default=str))
-        self.say(f"\n=== session: {self.summary['seconds']} s of {self.total:.0f}; files in {self.out}: "
-                 f"{', '.join(sorted(p.name for p in self.out.iterdir()))}")
+        self.say(
+            f"\n=== session: {self.summary['seconds']} s of {self.total:.0f}; files in {self.out}: "
+            f"{', '.join(sorted(p.name for p in self.out.iterdir()))}"
+        )
         self.log.close()
 
 
@@ -132,21 +164,55 @@ def use_wheels(session: Session, folder: Path) -> None:
         verdict["why"] = f"no wheels in {folder}"
     else:
         site = "/tmp/site"
-        done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                               "--no-cache-dir", "--upgrade", "--target", site, *wheels], capture_output=True,
-                              text=True, timeout=240, check=False)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-index",
+                "--no-deps",
+                "--no-compile",
+                "--no-cache-dir",
+                "--upgrade",
+                "--target",
+                site,
+                *wheels,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=False,
+        )
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (site, os.environ.get("PYTHONPATH"))))}
-        probe = subprocess.run([sys.executable, "-c", WHEEL_PROBE], cwd=ROOT, env=env, capture_output=True, text=True,
-                               timeout=120, check=False) if done.returncode == 0 else done
+        probe = (
+            subprocess.run(
+                [sys.executable, "-c", WHEEL_PROBE],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+            if done.returncode == 0
+            else done
+        )
         verdict["used"] = done.returncode == 0 and probe.returncode == 0
-        verdict["why"] = (probe.stdout.strip() if verdict["used"] else
-                          f"{'install' if done.returncode else 'import'} failed: {(probe.stderr or probe.stdout)[-1500:]}")
+        verdict["why"] = (
+            probe.stdout.strip()
+            if verdict["used"]
+            else f"{'install' if done.returncode else 'import'} failed: {(probe.stderr or probe.stdout)[-1500:]}"
+        )
         if verdict["used"]:
             os.environ["PYTHONPATH"] = env["PYTHONPATH"]
     verdict["seconds"] = round(time.perf_counter() - started, 1)
     session.summary["steps"]["wheels"] = verdict
-    session.say(f"=== wheels: {'used' if verdict['used'] else 'not used'} ({verdict['why']}); "
-                f"{verdict['seconds']} s; PYTHONPATH={os.environ.get('PYTHONPATH', '')}")
+    session.say(
+        f"=== wheels: {'used' if verdict['used'] else 'not used'} ({verdict['why']}); "
+        f"{verdict['seconds']} s; PYTHONPATH={os.environ.get('PYTHONPATH', '')}"
+    )
 
 
 def environment(session: Session, smoke: bool) -> str:
@@ -154,33 +220,50 @@ def environment(session: Session, smoke: bool) -> str:
     started = time.perf_counter()
     name = "smoke"
     if shutil.which("nvidia-smi"):
-        for command in (["nvidia-smi"], ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.sm,"
-                                         "clocks.max.sm,clocks.mem,power.draw,power.limit,temperature.gpu",
-                                         "--format=csv"]):
+        for command in (
+            ["nvidia-smi"],
+            [
+                "nvidia-smi",
+                "--query-gpu=name,driver_version,memory.total,clocks.sm,"
+                "clocks.max.sm,clocks.mem,power.draw,power.limit,temperature.gpu",
+                "--format=csv",
+            ],
+        ):
             done = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
             session.say(done.stdout + done.stderr)
-        done = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                              text=True, timeout=30, check=False)
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
         if done.returncode == 0 and done.stdout.strip() and not smoke:
             name = re.sub(r"[^a-z0-9]+", "-", done.stdout.strip().splitlines()[0].lower()).strip("-")
             name = name.removeprefix("nvidia-") or "gpu"
     else:
         session.say("no nvidia-smi on this machine")
-    probe = ("import sys, platform, torch, transformers, huggingface_hub; "
-             "print('python', platform.python_version(), sys.executable); "
-             "print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available()); "
-             "print('transformers', transformers.__version__, transformers.__file__); "
-             "print('huggingface_hub', huggingface_hub.__version__)\n"
-             "try:\n import triton; print('triton', triton.__version__)\nexcept Exception as e: print('triton', e)\n"
-             "if torch.cuda.is_available():\n p = torch.cuda.get_device_properties(0); "
-             "print('device', p.name, 'capability', (p.major, p.minor), 'SMs', p.multi_processor_count, "
-             "'memory GiB', round(p.total_memory / 2**30, 1))\n"
-             "import refusion, refusion_kernels; print('refusion', refusion.__file__, refusion_kernels.__file__)")
-    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          check=False)
+    probe = (
+        "import sys, platform, torch, transformers, huggingface_hub; "
+        "print('python', platform.python_version(), sys.executable); "
+        "print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available()); "
+        "print('transformers', transformers.__version__, transformers.__file__); "
+        "print('huggingface_hub', huggingface_hub.__version__)\n"
+        "try:\n import triton; print('triton', triton.__version__)\nexcept Exception as e: print('triton', e)\n"
+        "if torch.cuda.is_available():\n p = torch.cuda.get_device_properties(0); "
+        "print('device', p.name, 'capability', (p.major, p.minor), 'SMs', p.multi_processor_count, "
+        "'memory GiB', round(p.total_memory / 2**30, 1))\n"
+        "import refusion, refusion_kernels; print('refusion', refusion.__file__, refusion_kernels.__file__)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+    )
     session.say(done.stdout + done.stderr)
-    session.summary["steps"]["environment"] = {"seconds": round(time.perf_counter() - started, 1),
-                                               "device": name, "versions": done.stdout.strip().splitlines()}
+    session.summary["steps"]["environment"] = {
+        "seconds": round(time.perf_counter() - started, 1),
+        "device": name,
+        "versions": done.stdout.strip().splitlines(),
+    }
     return name
 
 
@@ -192,20 +275,37 @@ def tier_counts(path: Path) -> dict[str, int] | None:
     suites = [root] if root.tag == "testsuite" else list(root)
     counts = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
     counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
-    failed = [f"{case.get('classname')}::{case.get('name')}" for s in suites for case in s.iter("testcase")
-              if case.find("failure") is not None or case.find("error") is not None]
+    failed = [
+        f"{case.get('classname')}::{case.get('name')}"
+        for s in suites
+        for case in s.iter("testcase")
+        if case.find("failure") is not None or case.find("error") is not None
+    ]
     return {**counts, "failed_tests": failed}
 
 
 def tier(session: Session, smoke: bool, seconds: float) -> None:
     import importlib.util
 
-    command = [sys.executable, "-m", "pytest", "-m", "cuda", "-p", "no:cacheprovider", "-v", "-rfEs",
-               "--junitxml", str(session.out / "tier.xml"), "-o", "junit_logging=system-err", *TIER]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-m",
+        "cuda",
+        "-p",
+        "no:cacheprovider",
+        "-v",
+        "-rfEs",
+        "--junitxml",
+        str(session.out / "tier.xml"),
+        "-o",
+        "junit_logging=system-err",
+        *TIER,
+    ]
     if importlib.util.find_spec("pytest_timeout"):
         command[3:3] = ["--timeout", "150", "-o", "timeout_method=signal"]
-    env = {"REFUSION_GPU_REPORT": str(session.out / "tier.jsonl"),
-           "TRITON_INTERPRET": "1" if smoke else "0"}
+    env = {"REFUSION_GPU_REPORT": str(session.out / "tier.jsonl"), "TRITON_INTERPRET": "1" if smoke else "0"}
     if smoke:
         env["REFUSION_GPU_TIER_DEVICE"] = "cpu"
     session.run("tier", command, seconds, env)
@@ -215,12 +315,32 @@ def tier(session: Session, smoke: bool, seconds: float) -> None:
 def bench(session: Session, smoke: bool, device: str, seconds: float, budget: str) -> None:
     path = session.out / f"gpu-{device}.json"
     if smoke:
-        command = [sys.executable, "benchmarks/gpu.py", "--smoke", "--json", str(path), "--profile",
-                   str(session.out / "profile.txt")]
+        command = [
+            sys.executable,
+            "benchmarks/gpu.py",
+            "--smoke",
+            "--json",
+            str(path),
+            "--profile",
+            str(session.out / "profile.txt"),
+        ]
     else:  # gpu.py's own deadline counts from after its imports; the rest is the margin for them and its exit
-        command = [sys.executable, "benchmarks/gpu.py", "--budget", budget, "--deadline", str(round(seconds - 25)),
-                   "--json", str(path), "--profile", str(session.out / "profile.txt"),
-                   "--compile-mode", "reduce-overhead", "--compile-layers", "4"]
+        command = [
+            sys.executable,
+            "benchmarks/gpu.py",
+            "--budget",
+            budget,
+            "--deadline",
+            str(round(seconds - 25)),
+            "--json",
+            str(path),
+            "--profile",
+            str(session.out / "profile.txt"),
+            "--compile-mode",
+            "reduce-overhead",
+            "--compile-layers",
+            "4",
+        ]
     session.run("bench", command, seconds)
     if path.exists():
         session.summary["steps"]["bench"]["headline"] = headline(json.loads(path.read_text()))
@@ -251,24 +371,38 @@ def headline(result: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "/tmp/refusion-gpu-session"),
-                        help="where every file goes (default: $OUT, else /tmp/refusion-gpu-session)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path(os.environ.get("OUT") or "/tmp/refusion-gpu-session"),
+        help="where every file goes (default: $OUT, else /tmp/refusion-gpu-session)",
+    )
     parser.add_argument("--total", type=float, default=300, help="seconds the whole session may take")
     parser.add_argument("--tier-seconds", type=float, default=190, help="at most this long for the GPU tier")
     parser.add_argument("--skip-tier", action="store_true")
     parser.add_argument("--skip-bench", action="store_true")
-    parser.add_argument("--bench-budget", choices=("session", "bench", "full"),
-                        help="gpu.py's time boxes (default: 'session' after the tier, 'bench' with --skip-tier)")
+    parser.add_argument(
+        "--bench-budget",
+        choices=("session", "bench", "full"),
+        help="gpu.py's time boxes (default: 'session' after the tier, 'bench' with --skip-tier)",
+    )
     parser.add_argument("--smoke", action="store_true", help="the same steps on the CPU (checks this script)")
     parser.add_argument("--wheels", type=Path, help="a folder of wheels to install and use if they import")
-    parser.add_argument("--print-wheel-download", action="store_true",
-                        help="print the command that downloads the wheels for the H200 image (Python 3.12) and exit")
+    parser.add_argument(
+        "--print-wheel-download",
+        action="store_true",
+        help="print the command that downloads the wheels for the H200 image (Python 3.12) and exit",
+    )
     args = parser.parse_args(argv)
     if args.print_wheel_download:
-        platforms = " ".join(f"--platform {p}" for p in ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64",
-                                                        "manylinux_2_17_x86_64", "manylinux2014_x86_64"))
-        print(f"python -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "
-              f"{platforms} -d .whl {' '.join(WHEELS)}")
+        platforms = " ".join(
+            f"--platform {p}"
+            for p in ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+        )
+        print(
+            f"python -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "
+            f"{platforms} -d .whl {' '.join(WHEELS)}"
+        )
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     session = Session(args.out, args.total)
@@ -290,8 +424,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         budget = args.bench_budget or ("bench" if args.skip_tier else "session")
         bench(session, args.smoke, device, max(session.left() - 5, BENCH_MINIMUM if args.smoke else 0), budget)
-    session.say("\n=== summary\n" + json.dumps({k: v for k, v in session.summary["steps"].items()
-                                                 if k != "environment"}, indent=1, default=str))
+    session.say(
+        "\n=== summary\n"
+        + json.dumps({k: v for k, v in session.summary["steps"].items() if k != "environment"}, indent=1, default=str)
+    )
     session.finish()
     return 0
 

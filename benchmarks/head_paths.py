@@ -41,10 +41,14 @@ def main(argv=None) -> int:
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--dim", type=int, default=256)
     a = ap.parse_args(argv)
-    print(f"device {a.device} ({torch.cuda.get_device_name() if a.device == 'cuda' else 'CPU'}), torch "
-          f"{torch.__version__}")
-    print(f"{'dtype':<9} {'probe (depends, min_rows)':<26} {'rows read':<10} {'tokens equal':>14} "
-          f"{'confidence bitwise':>19} {'confidence in dtype':>20}")
+    print(
+        f"device {a.device} ({torch.cuda.get_device_name() if a.device == 'cuda' else 'CPU'}), torch "
+        f"{torch.__version__}"
+    )
+    print(
+        f"{'dtype':<9} {'probe (depends, min_rows)':<26} {'rows read':<10} {'tokens equal':>14} "
+        f"{'confidence bitwise':>19} {'confidence in dtype':>20}"
+    )
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         probe = probe_rows(a.device, dtype)
         for read in (64, 8, 3, 1):
@@ -59,8 +63,10 @@ def main(argv=None) -> int:
                 bits += int((prob == want_prob).sum())
                 rounded += int((prob.to(dtype) == want_prob.to(dtype)).sum())
                 total += read
-            print(f"{str(dtype).split('.')[-1]:<9} {str((probe.depends, probe.min_rows)):<26} {read:<10} "
-                  f"{same:>7}/{total:<6} {bits:>11}/{total:<6} {rounded:>12}/{total:<6}")
+            print(
+                f"{str(dtype).split('.')[-1]:<9} {str((probe.depends, probe.min_rows)):<26} {read:<10} "
+                f"{same:>7}/{total:<6} {bits:>11}/{total:<6} {rounded:>12}/{total:<6}"
+            )
     return 0
 
 

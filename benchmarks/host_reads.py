@@ -67,14 +67,19 @@ def cases(models: list[str]):
         adapter = load_model(None, dtype=torch.float32)
         for name, decoder in decoders.items():
             for engine in ("branch", "repeat"):
-                yield f"shipped model / {name} / {engine}", adapter, decoder, engine, \
-                    lambda n, a=adapter: shipped_prompts(a, n), 32
+                yield (
+                    f"shipped model / {name} / {engine}",
+                    adapter,
+                    decoder,
+                    engine,
+                    lambda n, a=adapter: shipped_prompts(a, n),
+                    32,
+                )
     if "20m" in models:
         adapter = HFCausalLM(random_qwen3("20m"))
         for name, decoder in decoders.items():
             for engine in ("branch", "repeat"):
-                yield f"qwen3 20m / {name} / {engine}", adapter, decoder, engine, \
-                    lambda n: random_prompts(32000, n), 64
+                yield f"qwen3 20m / {name} / {engine}", adapter, decoder, engine, lambda n: random_prompts(32000, n), 64
     if "20m-bidirectional" in models:
         network = random_qwen3("20m")
         network.config.is_causal = False
@@ -89,16 +94,21 @@ def measure(adapter, decoder, engine: str, prompts: list[list[int]], gen_length:
     summary = reads.summary(sites=1000)
     summary["engine_forwards"] = results[0].extra["engine_counters"]["forwards"]
     summary["tokens"] = sum(len(r.tokens) for r in results)
-    summary["mean_sequences_per_step"] = (sum(s.sequences for s in reads.steps) / len(reads.steps)
-                                          if reads.steps else 0.0)
+    summary["mean_sequences_per_step"] = (
+        sum(s.sequences for s in reads.steps) / len(reads.steps) if reads.steps else 0.0
+    )
     return summary
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--models", nargs="+", default=["shipped", "20m", "20m-bidirectional"],
-                        choices=["shipped", "20m", "20m-bidirectional"])
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        default=["shipped", "20m", "20m-bidirectional"],
+        choices=["shipped", "20m", "20m-bidirectional"],
+    )
     parser.add_argument("--sites", type=int, default=15, help="call sites listed below the table")
     parser.add_argument("--json", type=Path, help="write every figure (and every call site) here")
     args = parser.parse_args(argv)
@@ -115,13 +125,22 @@ def main(argv: list[str] | None = None) -> int:
                 sites[(site["kind"], site["site"])] += site["count"]
             for site in row["top_placed_sites"]:
                 placed_sites[(site["kind"], site["site"])] += site["count"]
-            row["top_sites"], row["top_placed_sites"] = row["top_sites"][:args.sites], row["top_placed_sites"][:args.sites]
+            row["top_sites"], row["top_placed_sites"] = (
+                row["top_sites"][: args.sites],
+                row["top_placed_sites"][: args.sites],
+            )
             rows.append(row)
             print(format_table([row]).splitlines()[-1], flush=True)
     print()
     print(format_table(rows))
-    print("\nforwards per step: " + ", ".join(f"{r['label']} b{r['batch']} {r['forwards'] / max(1, r['steps']):.2f}"
-                                              for r in rows if r["batch"] == max(args.batches)))
+    print(
+        "\nforwards per step: "
+        + ", ".join(
+            f"{r['label']} b{r['batch']} {r['forwards'] / max(1, r['steps']):.2f}"
+            for r in rows
+            if r["batch"] == max(args.batches)
+        )
+    )
     print(f"\ntop {args.sites} call sites of network-data reads (all cases):")
     for (kind, site), count in sites.most_common(args.sites):
         print(f"{count:>8}  {kind:<12} {site}")
@@ -129,11 +148,17 @@ def main(argv: list[str] | None = None) -> int:
     for (kind, site), count in placed_sites.most_common(args.sites):
         print(f"{count:>8}  {kind:<12} {site}")
     if args.json:
-        args.json.write_text(json.dumps({
-            "header": header(), "rows": rows,
-            "sites": [{"count": c, "kind": k, "site": s} for (k, s), c in sites.most_common()],
-            "placed_sites": [{"count": c, "kind": k, "site": s} for (k, s), c in placed_sites.most_common()],
-        }, indent=1))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "header": header(),
+                    "rows": rows,
+                    "sites": [{"count": c, "kind": k, "site": s} for (k, s), c in sites.most_common()],
+                    "placed_sites": [{"count": c, "kind": k, "site": s} for (k, s), c in placed_sites.most_common()],
+                },
+                indent=1,
+            )
+        )
         print(f"\nwrote {args.json}")
     return 0
 

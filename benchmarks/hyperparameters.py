@@ -44,25 +44,38 @@ def _ints(text: str) -> list[int]:
 def run_rounds(args: argparse.Namespace) -> tuple[dict, list[dict]]:
     """Every point's metrics per round: {(slot_size, blocks, slot_t, token_t): [metrics, ...]}, and each round's AR."""
     adapter = load_model(args.model, dtype=torch.float32)
-    space = [f"slot_size={','.join(map(str, args.slot_sizes))}",
-             f"serial_num_blocks={','.join(map(str, args.serial_blocks))}",
-             f"slot_threshold={','.join(map(str, args.slot_thresholds))}",
-             f"token_threshold={','.join(map(str, args.token_thresholds))}"]
+    space = [
+        f"slot_size={','.join(map(str, args.slot_sizes))}",
+        f"serial_num_blocks={','.join(map(str, args.serial_blocks))}",
+        f"slot_threshold={','.join(map(str, args.slot_thresholds))}",
+        f"token_threshold={','.join(map(str, args.token_thresholds))}",
+    ]
     points: dict[tuple, list[dict]] = {}
     ars = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             start = time.perf_counter()
-            result = run_sweep(space, f"held-out:{args.per_task}", model=adapter, preset="model", mode="grid",
-                           gen_length=32, out=Path(tmp) / f"round{r}", plot=False, progress=not args.quiet)
+            result = run_sweep(
+                space,
+                f"held-out:{args.per_task}",
+                model=adapter,
+                preset="model",
+                mode="grid",
+                gen_length=32,
+                out=Path(tmp) / f"round{r}",
+                plot=False,
+                progress=not args.quiet,
+            )
             ars.append(result.ar)
             for rec in result.records:
                 p = rec.point
                 key = (p["slot_size"], p["serial_num_blocks"], p["slot_threshold"], p["token_threshold"])
                 points.setdefault(key, []).append(rec.metrics)
-            print(f"round {r + 1}/{args.rounds}: {len(result.records)} points, AR {result.ar['accuracy']:.1%} "
-                  f"{1e3 * result.ar['seconds_per_token']:.2f} ms/token, {time.perf_counter() - start:.0f} s",
-                  file=sys.stderr)
+            print(
+                f"round {r + 1}/{args.rounds}: {len(result.records)} points, AR {result.ar['accuracy']:.1%} "
+                f"{1e3 * result.ar['seconds_per_token']:.2f} ms/token, {time.perf_counter() - start:.0f} s",
+                file=sys.stderr,
+            )
     return points, ars
 
 
@@ -70,11 +83,23 @@ def summarise(points: dict, ars: list[dict]) -> list[dict]:
     rows = []
     for (size, blocks, slot_t, token_t), runs in sorted(points.items()):
         speedups = [m["speedup"] for m in runs]
-        rows.append({"slot_size": size, "serial_num_blocks": blocks, "slot_threshold": slot_t,
-                     "token_threshold": token_t, "accuracy": runs[0]["accuracy"], "forwards": runs[0]["forwards"],
-                     "tokens_per_forward": runs[0]["tokens_per_forward"], "forward_ratio": runs[0]["forward_ratio"],
-                     "speedup": statistics.median(speedups), "speedup_min": min(speedups),
-                     "speedup_max": max(speedups), "ar_accuracy": ars[0]["accuracy"], "rounds": len(runs)})
+        rows.append(
+            {
+                "slot_size": size,
+                "serial_num_blocks": blocks,
+                "slot_threshold": slot_t,
+                "token_threshold": token_t,
+                "accuracy": runs[0]["accuracy"],
+                "forwards": runs[0]["forwards"],
+                "tokens_per_forward": runs[0]["tokens_per_forward"],
+                "forward_ratio": runs[0]["forward_ratio"],
+                "speedup": statistics.median(speedups),
+                "speedup_min": min(speedups),
+                "speedup_max": max(speedups),
+                "ar_accuracy": ars[0]["accuracy"],
+                "rounds": len(runs),
+            }
+        )
     return rows
 
 
@@ -90,13 +115,16 @@ def draw(rows: list[dict], args: argparse.Namespace, ar_accuracy: float, path: P
     sizes, blocks = args.slot_sizes, args.serial_blocks
     ys, xs = args.slot_thresholds, args.token_thresholds
     index = {(r["slot_size"], r["serial_num_blocks"], r["slot_threshold"], r["token_threshold"]): r for r in rows}
-    fig, axes = plt.subplots(2 * len(blocks), len(sizes), figsize=(3.2 * len(sizes), 2.9 * 2 * len(blocks)),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        2 * len(blocks), len(sizes), figsize=(3.2 * len(sizes), 2.9 * 2 * len(blocks)), squeeze=False
+    )
     accs = [r["accuracy"] for r in rows]
     speeds = [r["speedup"] for r in rows]
     # colours diverge at AR: green is better than AR, red worse
-    norms = {"accuracy": TwoSlopeNorm(ar_accuracy, min(min(accs), ar_accuracy - 0.05), max(max(accs), ar_accuracy + 0.05)),
-             "speedup": TwoSlopeNorm(1.0, min(min(speeds), 0.5), max(max(speeds), 1.5))}
+    norms = {
+        "accuracy": TwoSlopeNorm(ar_accuracy, min(min(accs), ar_accuracy - 0.05), max(max(accs), ar_accuracy + 0.05)),
+        "speedup": TwoSlopeNorm(1.0, min(min(speeds), 0.5), max(max(speeds), 1.5)),
+    }
     for b, nblocks in enumerate(blocks):
         for c, size in enumerate(sizes):
             for k, metric in enumerate(("accuracy", "speedup")):
@@ -106,23 +134,32 @@ def draw(rows: list[dict], args: argparse.Namespace, ar_accuracy: float, path: P
                 for i, y in enumerate(ys):
                     for j, x in enumerate(xs):
                         row = index[(size, nblocks, y, x)]
-                        text = (f"{row['accuracy']:.1%}" if metric == "accuracy" else
-                                f"{row['speedup']:.2f}x\n({row['forward_ratio']:.2f}x fwd)")
+                        text = (
+                            f"{row['accuracy']:.1%}"
+                            if metric == "accuracy"
+                            else f"{row['speedup']:.2f}x\n({row['forward_ratio']:.2f}x fwd)"
+                        )
                         ax.text(j, i, text, ha="center", va="center", fontsize=6.5)
                         if row["accuracy"] >= ar_accuracy - 1e-12 and row["speedup"] > 1.0:
-                            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="tab:cyan",
-                                                   linewidth=2.2))
+                            ax.add_patch(
+                                Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="tab:cyan", linewidth=2.2)
+                            )
                 ax.set_xticks(range(len(xs)), [f"{x:g}" for x in xs], fontsize=7)
                 ax.set_yticks(range(len(ys)), [f"{y:g}" for y in ys], fontsize=7)
-                ax.set_title(f"{'accuracy' if k == 0 else 'wall speed-up (forward ratio)'}: slot {size}, "
-                             f"{nblocks} block{'s' if nblocks > 1 else ''}",
-                             fontsize=8)
+                ax.set_title(
+                    f"{'accuracy' if k == 0 else 'wall speed-up (forward ratio)'}: slot {size}, "
+                    f"{nblocks} block{'s' if nblocks > 1 else ''}",
+                    fontsize=8,
+                )
                 if c == 0:
                     ax.set_ylabel("slot threshold", fontsize=8)
                 if 2 * b + k == 2 * len(blocks) - 1:
                     ax.set_xlabel("token threshold", fontsize=8)
-    fig.suptitle(f"ReFusion hyperparameter map on the shipped model (AR accuracy {ar_accuracy:.1%})\n"
-                 "outlined: at least AR's accuracy and faster than AR", fontsize=9)
+    fig.suptitle(
+        f"ReFusion hyperparameter map on the shipped model (AR accuracy {ar_accuracy:.1%})\n"
+        "outlined: at least AR's accuracy and faster than AR",
+        fontsize=9,
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -162,16 +199,20 @@ def main(argv=None) -> int:
         writer.writerows(rows)
     draw(rows, args, ar_accuracy, args.png)
     good = [r for r in rows if r["accuracy"] >= ar_accuracy and r["speedup"] > 1.0]
-    print(f"{len(rows)} points x {args.rounds} rounds in {time.perf_counter() - start:.0f} s; AR accuracy "
-          f"{ar_accuracy:.1%}; {len(good)} points at least as accurate as AR and faster "
-          f"(median wall speed-up {statistics.median(r['speedup'] for r in good) if good else 0:.2f}x, "
-          f"forward ratio {min((r['forward_ratio'] for r in good), default=0):.2f}-"
-          f"{max((r['forward_ratio'] for r in good), default=0):.2f}x)")
+    print(
+        f"{len(rows)} points x {args.rounds} rounds in {time.perf_counter() - start:.0f} s; AR accuracy "
+        f"{ar_accuracy:.1%}; {len(good)} points at least as accurate as AR and faster "
+        f"(median wall speed-up {statistics.median(r['speedup'] for r in good) if good else 0:.2f}x, "
+        f"forward ratio {min((r['forward_ratio'] for r in good), default=0):.2f}-"
+        f"{max((r['forward_ratio'] for r in good), default=0):.2f}x)"
+    )
     best = sorted(rows, key=lambda r: (-r["accuracy"], -r["speedup"]))[:5]
     for r in best:
-        print(f"  slot {r['slot_size']:>2} blocks {r['serial_num_blocks']} thresholds {r['slot_threshold']}/"
-              f"{r['token_threshold']}: {r['accuracy']:.1%}, {r['speedup']:.2f}x "
-              f"[{r['speedup_min']:.2f}-{r['speedup_max']:.2f}], {r['forward_ratio']:.2f}x fewer forwards")
+        print(
+            f"  slot {r['slot_size']:>2} blocks {r['serial_num_blocks']} thresholds {r['slot_threshold']}/"
+            f"{r['token_threshold']}: {r['accuracy']:.1%}, {r['speedup']:.2f}x "
+            f"[{r['speedup_min']:.2f}-{r['speedup_max']:.2f}], {r['forward_ratio']:.2f}x fewer forwards"
+        )
     print(f"wrote {args.csv} and {args.png}")
     return 0
 

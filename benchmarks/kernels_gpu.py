@@ -38,13 +38,21 @@ def main() -> int:
 
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print(f"{'op':<34} {'shape':<28} {'triton ms':>10} {'torch ms':>10} {'speed-up':>9} {'agree':>6}")
-    for rows, vocab, dtype in ((128, 151936, torch.bfloat16), (512, 151936, torch.bfloat16), (2048, 151936, torch.float32)):
+    for rows, vocab, dtype in (
+        (128, 151936, torch.bfloat16),
+        (512, 151936, torch.bfloat16),
+        (2048, 151936, torch.float32),
+    ):
         logits = torch.randn(rows, vocab, device="cuda", dtype=dtype) * 4
         tri = timed(lambda logits=logits: confidence(logits, exclude=151670, backend="triton"))
         ref = timed(lambda logits=logits: confidence_reference(logits, exclude=151670))
-        agree = torch.equal(confidence(logits, exclude=151670, backend="triton")[0], confidence_reference(logits, exclude=151670)[0])
-        print(f"{'confidence (argmax + prob)':<34} {f'{rows}x{vocab} {str(dtype)[6:]}':<28} {tri:>10.3f} {ref:>10.3f} "
-              f"{ref / tri:>8.2f}x {str(agree):>6}")
+        agree = torch.equal(
+            confidence(logits, exclude=151670, backend="triton")[0], confidence_reference(logits, exclude=151670)[0]
+        )
+        print(
+            f"{'confidence (argmax + prob)':<34} {f'{rows}x{vocab} {str(dtype)[6:]}':<28} {tri:>10.3f} {ref:>10.3f} "
+            f"{ref / tri:>8.2f}x {str(agree):>6}"
+        )
     for layers, heads, dim, context, tokens in ((36, 8, 128, 4096, 32), (36, 8, 128, 4096, 256)):
         cache = torch.zeros(layers, 2, 8, heads, context, dim, device="cuda", dtype=torch.bfloat16)
         src = torch.randn(layers, 2, heads, tokens, dim, device="cuda", dtype=torch.bfloat16)

@@ -97,13 +97,28 @@ MASK, EOS, EOT = 3, 1, 2
 GEN = 64
 WEIGHT_SEED = 0
 PROMPT_SEED = 1234
-PEER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-            "TRANSFORMERS_VERBOSITY": "error", "PYTHONHASHSEED": "0", "CUDA_VISIBLE_DEVICES": "",
-            "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
+PEER_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "PYTHONHASHSEED": "0",
+    "CUDA_VISIBLE_DEVICES": "",
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+}
 
-LLADA = {"mask_id": MASK, "temperature": 0.0, "remasking": "low_confidence", "steps": 64, "gen_length": GEN,
-         "block_length": 32}
+LLADA = {
+    "mask_id": MASK,
+    "temperature": 0.0,
+    "remasking": "low_confidence",
+    "steps": 64,
+    "gen_length": GEN,
+    "block_length": 32,
+}
 FAST = {**LLADA, "threshold": 0.9}
 DREAM = {"max_new_tokens": GEN, "temperature": 0.0, "return_dict_in_generate": True}
 DREAM_BLOCK = {**DREAM, "steps": 64, "alg": "confidence_threshold", "threshold": 0.9, "block_length": 32}
@@ -114,19 +129,60 @@ CASES = [
     ("fast_dllm.generate t0.9", "llada", "fast_dllm.generate", FAST, None),
     ("fast_dllm.prefix_cache t0.9", "llada", "fast_dllm.generate_with_prefix_cache", FAST, None),
     ("fast_dllm.dual_cache t0.9", "llada", "fast_dllm.generate_with_dual_cache", FAST, None),
-    ("dream.diffusion_generate entropy s64", "dream", "dream.diffusion_generate",
-     dict(DREAM, steps=64, alg="entropy"), None),
-    ("fast_dllm.dream_block t0.9", "dream", "fast_dllm.dream_block_generate", dict(DREAM_BLOCK, dual_cache=False),
-     None),
-    ("fast_dllm.dream_block t0.9 dual", "dream", "fast_dllm.dream_block_generate", dict(DREAM_BLOCK, dual_cache=True),
-     None),
-    ("sdar.block_diffusion dyn0.9 b4", "sdar", "sdar.block_diffusion_generate",
-     {"mask_id": MASK, "gen_length": GEN, "block_length": 4, "denoising_steps": 4, "temperature": 1.0, "top_k": 0,
-      "top_p": 1.0, "remasking_strategy": "low_confidence_dynamic", "confidence_threshold": 0.9,
-      "stopping_criteria_idx": None}, 0),
-    ("refusion.generate_refusion 0.9/0.9", "refusion", "refusion.generate_refusion",
-     {"gen_length": GEN, "temperature": 0.0, "mask_id": MASK, "slot_size": 8, "serial_num_blocks": 2,
-      "slot_threshold": 0.9, "token_threshold": 0.9}, None),
+    (
+        "dream.diffusion_generate entropy s64",
+        "dream",
+        "dream.diffusion_generate",
+        dict(DREAM, steps=64, alg="entropy"),
+        None,
+    ),
+    (
+        "fast_dllm.dream_block t0.9",
+        "dream",
+        "fast_dllm.dream_block_generate",
+        dict(DREAM_BLOCK, dual_cache=False),
+        None,
+    ),
+    (
+        "fast_dllm.dream_block t0.9 dual",
+        "dream",
+        "fast_dllm.dream_block_generate",
+        dict(DREAM_BLOCK, dual_cache=True),
+        None,
+    ),
+    (
+        "sdar.block_diffusion dyn0.9 b4",
+        "sdar",
+        "sdar.block_diffusion_generate",
+        {
+            "mask_id": MASK,
+            "gen_length": GEN,
+            "block_length": 4,
+            "denoising_steps": 4,
+            "temperature": 1.0,
+            "top_k": 0,
+            "top_p": 1.0,
+            "remasking_strategy": "low_confidence_dynamic",
+            "confidence_threshold": 0.9,
+            "stopping_criteria_idx": None,
+        },
+        0,
+    ),
+    (
+        "refusion.generate_refusion 0.9/0.9",
+        "refusion",
+        "refusion.generate_refusion",
+        {
+            "gen_length": GEN,
+            "temperature": 0.0,
+            "mask_id": MASK,
+            "slot_size": 8,
+            "serial_num_blocks": 2,
+            "slot_threshold": 0.9,
+            "token_threshold": 0.9,
+        },
+        None,
+    ),
 ]
 
 
@@ -206,9 +262,13 @@ def worker_build(a) -> int:
         ref, got = built.state_dict(), model.state_dict()
         if set(ref) != set(got) or any(not torch.equal(ref[k], got[k]) for k in ref):
             raise RuntimeError(f"{name}: weights reloaded with from_pretrained differ from the saved model")
-        out[name] = {"class": type(model).__name__, "parameters": sum(p.numel() for p in model.parameters()),
-                     "head_scale": scales[name], "head_rows_zeroed": list(fam.forbidden),
-                     "files": sorted(os.listdir(folder))}
+        out[name] = {
+            "class": type(model).__name__,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "head_scale": scales[name],
+            "head_rows_zeroed": list(fam.forbidden),
+            "files": sorted(os.listdir(folder)),
+        }
     Path(a.worker_out).write_text(json.dumps(out))
     return 0
 
@@ -243,8 +303,14 @@ def _peer_call(torch, F, where, function: str, args: dict, seed, prompt: list[in
     cpu, wall = time.process_time(), time.perf_counter()
     x, extra = fam.run(model, spec, ids)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    return {"cpu": cpu, "wall": wall, "forwards": counter.forwards, "network_cpu": counter.seconds,
-            "tokens": x[0, len(prompt):].tolist(), "nfe": extra.get("nfe")}
+    return {
+        "cpu": cpu,
+        "wall": wall,
+        "forwards": counter.forwards,
+        "network_cpu": counter.seconds,
+        "tokens": x[0, len(prompt) :].tolist(),
+        "nfe": extra.get("nfe"),
+    }
 
 
 def worker_serve(a) -> int:
@@ -281,9 +347,25 @@ def worker_serve(a) -> int:
 
 # =========================================================================== driver (refusion's interpreter)
 def _peer_command(a, worker: str, tmp: Path, extra: list[str]) -> tuple[list[str], dict]:
-    cmd = [a.peer_python, str(Path(__file__).resolve()), "--worker", worker, "--dir", str(tmp / "weights"),
-           "--size", a.size, "--llada", a.llada, "--fast-dllm", a.fast_dllm, "--sdar", a.sdar,
-           "--refusion", a.refusion, *extra]
+    cmd = [
+        a.peer_python,
+        str(Path(__file__).resolve()),
+        "--worker",
+        worker,
+        "--dir",
+        str(tmp / "weights"),
+        "--size",
+        a.size,
+        "--llada",
+        a.llada,
+        "--fast-dllm",
+        a.fast_dllm,
+        "--sdar",
+        a.sdar,
+        "--refusion",
+        a.refusion,
+        *extra,
+    ]
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     env.update(PEER_ENV)
@@ -293,8 +375,9 @@ def _peer_command(a, worker: str, tmp: Path, extra: list[str]) -> tuple[list[str
 def build_weights(a, tmp: Path, only: list[str], scales: dict) -> dict:
     """Build and save one model per family with the peer's own class (a peer process); returns what was made."""
     out = tmp / "build.json"
-    cmd, env = _peer_command(a, "build", tmp, ["--worker-out", str(out), "--only", ",".join(only),
-                                               "--head-scale-json", json.dumps(scales)])
+    cmd, env = _peer_command(
+        a, "build", tmp, ["--worker-out", str(out), "--only", ",".join(only), "--head-scale-json", json.dumps(scales)]
+    )
     done = subprocess.run(cmd, env=env, cwd=str(tmp), capture_output=True, text=True, check=False)
     if done.returncode or not out.exists():
         raise SystemExit(f"building the peer models failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
@@ -308,8 +391,16 @@ class PeerSession:
         cmd, env = _peer_command(a, "serve", tmp, ["--job", str(tmp / "job.json")])
         self.log = tmp / f"peer_round{round_index}.log"
         self._log = open(self.log, "w")
-        self.proc = subprocess.Popen(cmd, env=env, cwd=str(tmp), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self._log, text=True, bufsize=1)
+        self.proc = subprocess.Popen(
+            cmd,
+            env=env,
+            cwd=str(tmp),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            bufsize=1,
+        )
         self.versions = self._read()
 
     def _read(self):
@@ -317,8 +408,7 @@ class PeerSession:
         if not line:
             self.proc.wait()
             self._log.close()
-            raise SystemExit(f"the peer process failed (exit {self.proc.returncode}):\n"
-                             f"{self.log.read_text()[-4000:]}")
+            raise SystemExit(f"the peer process failed (exit {self.proc.returncode}):\n{self.log.read_text()[-4000:]}")
         return json.loads(line)
 
     def run(self, case_index: int) -> list[dict]:
@@ -350,10 +440,16 @@ def refusion_case(models: dict, case, prompts: list[list[int]]) -> list[dict]:
             cpu, wall = time.process_time(), time.perf_counter()
             result = refusion.generate(prompt, models[family], preset=preset, **kwargs)
             cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-        rows.append({"cpu": cpu, "wall": wall, "forwards": int(result.forwards),
-                     "network_cpu": clock.network_seconds,
-                     "tokens": [int(t) for t in result.extra["all_tokens"]],
-                     "stopped_at_eos": bool(getattr(result, "stopped_at_eos", False))})
+        rows.append(
+            {
+                "cpu": cpu,
+                "wall": wall,
+                "forwards": int(result.forwards),
+                "network_cpu": clock.network_seconds,
+                "tokens": [int(t) for t in result.extra["all_tokens"]],
+                "stopped_at_eos": bool(getattr(result, "stopped_at_eos", False)),
+            }
+        )
     return rows
 
 
@@ -378,17 +474,28 @@ def summarise(cases, rounds: list[tuple[dict, dict]], prompts, a, built) -> list
         peer_row, ours_row, wall_row = C.Row("peer"), C.Row("refusion"), C.Row("refusion wall")
         for peer, ours in rounds:
             for row, calls in ((peer_row, peer["cases"][name]), (ours_row, ours[name])):
-                net = None if any(r.get("network_cpu") is None for r in calls) else \
-                    sum(r["network_cpu"] for r in calls) / n
-                row.runs.append(C.Run(cpu=sum(r["cpu"] for r in calls) / n, wall=sum(r["wall"] for r in calls) / n,
-                                      network_cpu=net, network_forwards=sum(r["forwards"] for r in calls) / n,
-                                      rss_rise=0, counts={"rows": [r["tokens"] for r in calls]}))
+                net = (
+                    None
+                    if any(r.get("network_cpu") is None for r in calls)
+                    else sum(r["network_cpu"] for r in calls) / n
+                )
+                row.runs.append(
+                    C.Run(
+                        cpu=sum(r["cpu"] for r in calls) / n,
+                        wall=sum(r["wall"] for r in calls) / n,
+                        network_cpu=net,
+                        network_forwards=sum(r["forwards"] for r in calls) / n,
+                        rss_rise=0,
+                        counts={"rows": [r["tokens"] for r in calls]},
+                    )
+                )
             ours_row.ratios.append(peer_row.runs[-1].cpu / ours_row.runs[-1].cpu)
             wall_row.ratios.append(peer_row.runs[-1].wall / ours_row.runs[-1].wall)
         peer0, ours0 = rounds[0][0]["cases"][name], rounds[0][1][name]
         same = sum(pr["tokens"] == orr["tokens"] for pr, orr in zip(peer0, ours0))
-        stable = all(run.counts["rows"] == row.runs[0].counts["rows"]
-                     for row in (peer_row, ours_row) for run in row.runs)
+        stable = all(
+            run.counts["rows"] == row.runs[0].counts["rows"] for row in (peer_row, ours_row) for run in row.runs
+        )
         gen_tokens = sum(len(r["tokens"]) for r in peer0)
         peer_fwd = sum(r["forwards"] for r in peer0)
         ours_fwd = sum(r["forwards"] for r in ours0)
@@ -397,21 +504,45 @@ def summarise(cases, rounds: list[tuple[dict, dict]], prompts, a, built) -> list
         def ms(row, field):
             return (row.median(field) * 1e3, *(v * 1e3 for v in row.spread(field)))
 
-        rec = {"case": name, "family": family, "peer_function": function, "size": a.size, "prompts": n,
-               "rounds": len(rounds), "threads": 1, "device": "cpu", "same_weights": True,
-               "head_scale": built[family]["head_scale"], "parameters": built[family]["parameters"],
-               "gen_tokens_per_call": gen_tokens / n}
-        for key, row, field in (("peer_cpu_ms", peer_row, "cpu"), ("refusion_cpu_ms", ours_row, "cpu"),
-                                ("peer_wall_ms", peer_row, "wall"), ("refusion_wall_ms", ours_row, "wall")):
+        rec = {
+            "case": name,
+            "family": family,
+            "peer_function": function,
+            "size": a.size,
+            "prompts": n,
+            "rounds": len(rounds),
+            "threads": 1,
+            "device": "cpu",
+            "same_weights": True,
+            "head_scale": built[family]["head_scale"],
+            "parameters": built[family]["parameters"],
+            "gen_tokens_per_call": gen_tokens / n,
+        }
+        for key, row, field in (
+            ("peer_cpu_ms", peer_row, "cpu"),
+            ("refusion_cpu_ms", ours_row, "cpu"),
+            ("peer_wall_ms", peer_row, "wall"),
+            ("refusion_wall_ms", ours_row, "wall"),
+        ):
             rec[key], rec[key + "_min"], rec[key + "_max"] = ms(row, field)
         for key, row in (("speedup_cpu", ours_row), ("speedup_wall", wall_row)):
-            rec[key], rec[key + "_min"], rec[key + "_max"] = (statistics.median(row.ratios), min(row.ratios),
-                                                              max(row.ratios))
-        rec.update({
-            "peer_forwards_per_call": peer_fwd / n, "refusion_forwards_per_call": ours_fwd / n,
-            "peer_tokens_per_forward": gen_tokens / peer_fwd, "refusion_tokens_per_forward": gen_tokens / ours_fwd,
-            "identical_tokens": same, "tokens_stable_across_rounds": stable, "special_ids_generated": forbidden,
-            "refusion_stopped_at_eos": sum(r["stopped_at_eos"] for r in ours0)})
+            rec[key], rec[key + "_min"], rec[key + "_max"] = (
+                statistics.median(row.ratios),
+                min(row.ratios),
+                max(row.ratios),
+            )
+        rec.update(
+            {
+                "peer_forwards_per_call": peer_fwd / n,
+                "refusion_forwards_per_call": ours_fwd / n,
+                "peer_tokens_per_forward": gen_tokens / peer_fwd,
+                "refusion_tokens_per_forward": gen_tokens / ours_fwd,
+                "identical_tokens": same,
+                "tokens_stable_across_rounds": stable,
+                "special_ids_generated": forbidden,
+                "refusion_stopped_at_eos": sum(r["stopped_at_eos"] for r in ours0),
+            }
+        )
         # where the time goes: CPU inside the network per forward, and the decoder's own CPU outside it per forward
         for side, row, fwd in (("peer", peer_row, peer_fwd), ("refusion", ours_row, ours_fwd)):
             if any(run.network_cpu is None for run in row.runs):
@@ -432,30 +563,44 @@ def _pair(record, what: str) -> str:
 
 def print_table(records, a, peer_versions, wall_total) -> None:
     C = _common()
-    print("\n## refusion vs the peers' own decoders -- SAME weights (built by each peer's class, float32), same "
-          "prompts, 1 torch thread, CPU")
-    print(f"{C.header()} (refusion side); peers: torch {peer_versions['torch']}, transformers "
-          f"{peer_versions['transformers']}, {peer_versions['threads']} torch thread(s)")
-    print(f"# size {a.size} ({records[0]['parameters'] / 1e6:.1f}M parameters), {records[0]['prompts']} prompts "
-          f"(16-32 tokens), gen {GEN}, {a.rounds} interleaved rounds")
-    print("# ms/call: median over rounds of the mean per call [min-max over rounds]; speed-up = peer / refusion "
-          "within each round (>1: refusion faster)")
-    print("# net ms/fwd: CPU inside the network (backbone + LM head) per forward; outside ms/fwd: the decoder's own "
-          "CPU per forward (peer/refusion, medians over rounds)")
-    head = (f"{'case':<37} {'peer CPU ms':>22} {'refusion CPU ms':>22} {'speed-up CPU':>19} {'speed-up wall':>19} "
-            f"{'fwd peer/ref':>13} {'tok/fwd peer/ref':>17} {'net ms/fwd p/r':>15} {'outside ms/fwd p/r':>19} "
-            f"{'same':>5}")
+    print(
+        "\n## refusion vs the peers' own decoders -- SAME weights (built by each peer's class, float32), same "
+        "prompts, 1 torch thread, CPU"
+    )
+    print(
+        f"{C.header()} (refusion side); peers: torch {peer_versions['torch']}, transformers "
+        f"{peer_versions['transformers']}, {peer_versions['threads']} torch thread(s)"
+    )
+    print(
+        f"# size {a.size} ({records[0]['parameters'] / 1e6:.1f}M parameters), {records[0]['prompts']} prompts "
+        f"(16-32 tokens), gen {GEN}, {a.rounds} interleaved rounds"
+    )
+    print(
+        "# ms/call: median over rounds of the mean per call [min-max over rounds]; speed-up = peer / refusion "
+        "within each round (>1: refusion faster)"
+    )
+    print(
+        "# net ms/fwd: CPU inside the network (backbone + LM head) per forward; outside ms/fwd: the decoder's own "
+        "CPU per forward (peer/refusion, medians over rounds)"
+    )
+    head = (
+        f"{'case':<37} {'peer CPU ms':>22} {'refusion CPU ms':>22} {'speed-up CPU':>19} {'speed-up wall':>19} "
+        f"{'fwd peer/ref':>13} {'tok/fwd peer/ref':>17} {'net ms/fwd p/r':>15} {'outside ms/fwd p/r':>19} "
+        f"{'same':>5}"
+    )
     print(head)
     print("-" * len(head))
     for r in records:
         peer_row, ours_row, wall_row = r["_rows"]
-        print(f"{r['case']:<37} {C.fmt_spread(peer_row, 'cpu', 1e3, 1):>22} "
-              f"{C.fmt_spread(ours_row, 'cpu', 1e3, 1):>22} "
-              f"{C.fmt_ratio(ours_row):>19} {C.fmt_ratio(wall_row):>19} "
-              f"{r['peer_forwards_per_call']:>6.1f}/{r['refusion_forwards_per_call']:<6.1f} "
-              f"{r['peer_tokens_per_forward']:>8.2f}/{r['refusion_tokens_per_forward']:<8.2f} "
-              f"{_pair(r, 'network'):>15} {_pair(r, 'outside'):>19} "
-              f"{r['identical_tokens']:>2}/{r['prompts']}")
+        print(
+            f"{r['case']:<37} {C.fmt_spread(peer_row, 'cpu', 1e3, 1):>22} "
+            f"{C.fmt_spread(ours_row, 'cpu', 1e3, 1):>22} "
+            f"{C.fmt_ratio(ours_row):>19} {C.fmt_ratio(wall_row):>19} "
+            f"{r['peer_forwards_per_call']:>6.1f}/{r['refusion_forwards_per_call']:<6.1f} "
+            f"{r['peer_tokens_per_forward']:>8.2f}/{r['refusion_tokens_per_forward']:<8.2f} "
+            f"{_pair(r, 'network'):>15} {_pair(r, 'outside'):>19} "
+            f"{r['identical_tokens']:>2}/{r['prompts']}"
+        )
     print(f"# wall time of the whole run: {wall_total:.0f} s")
     for r in records:
         notes = []
@@ -529,8 +674,11 @@ def driver(a) -> int:
                     peer["cases"][case[0]] = session.run(i)
             session.close()
             rounds.append((peer, ours))
-            print(f"# round {r + 1}/{a.rounds} ({'peer' if r % 2 == 0 else 'refusion'} first in each case) "
-                  f"{time.perf_counter() - t0:.0f} s", flush=True)
+            print(
+                f"# round {r + 1}/{a.rounds} ({'peer' if r % 2 == 0 else 'refusion'} first in each case) "
+                f"{time.perf_counter() - t0:.0f} s",
+                flush=True,
+            )
     records = summarise(cases, rounds, prompts, a, built)
     print_table(records, a, rounds[0][0]["versions"], time.perf_counter() - started)
     if a.out:
@@ -550,8 +698,13 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--size", choices=sorted(SIZES), default="small")
     ap.add_argument("--only", default=",".join(FAMILIES), help="comma-separated subset of " + ",".join(FAMILIES))
-    ap.add_argument("--head-scale", default="", help="override per family, e.g. 'llada=4,dream=32' (defaults: "
-                    + ",".join(f"{k}={v:g}" for k, v in HEAD_SCALE.items()) + ")")
+    ap.add_argument(
+        "--head-scale",
+        default="",
+        help="override per family, e.g. 'llada=4,dream=32' (defaults: "
+        + ",".join(f"{k}={v:g}" for k, v in HEAD_SCALE.items())
+        + ")",
+    )
     ap.add_argument("--out", default=str(HERE / "results" / "peers.csv"), help="CSV path ('' for none)")
     ap.add_argument("--worker", choices=("build", "serve"), help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)

@@ -34,7 +34,7 @@ import torch
 from refusion.decoding.decoder import Decoder
 from refusion.models.hf import HFCausalLM
 
-DRIVER = textwrap.dedent('''
+DRIVER = textwrap.dedent("""
     import json, sys, time, types
     import torch
     repo, weights, job = sys.argv[1], sys.argv[2], json.loads(open(sys.argv[3]).read())
@@ -62,7 +62,7 @@ DRIVER = textwrap.dedent('''
             tokens.append(x[0, len(prompt):].tolist())
         out.append({"cpu": cpu, "forwards": forwards, "tokens": tokens})
     print(json.dumps(out))
-''')
+""")
 
 CONFIGS = {"paper 0.9/0.9": (0.9, 0.9), "slot1-acc": (1.0, 0.0)}
 
@@ -99,17 +99,31 @@ def compare_with_reference(model, adapter, size: str, args) -> list[dict]:
         _save(model, folder, mask, eos)
         (Path(tmp) / "driver.py").write_text(DRIVER)
         for gen in gens:
-            configs = [dict(gen=gen, slot=8, blocks=max(1, gen // 32), slot_t=st, token_t=tt)
-                       for st, tt in CONFIGS.values()]
+            configs = [
+                dict(gen=gen, slot=8, blocks=max(1, gen // 32), slot_t=st, token_t=tt) for st, tt in CONFIGS.values()
+            ]
             (Path(tmp) / "job.json").write_text(json.dumps(dict(prompts=prompts, configs=configs, mask=mask, eos=eos)))
-            decoders = [Decoder.from_names(slot_size=8, serial_num_blocks=c["blocks"], slot_threshold=c["slot_t"],
-                                           token_threshold=c["token_t"]) for c in configs]
+            decoders = [
+                Decoder.from_names(
+                    slot_size=8, serial_num_blocks=c["blocks"], slot_threshold=c["slot_t"], token_threshold=c["token_t"]
+                )
+                for c in configs
+            ]
             for d in decoders:  # warm-up
                 d.decode(ours, prompts[0], gen)
             rounds = []
             for _ in range(args.rounds):
-                done = subprocess.run([args.reference_python, str(Path(tmp) / "driver.py"), args.reference, str(folder),
-                                       str(Path(tmp) / "job.json")], capture_output=True, text=True)
+                done = subprocess.run(
+                    [
+                        args.reference_python,
+                        str(Path(tmp) / "driver.py"),
+                        args.reference,
+                        str(folder),
+                        str(Path(tmp) / "job.json"),
+                    ],
+                    capture_output=True,
+                    text=True,
+                )
                 if done.returncode:
                     raise SystemExit(f"the reference failed:\n{done.stderr[-3000:]}")
                 ref = json.loads(done.stdout.strip().splitlines()[-1])
@@ -122,23 +136,38 @@ def compare_with_reference(model, adapter, size: str, args) -> list[dict]:
                         forwards += r.forwards
                     mine.append({"cpu": time.process_time() - start, "forwards": forwards, "tokens": tokens})
                 rounds.append((ref, mine))
-            print(f"\n### reference generate_refusion vs refusion ({size}, gen {gen}, batch 1, {len(prompts)} prompts, "
-                  f"{args.rounds} rounds)")
-            print(f"{'config':<16} {'ref CPU s':>10} {'ours CPU s':>11} {'ours vs ref':>18} {'ref fwd':>8} "
-                  f"{'ours fwd':>9} {'same tokens':>12}")
+            print(
+                f"\n### reference generate_refusion vs refusion ({size}, gen {gen}, batch 1, {len(prompts)} prompts, "
+                f"{args.rounds} rounds)"
+            )
+            print(
+                f"{'config':<16} {'ref CPU s':>10} {'ours CPU s':>11} {'ours vs ref':>18} {'ref fwd':>8} "
+                f"{'ours fwd':>9} {'same tokens':>12}"
+            )
             for i, name in enumerate(CONFIGS):
                 ratios = [r[0][i]["cpu"] / r[1][i]["cpu"] for r in rounds]
                 ref_cpu = statistics.median(r[0][i]["cpu"] for r in rounds)
                 our_cpu = statistics.median(r[1][i]["cpu"] for r in rounds)
                 ref_tokens = [_cut(t, eos) for t in rounds[0][0][i]["tokens"]]
                 same = sum(a == b for a, b in zip(ref_tokens, rounds[0][1][i]["tokens"]))
-                print(f"{name:<16} {ref_cpu:>10.2f} {our_cpu:>11.2f} {statistics.median(ratios):>8.2f}x "
-                      f"[{min(ratios):.2f}-{max(ratios):.2f}] {rounds[0][0][i]['forwards']:>8} "
-                      f"{rounds[0][1][i]['forwards']:>9} {same:>6}/{len(prompts)}")
-                records.append({"model": size, "gen": gen, "reference_config": name, "reference_cpu": ref_cpu,
-                                "ours_cpu": our_cpu, "ratio": statistics.median(ratios),
-                                "ratio_spread": (min(ratios), max(ratios)),
-                                "reference_forwards": rounds[0][0][i]["forwards"],
-                                "ours_forwards": rounds[0][1][i]["forwards"], "same_tokens": same,
-                                "prompts": len(prompts)})
+                print(
+                    f"{name:<16} {ref_cpu:>10.2f} {our_cpu:>11.2f} {statistics.median(ratios):>8.2f}x "
+                    f"[{min(ratios):.2f}-{max(ratios):.2f}] {rounds[0][0][i]['forwards']:>8} "
+                    f"{rounds[0][1][i]['forwards']:>9} {same:>6}/{len(prompts)}"
+                )
+                records.append(
+                    {
+                        "model": size,
+                        "gen": gen,
+                        "reference_config": name,
+                        "reference_cpu": ref_cpu,
+                        "ours_cpu": our_cpu,
+                        "ratio": statistics.median(ratios),
+                        "ratio_spread": (min(ratios), max(ratios)),
+                        "reference_forwards": rounds[0][0][i]["forwards"],
+                        "ours_forwards": rounds[0][1][i]["forwards"],
+                        "same_tokens": same,
+                        "prompts": len(prompts),
+                    }
+                )
     return records

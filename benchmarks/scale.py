@@ -65,8 +65,7 @@ METHODS = {
 
 
 def decoder_for(method: str, gen: int, engine: str) -> Decoder:
-    return Decoder.from_names(slot_size=SLOT, serial_num_blocks=max(1, gen // BLOCK), engine=engine,
-                              **METHODS[method])
+    return Decoder.from_names(slot_size=SLOT, serial_num_blocks=max(1, gen // BLOCK), engine=engine, **METHODS[method])
 
 
 def prompts_for(batch: int, vocab: int, seed: int = 0) -> torch.Tensor:
@@ -88,15 +87,17 @@ def competitors(model, adapter, gen: int, batch: int, methods, engines):
             if method == "lossless" and engine == "repeat" and batch > 1:
                 continue
             decoder = decoder_for(method, gen, engine)
-            out[f"{method} {engine}"] = (lambda d=decoder: refusion_counts(d.decode_batch(adapter, lists, gen)))
+            out[f"{method} {engine}"] = lambda d=decoder: refusion_counts(d.decode_batch(adapter, lists, gen))
     return out
 
 
 def table(rows, batch: int, gen: int, token_bytes: int) -> list[dict]:
     need = batch * (PROMPT + gen) * token_bytes  # keys/values of every row's prompt and answer
-    print(f"{'method':<22} {'CPU s [spread]':>22} {'wall s':>8} {'vs generate':>20} {'ms/token':>9} "
-          f"{'fwd':>6} {'fed/fwd':>8} {'tok/fwd':>8} {'outside ms/seq/fwd':>19} "
-          f"{'KV ctx MB':>10} {'KV buf/need':>11} {'peak MB':>7}")
+    print(
+        f"{'method':<22} {'CPU s [spread]':>22} {'wall s':>8} {'vs generate':>20} {'ms/token':>9} "
+        f"{'fwd':>6} {'fed/fwd':>8} {'tok/fwd':>8} {'outside ms/seq/fwd':>19} "
+        f"{'KV ctx MB':>10} {'KV buf/need':>11} {'peak MB':>7}"
+    )
     records = []
     for row in rows:
         c = row.counts
@@ -106,17 +107,33 @@ def table(rows, batch: int, gen: int, token_bytes: int) -> list[dict]:
         kv = "-" if c["kv_context"] is None else f"{c['kv_context'] / 1e6:.1f}"
         buffer = row.runs[-1].kv_buffer
         buf = f"{buffer / need:.2f}" if buffer else "-"
-        print(f"{row.name:<22} {fmt_spread(row, 'cpu'):>22} {row.median('wall'):>8.2f} {fmt_ratio(row):>20} "
-              f"{1e3 * cpu / tokens:>9.2f} {forwards:>6} {c['fed'] / forwards:>8.1f} {tokens / forwards:>8.2f} "
-              f"{1e3 * outside:>19.2f} {kv:>10} {buf:>11} {row.median('rss_rise') / 2**20:>7.1f}")
-        records.append({"method": row.name, "gen": gen, "batch": batch, "cpu": cpu, "cpu_spread": row.spread("cpu"),
-                        "wall": row.median("wall"), "ratio": statistics.median(row.ratios),
-                        "ratio_spread": (min(row.ratios), max(row.ratios)), "ms_per_token": 1e3 * cpu / tokens,
-                        "forwards": forwards, "fed_per_forward": c["fed"] / forwards,
-                        "tokens_per_forward": tokens / forwards, "outside_ms_per_seq_forward": 1e3 * outside,
-                        "kv_context_bytes": c["kv_context"], "kv_new_bytes": c["kv_new"],
-                        "kv_buffer_bytes": buffer, "kv_needed_bytes": need,
-                        "peak_memory_rise_mb": row.median("rss_rise") / 2**20})
+        print(
+            f"{row.name:<22} {fmt_spread(row, 'cpu'):>22} {row.median('wall'):>8.2f} {fmt_ratio(row):>20} "
+            f"{1e3 * cpu / tokens:>9.2f} {forwards:>6} {c['fed'] / forwards:>8.1f} {tokens / forwards:>8.2f} "
+            f"{1e3 * outside:>19.2f} {kv:>10} {buf:>11} {row.median('rss_rise') / 2**20:>7.1f}"
+        )
+        records.append(
+            {
+                "method": row.name,
+                "gen": gen,
+                "batch": batch,
+                "cpu": cpu,
+                "cpu_spread": row.spread("cpu"),
+                "wall": row.median("wall"),
+                "ratio": statistics.median(row.ratios),
+                "ratio_spread": (min(row.ratios), max(row.ratios)),
+                "ms_per_token": 1e3 * cpu / tokens,
+                "forwards": forwards,
+                "fed_per_forward": c["fed"] / forwards,
+                "tokens_per_forward": tokens / forwards,
+                "outside_ms_per_seq_forward": 1e3 * outside,
+                "kv_context_bytes": c["kv_context"],
+                "kv_new_bytes": c["kv_new"],
+                "kv_buffer_bytes": buffer,
+                "kv_needed_bytes": need,
+                "peak_memory_rise_mb": row.median("rss_rise") / 2**20,
+            }
+        )
     return records
 
 
@@ -154,8 +171,11 @@ def main(argv=None) -> int:
                 if f"{size}:{gen}:{batch}" in skip:
                     continue
                 print(f"\n### gen {gen}, batch {batch} ({args.rounds} rounds, interleaved)", flush=True)
-                rows = interleave(competitors(model, adapter, gen, batch, args.methods.split(","),
-                                              args.engines.split(",")), adapter, rounds=args.rounds)
+                rows = interleave(
+                    competitors(model, adapter, gen, batch, args.methods.split(","), args.engines.split(",")),
+                    adapter,
+                    rounds=args.rounds,
+                )
                 check_lossless(rows)
                 layers, heads, dim, dtype = adapter.kv_shape()
                 token_bytes = layers * 2 * heads * dim * torch.finfo(dtype).bits // 8

@@ -72,9 +72,24 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ)
         env.pop("TRITON_INTERPRET", None)
-        self.process = subprocess.Popen([sys.executable, "-m", "refusion.cli", "serve", "--port", str(self.port),
-                                         "--threads", "1", "--max-rows", str(max_rows), "--log-level", "warning"],
-                                        cwd=ROOT, env=env)
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "refusion.cli",
+                "serve",
+                "--port",
+                str(self.port),
+                "--threads",
+                "1",
+                "--max-rows",
+                str(max_rows),
+                "--log-level",
+                "warning",
+            ],
+            cwd=ROOT,
+            env=env,
+        )
         for _ in range(600):
             try:
                 if httpx.get(self.url + "/health", timeout=1).status_code == 200:
@@ -125,13 +140,19 @@ def part1(clients, rounds, max_rows):
     server = Server(max_rows)
     rows = {"server": [], "offline": []}
     try:
+
         def run_server():
             cpu0 = server.cpu()
             out, wall = asyncio.run(clients_wave(server.url, prompts))
             assert [t for _, _, t in out] == offline_tokens, "a served answer differs from offline decoding"
             tokens = sum(len(t) for t in offline_tokens)
-            return dict(wall=wall, tps=tokens / wall, ttft=[f for f, _, _ in out], latency=[lat for _, lat, _ in out],
-                        server_cpu=server.cpu() - cpu0)
+            return dict(
+                wall=wall,
+                tps=tokens / wall,
+                ttft=[f for f, _, _ in out],
+                latency=[lat for _, lat, _ in out],
+                server_cpu=server.cpu() - cpu0,
+            )
 
         def run_offline():
             start, cpu0 = time.perf_counter(), time.process_time()
@@ -139,22 +160,31 @@ def part1(clients, rounds, max_rows):
             wall = time.perf_counter() - start
             assert [r.tokens.tolist() for r in results] == offline_tokens
             tokens = sum(len(t) for t in offline_tokens)
-            return dict(wall=wall, tps=tokens / wall, ttft=[wall] * len(ids), latency=[wall] * len(ids),
-                        server_cpu=time.process_time() - cpu0)
+            return dict(
+                wall=wall,
+                tps=tokens / wall,
+                ttft=[wall] * len(ids),
+                latency=[wall] * len(ids),
+                server_cpu=time.process_time() - cpu0,
+            )
 
         competitors = {"server": run_server, "offline": run_offline}
         for fn in competitors.values():
             fn()  # warm-up
         for r in range(rounds):
-            for name in (["server", "offline"] if r % 2 == 0 else ["offline", "server"]):
+            for name in ["server", "offline"] if r % 2 == 0 else ["offline", "server"]:
                 rows[name].append(competitors[name]())
     finally:
         server.stop()
     tokens = sum(len(t) for t in offline_tokens)
-    print(f"\n## Part 1: {clients} concurrent streaming clients vs offline decode_batch ({clients} prompts, "
-          f"{tokens} tokens, server --max-rows {max_rows}, medians over {rounds} rounds [min-max])\n")
-    print("| path | throughput tok/s | time to first text p50 ms | p99 ms | latency p50 ms | p99 ms | "
-          "CPU s (server / offline) | wall s |")
+    print(
+        f"\n## Part 1: {clients} concurrent streaming clients vs offline decode_batch ({clients} prompts, "
+        f"{tokens} tokens, server --max-rows {max_rows}, medians over {rounds} rounds [min-max])\n"
+    )
+    print(
+        "| path | throughput tok/s | time to first text p50 ms | p99 ms | latency p50 ms | p99 ms | "
+        "CPU s (server / offline) | wall s |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, label in (("server", "refusion serve, streaming"), ("offline", "offline decode_batch (one batch)")):
         runs = rows[name]
@@ -163,16 +193,24 @@ def part1(clients, rounds, max_rows):
             values = [fn(x) for x in runs]
             return statistics.median(values), min(values), max(values)
 
-        cells = [med(lambda x: x["tps"]), med(lambda x: 1000 * percentile(x["ttft"], 50)),
-                 med(lambda x: 1000 * percentile(x["ttft"], 99)), med(lambda x: 1000 * percentile(x["latency"], 50)),
-                 med(lambda x: 1000 * percentile(x["latency"], 99)), med(lambda x: x["server_cpu"]),
-                 med(lambda x: x["wall"])]
-        text = " | ".join(f"{m:.0f} [{lo:.0f}-{hi:.0f}]" if m >= 10 else f"{m:.2f} [{lo:.2f}-{hi:.2f}]"
-                          for m, lo, hi in cells)
+        cells = [
+            med(lambda x: x["tps"]),
+            med(lambda x: 1000 * percentile(x["ttft"], 50)),
+            med(lambda x: 1000 * percentile(x["ttft"], 99)),
+            med(lambda x: 1000 * percentile(x["latency"], 50)),
+            med(lambda x: 1000 * percentile(x["latency"], 99)),
+            med(lambda x: x["server_cpu"]),
+            med(lambda x: x["wall"]),
+        ]
+        text = " | ".join(
+            f"{m:.0f} [{lo:.0f}-{hi:.0f}]" if m >= 10 else f"{m:.2f} [{lo:.2f}-{hi:.2f}]" for m, lo, hi in cells
+        )
         print(f"| {label} | {text} |")
     ratios = [s["tps"] / o["tps"] for s, o in zip(rows["server"], rows["offline"])]
-    print(f"\nserver / offline throughput, per round: {statistics.median(ratios):.2f}x "
-          f"[{min(ratios):.2f}-{max(ratios):.2f}]")
+    print(
+        f"\nserver / offline throughput, per round: {statistics.median(ratios):.2f}x "
+        f"[{min(ratios):.2f}-{max(ratios):.2f}]"
+    )
 
 
 # -- part 2: continuous vs static batching -------------------------------------------------------
@@ -196,8 +234,12 @@ def continuous(adapter, ids, times, batch, preset):
             if event.finished:
                 finish[next(i for i, r in requests.items() if r is event.request)] = time.perf_counter() - start
     tokens = [requests[i].result.tokens.tolist() for i in range(len(ids))]
-    return dict(latency=[finish[i] - times[i] for i in range(len(ids))], makespan=max(finish.values()),
-                tokens=sum(map(len, tokens)), rows=tokens)
+    return dict(
+        latency=[finish[i] - times[i] for i in range(len(ids))],
+        makespan=max(finish.values()),
+        tokens=sum(map(len, tokens)),
+        rows=tokens,
+    )
 
 
 def static(adapter, ids, times, batch, preset):
@@ -216,8 +258,12 @@ def static(adapter, ids, times, batch, preset):
             finish[i] = time.perf_counter() - start
         done += len(chunk)
     tokens = [rows[i] for i in range(len(ids))]
-    return dict(latency=[finish[i] - times[i] for i in range(len(ids))], makespan=max(finish.values()),
-                tokens=sum(map(len, tokens)), rows=tokens)
+    return dict(
+        latency=[finish[i] - times[i] for i in range(len(ids))],
+        makespan=max(finish.values()),
+        tokens=sum(map(len, tokens)),
+        rows=tokens,
+    )
 
 
 def part2(count, gap_ms, batch, rounds, preset):
@@ -225,12 +271,21 @@ def part2(count, gap_ms, batch, rounds, preset):
     prompts = prompts_for(count)
     ids = [adapter.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     times = arrivals(count, gap_ms / 1000)
-    results = interleave({"static": lambda: static(adapter, ids, times, batch, preset),
-                          "continuous": lambda: continuous(adapter, ids, times, batch, preset)},
-                         adapter, rounds=rounds, baseline="static", memory=False)
+    results = interleave(
+        {
+            "static": lambda: static(adapter, ids, times, batch, preset),
+            "continuous": lambda: continuous(adapter, ids, times, batch, preset),
+        },
+        adapter,
+        rounds=rounds,
+        baseline="static",
+        memory=False,
+    )
     assert results[0].runs[0].counts["rows"] == results[1].runs[0].counts["rows"], "the two schedules differ"
-    print(f"\n## Part 2: {count} requests arriving {gap_ms} ms apart, batches of at most {batch}, preset {preset} "
-          f"(medians over {rounds} rounds [min-max])\n")
+    print(
+        f"\n## Part 2: {count} requests arriving {gap_ms} ms apart, batches of at most {batch}, preset {preset} "
+        f"(medians over {rounds} rounds [min-max])\n"
+    )
     print("| schedule | latency p50 ms | latency p99 ms | all done s | tokens/s | CPU s |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     per_round = {}
@@ -242,24 +297,38 @@ def part2(count, gap_ms, batch, rounds, preset):
         cpu = [r.cpu for r in row.runs]
         per_round[row.name] = (p50, tps)
         cells = [(p50, 0), (p99, 0), (span, 2), (tps, 0), (cpu, 2)]
-        print(f"| {row.name} batching | " + " | ".join(
-            f"{statistics.median(v):.{d}f} [{min(v):.{d}f}-{max(v):.{d}f}]" for v, d in cells) + " |")
+        print(
+            f"| {row.name} batching | "
+            + " | ".join(f"{statistics.median(v):.{d}f} [{min(v):.{d}f}-{max(v):.{d}f}]" for v, d in cells)
+            + " |"
+        )
     lat = [s / c for s, c in zip(per_round["static"][0], per_round["continuous"][0])]
     thr = [c / s for s, c in zip(per_round["static"][1], per_round["continuous"][1])]
-    print(f"\ncontinuous vs static, per round: p50 latency {statistics.median(lat):.2f}x lower "
-          f"[{min(lat):.2f}-{max(lat):.2f}], throughput {statistics.median(thr):.2f}x [{min(thr):.2f}-{max(thr):.2f}]")
+    print(
+        f"\ncontinuous vs static, per round: p50 latency {statistics.median(lat):.2f}x lower "
+        f"[{min(lat):.2f}-{max(lat):.2f}], throughput {statistics.median(thr):.2f}x [{min(thr):.2f}-{max(thr):.2f}]"
+    )
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=32)
-    parser.add_argument("--max-rows", type=int, default=32, help="the server's rows (default 32: all clients at once, as the offline batch)")
+    parser.add_argument(
+        "--max-rows",
+        type=int,
+        default=32,
+        help="the server's rows (default 32: all clients at once, as the offline batch)",
+    )
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--gap-ms", type=float, default=4.0)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--preset", default="ar", help="part 2's decoding preset (default ar: one 8-token slot per "
-                        "step, so answers of different lengths take different numbers of steps)")
+    parser.add_argument(
+        "--preset",
+        default="ar",
+        help="part 2's decoding preset (default ar: one 8-token slot per "
+        "step, so answers of different lengths take different numbers of steps)",
+    )
     parser.add_argument("--part", type=int, choices=(1, 2), action="append", default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)

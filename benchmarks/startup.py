@@ -43,9 +43,11 @@ COMMANDS = {
 #: the exit status each command must end with (0 unless listed)
 STATUS = {"refusion serve --port 70000 (refused)": 2}
 
-PROBE = ("import sys, refusion; mods = [m for m in sys.modules if m == 'refusion' or m.startswith('refusion.')]; "
-         "print(len(mods), any(m.startswith('refusion.sweep') for m in mods), "
-         "any(m.startswith('refusion.training') for m in mods), len(sys.modules))")
+PROBE = (
+    "import sys, refusion; mods = [m for m in sys.modules if m == 'refusion' or m.startswith('refusion.')]; "
+    "print(len(mods), any(m.startswith('refusion.sweep') for m in mods), "
+    "any(m.startswith('refusion.training') for m in mods), len(sys.modules))"
+)
 
 
 def run_once(argv: list[str], path: str | None = None) -> tuple[float, float]:
@@ -80,7 +82,7 @@ def main() -> int:
     times = {(n, s): {"wall": [], "cpu": []} for n, s in runs}
     ratios: dict[str, list[float]] = {n: [] for n in COMMANDS}
     for r in range(args.rounds):
-        order = runs[r % len(runs):] + runs[: r % len(runs)]
+        order = runs[r % len(runs) :] + runs[: r % len(runs)]
         this_round = {}
         for name, side in order:
             wall, cpu = run_once(COMMANDS[name], sides[side])
@@ -91,22 +93,40 @@ def main() -> int:
             for name in COMMANDS:
                 ratios[name].append(this_round[(name, "other")] / this_round[(name, "this")])
     probe = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True).stdout.split()
-    modules = {"refusion_modules": int(probe[0]), "loads_search": probe[1] == "True",
-               "loads_training": probe[2] == "True", "all_modules": int(probe[3])}
+    modules = {
+        "refusion_modules": int(probe[0]),
+        "loads_search": probe[1] == "True",
+        "loads_training": probe[2] == "True",
+        "all_modules": int(probe[3]),
+    }
     if args.json:
-        print(json.dumps({"rounds": args.rounds, "compare": args.compare, "import": modules, "ratios": ratios,
-                          "times": {f"{n} [{s}]": t for (n, s), t in times.items()}}))
+        print(
+            json.dumps(
+                {
+                    "rounds": args.rounds,
+                    "compare": args.compare,
+                    "import": modules,
+                    "ratios": ratios,
+                    "times": {f"{n} [{s}]": t for (n, s), t in times.items()},
+                }
+            )
+        )
         return 0
-    print(f"{args.rounds} interleaved rounds, fresh processes, 1 torch thread; median [min-max] seconds"
-          + (f"; 'other' = {args.compare}" if args.compare else ""))
+    print(
+        f"{args.rounds} interleaved rounds, fresh processes, 1 torch thread; median [min-max] seconds"
+        + (f"; 'other' = {args.compare}" if args.compare else "")
+    )
     print(f"{'command':48} {'wall s':>20} {'CPU s':>20} {'other/this CPU':>20}")
     for name, side in runs:
         label = f"{name} [{side}]" if args.compare else name
         ratio = spread(ratios[name]) + "x" if args.compare and side == "other" else ""
-        print(f"{label:48} {spread(times[(name, side)]['wall']):>20} {spread(times[(name, side)]['cpu']):>20} "
-              f"{ratio:>20}")
-    print(f"import refusion (this): {modules['refusion_modules']} refusion modules ({modules['all_modules']} in all); "
-          f"refusion.sweep loaded: {modules['loads_search']}; refusion.training loaded: {modules['loads_training']}")
+        print(
+            f"{label:48} {spread(times[(name, side)]['wall']):>20} {spread(times[(name, side)]['cpu']):>20} {ratio:>20}"
+        )
+    print(
+        f"import refusion (this): {modules['refusion_modules']} refusion modules ({modules['all_modules']} in all); "
+        f"refusion.sweep loaded: {modules['loads_search']}; refusion.training loaded: {modules['loads_training']}"
+    )
     return 0
 
 

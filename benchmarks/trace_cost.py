@@ -95,9 +95,12 @@ def main() -> int:
 
     print(header())
     print(f"# {len(prompts)} held-out prompts, the shipped model's preset, batch 1, {args.rounds} rounds interleaved")
-    rows = interleave({"decode": decode, "decode + write trace": decode_write,
-                       "decode + write + read trace": decode_write_read}, adapter, rounds=args.rounds,
-                      memory=False)
+    rows = interleave(
+        {"decode": decode, "decode + write trace": decode_write, "decode + write + read trace": decode_write_read},
+        adapter,
+        rounds=args.rounds,
+        memory=False,
+    )
     print(f"{'competitor':<30} {'CPU s [spread]':>22} {'wall s':>7} {'decode / this':>20}")
     for row in rows:
         print(f"{row.name:<30} {fmt_spread(row, 'cpu', digits=3):>22} {row.median('wall'):>7.3f} {fmt_ratio(row):>20}")
@@ -108,9 +111,11 @@ def main() -> int:
             decode()
             total = time.process_time() - t
         shares.append((clock.seconds / total, 1e6 * clock.seconds / max(clock.records, 1)))
-    print(f"step records inside the decoder: {statistics.median(s[1] for s in shares):.1f} us per iteration, "
-          f"{statistics.median(s[0] for s in shares):.2%} of decode CPU (median of {args.rounds} rounds, "
-          f"{min(s[0] for s in shares):.2%}-{max(s[0] for s in shares):.2%})")
+    print(
+        f"step records inside the decoder: {statistics.median(s[1] for s in shares):.1f} us per iteration, "
+        f"{statistics.median(s[0] for s in shares):.2%} of decode CPU (median of {args.rounds} rounds, "
+        f"{min(s[0] for s in shares):.2%}-{max(s[0] for s in shares):.2%})"
+    )
     return 0
 
 

@@ -54,8 +54,7 @@ class Letters:
         return chr(97 + ids[0] % 26)
 
 
-def synthetic_result(steps: int, *, slot_length: int = 4, block_slots: int = 8, prompt_length: int = 32,
-                     seed: int = 0):
+def synthetic_result(steps: int, *, slot_length: int = 4, block_slots: int = 8, prompt_length: int = 32, seed: int = 0):
     """A DecodeResult of ``steps`` iterations that a real decode could have produced (sums and orders hold)."""
     from refusion.decoding.types import DecodeResult, Partition, Slot, StepRecord
 
@@ -73,29 +72,60 @@ def synthetic_result(steps: int, *, slot_length: int = 4, block_slots: int = 8, 
             fed = [len(open_slots) * slot_length + (prompt_length if n == 0 else 0)]
             for p in range(chosen * slot_length, (chosen + 1) * slot_length):
                 commit[p] = n
-            records.append(StepRecord(
-                iteration=n, block=b, planned=tuple(open_slots), selected=(chosen,), committed=((chosen, slot_length),),
-                forwards=1, drafted=tuple(open_slots), confidence=tuple(rng.random() for _ in open_slots),
-                fed_tokens=tuple(fed), kv_appended=slot_length, kv_pending=0,
-                kv_encoded=prompt_length if n == 0 else 0, kv_invalidated=0,
-                kv_copied_bytes=(prompt_length + chosen * slot_length) * 1024, kv_written_bytes=slot_length * 1024,
-                seconds=rng.uniform(0.001, 0.01)))
+            records.append(
+                StepRecord(
+                    iteration=n,
+                    block=b,
+                    planned=tuple(open_slots),
+                    selected=(chosen,),
+                    committed=((chosen, slot_length),),
+                    forwards=1,
+                    drafted=tuple(open_slots),
+                    confidence=tuple(rng.random() for _ in open_slots),
+                    fed_tokens=tuple(fed),
+                    kv_appended=slot_length,
+                    kv_pending=0,
+                    kv_encoded=prompt_length if n == 0 else 0,
+                    kv_invalidated=0,
+                    kv_copied_bytes=(prompt_length + chosen * slot_length) * 1024,
+                    kv_written_bytes=slot_length * 1024,
+                    seconds=rng.uniform(0.001, 0.01),
+                )
+            )
             open_slots.remove(chosen)
             n += 1
     return DecodeResult(
-        tokens=torch.tensor(tokens), prompt_length=prompt_length, partition=Partition(g, slots, blocks),
-        commit_step=torch.tensor(commit), forwards=len(records), steps=tuple(records), stopped_at_eos=False,
+        tokens=torch.tensor(tokens),
+        prompt_length=prompt_length,
+        partition=Partition(g, slots, blocks),
+        commit_step=torch.tensor(commit),
+        forwards=len(records),
+        steps=tuple(records),
+        stopped_at_eos=False,
         text="".join(chr(97 + t % 26) for t in tokens),
-        extra={"all_tokens": tokens, "engine": "branch", "fed_tokens": sum(r.fed_tokens[0] for r in records),
-               "kv_bytes": {"context": sum(r.kv_copied_bytes for r in records),
-                            "new": sum(r.kv_written_bytes for r in records)}})
+        extra={
+            "all_tokens": tokens,
+            "engine": "branch",
+            "fed_tokens": sum(r.fed_tokens[0] for r in records),
+            "kv_bytes": {
+                "context": sum(r.kv_copied_bytes for r in records),
+                "new": sum(r.kv_written_bytes for r in records),
+            },
+        },
+    )
 
 
 def read_once(checkout: Path, big: Path, small: Path) -> dict:
     """CPU and wall seconds of one ``read_trace(big)`` in a fresh child importing refusion from ``checkout``."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(checkout)}
-    done = subprocess.run([sys.executable, "-c", CHILD, str(checkout), str(big), str(small)], check=False,
-                          capture_output=True, text=True, env=env, cwd=str(checkout))
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(checkout), str(big), str(small)],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(checkout),
+    )
     if done.returncode != 0:
         raise SystemExit(f"reading with {checkout} failed ({done.returncode}): {done.stderr[-800:]}")
     out = json.loads(done.stdout.strip().splitlines()[-1])
@@ -143,16 +173,24 @@ def main() -> int:
                 cpu[side] = out["cpu"]
             if "before" in sides:
                 ratios.append(cpu["before"] / cpu["this"])
-    figures = {"steps": args.steps, "lines": lines, "bytes": size, "rounds": args.rounds,
-               "before": args.before, "times": times, "ratios": ratios}
+    figures = {
+        "steps": args.steps,
+        "lines": lines,
+        "bytes": size,
+        "rounds": args.rounds,
+        "before": args.before,
+        "times": times,
+        "ratios": ratios,
+    }
     if args.json:
         print(json.dumps(figures))
         return 0
-    print(f"trace: {args.steps:,} steps, {lines:,} lines, {size / 1e6:.1f} MB; {args.rounds} interleaved rounds, "
-          f"fresh child processes, 1 torch thread; median [min-max] seconds of one read_trace")
+    print(
+        f"trace: {args.steps:,} steps, {lines:,} lines, {size / 1e6:.1f} MB; {args.rounds} interleaved rounds, "
+        f"fresh child processes, 1 torch thread; median [min-max] seconds of one read_trace"
+    )
     for side, checkout in sides.items():
-        print(f"{side:8} {checkout!s:40} CPU {spread(times[side]['cpu']):>22}   "
-              f"wall {spread(times[side]['wall']):>22}")
+        print(f"{side:8} {checkout!s:40} CPU {spread(times[side]['cpu']):>22}   wall {spread(times[side]['wall']):>22}")
     if ratios:
         print(f"CPU before / this, per round: {spread(ratios, 'x')}")
     return 0

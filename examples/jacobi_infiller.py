@@ -45,8 +45,9 @@ class OneStepJacobi(Infiller):
             drafts, positions = plan.slot_tokens(i), plan.positions[plan.rows(i)]
             refined, _ = ctx.sample(out.scores)  # refined[j] predicts token j + 1
             confident = plan.confidence[plan.rows(i)] >= self.keep_above
-            tokens = torch.cat([first.view(1).cpu(), torch.where(confident[1:].cpu(), drafts[1:].cpu(),
-                                                                 refined[:-1].cpu())])
+            tokens = torch.cat(
+                [first.view(1).cpu(), torch.where(confident[1:].cpu(), drafts[1:].cpu(), refined[:-1].cpu())]
+            )
             eos = ctx.is_eos(tokens).nonzero()
             stop = int(eos[0]) + 1 if len(eos) else len(tokens)  # cut after the first EOS
             commits.append(Commit(plan.slots[i], tokens[:stop], positions[:stop], kv=None, chain=order))

@@ -89,22 +89,31 @@ def generate(
     adapter = load_model(model, tokenizer=tokenizer)
     if "max_new_tokens" in params:  # a peer's name for the length (Dream): honoured exactly, like gen_length
         if gen_length is not None and gen_length != params["max_new_tokens"]:
-            raise ConfigError(f"Give `gen_length` ({gen_length}) or `max_new_tokens` ({params['max_new_tokens']}), "
-                              "not both.")
+            raise ConfigError(
+                f"Give `gen_length` ({gen_length}) or `max_new_tokens` ({params['max_new_tokens']}), not both."
+            )
         gen_length = params["max_new_tokens"]
     decoder, default_length = build_decoder(
-        adapter, preset=preset, partitioner=partitioner, selector=selector, infiller=infiller, reorderer=reorderer,
+        adapter,
+        preset=preset,
+        partitioner=partitioner,
+        selector=selector,
+        infiller=infiller,
+        reorderer=reorderer,
         **params,
     )
     batch = is_batch(prompt)
     if not batch and seeds is not None:
-        raise ConfigError("`seeds` is for a list of prompts; for one prompt pass `seed=`.", param='seeds')
-    ids = [encode_prompt(p, adapter.tokenizer, chat, allow_special=allow_special) for p in (prompt if batch else [prompt])]
+        raise ConfigError("`seeds` is for a list of prompts; for one prompt pass `seed=`.", param="seeds")
+    ids = [
+        encode_prompt(p, adapter.tokenizer, chat, allow_special=allow_special) for p in (prompt if batch else [prompt])
+    ]
     if gen_length is None:
         gen_length = fit_default_length(decoder, adapter, ids, default_length or DEFAULT_GEN_LENGTH)
     length = gen_length
-    results = decoder.decode_batch(adapter, ids, length, seeds=seeds) if batch else decoder.decode(
-        adapter, ids[0], length)
+    results = (
+        decoder.decode_batch(adapter, ids, length, seeds=seeds) if batch else decoder.decode(adapter, ids[0], length)
+    )
     if trace is not None:
         from refusion.measure.trace import write_trace
 
@@ -135,8 +144,11 @@ def fit_default_length(decoder: Decoder, adapter: ModelAdapter, prompts: list[An
     warnings.warn(
         f"`gen_length` not given: the preset's {wanted} tokens plus the {longest}-token prompt exceed the "
         f"model's {limit} positions, so {n} tokens are generated; pass `gen_length` to choose.",
-        RefusionWarning, stacklevel=3)
+        RefusionWarning,
+        stacklevel=3,
+    )
     return n
+
 
 def is_batch(prompt: Any) -> bool:
     """True for a list of prompts (texts or token-id sequences), False for one prompt."""

@@ -82,8 +82,7 @@ class RowError(ConfigError):
     """A batch row that cannot be run: ``param`` names its field, ``row_id`` the row's own ``id`` (``None`` when it
     has no readable one) and ``line`` its line in the input (counted from 1)."""
 
-    def __init__(self, message: str, *, param: str | None = None, row_id: str | None = None,
-                 line: int | None = None):
+    def __init__(self, message: str, *, param: str | None = None, row_id: str | None = None, line: int | None = None):
         super().__init__(message, param=param)
         self.row_id = row_id
         self.line = line
@@ -109,8 +108,16 @@ class APIError(RefusionError):
     """An error the HTTP server answers with: the HTTP ``status``, OpenAI's error ``type``, the request field at
     fault (``param``), a machine-readable ``code`` and extra response ``headers`` (``Retry-After``)."""
 
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
@@ -124,8 +131,14 @@ class APIError(RefusionError):
 
     def body(self) -> dict[str, Any]:
         """OpenAI's error body; text echoed from the request that is not valid Unicode is escaped, never a 500."""
-        return {"error": {"message": _printable(self.message), "type": self.type, "param": _printable(self.param),
-                          "code": self.code}}
+        return {
+            "error": {
+                "message": _printable(self.message),
+                "type": self.type,
+                "param": _printable(self.param),
+                "code": self.code,
+            }
+        }
 
 
 def _printable(text: str | None) -> str | None:

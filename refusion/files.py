@@ -51,8 +51,11 @@ def read_text(path: str | Path, *, what: str, param: str, max_bytes: int = MAX_B
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
-        raise ConfigError(f"{where(what, path, line)}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
-                          f"{exc.start}); save the file as UTF-8.", param=param) from None
+        raise ConfigError(
+            f"{where(what, path, line)}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
+            f"{exc.start}); save the file as UTF-8.",
+            param=param,
+        ) from None
 
 
 def check_depth(value: Any, *, place: str, param: str, max_depth: int = MAX_DEPTH) -> Any:
@@ -77,9 +80,17 @@ def check_depth(value: Any, *, place: str, param: str, max_depth: int = MAX_DEPT
     return value
 
 
-def parse_text(text: str, parse: Callable[[str], Any], *, place: str, param: str, language: str,
-               syntax: type[Exception] | tuple[type[Exception], ...], describe: Callable[[Any], str] = str,
-               max_depth: int = MAX_DEPTH) -> Any:
+def parse_text(
+    text: str,
+    parse: Callable[[str], Any],
+    *,
+    place: str,
+    param: str,
+    language: str,
+    syntax: type[Exception] | tuple[type[Exception], ...],
+    describe: Callable[[Any], str] = str,
+    max_depth: int = MAX_DEPTH,
+) -> Any:
     """``parse(text)`` (``json.loads``, ``tomllib.loads``, ``yaml.safe_load``), every failure one
     :class:`ConfigError` starting with ``place``: a ``syntax`` error of ``language`` (``describe`` says where),
     values nested too deeply (Python's recursion limit, or deeper than ``max_depth``), a number too long to read."""
@@ -88,8 +99,9 @@ def parse_text(text: str, parse: Callable[[str], Any], *, place: str, param: str
     except syntax as exc:
         raise ConfigError(f"{place}: not valid {language} ({describe(exc)}).", param=param) from None
     except RecursionError:
-        raise ConfigError(f"{place}: values are nested too deeply (more than {max_depth} levels are refused).",
-                          param=param) from None
+        raise ConfigError(
+            f"{place}: values are nested too deeply (more than {max_depth} levels are refused).", param=param
+        ) from None
     except ValueError as exc:  # an integer of more than 4300 digits
         if isinstance(exc, ConfigError):
             raise
@@ -101,19 +113,29 @@ def _parse(text: str, place: str, param: str, line: int | None, max_depth: int) 
     def describe(exc: json.JSONDecodeError) -> str:
         return f"{exc.msg} at " + (f"line {exc.lineno}, column {exc.colno}" if line is None else f"column {exc.colno}")
 
-    return parse_text(text, json.loads, place=place, param=param, language="JSON", syntax=json.JSONDecodeError,
-                      describe=describe, max_depth=max_depth)
+    return parse_text(
+        text,
+        json.loads,
+        place=place,
+        param=param,
+        language="JSON",
+        syntax=json.JSONDecodeError,
+        describe=describe,
+        max_depth=max_depth,
+    )
 
 
-def read_json(path: str | Path, *, what: str, param: str, max_bytes: int = MAX_BYTES,
-              max_depth: int = MAX_DEPTH) -> Any:
+def read_json(
+    path: str | Path, *, what: str, param: str, max_bytes: int = MAX_BYTES, max_depth: int = MAX_DEPTH
+) -> Any:
     """The one JSON value in ``path``; errors name ``what``, the file and, for bad JSON, the line and column."""
     text = read_text(path, what=what, param=param, max_bytes=max_bytes)
     return _parse(text, where(what, path), param, None, max_depth)
 
 
-def read_json_lines(path: str | Path, *, what: str, param: str, max_bytes: int = MAX_BYTES,
-                    max_depth: int = MAX_DEPTH) -> list[tuple[int, Any]]:
+def read_json_lines(
+    path: str | Path, *, what: str, param: str, max_bytes: int = MAX_BYTES, max_depth: int = MAX_DEPTH
+) -> list[tuple[int, Any]]:
     """``(line number, value)`` for every non-blank line of the JSON Lines file ``path`` (numbered from 1)."""
     text = read_text(path, what=what, param=param, max_bytes=max_bytes)
     out = []
@@ -129,7 +151,11 @@ def check_output_dir(path: Any, param: str = "out") -> None:
         raise ConfigError(f"`{param}` must be a directory path; got {path!r}.", param=param)
     out = Path(path)
     if out.exists() and not out.is_dir():
-        raise ConfigError(f"`{param}` {str(path)!r} is an existing file; name a directory (it is created if missing).", param=param)
+        raise ConfigError(
+            f"`{param}` {str(path)!r} is an existing file; name a directory (it is created if missing).", param=param
+        )
     existing = next((p for p in (out, *out.parents) if p.exists()), Path("."))
     if not existing.is_dir() or not os.access(existing, os.W_OK):
-        raise ConfigError(f"`{param}` {str(path)!r} cannot be created: {str(existing)!r} is not a writable directory.", param=param)
+        raise ConfigError(
+            f"`{param}` {str(path)!r} cannot be created: {str(existing)!r} is not a writable directory.", param=param
+        )

@@ -83,12 +83,19 @@ class Request:
     """A submitted prompt: its state, its events and, once finished, its result.
 
     ``status`` is ``"waiting"``, ``"running"``, ``"finished"``,
-    ``"cancelled"`` or ``"failed"`` (then ``error`` holds the exception). Iterate it for its :class:`Progress` events as they
+    ``"cancelled"`` or ``"failed"`` (then ``error`` holds the exception). Iterate it for its :class:`Progress` events
+    as they
     happen; :meth:`wait` returns the :class:`~refusion.decoding.types.DecodeResult`.
     """
 
-    def __init__(self, generator: Generator, index: int, decoder: Decoder, prepared: Prepared,
-                 on_event: Callable[[Progress], None] | None):
+    def __init__(
+        self,
+        generator: Generator,
+        index: int,
+        decoder: Decoder,
+        prepared: Prepared,
+        on_event: Callable[[Progress], None] | None,
+    ):
         self.generator = generator
         self.id = index
         self.decoder = decoder
@@ -174,8 +181,10 @@ class Request:
             try:
                 self.on_event(event)
             except Exception as exc:  # the caller's code: this request alone pays for it
-                error = CallbackError(f"The `on_event` callback of request {self.id} raised {type(exc).__name__}: "
-                                      f"{exc}; the request fails, the others go on.")
+                error = CallbackError(
+                    f"The `on_event` callback of request {self.id} raised {type(exc).__name__}: "
+                    f"{exc}; the request fails, the others go on."
+                )
                 error.__cause__ = exc
                 self._callback_error, self._cancel = error, True
                 self.generator._wake()
@@ -198,18 +207,31 @@ class Generator:
     requests it was running fail with that error and the generator goes on.
     """
 
-    def __init__(self, model: Any = None, decoder: Decoder | None = None, *, engine: Any = None, max_rows: int = 16,
-                 max_tokens: int | None = None, max_queue: int | None = None, gen_length: int | None = None,
-                 preset: str | None = None,
-                 tokenizer: Any = None, chat: bool | None = None, **params: Any):
+    def __init__(
+        self,
+        model: Any = None,
+        decoder: Decoder | None = None,
+        *,
+        engine: Any = None,
+        max_rows: int = 16,
+        max_tokens: int | None = None,
+        max_queue: int | None = None,
+        gen_length: int | None = None,
+        preset: str | None = None,
+        tokenizer: Any = None,
+        chat: bool | None = None,
+        **params: Any,
+    ):
         from refusion.api import build_decoder, load_model
 
         if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
-            raise ConfigError(f"`max_rows` must be an integer >= 1; got {max_rows!r}.", param='max_rows')
-        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
-            raise ConfigError(f"`max_tokens` must be None or an integer >= 1; got {max_tokens!r}.", param='max_tokens')
+            raise ConfigError(f"`max_rows` must be an integer >= 1; got {max_rows!r}.", param="max_rows")
+        if max_tokens is not None and (
+            isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
+        ):
+            raise ConfigError(f"`max_tokens` must be None or an integer >= 1; got {max_tokens!r}.", param="max_tokens")
         if max_queue is not None and (isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1):
-            raise ConfigError(f"`max_queue` must be None or an integer >= 1; got {max_queue!r}.", param='max_queue')
+            raise ConfigError(f"`max_queue` must be None or an integer >= 1; got {max_queue!r}.", param="max_queue")
         self.max_queue = max_queue
         self.model = load_model(model, tokenizer=tokenizer)
         if decoder is None:
@@ -235,9 +257,18 @@ class Generator:
         self._closing = False
 
     # -- requests ----------------------------------------------------------------
-    def submit(self, prompt: Any, *, gen_length: int | None = None, seed: int | None = None,
-               decoder: Decoder | None = None, on_event: Callable[[Progress], None] | None = None,
-               preset: str | None = None, allow_special: bool = False, **params: Any) -> Request:
+    def submit(
+        self,
+        prompt: Any,
+        *,
+        gen_length: int | None = None,
+        seed: int | None = None,
+        decoder: Decoder | None = None,
+        on_event: Callable[[Progress], None] | None = None,
+        preset: str | None = None,
+        allow_special: bool = False,
+        **params: Any,
+    ) -> Request:
         """Check ``prompt`` (text or token ids) and queue it; returns its :class:`Request`.
 
         The request decodes with ``decoder``, or with the generator's decoder
@@ -259,14 +290,19 @@ class Generator:
         if decoder is None:
             decoder = build_decoder(self.model, preset=preset, **params)[0] if (preset or params) else self.decoder
         if decoder.engine is not None and engine_class(decoder.engine) is not type(self.engine):
-            raise ConfigError(f"`engine` {decoder.engine!r} differs from this generator's engine {self.engine.name!r}.", param='engine')
+            raise ConfigError(
+                f"`engine` {decoder.engine!r} differs from this generator's engine {self.engine.name!r}.",
+                param="engine",
+            )
         check_invariance(self.engine, decoder.batch_invariant)
         ids = encode_prompt(prompt, self.model.tokenizer, self.chat, allow_special=allow_special)
         prepared = decoder.prepare(self.model, ids, self.gen_length if gen_length is None else gen_length, seed=seed)
         need = prepared.prompt.shape[0] + prepared.partition.gen_length
         if self.max_tokens is not None and need > self.max_tokens:
-            raise ConfigError(f"The request needs {need} positions (prompt plus generation), more than `max_tokens` "
-                              f"({self.max_tokens}); use a shorter prompt or gen_length.")
+            raise ConfigError(
+                f"The request needs {need} positions (prompt plus generation), more than `max_tokens` "
+                f"({self.max_tokens}); use a shorter prompt or gen_length."
+            )
         request = Request(self, next(self._ids), decoder, prepared, on_event)
         with self._lock:
             if self.max_queue is not None and len(self._waiting) >= self.max_queue:
@@ -280,8 +316,9 @@ class Generator:
         :meth:`submit` returned (anything else is a :class:`ConfigError` naming ``request``)."""
         if not isinstance(request, Request) or request.generator is not self:
             what = "another generator's request" if isinstance(request, Request) else repr(request)[:80]
-            raise ConfigError(f"`request` must be a Request this generator's submit() returned; got {what}.",
-                              param="request")
+            raise ConfigError(
+                f"`request` must be a Request this generator's submit() returned; got {what}.", param="request"
+            )
         request.cancel()
 
     # -- stepping ------------------------------------------------------------------
@@ -346,8 +383,10 @@ class Generator:
         """One :meth:`step` on behalf of ``request`` (a caller stepping the generator to wait for it)."""
         events = self.step()
         if not request.done and not events and not self._running and request not in self._waiting:
-            raise StalledError(f"Request {request.id} is {request.status!r} but nothing of it is queued or decoding; "
-                               "it can make no more progress.")
+            raise StalledError(
+                f"Request {request.id} is {request.status!r} but nothing of it is queued or decoding; "
+                "it can make no more progress."
+            )
 
     def _fail_running(self, error: Exception, events: list[Progress]) -> None:
         for key, request in list(self._running.items()):
@@ -433,10 +472,18 @@ class Generator:
         if result is not None:
             result = with_text([result], self.model.tokenizer)[0]
         for i, step in enumerate(new_steps):
-            commits = tuple(CommittedSlot(slot, session.partition.slots[slot].offset,
-                                          tuple(session.tokens[session.partition.slots[slot].offset:
-                                                               session.partition.slots[slot].offset + n].tolist()))
-                            for slot, n in step.committed)
+            commits = tuple(
+                CommittedSlot(
+                    slot,
+                    session.partition.slots[slot].offset,
+                    tuple(
+                        session.tokens[
+                            session.partition.slots[slot].offset : session.partition.slots[slot].offset + n
+                        ].tolist()
+                    ),
+                )
+                for slot, n in step.committed
+            )
             prefix = self._advance_prefix(request, session, result if i == len(new_steps) - 1 else None)
             event = Progress(request, step, commits, prefix, request.prefix)
             events.append(event)
@@ -465,8 +512,7 @@ class Generator:
         return tuple(new)
 
     def _final(self, request: Request, result: DecodeResult | None) -> Progress:
-        event = Progress(request, None, (), (), request.prefix, finished=True, cancelled=result is None,
-                         result=result)
+        event = Progress(request, None, (), (), request.prefix, finished=True, cancelled=result is None, result=result)
         request._emit(event)
         return event
 

@@ -40,8 +40,9 @@ def prompt_chars(max_positions: int | None) -> int | None:
     return None if max_positions is None else CHARS_PER_POSITION * max_positions
 
 
-def check_room(adapter: Any, prompt_lengths: Sequence[int], gen_length: int, *, param: str = "gen_length",
-               where: str = "") -> None:
+def check_room(
+    adapter: Any, prompt_lengths: Sequence[int], gen_length: int, *, param: str = "gen_length", where: str = ""
+) -> None:
     """Refuse ``gen_length`` tokens after the longest prompt when they exceed the model's positions.
 
     ``where`` names the prompts (``"`tasks` file 'a.jsonl'"``) in the message.
@@ -53,6 +54,9 @@ def check_room(adapter: Any, prompt_lengths: Sequence[int], gen_length: int, *, 
     longest = max(prompt_lengths)
     if longest + gen_length > limit:
         prompts = f" of {where}" if where else ""
-        raise ConfigError(f"`{param}` {gen_length} plus the longest prompt{prompts} ({longest} tokens) exceeds the "
-                          f"model's {limit} positions; use `{param}` <= {max(limit - longest, 0)}"
-                          + (" and shorter prompts." if limit - longest < 1 else "."), param=param)
+        raise ConfigError(
+            f"`{param}` {gen_length} plus the longest prompt{prompts} ({longest} tokens) exceeds the "
+            f"model's {limit} positions; use `{param}` <= {max(limit - longest, 0)}"
+            + (" and shorter prompts." if limit - longest < 1 else "."),
+            param=param,
+        )

@@ -20,7 +20,9 @@ def encode_prompt(prompt: Any, tokenizer: Any, chat: bool | None, *, allow_speci
     if not isinstance(prompt, str):
         return prompt
     if tokenizer is None:
-        raise ConfigError("`prompt` is text but the model has no tokenizer; pass `tokenizer=` or token ids.", param='prompt')
+        raise ConfigError(
+            "`prompt` is text but the model has no tokenizer; pass `tokenizer=` or token ids.", param="prompt"
+        )
     use_chat = chat if chat is not None else bool(getattr(tokenizer, "chat_template", None))
     if chat:
         check_chat(tokenizer)
@@ -29,7 +31,9 @@ def encode_prompt(prompt: Any, tokenizer: Any, chat: bool | None, *, allow_speci
         check_no_special_text(prompt, tokenizer, "prompt")
     check_known_characters(prompt, tokenizer)
     if use_chat:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+        )
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding
             ids = ids["input_ids"]
         return list(ids)
@@ -39,8 +43,11 @@ def encode_prompt(prompt: Any, tokenizer: Any, chat: bool | None, *, allow_speci
 def check_chat(tokenizer: Any) -> None:
     """Refuse ``chat=True`` for a tokenizer without a chat template."""
     if not getattr(tokenizer, "chat_template", None):
-        raise ConfigError("`chat` is on but the tokenizer has no chat template; drop `--chat` (`chat=True`) to feed "
-                          "the prompt as is, or use a checkpoint whose tokenizer defines `chat_template`.", param='chat')
+        raise ConfigError(
+            "`chat` is on but the tokenizer has no chat template; drop `--chat` (`chat=True`) to feed "
+            "the prompt as is, or use a checkpoint whose tokenizer defines `chat_template`.",
+            param="chat",
+        )
 
 
 def check_encodable(text: str, field: str) -> None:
@@ -48,8 +55,11 @@ def check_encodable(text: str, field: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise ConfigError(f"`{field}` is not valid text: character {exc.start} ({text[exc.start]!r}) is not Unicode "
-                          "(undecodable bytes in the input?); give UTF-8 text.", param=field) from None
+        raise ConfigError(
+            f"`{field}` is not valid text: character {exc.start} ({text[exc.start]!r}) is not Unicode "
+            "(undecodable bytes in the input?); give UTF-8 text.",
+            param=field,
+        ) from None
 
 
 def special_texts(tokenizer: Any) -> tuple[str, ...]:
@@ -69,9 +79,12 @@ def check_no_special_text(text: str, tokenizer: Any, field: str) -> None:
     """
     found = [t for t in special_texts(tokenizer) if t in text]
     if found:
-        raise ConfigError(f"`{field}` holds the text of special token(s) {', '.join(map(repr, found))}, which the "
-                          "tokenizer would turn into their special ids (an end of text, a mask, ...). Remove them, or "
-                          "opt in with `allow_special=True` (CLI `--allow-special-tokens`).", param=field)
+        raise ConfigError(
+            f"`{field}` holds the text of special token(s) {', '.join(map(repr, found))}, which the "
+            "tokenizer would turn into their special ids (an end of text, a mask, ...). Remove them, or "
+            "opt in with `allow_special=True` (CLI `--allow-special-tokens`).",
+            param=field,
+        )
 
 
 def unknown_token_id(tokenizer: Any) -> int | None:
@@ -106,5 +119,8 @@ def check_known_characters(prompt: str, tokenizer: Any) -> None:
         vocab = tokenizer.get_vocab()
         singles = sorted(t for t in vocab if len(t) == 1)
         alphabet = f" The tokenizer's alphabet: {''.join(singles)!r}." if 0 < len(vocab) <= 512 else ""
-        raise ConfigError(f"`prompt` {prompt!r} has characters the tokenizer does not know: "
-                          f"{', '.join(map(repr, bad))} (they would all become {unk_text!r}).{alphabet}", param='prompt')
+        raise ConfigError(
+            f"`prompt` {prompt!r} has characters the tokenizer does not know: "
+            f"{', '.join(map(repr, bad))} (they would all become {unk_text!r}).{alphabet}",
+            param="prompt",
+        )

@@ -135,8 +135,12 @@ def check_part(part: Any, *, trials: int = 6, seed: int = 0) -> None:
 
     rng = random.Random(seed)
     causal = getattr(part, "requires", {}).get("causal", True)
-    parts = dict(partitioner="fixed", selector="threshold", infiller="parallel-ar" if causal else "draft",
-                 reorderer="commit-order")
+    parts = dict(
+        partitioner="fixed",
+        selector="threshold",
+        infiller="parallel-ar" if causal else "draft",
+        reorderer="commit-order",
+    )
     parts[part.kind] = part
     for trial in range(trials):
         vocab = rng.choice([12, 24])

@@ -63,22 +63,34 @@ def check_integer(param: str, value: Any, low: int | None = None, high: int | No
     if not is_integer(value) or (low is not None and value < low) or (high is not None and value > high):
         bound = _range(low, high)
         note = f" ({why})" if why else ""
-        raise ConfigError(f"`{param}` must be an integer{' ' + bound if bound else ''}{note}; got {shown(value)}.",
-                          param=param)
+        raise ConfigError(
+            f"`{param}` must be an integer{' ' + bound if bound else ''}{note}; got {shown(value)}.", param=param
+        )
     return value
 
 
-def check_number(param: str, value: Any, low: float | None = None, high: float | None = None, *,
-                 low_open: bool = False, why: str = "") -> float:
+def check_number(
+    param: str,
+    value: Any,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    low_open: bool = False,
+    why: str = "",
+) -> float:
     """``value`` as a float if it is a finite int or float in ``[low, high]`` (``(low, high]`` with ``low_open``;
     either bound may be ``None``); else a :class:`ConfigError` naming ``param``."""
-    ok = is_number(value) and (low is None or (value > low if low_open else value >= low)) and (
-        high is None or value <= high)
+    ok = (
+        is_number(value)
+        and (low is None or (value > low if low_open else value >= low))
+        and (high is None or value <= high)
+    )
     if not ok:
         bound = _range(low, high, low_open)
         note = f" ({why})" if why else ""
-        raise ConfigError(f"`{param}` must be a finite number{' ' + bound if bound else ''}{note}; got "
-                          f"{shown(value)}.", param=param)
+        raise ConfigError(
+            f"`{param}` must be a finite number{' ' + bound if bound else ''}{note}; got {shown(value)}.", param=param
+        )
     return float(value)
 
 

@@ -26,8 +26,11 @@ torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 def pytest_runtest_setup(item):
     """Tests marked ``cuda`` (the GPU tier) skip without a CUDA device, unless ``REFUSION_GPU_TIER_DEVICE=cpu``
     runs the tier on the CPU (small shapes: it checks the tier's own code, not a GPU)."""
-    if item.get_closest_marker("cuda") and not torch.cuda.is_available() \
-            and os.environ.get("REFUSION_GPU_TIER_DEVICE") != "cpu":
+    if (
+        item.get_closest_marker("cuda")
+        and not torch.cuda.is_available()
+        and os.environ.get("REFUSION_GPU_TIER_DEVICE") != "cpu"
+    ):
         pytest.skip("needs a CUDA device (the GPU tier: TRITON_INTERPRET=0 python -m pytest -m cuda)")
 
 

@@ -57,7 +57,7 @@ def test_no_import_circle_and_no_private_name_taken_across_modules():
         state[node] = 1
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                circle = path[path.index(nxt):] + [nxt]
+                circle = path[path.index(nxt) :] + [nxt]
                 raise AssertionError("import circle: " + " -> ".join(circle))
             if nxt not in state:
                 visit(nxt, path + [nxt])
@@ -69,8 +69,10 @@ def test_no_import_circle_and_no_private_name_taken_across_modules():
 
 
 def test_importing_refusion_loads_no_search_training_or_model_code():
-    probe = ("import sys, refusion; loaded = [m for m in sys.modules if m.startswith('refusion.')]; "
-             "print(sorted(loaded)); print('torch' in sys.modules)")
+    probe = (
+        "import sys, refusion; loaded = [m for m in sys.modules if m.startswith('refusion.')]; "
+        "print(sorted(loaded)); print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.splitlines()
     loaded = eval(out[0])
     assert not any(m.startswith(("refusion.sweep", "refusion.training")) for m in loaded), loaded
@@ -117,15 +119,24 @@ def test_every_exception_lives_in_errors_py_under_refusion_error():
     assert not outside, outside
     for name in dir(errors):
         value = getattr(errors, name)
-        if isinstance(value, type) and issubclass(value, Exception) and not issubclass(value, Warning) \
-                and value.__module__ == errors.__name__:
+        if (
+            isinstance(value, type)
+            and issubclass(value, Exception)
+            and not issubclass(value, Warning)
+            and value.__module__ == errors.__name__
+        ):
             assert issubclass(value, errors.RefusionError), name
 
 
 def test_parameters_are_checked_by_validators_not_by_hand():
     pattern = re.compile(r"isinstance\(\w+, bool\) or not isinstance|not isinstance\(\w+, bool\) and isinstance")
-    found = [f"{path}:{number}" for path, text in sources().items() if path not in CORE | {"refusion/validators.py"}
-             for number, line in enumerate(text.splitlines(), 1) if pattern.search(line)]
+    found = [
+        f"{path}:{number}"
+        for path, text in sources().items()
+        if path not in CORE | {"refusion/validators.py"}
+        for number, line in enumerate(text.splitlines(), 1)
+        if pattern.search(line)
+    ]
     assert not found, found
 
 
@@ -137,9 +148,11 @@ def test_the_dtype_rule_and_the_limits_have_one_place_each():
     for path in ("refusion/limits.py", "refusion/validators.py", "refusion/errors.py"):
         tree = ast.parse(sources()[path])
         imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} | {
-            n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-        assert not {m for m in imported if m.startswith("refusion.") and m not in (
-            "refusion.errors", "refusion.validators")}, (path, imported)  # the bottom layer imports only itself
+            n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
+        }
+        assert not {
+            m for m in imported if m.startswith("refusion.") and m not in ("refusion.errors", "refusion.validators")
+        }, (path, imported)  # the bottom layer imports only itself
 
 
 def test_packages_are_named_as_their_commands_and_are_plain_modules():
@@ -158,6 +171,9 @@ def test_create_app_builds_the_app_from_route_modules():
     tree = ast.parse(sources()["refusion/serve/app.py"])
     create_app = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "create_app")
     assert create_app.end_lineno - create_app.lineno < 50
-    routes = [n.name for n in ast.walk(create_app) if isinstance(n, ast.AsyncFunctionDef)
-              and any(ast.unparse(d).startswith("app.") for d in n.decorator_list)]
+    routes = [
+        n.name
+        for n in ast.walk(create_app)
+        if isinstance(n, ast.AsyncFunctionDef) and any(ast.unparse(d).startswith("app.") for d in n.decorator_list)
+    ]
     assert not routes, routes  # no routes or handlers as closures

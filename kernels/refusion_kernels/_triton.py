@@ -5,8 +5,9 @@ import triton.language as tl
 
 
 @triton.jit
-def confidence_kernel(logits_ptr, stride_row, stride_col, n_cols, inv_temp, exclude, tokens_ptr, probs_ptr,
-                      BLOCK: tl.constexpr):
+def confidence_kernel(
+    logits_ptr, stride_row, stride_col, n_cols, inv_temp, exclude, tokens_ptr, probs_ptr, BLOCK: tl.constexpr
+):
     """One program per row: online softmax statistics plus a running argmax over vocabulary blocks."""
     row = tl.program_id(0)
     base = logits_ptr + row.to(tl.int64) * stride_row
@@ -32,14 +33,32 @@ def confidence_kernel(logits_ptr, stride_row, stride_col, n_cols, inv_temp, excl
         best_idx = tl.where(better, block_idx, best_idx)
         best_val = tl.where(better, block_best, best_val)
     ok = (best_val != neg_inf) & (run_sum > 0)
-    prob = tl.where(ok, tl.exp(tl.where(ok, best_val, 0.0) - tl.where(ok, run_max, 0.0)) / tl.where(ok, run_sum, 1.0), 0.0)
+    prob = tl.where(
+        ok, tl.exp(tl.where(ok, best_val, 0.0) - tl.where(ok, run_max, 0.0)) / tl.where(ok, run_sum, 1.0), 0.0
+    )
     tl.store(tokens_ptr + row, best_idx)
     tl.store(probs_ptr + row, prob)
 
 
 @triton.jit
-def scatter_kernel(src_ptr, dst_ptr, rows_ptr, cols_ptr, n_heads, head_dim,
-                   s_g, s_h, s_t, s_d, d_g, d_b, d_h, d_c, d_d, BLOCK_D: tl.constexpr):
+def scatter_kernel(
+    src_ptr,
+    dst_ptr,
+    rows_ptr,
+    cols_ptr,
+    n_heads,
+    head_dim,
+    s_g,
+    s_h,
+    s_t,
+    s_d,
+    d_g,
+    d_b,
+    d_h,
+    d_c,
+    d_d,
+    BLOCK_D: tl.constexpr,
+):
     """Program (token, layer*2*head): copy one head_dim vector to its (row, slot) in the cache."""
     tok = tl.program_id(0)
     gh = tl.program_id(1)
@@ -73,10 +92,33 @@ def _round_to(x, dtype: tl.constexpr):
 
 
 @triton.jit
-def lm_head_kernel(h_ptr, w_ptr, b_ptr, max_ptr, sum_ptr, best_ptr, idx_ptr, targets_ptr, picked_ptr, n_rows, vocab,
-                   dim, chunk, s_hm, s_hd, s_wv, s_wd, temperature, exclude, HAS_BIAS: tl.constexpr,
-                   HAS_TARGETS: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
-                   BLOCK_D: tl.constexpr):
+def lm_head_kernel(
+    h_ptr,
+    w_ptr,
+    b_ptr,
+    max_ptr,
+    sum_ptr,
+    best_ptr,
+    idx_ptr,
+    targets_ptr,
+    picked_ptr,
+    n_rows,
+    vocab,
+    dim,
+    chunk,
+    s_hm,
+    s_hd,
+    s_wv,
+    s_wd,
+    temperature,
+    exclude,
+    HAS_BIAS: tl.constexpr,
+    HAS_TARGETS: tl.constexpr,
+    IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """Program (block of rows, vocabulary split): logits of ``chunk`` tokens block by block (tl.dot), each rounded
     to the weight's dtype as the model's own head rounds it; partial max, sum-exp and argmax per row (and, with
     targets, the target's tempered logit where it lies in the split, else 0), written at ``[split, row]``
@@ -102,10 +144,16 @@ def lm_head_kernel(h_ptr, w_ptr, b_ptr, max_ptr, sum_ptr, best_ptr, idx_ptr, tar
         for d0 in range(0, dim, BLOCK_D):
             ds = d0 + tl.arange(0, BLOCK_D)
             d_ok = ds < dim
-            h = tl.load(h_ptr + rows[:, None].to(tl.int64) * s_hm + ds[None, :] * s_hd,
-                        mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-            w = tl.load(w_ptr + cols[None, :].to(tl.int64) * s_wv + ds[:, None] * s_wd,
-                        mask=col_ok[None, :] & d_ok[:, None], other=0.0)
+            h = tl.load(
+                h_ptr + rows[:, None].to(tl.int64) * s_hm + ds[None, :] * s_hd,
+                mask=row_ok[:, None] & d_ok[None, :],
+                other=0.0,
+            )
+            w = tl.load(
+                w_ptr + cols[None, :].to(tl.int64) * s_wv + ds[:, None] * s_wd,
+                mask=col_ok[None, :] & d_ok[:, None],
+                other=0.0,
+            )
             if IEEE:  # float32 weights: full-precision products, as torch's float32 matmul (no TF32)
                 acc += tl.dot(h.to(tl.float32), w.to(tl.float32), input_precision="ieee")
             else:  # bfloat16 / float16 values are exact in TF32: exact products, float32 sums
@@ -136,8 +184,21 @@ def lm_head_kernel(h_ptr, w_ptr, b_ptr, max_ptr, sum_ptr, best_ptr, idx_ptr, tar
 
 
 @triton.jit
-def lm_head_combine(max_ptr, sum_ptr, best_ptr, idx_ptr, picked_ptr, tokens_ptr, out_best_ptr, lse_ptr, out_picked_ptr,
-                    n_rows, splits, HAS_TARGETS: tl.constexpr, BLOCK: tl.constexpr):
+def lm_head_combine(
+    max_ptr,
+    sum_ptr,
+    best_ptr,
+    idx_ptr,
+    picked_ptr,
+    tokens_ptr,
+    out_best_ptr,
+    lse_ptr,
+    out_picked_ptr,
+    n_rows,
+    splits,
+    HAS_TARGETS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """Program per block of rows: the splits' partial statistics reduced in split order (lowest id on ties); the
     target's logit is the one split's that holds it (the others add exact zeros)."""
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)

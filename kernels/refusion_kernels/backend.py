@@ -36,6 +36,8 @@ def choose(tensor: torch.Tensor, backend: str | None = None) -> str:
         return "torch"
     if wanted == "triton":
         if not triton_available():
-            raise RuntimeError("backend 'triton' was requested but Triton cannot run here (no GPU, TRITON_INTERPRET unset)")
+            raise RuntimeError(
+                "backend 'triton' was requested but Triton cannot run here (no GPU, TRITON_INTERPRET unset)"
+            )
         return "triton"
     return "triton" if tensor.is_cuda and triton_available() else "torch"

@@ -56,7 +56,14 @@ def _confidence_triton(logits, temperature, exclude, block: int | None = None):
         return tokens, probs.to(logits.dtype)
     block = block or min(triton.next_power_of_2(vocab), 4096)
     confidence_kernel[(n,)](
-        logits, logits.stride(0), logits.stride(1), vocab, 1.0 / temperature,
-        -1 if exclude is None else int(exclude), tokens, probs, BLOCK=block,
+        logits,
+        logits.stride(0),
+        logits.stride(1),
+        vocab,
+        1.0 / temperature,
+        -1 if exclude is None else int(exclude),
+        tokens,
+        probs,
+        BLOCK=block,
     )
     return tokens, probs.to(logits.dtype)

@@ -67,8 +67,9 @@ def _reduce(x: torch.Tensor, exclude, temperature, targets):
     return (tokens, best, lse) if targets is None else (tokens, best, lse, picked)
 
 
-def lm_head_stats_reference(hidden, weight, bias=None, exclude=None, temperature=1.0, *, targets=None,
-                            chunk: int | None = None):
+def lm_head_stats_reference(
+    hidden, weight, bias=None, exclude=None, temperature=1.0, *, targets=None, chunk: int | None = None
+):
     """The torch path: rows projected in groups of at most ``chunk`` logits, each over the whole vocabulary; same
     contract as :func:`lm_head_stats`."""
     n, vocab = hidden.shape[0], weight.shape[0]
@@ -90,8 +91,17 @@ def lm_head_stats_reference(hidden, weight, bias=None, exclude=None, temperature
     return tuple(torch.cat(column) for column in zip(*parts))
 
 
-def lm_head_stats(hidden, weight, bias=None, exclude=None, temperature=1.0, *, targets=None,
-                  backend: str | None = None, chunk: int | None = None):
+def lm_head_stats(
+    hidden,
+    weight,
+    bias=None,
+    exclude=None,
+    temperature=1.0,
+    *,
+    targets=None,
+    backend: str | None = None,
+    chunk: int | None = None,
+):
     """Argmax token, its tempered logit and the tempered log-sum-exp per row (and the targets' tempered logits when
     ``targets`` is given); see the module docstring.
 
@@ -102,8 +112,9 @@ def lm_head_stats(hidden, weight, bias=None, exclude=None, temperature=1.0, *, t
     each row in the same order whatever the row count and ignores it.
     """
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
-        raise ValueError(f"`hidden` (n, d) and `weight` (vocab, d) must agree; got {tuple(hidden.shape)} and "
-                         f"{tuple(weight.shape)}.")
+        raise ValueError(
+            f"`hidden` (n, d) and `weight` (vocab, d) must agree; got {tuple(hidden.shape)} and {tuple(weight.shape)}."
+        )
     if not temperature > 0:
         raise ValueError(f"`temperature` must be > 0; got {temperature!r}.")
     if targets is not None and (targets.dim() != 1 or targets.shape[0] != hidden.shape[0]):
@@ -114,8 +125,18 @@ def lm_head_stats(hidden, weight, bias=None, exclude=None, temperature=1.0, *, t
     return _lm_head_triton(hidden, weight, bias, exclude, temperature, targets)
 
 
-def _lm_head_triton(hidden, weight, bias, exclude, temperature, targets=None, block_m: int = BLOCK_M,
-                    block_v: int = 64, block_d: int = 64, split: int = SPLIT):
+def _lm_head_triton(
+    hidden,
+    weight,
+    bias,
+    exclude,
+    temperature,
+    targets=None,
+    block_m: int = BLOCK_M,
+    block_v: int = 64,
+    block_d: int = 64,
+    split: int = SPLIT,
+):
     import triton
 
     from refusion_kernels._triton import lm_head_combine, lm_head_kernel
@@ -131,15 +152,49 @@ def _lm_head_triton(hidden, weight, bias, exclude, temperature, targets=None, bl
     part_idx = torch.empty(splits, n, dtype=torch.long, device=device)
     wanted = targets.to(device=device, dtype=torch.long) if targets is not None else part_idx
     lm_head_kernel[(triton.cdiv(n, block_m), splits)](
-        h, weight, bias if bias is not None else weight, part_max, part_sum, part_best, part_idx, wanted, part_picked,
-        n, vocab, d, split, h.stride(0), h.stride(1), weight.stride(0), weight.stride(1),
-        float(temperature), -1 if exclude is None else int(exclude), bias is not None, targets is not None,
-        weight.dtype in (torch.float32, torch.float64), BLOCK_M=block_m, BLOCK_V=block_v, BLOCK_D=block_d,
+        h,
+        weight,
+        bias if bias is not None else weight,
+        part_max,
+        part_sum,
+        part_best,
+        part_idx,
+        wanted,
+        part_picked,
+        n,
+        vocab,
+        d,
+        split,
+        h.stride(0),
+        h.stride(1),
+        weight.stride(0),
+        weight.stride(1),
+        float(temperature),
+        -1 if exclude is None else int(exclude),
+        bias is not None,
+        targets is not None,
+        weight.dtype in (torch.float32, torch.float64),
+        BLOCK_M=block_m,
+        BLOCK_V=block_v,
+        BLOCK_D=block_d,
     )
     tokens = torch.empty(n, dtype=torch.long, device=device)
     best, lse, picked = torch.empty(3, n, dtype=torch.float32, device=device)
-    lm_head_combine[(triton.cdiv(n, 64),)](part_max, part_sum, part_best, part_idx, part_picked, tokens, best, lse,
-                                           picked, n, splits, targets is not None, BLOCK=64)
+    lm_head_combine[(triton.cdiv(n, 64),)](
+        part_max,
+        part_sum,
+        part_best,
+        part_idx,
+        part_picked,
+        tokens,
+        best,
+        lse,
+        picked,
+        n,
+        splits,
+        targets is not None,
+        BLOCK=64,
+    )
     red = _reduce_dtype(weight.dtype)
     out = (tokens, best.to(red), lse.to(red))
     return out if targets is None else (*out, picked.to(red))

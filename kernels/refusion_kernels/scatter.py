@@ -58,8 +58,20 @@ def _scatter_triton(cache, src, rows, cols):
         raise ValueError("`cache` must be viewable as (layers*2, batch, heads, capacity, dim) without a copy")
     s = src.reshape(L * two, H, t, D)
     scatter_kernel[(t, L * two * H)](
-        s, c, rows, cols, H, D,
-        s.stride(0), s.stride(1), s.stride(2), s.stride(3),
-        c.stride(0), c.stride(1), c.stride(2), c.stride(3), c.stride(4),
+        s,
+        c,
+        rows,
+        cols,
+        H,
+        D,
+        s.stride(0),
+        s.stride(1),
+        s.stride(2),
+        s.stride(3),
+        c.stride(0),
+        c.stride(1),
+        c.stride(2),
+        c.stride(3),
+        c.stride(4),
         BLOCK_D=triton.next_power_of_2(D),
     )

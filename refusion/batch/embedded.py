@@ -50,9 +50,16 @@ class BatchSummary:
 
 
 #: Python keyword -> how errors name it (the command line passes its flags' spellings)
-NAMES = {"input": "input", "out": "out", "max_rows": "max_rows", "max_batch_tokens": "max_batch_tokens",
-         "workers": "workers", "gpus_per_worker": "gpus_per_worker", "cpus_per_worker": "cpus_per_worker",
-         "gen_length": "gen_length"}
+NAMES = {
+    "input": "input",
+    "out": "out",
+    "max_rows": "max_rows",
+    "max_batch_tokens": "max_batch_tokens",
+    "workers": "workers",
+    "gpus_per_worker": "gpus_per_worker",
+    "cpus_per_worker": "cpus_per_worker",
+    "gen_length": "gen_length",
+}
 
 
 def check_paths(input_path: Any, output_path: Any, names: dict | None = None) -> None:
@@ -64,17 +71,30 @@ def check_paths(input_path: Any, output_path: Any, names: dict | None = None) ->
         source = Path(input_path)
         if not source.is_file():
             why = "is a directory" if source.is_dir() else "does not exist"
-            raise ConfigError(f"`{names['input']}` {str(source)!r} {why}; give a JSON Lines file.",
-                              param=names["input"])
+            raise ConfigError(
+                f"`{names['input']}` {str(source)!r} {why}; give a JSON Lines file.", param=names["input"]
+            )
         if not os.access(source, os.R_OK):
-            raise ConfigError(f"`{names['input']}` {str(source)!r} cannot be read (permission denied).",
-                              param=names["input"])
+            raise ConfigError(
+                f"`{names['input']}` {str(source)!r} cannot be read (permission denied).", param=names["input"]
+            )
     check_output(output_path, input_path if file_input else None, param=names["out"])
 
 
-def check_options(input_path: Any, output_path: Any, *, model: Any, ray: str | None, max_rows: int,
-                  max_batch_tokens: int, workers: int, gpus_per_worker: float, cpus_per_worker: float,
-                  names: dict | None = None, **decoder_options: Any) -> None:
+def check_options(
+    input_path: Any,
+    output_path: Any,
+    *,
+    model: Any,
+    ray: str | None,
+    max_rows: int,
+    max_batch_tokens: int,
+    workers: int,
+    gpus_per_worker: float,
+    cpus_per_worker: float,
+    names: dict | None = None,
+    **decoder_options: Any,
+) -> None:
     """Every option checked before the model loads: numbers in range, Ray's only with ``ray``, paths usable, the
     default decoder buildable."""
     from refusion.api import build_decoder
@@ -87,11 +107,17 @@ def check_options(input_path: Any, output_path: Any, *, model: Any, ray: str | N
     check_number(shown["gpus_per_worker"], gpus_per_worker, 0)
     check_number(shown["cpus_per_worker"], cpus_per_worker, 0, low_open=True)
     if ray is None:
-        for name, value, default in (("workers", workers, 1), ("gpus_per_worker", gpus_per_worker, 0),
-                                     ("cpus_per_worker", cpus_per_worker, 1)):
+        for name, value, default in (
+            ("workers", workers, 1),
+            ("gpus_per_worker", gpus_per_worker, 0),
+            ("cpus_per_worker", cpus_per_worker, 1),
+        ):
             if value != default:
-                raise ConfigError(f"`{shown[name]}` applies only to a run on Ray (`ray=`, `--ray`); "
-                                  "an embedded run has one generator in this process.", param=shown[name])
+                raise ConfigError(
+                    f"`{shown[name]}` applies only to a run on Ray (`ray=`, `--ray`); "
+                    "an embedded run has one generator in this process.",
+                    param=shown[name],
+                )
     if ray is not None and not isinstance(ray, str):
         raise ConfigError(f"`ray` must be None, 'local' or a Ray address; got {ray!r}.", param="ray")
     if decoder_options.get("gen_length") is not None:
@@ -100,14 +126,32 @@ def check_options(input_path: Any, output_path: Any, *, model: Any, ray: str | N
     if isinstance(path, (str, os.PathLike)):
         check_model_path(str(path))
     check_paths(input_path, output_path, names)
-    build_decoder(None, **{k: v for k, v in decoder_options.items()
-                           if k not in ("gen_length", "chat", "allow_special") and v is not None})
+    build_decoder(
+        None,
+        **{
+            k: v
+            for k, v in decoder_options.items()
+            if k not in ("gen_length", "chat", "allow_special") and v is not None
+        },
+    )
 
 
-def run_batch(input_path: Any, output_path: str | os.PathLike, *, model: Any = None, ray: str | None = None,
-              workers: int = 1, gpus_per_worker: float = 0, cpus_per_worker: float = 1, max_rows: int = 16,
-              max_batch_tokens: int = 8192, allow_imports: bool = False, progress: bool = True,
-              names: dict | None = None, **decoder_options: Any) -> BatchSummary:
+def run_batch(
+    input_path: Any,
+    output_path: str | os.PathLike,
+    *,
+    model: Any = None,
+    ray: str | None = None,
+    workers: int = 1,
+    gpus_per_worker: float = 0,
+    cpus_per_worker: float = 1,
+    max_rows: int = 16,
+    max_batch_tokens: int = 8192,
+    allow_imports: bool = False,
+    progress: bool = True,
+    names: dict | None = None,
+    **decoder_options: Any,
+) -> BatchSummary:
     """Generate for every row of ``input_path`` into ``output_path``; a :class:`BatchSummary`.
 
     ``input_path``: a JSON Lines file, a list of row objects or (with Ray) a
@@ -131,16 +175,28 @@ def run_batch(input_path: Any, output_path: str | os.PathLike, *, model: Any = N
     dataset = is_dataset(input_path)
     if dataset and ray is None:
         ray = "local"
-    check_options(input_path, output_path, model=model, ray=ray, max_rows=max_rows, max_batch_tokens=max_batch_tokens,
-                  workers=workers, gpus_per_worker=gpus_per_worker, cpus_per_worker=cpus_per_worker, names=names,
-                  **decoder_options)
-    worker_options = dict(max_rows=max_rows, max_batch_tokens=max_batch_tokens, allow_imports=allow_imports,
-                          **decoder_options)
+    check_options(
+        input_path,
+        output_path,
+        model=model,
+        ray=ray,
+        max_rows=max_rows,
+        max_batch_tokens=max_batch_tokens,
+        workers=workers,
+        gpus_per_worker=gpus_per_worker,
+        cpus_per_worker=cpus_per_worker,
+        names=names,
+        **decoder_options,
+    )
+    worker_options = dict(
+        max_rows=max_rows, max_batch_tokens=max_batch_tokens, allow_imports=allow_imports, **decoder_options
+    )
     start = time.monotonic()
     counts = {"rows": 0, "skipped": 0, "errors": 0, "tokens": 0}
     load_seconds = 0.0
-    with ResultWriter(output_path, input_path if isinstance(input_path, (str, os.PathLike)) else None,
-                      param=(names or NAMES)["out"]) as writer:
+    with ResultWriter(
+        output_path, input_path if isinstance(input_path, (str, os.PathLike)) else None, param=(names or NAMES)["out"]
+    ) as writer:
         early: deque = deque()
         lines = None if dataset else pending_lines(input_lines(input_path), writer.done, early, counts)
         total = None if dataset else count_pending(input_path, writer.done)
@@ -155,9 +211,18 @@ def run_batch(input_path: Any, output_path: str | os.PathLike, *, model: Any = N
             if ray is not None:
                 from refusion.batch.ray_data import run_on_ray
 
-                rows = run_on_ray(input_path, writer, lines, workers=workers, gpus_per_worker=gpus_per_worker,
-                                  cpus_per_worker=cpus_per_worker, address=ray, model=model,
-                                  worker_options=worker_options, progress=progress)
+                rows = run_on_ray(
+                    input_path,
+                    writer,
+                    lines,
+                    workers=workers,
+                    gpus_per_worker=gpus_per_worker,
+                    cpus_per_worker=cpus_per_worker,
+                    address=ray,
+                    model=model,
+                    worker_options=worker_options,
+                    progress=progress,
+                )
             else:
                 from refusion.batch.worker import BatchWorker
 
@@ -181,12 +246,14 @@ def run_batch(input_path: Any, output_path: str | os.PathLike, *, model: Any = N
             if worker is not None:
                 worker.close()
             bar.close()
-    return BatchSummary(counts["rows"], counts["skipped"], counts["errors"], counts["tokens"],
-                        time.monotonic() - start, load_seconds)
+    return BatchSummary(
+        counts["rows"], counts["skipped"], counts["errors"], counts["tokens"], time.monotonic() - start, load_seconds
+    )
 
 
 def recorder(writer: ResultWriter, counts: dict, bar: Any, start: float) -> Callable[[dict], None]:
     """A function that writes one result row, counts it and advances the progress bar."""
+
     def record(row: dict) -> None:
         if not writer.write(row):
             return
@@ -196,8 +263,10 @@ def recorder(writer: ResultWriter, counts: dict, bar: Any, start: float) -> Call
         counts["tokens"] += len(row.get("tokens") or ())
         elapsed = time.monotonic() - start
         bar.update(1)
-        bar.set_postfix_str(f"{counts['tokens'] / elapsed if elapsed > 0 else 0:.1f} tok/s, {counts['errors']} errors",
-                            refresh=False)
+        bar.set_postfix_str(
+            f"{counts['tokens'] / elapsed if elapsed > 0 else 0:.1f} tok/s, {counts['errors']} errors", refresh=False
+        )
+
     return record
 
 

@@ -49,8 +49,9 @@ def unreadable(number: int) -> dict:
     return result_row(None, number, error=f"row: line {number} is not UTF-8 text or not JSON-able")
 
 
-def pending_lines(lines: Iterable[tuple[int, str | None]], done: set, early: deque, counts: dict
-                  ) -> Iterator[tuple[int, str]]:
+def pending_lines(
+    lines: Iterable[tuple[int, str | None]], done: set, early: deque, counts: dict
+) -> Iterator[tuple[int, str]]:
     """The lines still to run: rows already in the output are skipped (``counts["skipped"]``); a repeated id and an
     unreadable line become error rows put on ``early`` (written by the caller) instead of being run."""
     seen: dict[str, int] = {}
@@ -68,8 +69,14 @@ def pending_lines(lines: Iterable[tuple[int, str | None]], done: set, early: deq
             early.append(unreadable(number))
         elif repeated:
             given = str(peek_id(text))
-            early.append(result_row(None, number, error=f"id: `id` {given!r} is used again (first on line "
-                                    f"{seen[given]}); ids must be unique, so this row was not run"))
+            early.append(
+                result_row(
+                    None,
+                    number,
+                    error=f"id: `id` {given!r} is used again (first on line "
+                    f"{seen[given]}); ids must be unique, so this row was not run",
+                )
+            )
         else:
             if row_id is not None:
                 seen[row_id] = number

@@ -44,10 +44,24 @@ def result_row(row_id: str | None, line: int, result: Any = None, error: BaseExc
     """The output line of the row with id ``row_id`` (``None``: it has none) on input line ``line``: from a
     :class:`~refusion.decoding.types.DecodeResult`, or an error."""
     if error is not None or result is None:
-        return {"id": row_id, "line": line, "text": None, "tokens": None, "forwards": None,
-                "tokens_per_forward": None, "error": error_text(error if error is not None else "row: no result")}
-    return {"id": row_id, "line": line, "text": result.text, "tokens": [int(t) for t in result.tokens.tolist()],
-            "forwards": int(result.forwards), "tokens_per_forward": float(result.tokens_per_forward), "error": None}
+        return {
+            "id": row_id,
+            "line": line,
+            "text": None,
+            "tokens": None,
+            "forwards": None,
+            "tokens_per_forward": None,
+            "error": error_text(error if error is not None else "row: no result"),
+        }
+    return {
+        "id": row_id,
+        "line": line,
+        "text": result.text,
+        "tokens": [int(t) for t in result.tokens.tolist()],
+        "forwards": int(result.forwards),
+        "tokens_per_forward": float(result.tokens_per_forward),
+        "error": None,
+    }
 
 
 def row_key(row_id: str | None, line: int) -> str | int:
@@ -71,8 +85,9 @@ def check_output(path: str | os.PathLike, source: str | os.PathLike | None = Non
     that is not ``source`` (compared by device and inode, so a hard link or a symbolic link is caught too)."""
     out = Path(path)
     if not out.parent.is_dir():
-        raise ConfigError(f"`{param}` {str(out)!r} is in a folder that does not exist ({str(out.parent)!r}).",
-                          param=param)
+        raise ConfigError(
+            f"`{param}` {str(out)!r} is in a folder that does not exist ({str(out.parent)!r}).", param=param
+        )
     try:
         found = os.stat(out)
     except FileNotFoundError:
@@ -86,18 +101,31 @@ def _check_kind(found: os.stat_result, out: Path, source: Any, param: str) -> No
     if stat.S_ISDIR(found.st_mode):
         raise ConfigError(f"`{param}` {str(out)!r} is a directory; give a file path.", param=param)
     if not stat.S_ISREG(found.st_mode):
-        kind = ("a FIFO or pipe" if stat.S_ISFIFO(found.st_mode) else "a device" if stat.S_ISCHR(found.st_mode)
-                or stat.S_ISBLK(found.st_mode) else "a socket" if stat.S_ISSOCK(found.st_mode) else "not a file")
-        raise ConfigError(f"`{param}` {str(out)!r} is {kind}, not a regular file; results are appended to a file a "
-                          "rerun can read back.", param=param)
+        kind = (
+            "a FIFO or pipe"
+            if stat.S_ISFIFO(found.st_mode)
+            else "a device"
+            if stat.S_ISCHR(found.st_mode) or stat.S_ISBLK(found.st_mode)
+            else "a socket"
+            if stat.S_ISSOCK(found.st_mode)
+            else "not a file"
+        )
+        raise ConfigError(
+            f"`{param}` {str(out)!r} is {kind}, not a regular file; results are appended to a file a "
+            "rerun can read back.",
+            param=param,
+        )
     if source is not None:
         try:
             given = os.stat(source)
         except OSError:
             return
         if (given.st_dev, given.st_ino) == (found.st_dev, found.st_ino):
-            raise ConfigError(f"`{param}` {str(out)!r} is the input file {str(source)!r} (the same file on disk); "
-                              "write the results elsewhere.", param=param)
+            raise ConfigError(
+                f"`{param}` {str(out)!r} is the input file {str(source)!r} (the same file on disk); "
+                "write the results elsewhere.",
+                param=param,
+            )
 
 
 class ResultWriter:
@@ -120,8 +148,9 @@ class ResultWriter:
         try:
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         except OSError as exc:
-            raise ConfigError(f"`{param}` {str(self.path)!r} cannot be opened: {exc.strerror or exc}.",
-                              param=param) from None
+            raise ConfigError(
+                f"`{param}` {str(self.path)!r} cannot be opened: {exc.strerror or exc}.", param=param
+            ) from None
         try:
             _check_kind(os.fstat(self._fd), self.path, source, param)  # what was opened, not what was looked at
             self._resume()
@@ -130,8 +159,11 @@ class ResultWriter:
             raise
 
     def _refuse(self, number: int) -> ConfigError:
-        return ConfigError(f"`{self.param}` {str(self.path)!r}, line {number}: not a result row (a JSON object with "
-                           "a text `id`); is it the right file? It was left as it is.", param=self.param)
+        return ConfigError(
+            f"`{self.param}` {str(self.path)!r}, line {number}: not a result row (a JSON object with "
+            "a text `id`); is it the right file? It was left as it is.",
+            param=self.param,
+        )
 
     def _resume(self) -> None:
         """Read the rows already written; then cut a cut-short last line (or end a whole one with its newline)."""
@@ -162,8 +194,12 @@ class ResultWriter:
             row = None
         if isinstance(row, dict) and isinstance(row.get("id"), str):
             return row["id"]
-        if isinstance(row, dict) and row.get("id", 0) is None and isinstance(row.get("line"), int) \
-                and not isinstance(row.get("line"), bool):
+        if (
+            isinstance(row, dict)
+            and row.get("id", 0) is None
+            and isinstance(row.get("line"), int)
+            and not isinstance(row.get("line"), bool)
+        ):
             return row["line"]
         raise self._refuse(number)
 

@@ -123,8 +123,11 @@ def check_reachable(address: str, timeout: float = 5.0) -> None:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
     except OSError as exc:
-        raise ConfigError(f"`ray`: no Ray cluster answers at {address!r} ({exc.strerror or exc}); give the head's "
-                          "host:port (`ray start --head` prints it), ray://host:10001, or auto.", param="ray") from None
+        raise ConfigError(
+            f"`ray`: no Ray cluster answers at {address!r} ({exc.strerror or exc}); give the head's "
+            "host:port (`ray start --head` prints it), ray://host:10001, or auto.",
+            param="ray",
+        ) from None
 
 
 def check_room(ray: Any, cpus_per_worker: float, gpus_per_worker: float, started: bool) -> None:
@@ -135,11 +138,14 @@ def check_room(ray: Any, cpus_per_worker: float, gpus_per_worker: float, started
     if any(n.get("CPU", 0) >= cpus_per_worker and n.get("GPU", 0) >= gpus_per_worker for n in nodes):
         return
     gpus_short = not any(n.get("GPU", 0) >= gpus_per_worker for n in nodes)
-    param, kind, wanted = (("gpus_per_worker", "GPU", gpus_per_worker) if gpus_short else
-                           ("cpus_per_worker", "CPU", cpus_per_worker))
+    param, kind, wanted = (
+        ("gpus_per_worker", "GPU", gpus_per_worker) if gpus_short else ("cpus_per_worker", "CPU", cpus_per_worker)
+    )
     most = max((n.get(kind, 0) for n in nodes), default=0)
-    message = (f"`{param}` (`--{param.replace('_', '-')}`) is {wanted:g}, but no node of the Ray cluster has that "
-               f"many {kind}s (the most on one node: {most:g}), so no worker could start")
+    message = (
+        f"`{param}` (`--{param.replace('_', '-')}`) is {wanted:g}, but no node of the Ray cluster has that "
+        f"many {kind}s (the most on one node: {most:g}), so no worker could start"
+    )
     if started:
         raise ConfigError(message + ".", param=param)
     warnings.warn(message + " yet; the run waits until the cluster has such a node.", RefusionWarning, stacklevel=3)
@@ -158,8 +164,10 @@ def model_for_workers(model: Any) -> Any:
     if isinstance(model, (str, os.PathLike)):
         path = os.fspath(model)
         return os.path.abspath(path) if os.path.exists(path) else path
-    raise ConfigError(f"`model` on Ray must be None, a path or model options (each worker loads it); got a "
-                      f"{type(model).__name__}.", param="model")
+    raise ConfigError(
+        f"`model` on Ray must be None, a path or model options (each worker loads it); got a {type(model).__name__}.",
+        param="model",
+    )
 
 
 def plain(value: Any) -> Any:
@@ -258,8 +266,19 @@ class RayRun:
     (called at the end of iteration, and by the caller if it stops early).
     """
 
-    def __init__(self, ray: Any, lines: Iterable[tuple[int, str | None]], early: deque, *, workers: int,
-                 gpus_per_worker: float, cpus_per_worker: float, model: Any, worker_options: dict, started: bool):
+    def __init__(
+        self,
+        ray: Any,
+        lines: Iterable[tuple[int, str | None]],
+        early: deque,
+        *,
+        workers: int,
+        gpus_per_worker: float,
+        cpus_per_worker: float,
+        model: Any,
+        worker_options: dict,
+        started: bool,
+    ):
         self._ray, self._early, self._started = ray, early, started
         self._final: list[WorkerInfo] | None = None
         self._source: Iterator[dict] = iter(())
@@ -276,14 +295,22 @@ class RayRun:
                 else:
                     items.append((number, text))
             if items:
-                self._source = iter(self._pipeline(items, workers, gpus_per_worker, cpus_per_worker, model,
-                                                   worker_options).iter_rows())
+                self._source = iter(
+                    self._pipeline(items, workers, gpus_per_worker, cpus_per_worker, model, worker_options).iter_rows()
+                )
         except BaseException:
             self.close()
             raise
 
-    def _pipeline(self, items: list[tuple[int, str]], workers: int, gpus_per_worker: float, cpus_per_worker: float,
-                  model: Any, worker_options: dict) -> Any:
+    def _pipeline(
+        self,
+        items: list[tuple[int, str]],
+        workers: int,
+        gpus_per_worker: float,
+        cpus_per_worker: float,
+        model: Any,
+        worker_options: dict,
+    ) -> Any:
         """The Dataset of result rows: ``items`` (line numbers and texts) in blocks of one batch each, mapped by an
         actor pool (each worker holds at most 2 batches, so that the last ones go to whichever worker is free)."""
         import pyarrow
@@ -292,18 +319,28 @@ class RayRun:
         max_rows = worker_options.get("max_rows", 16)
         batch = max(1, min(BATCH_ROWS * max_rows, -(-len(items) // workers)))  # every worker gets one when few
         # one block per batch (from_items would split the rows evenly, and Ray Data bundle small blocks together)
-        blocks = [pyarrow.table(dict(zip(("number", "line"), map(list, zip(*items[i:i + batch])))))
-                  for i in range(0, len(items), batch)]
+        blocks = [
+            pyarrow.table(dict(zip(("number", "line"), map(list, zip(*items[i : i + batch])))))
+            for i in range(0, len(items), batch)
+        ]
         context = ray.data.DataContext.get_current()  # a Dataset keeps a copy of it from its creation on
         saved = context.enable_progress_bars
         context.enable_progress_bars = False  # the caller's bar counts rows
         try:
             gpus = {"num_gpus": gpus_per_worker} if gpus_per_worker else {}
             return ray.data.from_arrow(blocks).map_batches(
-                _BatchActor, batch_size=batch, num_cpus=cpus_per_worker, **gpus,
+                _BatchActor,
+                batch_size=batch,
+                num_cpus=cpus_per_worker,
+                **gpus,
                 compute=ray.data.ActorPoolStrategy(size=workers, max_tasks_in_flight_per_actor=2),
-                fn_constructor_kwargs={"model": model, "worker_options": worker_options,
-                                       "threads": max(1, int(cpus_per_worker)), "registry": self._registry})
+                fn_constructor_kwargs={
+                    "model": model,
+                    "worker_options": worker_options,
+                    "threads": max(1, int(cpus_per_worker)),
+                    "registry": self._registry,
+                },
+            )
         finally:
             context.enable_progress_bars = saved
 
@@ -363,9 +400,19 @@ class RayRun:
             self._ray.shutdown()
 
 
-def run_on_ray(input_path: Any, writer: Any, pending_lines: Iterable[tuple[int, str | None]] | None, *,
-               workers: int = 1, gpus_per_worker: float = 0, cpus_per_worker: float = 1, address: str | None = None,
-               model: Any = None, worker_options: dict | None = None, progress: bool = True) -> RayRun:
+def run_on_ray(
+    input_path: Any,
+    writer: Any,
+    pending_lines: Iterable[tuple[int, str | None]] | None,
+    *,
+    workers: int = 1,
+    gpus_per_worker: float = 0,
+    cpus_per_worker: float = 1,
+    address: str | None = None,
+    model: Any = None,
+    worker_options: dict | None = None,
+    progress: bool = True,
+) -> RayRun:
     """Result rows of ``pending_lines`` (``(line number, raw JSON text)``, the rows not yet in the output) decoded on
     Ray Data by ``workers`` actors of ``cpus_per_worker`` CPUs and ``gpus_per_worker`` GPUs; a :class:`RayRun`.
 
@@ -394,6 +441,14 @@ def run_on_ray(input_path: Any, writer: Any, pending_lines: Iterable[tuple[int, 
         if started:
             ray.shutdown()
         raise
-    return RayRun(ray, pending_lines, early, workers=workers, gpus_per_worker=gpus_per_worker,
-                  cpus_per_worker=cpus_per_worker, model=model, worker_options=dict(worker_options or {}),
-                  started=started)
+    return RayRun(
+        ray,
+        pending_lines,
+        early,
+        workers=workers,
+        gpus_per_worker=gpus_per_worker,
+        cpus_per_worker=cpus_per_worker,
+        model=model,
+        worker_options=dict(worker_options or {}),
+        started=started,
+    )

@@ -26,8 +26,20 @@ from refusion.errors import ConfigError, RowError
 from refusion.validators import is_integer, is_number
 
 #: the fields a row may have
-ROW_FIELDS = ("id", "prompt", "messages", "gen_length", "max_tokens", "seed", "preset", *PART_KINDS, "params",
-              "temperature", "top_k", "top_p")
+ROW_FIELDS = (
+    "id",
+    "prompt",
+    "messages",
+    "gen_length",
+    "max_tokens",
+    "seed",
+    "preset",
+    *PART_KINDS,
+    "params",
+    "temperature",
+    "top_k",
+    "top_p",
+)
 #: how a trusted user lets rows name classes by module path
 IMPORT_OPT_IN = "Trusted input may allow it with `--allow-imports` (`allow_imports=True`)."
 
@@ -76,8 +88,7 @@ def parse_line(text: str, number: int, *, allow_imports: bool = False) -> BatchR
     except (ValueError, RecursionError) as exc:
         raise RowError(f"line {number} is not valid JSON ({str(exc)[:200]}).", param="row", line=number) from None
     if not isinstance(value, dict):
-        raise RowError(f"line {number} must be a JSON object; got {type(value).__name__}.", param="row",
-                       line=number)
+        raise RowError(f"line {number} must be a JSON object; got {type(value).__name__}.", param="row", line=number)
     row_id = read_id(value)
 
     def fail(field: str, message: str) -> RowError:
@@ -132,8 +143,9 @@ def _prompt(value: Any, fail: Any) -> Any:
 
 def _messages(value: Any, fail: Any) -> list[dict]:
     if not isinstance(value, list) or not value:
-        raise fail("messages", f"must be a non-empty list of {{\"role\": ..., \"content\": ...}} objects; "
-                               f"got {value!r:.80}.")
+        raise fail(
+            "messages", f'must be a non-empty list of {{"role": ..., "content": ...}} objects; got {value!r:.80}.'
+        )
     out = []
     for i, message in enumerate(value):
         if not isinstance(message, dict):
@@ -189,11 +201,11 @@ def _params(value: Any, fail: Any) -> dict[str, Any]:
         parsed = {}
         for i, text in enumerate(value):
             if not isinstance(text, str):
-                raise fail(f"params[{i}]", f"must be a \"key=value\" string; got {text!r:.80}.")
+                raise fail(f"params[{i}]", f'must be a "key=value" string; got {text!r:.80}.')
             try:
                 key, param = parse_param(text)
             except ValueError as exc:
                 raise fail(f"params[{i}]", f"{exc}.") from None
             parsed[key] = param
         return parsed
-    raise fail("params", f"must be an object of part parameters or a list of \"key=value\" strings; got {value!r:.80}.")
+    raise fail("params", f'must be an object of part parameters or a list of "key=value" strings; got {value!r:.80}.')

@@ -53,8 +53,15 @@ class BatchWorker:
     Bad defaults raise :class:`ConfigError` here, before any row is read.
     """
 
-    def __init__(self, model: Any = None, *, max_rows: int = 16, max_batch_tokens: int = 8192,
-                 allow_imports: bool = False, **decoder_options: Any):
+    def __init__(
+        self,
+        model: Any = None,
+        *,
+        max_rows: int = 16,
+        max_batch_tokens: int = 8192,
+        allow_imports: bool = False,
+        **decoder_options: Any,
+    ):
         from refusion.generator import Generator
 
         self.model = load(model)
@@ -68,8 +75,12 @@ class BatchWorker:
 
             check_chat(self.model.tokenizer)
         self.defaults = {k: v for k, v in options.items() if v is not None}
-        self.generator = Generator(self.model, max_rows=max_rows, max_tokens=max_batch_tokens,
-                                   **{k: v for k, v in self.defaults.items() if k != "seed"})
+        self.generator = Generator(
+            self.model,
+            max_rows=max_rows,
+            max_tokens=max_batch_tokens,
+            **{k: v for k, v in self.defaults.items() if k != "seed"},
+        )
         self.lookahead = max_rows + max(1, max_rows // 2)  # the live rows and a small queue to refill from
         self._decoders: OrderedDict[str, tuple[Any, int | None]] = OrderedDict()
 
@@ -103,17 +114,28 @@ class BatchWorker:
 
         tokenizer = self.model.tokenizer
         field = "messages" if row.chat else "prompt"
-        size = sum(len(m["content"]) for m in row.prompt) if row.chat else \
-            len(row.prompt) if isinstance(row.prompt, str) else 0
+        size = (
+            sum(len(m["content"]) for m in row.prompt)
+            if row.chat
+            else len(row.prompt)
+            if isinstance(row.prompt, str)
+            else 0
+        )
         bound = prompt_chars(getattr(self.model, "max_positions", None))
         if bound is not None and size > bound:
-            raise ConfigError(f"`{field}` holds {size} characters of text; this model's {self.model.max_positions} "
-                              f"positions take at most {bound} (checked before tokenising).", param=field)
+            raise ConfigError(
+                f"`{field}` holds {size} characters of text; this model's {self.model.max_positions} "
+                f"positions take at most {bound} (checked before tokenising).",
+                param=field,
+            )
         if not row.chat:
             return encode_prompt(row.prompt, tokenizer, self.chat, allow_special=self.allow_special)
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-            raise ConfigError("`messages` need a tokenizer with a chat template, and this model's has none; give the "
-                              "row a `prompt` instead.", param="messages")
+            raise ConfigError(
+                "`messages` need a tokenizer with a chat template, and this model's has none; give the "
+                "row a `prompt` instead.",
+                param="messages",
+            )
         for i, message in enumerate(row.prompt):
             field = f"messages[{i}].content"
             check_encodable(message["content"], field)
@@ -197,7 +219,6 @@ class BatchWorker:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
 
 
 #: names the decoder gives a row's inputs -> the row field each comes from

@@ -125,7 +125,9 @@ class SequenceCache:
         if start < self.encoded:
             self.store.truncate(start)
             self.encoded = start
-            self.chunks = [c if c.stop <= start else Chunk(c.start, start, c.anchor) for c in self.chunks if c.start < start]
+            self.chunks = [
+                c if c.stop <= start else Chunk(c.start, start, c.anchor) for c in self.chunks if c.start < start
+            ]
         self.last_scores = None
 
     # -- used by engines -------------------------------------------------------
@@ -202,8 +204,16 @@ class CacheEditor:
     def last_position(self) -> int:
         return self._cache.last_position
 
-    def append(self, tokens, positions, kv: KVSegment | None = None, *, anchor: int | None = None,
-               continues: bool = False, last_logits: torch.Tensor | Scores | None = None) -> None:
+    def append(
+        self,
+        tokens,
+        positions,
+        kv: KVSegment | None = None,
+        *,
+        anchor: int | None = None,
+        continues: bool = False,
+        last_logits: torch.Tensor | Scores | None = None,
+    ) -> None:
         """See :meth:`SequenceCache.append`."""
         length, encoded = len(self._cache), self._cache.encoded
         self._cache.append(tokens, positions, kv, anchor=anchor, continues=continues, last_logits=last_logits)

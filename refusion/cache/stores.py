@@ -72,8 +72,18 @@ class PreallocatedKV:
     ``counters``.
     """
 
-    def __init__(self, layers: int, rows: int, heads: int, capacity: int, dim: int, *, dtype, device,
-                 counters: Counters | None = None):
+    def __init__(
+        self,
+        layers: int,
+        rows: int,
+        heads: int,
+        capacity: int,
+        dim: int,
+        *,
+        dtype,
+        device,
+        counters: Counters | None = None,
+    ):
         self.data = torch.zeros((layers, 2, rows, heads, capacity, dim), dtype=dtype, device=device)
         self.lengths = [0] * rows
         self.free_rows = list(range(rows - 1, -1, -1))

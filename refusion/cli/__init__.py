@@ -37,8 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     for group in (generate, batch, measure, train, sweep, plugins, serve):
         group.add_parsers(sub)
     for command in sub.choices.values():  # `refusion generate ... --debug` works too
-        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                             help="show the traceback of a failure")
+        command.add_argument(
+            "--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of a failure"
+        )
     return parser
 
 

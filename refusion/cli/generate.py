@@ -29,8 +29,10 @@ def result_json(result: Any) -> dict:
         "tokens_per_forward": result.tokens_per_forward,
         "iterations": len(result.steps),
         "commit_step": result.commit_step.tolist(),
-        "steps": [{"block": s.block, "selected": s.selected, "committed": s.committed, "forwards": s.forwards}
-                  for s in result.steps],
+        "steps": [
+            {"block": s.block, "selected": s.selected, "committed": s.committed, "forwards": s.forwards}
+            for s in result.steps
+        ],
     }
 
 
@@ -44,8 +46,11 @@ def run_generate(args: argparse.Namespace) -> int:
         else:
             print(result.text if result.text is not None else " ".join(map(str, result.tokens.tolist())))
             iterations = len(result.steps)
-            print(f"[{len(result.tokens)} tokens, {result.forwards} forwards, {result.tokens_per_forward:.2f} "
-                  f"tokens/forward, {iterations} iteration{'s' if iterations != 1 else ''}]", file=sys.stderr)
+            print(
+                f"[{len(result.tokens)} tokens, {result.forwards} forwards, {result.tokens_per_forward:.2f} "
+                f"tokens/forward, {iterations} iteration{'s' if iterations != 1 else ''}]",
+                file=sys.stderr,
+            )
     return 0
 
 
@@ -54,8 +59,9 @@ def run_visualize(args: argparse.Namespace) -> int:
     from refusion.viz.plot import GIF_FORMATS, HTML_FORMATS, check_output_path, render_gif, render_png
 
     if (args.from_trace is None) == (args.prompt is None):
-        raise ConfigError("`refusion visualize` takes either a PROMPT or `--from-trace FILE`, not both or neither.",
-                          param="prompt")
+        raise ConfigError(
+            "`refusion visualize` takes either a PROMPT or `--from-trace FILE`, not both or neither.", param="prompt"
+        )
     out = args.out or (None if args.gif or args.html else "trace.png")
     if out:
         check_output_path(out, "--out")  # before the model loads or anything is decoded
@@ -68,8 +74,9 @@ def run_visualize(args: argparse.Namespace) -> int:
 
         results, tokenizer = read_trace(args.from_trace), None
         if not 0 <= args.sequence < len(results):
-            raise ConfigError(f"`--sequence` must be in [0, {len(results)}) for this trace; got {args.sequence}.",
-                              param="--sequence")
+            raise ConfigError(
+                f"`--sequence` must be in [0, {len(results)}) for this trace; got {args.sequence}.", param="--sequence"
+            )
         result = results[args.sequence]
     else:
         check_decoding(args)
@@ -90,30 +97,51 @@ def run_visualize(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub: Any) -> None:
-    gen = sub.add_parser("generate", help="decode prompts", description="Decode prompts with ReFusion's algorithm "
-                         "(or any registered strategy); several prompts are decoded as one batch.")
+    gen = sub.add_parser(
+        "generate",
+        help="decode prompts",
+        description="Decode prompts with ReFusion's algorithm "
+        "(or any registered strategy); several prompts are decoded as one batch.",
+    )
     gen.add_argument("prompt", nargs="+", help="prompt text (or token ids with --ids)")
     add_prompt_options(gen)
     gen.add_argument("--json", action="store_true", help="print one JSON object per prompt (text, tokens, trace)")
-    gen.add_argument("--trace", default=None, metavar="FILE",
-                     help="write the standard JSON Lines trace (one record per iteration; docs/trace.md) to FILE")
+    gen.add_argument(
+        "--trace",
+        default=None,
+        metavar="FILE",
+        help="write the standard JSON Lines trace (one record per iteration; docs/trace.md) to FILE",
+    )
     add_model_options(gen)
     add_decoding_options(gen)
     gen.set_defaults(func=run_generate)
 
-    vis = sub.add_parser("visualize", help="draw when each position of an answer was committed",
-                         description="Decode one prompt and draw its generation region, each token coloured by the "
-                         "iteration that committed it (PNG), optionally animated (GIF) or as one HTML page; or draw a "
-                         "decode read from a trace file (--from-trace).")
+    vis = sub.add_parser(
+        "visualize",
+        help="draw when each position of an answer was committed",
+        description="Decode one prompt and draw its generation region, each token coloured by the "
+        "iteration that committed it (PNG), optionally animated (GIF) or as one HTML page; or draw a "
+        "decode read from a trace file (--from-trace).",
+    )
     vis.add_argument("prompt", nargs="?", default=None, help="prompt text (or token ids with --ids)")
-    vis.add_argument("--from-trace", default=None, metavar="FILE",
-                     help="draw a decode read from a trace file (generate --trace) instead of decoding a prompt")
-    vis.add_argument("--sequence", type=integer(0), default=0, help="with --from-trace: which sequence of a batch (default 0)")
+    vis.add_argument(
+        "--from-trace",
+        default=None,
+        metavar="FILE",
+        help="draw a decode read from a trace file (generate --trace) instead of decoding a prompt",
+    )
+    vis.add_argument(
+        "--sequence", type=integer(0), default=0, help="with --from-trace: which sequence of a batch (default 0)"
+    )
     add_prompt_options(vis)
     vis.add_argument("--out", default=None, help="PNG file to write (default: trace.png unless --gif/--html is given)")
     vis.add_argument("--gif", default=None, help="also write an animated GIF, one frame per iteration")
-    vis.add_argument("--html", default=None, metavar="FILE",
-                     help="also write one self-contained HTML page: the grid, a slider over iterations, the trace table")
+    vis.add_argument(
+        "--html",
+        default=None,
+        metavar="FILE",
+        help="also write one self-contained HTML page: the grid, a slider over iterations, the trace table",
+    )
     vis.add_argument("--trace", default=None, metavar="FILE", help="also write the decode's JSON Lines trace to FILE")
     vis.add_argument("--json", action="store_true", help="print the written files and the trace as JSON")
     add_model_options(vis)

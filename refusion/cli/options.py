@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from refusion.config import PART_KINDS, PRESETS
@@ -47,8 +47,9 @@ def integer(low: int | None = None, high: int | None = None, why: str = "") -> C
     return parse
 
 
-def number(low: float | None = None, high: float | None = None, *, low_open: bool = False,
-           why: str = "") -> Callable[[str], float]:
+def number(
+    low: float | None = None, high: float | None = None, *, low_open: bool = False, why: str = ""
+) -> Callable[[str], float]:
     """An argparse ``type``: a finite number in ``[low, high]`` (``(low, high]`` with ``low_open``); NaN and
     infinities are refused."""
 
@@ -76,24 +77,49 @@ def _param(text: str) -> tuple[str, Any]:
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     """The flags that say which model to load (``refusion.models.loading.MODEL_OPTIONS``)."""
     group = parser.add_argument_group("model")
-    group.add_argument("--model", default=None,
-                       help="checkpoint directory: LLaDA, Dream, SDAR and ReFusion checkpoints are recognised from "
-                       "their config.json (default: the model shipped with refusion)")
+    group.add_argument(
+        "--model",
+        default=None,
+        help="checkpoint directory: LLaDA, Dream, SDAR and ReFusion checkpoints are recognised from "
+        "their config.json (default: the model shipped with refusion)",
+    )
     group.add_argument("--device", default=None, help="torch device for the model, e.g. cuda")
     group.add_argument("--dtype", default="auto", help="model dtype: auto, float32, bfloat16, ...")
-    group.add_argument("--mask-token-id", type=integer(0, MAX_TOKEN_ID), default=None,
-                       help="mask token id, if the checkpoint does not say")
-    group.add_argument("--eos-token-id", type=integer(0, MAX_TOKEN_ID), action="append", default=None,
-                       help="EOS id (repeatable)")
-    group.add_argument("--adapter", default=None,
-                       help="for architectures outside the supported families only: hf-causal (causal LMs), hf-mdm "
-                       "(bidirectional MDMs) or hf-block (block diffusion); default: recognised from config.json")
-    group.add_argument("--logit-shift", type=int, default=None, choices=(0, 1),
-                       help="with --adapter hf-mdm: 0 = LLaDA-style, 1 = Dream-style (logits predict the next position)")
-    group.add_argument("--model-block-length", type=integer(1, MAX_GEN_LENGTH), default=None, metavar="N",
-                       help="block length of a block-diffusion model (SDAR: config.json's block_size, else 4)")
-    group.add_argument("--trust-remote-code", action="store_true", default=False,
-                       help="run the checkpoint's own code (only for architectures outside the supported families)")
+    group.add_argument(
+        "--mask-token-id",
+        type=integer(0, MAX_TOKEN_ID),
+        default=None,
+        help="mask token id, if the checkpoint does not say",
+    )
+    group.add_argument(
+        "--eos-token-id", type=integer(0, MAX_TOKEN_ID), action="append", default=None, help="EOS id (repeatable)"
+    )
+    group.add_argument(
+        "--adapter",
+        default=None,
+        help="for architectures outside the supported families only: hf-causal (causal LMs), hf-mdm "
+        "(bidirectional MDMs) or hf-block (block diffusion); default: recognised from config.json",
+    )
+    group.add_argument(
+        "--logit-shift",
+        type=int,
+        default=None,
+        choices=(0, 1),
+        help="with --adapter hf-mdm: 0 = LLaDA-style, 1 = Dream-style (logits predict the next position)",
+    )
+    group.add_argument(
+        "--model-block-length",
+        type=integer(1, MAX_GEN_LENGTH),
+        default=None,
+        metavar="N",
+        help="block length of a block-diffusion model (SDAR: config.json's block_size, else 4)",
+    )
+    group.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        default=False,
+        help="run the checkpoint's own code (only for architectures outside the supported families)",
+    )
 
 
 def load(args: argparse.Namespace) -> Any:
@@ -113,43 +139,83 @@ def model_settings(args: argparse.Namespace) -> dict[str, Any]:
 #: decoding flags that set a spec parameter: flag, parameter, argparse keywords
 PARAMETER_FLAGS = (
     ("--slot-size", "slot_size", dict(type=integer(1), help="tokens per slot (partitioner `slot_size`)")),
-    ("--serial-blocks", "serial_num_blocks", dict(type=integer(1),
-                                                  help="serial blocks (partitioner `serial_num_blocks`)")),
+    (
+        "--serial-blocks",
+        "serial_num_blocks",
+        dict(type=integer(1), help="serial blocks (partitioner `serial_num_blocks`)"),
+    ),
     ("--slot-threshold", "slot_threshold", dict(type=number(), help="selector `slot_threshold` in [0, 1]")),
     ("--token-threshold", "token_threshold", dict(type=number(), help="infiller `token_threshold` in [0, 1]")),
     ("--temperature", "temperature", dict(type=number(), help="sampling temperature for drafts (0 = greedy)")),
     ("--top-k", "top_k", dict(type=integer(0), help="sample among the k most likely tokens")),
     ("--top-p", "top_p", dict(type=number(), help="sample within the top-p probability mass")),
-    ("--seed", "seed", dict(type=integer(0, MAX_SEED), help="seed of the sampling (each prompt has its own generator)")),
-    ("--engine", "engine", dict(help="what runs the model calls: branch (batched, shared-prefix branches), repeat "
-                                     "(the reference's), canvas (bidirectional models), block (block diffusion); "
-                                     "default: the best for the model")),
+    (
+        "--seed",
+        "seed",
+        dict(type=integer(0, MAX_SEED), help="seed of the sampling (each prompt has its own generator)"),
+    ),
+    (
+        "--engine",
+        "engine",
+        dict(
+            help="what runs the model calls: branch (batched, shared-prefix branches), repeat "
+            "(the reference's), canvas (bidirectional models), block (block diffusion); "
+            "default: the best for the model"
+        ),
+    ),
 )
 
 
 def add_decoding_options(parser: argparse.ArgumentParser) -> None:
     """The flags that describe the decoder: preset, parts, parameters (see ``refusion plugins``)."""
     group = parser.add_argument_group("decoding (see `refusion plugins` for every part and parameter)")
-    group.add_argument("--preset", default=None, choices=sorted(PRESETS),
-                       help="named configuration (default: the checkpoint's refusion.json, else its family's own: "
-                            "llada, dream, sdar; paper otherwise)")
-    group.add_argument("--preset-file", default=None, metavar="FILE",
-                       help="a decoder spec file, e.g. the preset.json `refusion sweep` writes (instead of --preset)")
-    group.add_argument("--gen-length", "--max-tokens", dest="gen_length", type=integer(1, MAX_GEN_LENGTH),
-                       default=None,
-                       help="tokens to generate, exactly (the last slot or block may be shorter; a length the "
-                       "partitioner cannot split is refused with the nearest allowed ones); --max-tokens is the same "
-                       "flag under OpenAI's and vLLM's name. Default: the preset's, shortened to fit the model's "
-                       "positions (the shipped model has 128) with a note")
+    group.add_argument(
+        "--preset",
+        default=None,
+        choices=sorted(PRESETS),
+        help="named configuration (default: the checkpoint's refusion.json, else its family's own: "
+        "llada, dream, sdar; paper otherwise)",
+    )
+    group.add_argument(
+        "--preset-file",
+        default=None,
+        metavar="FILE",
+        help="a decoder spec file, e.g. the preset.json `refusion sweep` writes (instead of --preset)",
+    )
+    group.add_argument(
+        "--gen-length",
+        "--max-tokens",
+        dest="gen_length",
+        type=integer(1, MAX_GEN_LENGTH),
+        default=None,
+        help="tokens to generate, exactly (the last slot or block may be shorter; a length the "
+        "partitioner cannot split is refused with the nearest allowed ones); --max-tokens is the same "
+        "flag under OpenAI's and vLLM's name. Default: the preset's, shortened to fit the model's "
+        "positions (the shipped model has 128) with a note",
+    )
     for kind in PART_KINDS:
         group.add_argument(f"--{kind}", default=None, help=f"{kind} name (`refusion plugins` lists them)")
     for flag, _, options in PARAMETER_FLAGS:
         group.add_argument(flag, default=None, **options)
-    group.add_argument("-p", "--param", type=_param, action="append", default=[], metavar="KEY=VALUE",
-                       help="any part parameter or decoder option, e.g. -p k=2 or -p selector.k=2 (repeatable)")
-    group.add_argument("--no-stop-at-eos", dest="stop_at_eos", action="store_false", default=None,
-                       help="decode every position even after an EOS (the answer is still cut at the first EOS)")
-    group.add_argument("--chat", dest="chat", action="store_true", default=None, help="apply the tokenizer's chat template")
+    group.add_argument(
+        "-p",
+        "--param",
+        type=_param,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any part parameter or decoder option, e.g. -p k=2 or -p selector.k=2 (repeatable)",
+    )
+    group.add_argument(
+        "--no-stop-at-eos",
+        dest="stop_at_eos",
+        action="store_false",
+        default=None,
+        help="decode every position even after an EOS (the answer is still cut at the first EOS)",
+    )
+    group.add_argument(
+        "--chat", dest="chat", action="store_true", default=None, help="apply the tokenizer's chat template"
+    )
     group.add_argument("--no-chat", dest="chat", action="store_false", help="feed the prompt as is")
 
 
@@ -196,8 +262,9 @@ def prompts(args: argparse.Namespace) -> list[Any]:
         try:
             given = [[int(t) for t in p.split(",")] for p in given]
         except ValueError:
-            raise ConfigError(f"`prompt` with --ids must be comma-separated integers; got {args.prompt!r}.",
-                              param="prompt") from None
+            raise ConfigError(
+                f"`prompt` with --ids must be comma-separated integers; got {args.prompt!r}.", param="prompt"
+            ) from None
     return given
 
 
@@ -238,17 +305,28 @@ def decode(args: argparse.Namespace, texts: list[Any], model: Any) -> list[Any]:
 
     params = decoding_params(args)
     parts = {kind: getattr(args, kind) for kind in PART_KINDS}
-    return generate(texts, model, gen_length=args.gen_length, preset=chosen_preset(args), chat=args.chat,
-                    trace=getattr(args, "trace", None), allow_special=getattr(args, "allow_special_tokens", False),
-                    **parts, **params)
+    return generate(
+        texts,
+        model,
+        gen_length=args.gen_length,
+        preset=chosen_preset(args),
+        chat=args.chat,
+        trace=getattr(args, "trace", None),
+        allow_special=getattr(args, "allow_special_tokens", False),
+        **parts,
+        **params,
+    )
 
 
 def add_prompt_options(parser: argparse.ArgumentParser) -> None:
     """The flags about how prompt text is read: ``--ids`` and ``--allow-special-tokens``."""
     parser.add_argument("--ids", action="store_true", help="the prompts are comma-separated token ids, not text")
-    parser.add_argument("--allow-special-tokens", action="store_true", default=False,
-                        help="let prompt text name special tokens (e.g. <|endoftext|>), which become their ids; "
-                        "refused by default")
+    parser.add_argument(
+        "--allow-special-tokens",
+        action="store_true",
+        default=False,
+        help="let prompt text name special tokens (e.g. <|endoftext|>), which become their ids; refused by default",
+    )
 
 
 def add_trust_options(parser: Any, *, what: str) -> None:
@@ -257,12 +335,20 @@ def add_trust_options(parser: Any, *, what: str) -> None:
     Both default to off: a ``module:Class`` name imports and runs that module,
     and special-token text becomes special ids.
     """
-    parser.add_argument("--allow-imports", action="store_true", default=False,
-                        help=f"let {what} name parts and the engine by 'module:Class' path, which imports and runs "
-                        "that module; only for trusted input (refused by default)")
-    parser.add_argument("--allow-special-tokens", action="store_true", default=False,
-                        help=f"let the text of {what} name special tokens (e.g. <|endoftext|>), which become their "
-                        "ids (refused by default)")
+    parser.add_argument(
+        "--allow-imports",
+        action="store_true",
+        default=False,
+        help=f"let {what} name parts and the engine by 'module:Class' path, which imports and runs "
+        "that module; only for trusted input (refused by default)",
+    )
+    parser.add_argument(
+        "--allow-special-tokens",
+        action="store_true",
+        default=False,
+        help=f"let the text of {what} name special tokens (e.g. <|endoftext|>), which become their "
+        "ids (refused by default)",
+    )
 
 
 def write_record(record: dict, path: str | None, to_stdout: bool) -> None:

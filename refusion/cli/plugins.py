@@ -12,8 +12,13 @@ def run_plugins(args: argparse.Namespace) -> int:
 
     rows: list[dict[str, Any]] = [
         {
-            "kind": r.kind, "name": r.name, "class": f"{r.cls.__module__}.{r.cls.__qualname__}",
-            "source": r.source, "package": r.package, "plugin": r.plugin, "parameters": r.parameters(),
+            "kind": r.kind,
+            "name": r.name,
+            "class": f"{r.cls.__module__}.{r.cls.__qualname__}",
+            "source": r.source,
+            "package": r.package,
+            "plugin": r.plugin,
+            "parameters": r.parameters(),
         }
         for r in registry()
     ]
@@ -28,8 +33,11 @@ def run_plugins(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub: Any) -> None:
-    plugins = sub.add_parser("plugins", help="list registered parts, engines, model adapters and families",
-                             description="List every registered part: kind, name, source (built-in or package), "
-                             "class and parameters with defaults.")
+    plugins = sub.add_parser(
+        "plugins",
+        help="list registered parts, engines, model adapters and families",
+        description="List every registered part: kind, name, source (built-in or package), "
+        "class and parameters with defaults.",
+    )
     plugins.add_argument("--json", action="store_true", help="print JSON")
     plugins.set_defaults(func=run_plugins)

@@ -29,15 +29,21 @@ def run_train(args: argparse.Namespace) -> int:
 
 def add_parsers(sub: Any) -> None:
     train = sub.add_parser(
-        "train", help="train a small ReFusion model on the synthetic tasks (CPU)",
+        "train",
+        help="train a small ReFusion model on the synthetic tasks (CPU)",
         description="Train the Qwen3-architecture ReFusion model that ships with refusion (defaults reproduce it).",
     )
     train.add_argument("--out", required=True, help="output directory (weights, config, tokenizer)")
-    train.add_argument("--seed", type=integer(0, SEED_LIMIT - 1), default=0,
-                       help="seed of the data, masks and initial weights")
+    train.add_argument(
+        "--seed", type=integer(0, SEED_LIMIT - 1), default=0, help="seed of the data, masks and initial weights"
+    )
     train.add_argument("--steps", type=integer(1), default=None, help="optimizer steps (default: the shipped model's)")
     train.add_argument("--batch-size", type=integer(1), default=None, help="examples per step")
-    train.add_argument("--threads", type=integer(1, MAX_THREADS), default=None,
-                       help="torch threads (weights are reproducible per count)")
+    train.add_argument(
+        "--threads",
+        type=integer(1, MAX_THREADS),
+        default=None,
+        help="torch threads (weights are reproducible per count)",
+    )
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     train.set_defaults(func=run_train)

@@ -30,11 +30,15 @@ def _paper(task: str, slot_size: int, blocks: int, slot_t: float, token_t: float
         description=f"ReFusion public eval setting for {task}: slot_size={slot_size}, serial_num_blocks={blocks}, "
         f"slot_threshold={slot_t}, token_threshold={token_t}, gen_length=512",
         gen_length=512,
-        params=dict(slot_size=slot_size, serial_num_blocks=blocks, slot_threshold=slot_t, token_threshold=token_t,
-                    **REFERENCE_ARITHMETIC),
+        params=dict(
+            slot_size=slot_size,
+            serial_num_blocks=blocks,
+            slot_threshold=slot_t,
+            token_threshold=token_t,
+            **REFERENCE_ARITHMETIC,
+        ),
         peer="refusion.generate_refusion",
     )
-
 
 
 #: The reference's per-task settings (ML-GSAI/ReFusion eval scripts), plus its function defaults.
@@ -58,8 +62,16 @@ DEFINITIONS: dict[str, dict] = {
         "evenly over blocks and masks, `remasking` low_confidence (or random), Gumbel-max `temperature`, "
         "`cfg_scale`; every position decoded, the answer cut at the first EOS afterwards",
         gen_length=128,
-        params=dict(block_length=32, slot_size=1, steps=128, remasking="low_confidence", sampler="gumbel",
-                    stop_at_eos=False, precision="logits", ties="canvas"),
+        params=dict(
+            block_length=32,
+            slot_size=1,
+            steps=128,
+            remasking="low_confidence",
+            sampler="gumbel",
+            stop_at_eos=False,
+            precision="logits",
+            ties="canvas",
+        ),
         partitioner="semi-ar",
         selector="llada-steps",
         infiller="draft",
@@ -71,8 +83,16 @@ DEFINITIONS: dict[str, dict] = {
         "timesteps linspace(1, `eps` 1e-3), `alg` entropy (origin / maskgit_plus / topk_margin / entropy), "
         "`temperature`/`top_p`/`top_k`; for models with logit shift 1; the answer cut at the first EOS afterwards",
         gen_length=128,
-        params=dict(slot_size=1, serial_num_blocks=1, steps=128, eps=1e-3, alg="entropy", stop_at_eos=False,
-                    **DREAM_ARITHMETIC, ties="canvas"),
+        params=dict(
+            slot_size=1,
+            serial_num_blocks=1,
+            steps=128,
+            eps=1e-3,
+            alg="entropy",
+            stop_at_eos=False,
+            **DREAM_ARITHMETIC,
+            ties="canvas",
+        ),
         partitioner="fixed",
         selector="dream-steps",
         infiller="draft",
@@ -84,8 +104,16 @@ DEFINITIONS: dict[str, dict] = {
         "token with confidence >= `threshold` 0.9 per step (else the best), no cache on bidirectional models "
         "(exact prefix cache on causal ones); the answer cut at the first EOS afterwards",
         gen_length=128,
-        params=dict(block_length=32, slot_size=1, slot_threshold=0.9, inclusive=True, sampler="gumbel",
-                    stop_at_eos=False, precision="float64", ties="canvas"),
+        params=dict(
+            block_length=32,
+            slot_size=1,
+            slot_threshold=0.9,
+            inclusive=True,
+            sampler="gumbel",
+            stop_at_eos=False,
+            precision="float64",
+            ties="canvas",
+        ),
         partitioner="semi-ar",
         infiller="draft",
         peer="fast_dllm.generate",
@@ -96,8 +124,17 @@ DEFINITIONS: dict[str, dict] = {
         "confidence_threshold) or Dream's entropy schedule over `steps`; prefix cache (`dual_cache=True`: dual); "
         "for models with logit shift 1; the answer cut at the first EOS afterwards",
         gen_length=128,
-        params=dict(block_length=32, slot_size=1, alg="confidence_threshold", threshold=0.9, steps=128,
-                    prefix_at_block=True, stop_at_eos=False, **DREAM_ARITHMETIC, ties="suffix"),
+        params=dict(
+            block_length=32,
+            slot_size=1,
+            alg="confidence_threshold",
+            threshold=0.9,
+            steps=128,
+            prefix_at_block=True,
+            stop_at_eos=False,
+            **DREAM_ARITHMETIC,
+            ties="suffix",
+        ),
         partitioner="semi-ar",
         selector="dream-blocks",
         infiller="draft",
@@ -110,9 +147,19 @@ DEFINITIONS: dict[str, dict] = {
         "`remasking_strategy` low_confidence_dynamic (`confidence_threshold` 0.85), multinomial sampling at "
         "`temperature` 1.0 as SDAR; stops after the block with an EOS (`stopping_criteria_idx`, as SDAR's script)",
         gen_length=128,
-        params=dict(block_length=4, slot_size=1, align="absolute", pad=True, denoising_steps=4,
-                    remasking_strategy="low_confidence_dynamic", confidence_threshold=0.85,
-                    sampler="block-multinomial", temperature=1.0, stop_at_eos="block", ties="model-block"),
+        params=dict(
+            block_length=4,
+            slot_size=1,
+            align="absolute",
+            pad=True,
+            denoising_steps=4,
+            remasking_strategy="low_confidence_dynamic",
+            confidence_threshold=0.85,
+            sampler="block-multinomial",
+            temperature=1.0,
+            stop_at_eos="block",
+            ties="model-block",
+        ),
         partitioner="semi-ar",
         selector="sdar-steps",
         infiller="draft",
@@ -143,8 +190,6 @@ DEFINITIONS["fast-dllm-dual"] = dict(
     params=dict(DEFINITIONS["fast-dllm"]["params"], ties="canvas-then-serial-block"),
     peer="fast_dllm.generate_with_dual_cache",
 )
-
-
 
 
 class _Presets(Mapping):

@@ -59,8 +59,11 @@ def jsonable(value: Any, where: str) -> Any:
         return value
     if isinstance(value, (list, tuple)):
         return [jsonable(v, where) for v in value]
-    raise ConfigError(f"`{where}` = {value!r:.80} cannot be written to a decoder spec: it holds only JSON values "
-                      "(numbers, strings, booleans, None, lists).", param=where)
+    raise ConfigError(
+        f"`{where}` = {value!r:.80} cannot be written to a decoder spec: it holds only JSON values "
+        "(numbers, strings, booleans, None, lists).",
+        param=where,
+    )
 
 
 @attrs.frozen
@@ -88,8 +91,11 @@ class PartSpec:
             return cls(part)
         if isinstance(part, type):
             return cls(_name_of(kind, part), cls=part)
-        params = ({(f.alias or f.name): getattr(part, f.name) for f in attrs.fields(type(part)) if f.init}
-                  if attrs.has(type(part)) else {})
+        params = (
+            {(f.alias or f.name): getattr(part, f.name) for f in attrs.fields(type(part)) if f.init}
+            if attrs.has(type(part))
+            else {}
+        )
         return cls(_name_of(kind, type(part)), params, cls=type(part), instance=part)
 
     @property
@@ -119,9 +125,7 @@ class SamplerSpec:
 
     def accepts(self) -> tuple[str, ...]:
         """The parameters this sampler takes."""
-        from refusion.decoding.sampling import SAMPLERS
-
-        from refusion.decoding.sampling import Greedy
+        from refusion.decoding.sampling import SAMPLERS, Greedy
 
         return tuple(attrs.fields_dict(Greedy if self.name == "greedy" else SAMPLERS[self.name]))
 
@@ -136,8 +140,9 @@ class SamplerSpec:
                 return greedy if built.fused else built
             return SAMPLERS[self.name](**self.params)
         except TypeError as exc:
-            raise ConfigError(f"sampler {self.name!r} takes {', '.join(self.accepts())}; {exc}.", param="sampler") \
-                from None
+            raise ConfigError(
+                f"sampler {self.name!r} takes {', '.join(self.accepts())}; {exc}.", param="sampler"
+            ) from None
 
     @classmethod
     def of(cls, sample: Any) -> SamplerSpec:
@@ -200,8 +205,14 @@ class DecoderSpec:
 
     # -- construction ----------------------------------------------------------
     @classmethod
-    def of_parts(cls, partitioner: Any = "fixed", selector: Any = "threshold", infiller: Any = "parallel-ar",
-                 reorderer: Any = "commit-order", **fields: Any) -> DecoderSpec:
+    def of_parts(
+        cls,
+        partitioner: Any = "fixed",
+        selector: Any = "threshold",
+        infiller: Any = "parallel-ar",
+        reorderer: Any = "commit-order",
+        **fields: Any,
+    ) -> DecoderSpec:
         """A spec from part names, classes or instances (parameters then go through :meth:`with_params`)."""
         parts = dict(partitioner=partitioner, selector=selector, infiller=infiller, reorderer=reorderer)
         specs: dict[str, Any] = {kind: PartSpec.of(kind, part) for kind, part in parts.items()}
@@ -253,8 +264,11 @@ class DecoderSpec:
             elif key in DRAFT_PARAMS:  # the sampler's if it takes it, and every part's that declares it
                 owners = [kind for kind in PART_KINDS if key in declared[kind]]
                 if key not in sampler.accepts() and not owners:
-                    raise ConfigError(f"`{key}` is taken by no part and not by sampler {sampler.name!r} (it takes "
-                                      f"{', '.join(sampler.accepts()) or 'nothing'}).", param=key)
+                    raise ConfigError(
+                        f"`{key}` is taken by no part and not by sampler {sampler.name!r} (it takes "
+                        f"{', '.join(sampler.accepts()) or 'nothing'}).",
+                        param=key,
+                    )
                 if key in sampler.accepts():
                     sampler = attrs.evolve(sampler, params={**sampler.params, key: value})
                 for kind in owners:
@@ -266,38 +280,50 @@ class DecoderSpec:
                     kept = {k: v for k, v in sampler.params.items() if k in SamplerSpec("categorical").accepts()}
                     sampler = SamplerSpec("categorical", kept)
                 if key not in sampler.accepts():
-                    raise ConfigError(f"sampler {sampler.name!r} takes {', '.join(sampler.accepts())}; not `{key}`.",
-                                      param=key)
+                    raise ConfigError(
+                        f"sampler {sampler.name!r} takes {', '.join(sampler.accepts())}; not `{key}`.", param=key
+                    )
                 sampler = attrs.evolve(sampler, params={**sampler.params, key: value})
             elif "." in key:
                 kind, _, field = key.partition(".")
                 if kind not in PART_KINDS:
                     raise ConfigError(f"`{key}`: unknown part {kind!r}; parts are {', '.join(PART_KINDS)}.", param=key)
                 if field not in declared[kind]:
-                    raise ConfigError(f"`{key}`: {kind} {getattr(self, kind).name!r} has no parameter {field!r}; it "
-                                      f"accepts: {', '.join(sorted(declared[kind])) or 'none'}.", param=key)
+                    raise ConfigError(
+                        f"`{key}`: {kind} {getattr(self, kind).name!r} has no parameter {field!r}; it "
+                        f"accepts: {', '.join(sorted(declared[kind])) or 'none'}.",
+                        param=key,
+                    )
                 parts[kind][field] = value
             else:
                 owners = [kind for kind in PART_KINDS if key in declared[kind]]
                 if not owners:
-                    listing = "; ".join(f"{kind} {getattr(self, kind).name!r}: {', '.join(sorted(declared[kind])) or 'none'}"
-                                        for kind in PART_KINDS)
-                    raise ConfigError(f"Unknown parameter `{key}`. Parameters by part: {listing}; and whatever the "
-                                      f"parts: {', '.join(SPEC_PARAMS)}.", param=key)
+                    listing = "; ".join(
+                        f"{kind} {getattr(self, kind).name!r}: {', '.join(sorted(declared[kind])) or 'none'}"
+                        for kind in PART_KINDS
+                    )
+                    raise ConfigError(
+                        f"Unknown parameter `{key}`. Parameters by part: {listing}; and whatever the "
+                        f"parts: {', '.join(SPEC_PARAMS)}.",
+                        param=key,
+                    )
                 for kind in owners:  # a parameter several parts declare (e.g. `block_length`) means the same to each
                     parts[kind][key] = value
         for kind in PART_KINDS:
             spec = getattr(self, kind)
             if parts[kind] != dict(spec.params):
                 if not spec.readable:
-                    raise ConfigError(f"`{kind}` was given as a ready-made object whose parameters cannot be read "
-                                      f"back; {sorted(set(parts[kind]) - set(spec.params))} cannot be set on it.",
-                                      param=kind)
+                    raise ConfigError(
+                        f"`{kind}` was given as a ready-made object whose parameters cannot be read "
+                        f"back; {sorted(set(parts[kind]) - set(spec.params))} cannot be set on it.",
+                        param=kind,
+                    )
                 fields[kind] = attrs.evolve(spec, params=parts[kind], instance=None)
         return attrs.evolve(self, sampler=sampler, **fields)
 
-    def merged(self, parts: Mapping[str, Any] | None = None, params: Mapping[str, Any] | None = None, *,
-               model: Any = None) -> DecoderSpec:
+    def merged(
+        self, parts: Mapping[str, Any] | None = None, params: Mapping[str, Any] | None = None, *, model: Any = None
+    ) -> DecoderSpec:
         """The spec with ``parts`` replaced, then ``params`` set (see :meth:`with_parts`, :meth:`with_params`).
 
         When the spec reproduces a peer function (``peer``), the arguments of
@@ -319,8 +345,10 @@ class DecoderSpec:
     # -- building ---------------------------------------------------------------
     def part_objects(self) -> dict[str, Any]:
         """The four parts, built (errors name the part and the parameter); what a decoder is made of."""
-        return {kind: build_part(kind, spec.name, spec.params, spec.cls, spec.instance)
-                for kind, spec in self.parts().items()}
+        return {
+            kind: build_part(kind, spec.name, spec.params, spec.cls, spec.instance)
+            for kind, spec in self.parts().items()
+        }
 
     def options(self) -> dict[str, Any]:
         """The decoder options and the built sampler, as :class:`~refusion.decoding.decoder.Decoder` takes them."""
@@ -331,18 +359,30 @@ class DecoderSpec:
         """Plain JSON: ``{"format", "description", "gen_length", "peer", "partitioner": {"name", "params"}, ...,
         "sampler": {"name", "params"}, "engine", "seed", "stop_at_eos", "cfg_scale", "calls_per_token",
         "batch_invariant"}``."""
-        out: dict[str, Any] = {"format": FORMAT, "description": self.description, "gen_length": self.gen_length,
-                               "peer": self.peer}
+        out: dict[str, Any] = {
+            "format": FORMAT,
+            "description": self.description,
+            "gen_length": self.gen_length,
+            "peer": self.peer,
+        }
         for kind, spec in self.parts().items():
             if not spec.readable:
-                raise ConfigError(f"`{kind}` {spec.instance!r:.80} cannot be written to a decoder spec: its "
-                                  "parameters cannot be read back (make it an attrs class).", param=kind)
+                raise ConfigError(
+                    f"`{kind}` {spec.instance!r:.80} cannot be written to a decoder spec: its "
+                    "parameters cannot be read back (make it an attrs class).",
+                    param=kind,
+                )
             out[kind] = {"name": spec.name, "params": {k: jsonable(v, f"{kind}.{k}") for k, v in spec.params.items()}}
         if self.sampler.instance is not None:
-            raise ConfigError(f"`sampler` {self.sampler.instance!r:.80} cannot be written to a decoder spec: only "
-                              "greedy and the registered samplers can.", param="sampler")
-        out["sampler"] = {"name": self.sampler.name,
-                          "params": {k: jsonable(v, f"sampler.{k}") for k, v in self.sampler.params.items()}}
+            raise ConfigError(
+                f"`sampler` {self.sampler.instance!r:.80} cannot be written to a decoder spec: only "
+                "greedy and the registered samplers can.",
+                param="sampler",
+            )
+        out["sampler"] = {
+            "name": self.sampler.name,
+            "params": {k: jsonable(v, f"sampler.{k}") for k, v in self.sampler.params.items()},
+        }
         engine = self.engine
         if engine is not None and not isinstance(engine, str):
             engine = getattr(engine, "name", None) or class_path(engine)
@@ -360,25 +400,37 @@ class DecoderSpec:
         if not isinstance(data, Mapping):
             raise ConfigError(f"{where} must be a JSON object; got {type(data).__name__}.", param=where)
         data = dict(data)
-        if "format" not in data and ("sample" in data or "params" in data or not any(
-                isinstance(data.get(kind), Mapping) for kind in (*PART_KINDS, "sampler"))):
+        if "format" not in data and (
+            "sample" in data
+            or "params" in data
+            or not any(isinstance(data.get(kind), Mapping) for kind in (*PART_KINDS, "sampler"))
+        ):
             return cls._from_earlier(data, where)
         data.setdefault("format", FORMAT)  # a spec written by hand may leave it out
         if data["format"] != FORMAT:
             raise ConfigError(f"{where}: field `format` must be {FORMAT!r}; got {data['format']!r}.", param="format")
         unknown = sorted(set(data) - set(SPEC_FIELDS) - set(PART_KINDS))
         if unknown:
-            raise ConfigError(f"{where}: unknown field(s) {', '.join(unknown)}; fields are "
-                              f"{', '.join((*SPEC_FIELDS, *PART_KINDS))}.", param=unknown[0])
+            raise ConfigError(
+                f"{where}: unknown field(s) {', '.join(unknown)}; fields are {', '.join((*SPEC_FIELDS, *PART_KINDS))}.",
+                param=unknown[0],
+            )
         fields: dict[str, Any] = {}
         for kind in (*PART_KINDS, "sampler"):
             if kind not in data:
                 continue
             part = data[kind]
-            if not isinstance(part, Mapping) or not isinstance(part.get("name"), str) or \
-                    not isinstance(part.get("params", {}), Mapping) or set(part) - {"name", "params"}:
-                raise ConfigError(f"{where}: field `{kind}` must be an object with a `name` (string) and `params` "
-                                  f"(an object); got {part!r:.80}.", param=kind)
+            if (
+                not isinstance(part, Mapping)
+                or not isinstance(part.get("name"), str)
+                or not isinstance(part.get("params", {}), Mapping)
+                or set(part) - {"name", "params"}
+            ):
+                raise ConfigError(
+                    f"{where}: field `{kind}` must be an object with a `name` (string) and `params` "
+                    f"(an object); got {part!r:.80}.",
+                    param=kind,
+                )
             fields[kind] = (SamplerSpec if kind == "sampler" else PartSpec)(part["name"], part.get("params", {}))
         if "sampler" in fields:
             sampler_name(fields["sampler"].name)
@@ -399,23 +451,33 @@ class DecoderSpec:
             for kind in PART_KINDS:
                 part = data.pop(kind, None)
                 if not isinstance(part, Mapping) or not isinstance(part.get("name"), str):
-                    raise ConfigError(f"{where}: field `{kind}` must be an object with a `name`; got {part!r:.80}.",
-                                      param=kind)
+                    raise ConfigError(
+                        f"{where}: field `{kind}` must be an object with a `name`; got {part!r:.80}.", param=kind
+                    )
                 params = part.get("params", {})
                 if not isinstance(params, Mapping):
-                    raise ConfigError(f"{where}: field `{kind}.params` must be an object; got {params!r:.80}.",
-                                      param=f"{kind}.params")
-                parts[kind] = _check_part_params(kind, PartSpec(
-                    part["name"] if _registered(kind, part["name"], part.get("class"))
-                    else part.get("class", part["name"]), params), where)
+                    raise ConfigError(
+                        f"{where}: field `{kind}.params` must be an object; got {params!r:.80}.", param=f"{kind}.params"
+                    )
+                parts[kind] = _check_part_params(
+                    kind,
+                    PartSpec(
+                        part["name"]
+                        if _registered(kind, part["name"], part.get("class"))
+                        else part.get("class", part["name"]),
+                        params,
+                    ),
+                    where,
+                )
             if sample == "greedy":
                 sampler = SamplerSpec()
             elif isinstance(sample, Mapping):
                 sample = dict(sample)
                 sampler = SamplerSpec(sampler_name(sample.pop("sampler", "categorical")), sample)
             else:
-                raise ConfigError(f"{where}: field `sample` must be 'greedy' or an object; got {sample!r:.80}.",
-                                  param="sample")
+                raise ConfigError(
+                    f"{where}: field `sample` must be 'greedy' or an object; got {sample!r:.80}.", param="sample"
+                )
             _check_sampler_params(sampler, where)
             known = set(DECODER_OPTIONS)
             unknown = sorted(set(data) - known)
@@ -425,21 +487,26 @@ class DecoderSpec:
         allowed = {"description", "gen_length", "params", "peer", *PART_KINDS}
         unknown = sorted(set(data) - allowed)
         if unknown:
-            raise ConfigError(f"{where}: unknown field(s) {', '.join(unknown)}; fields are {', '.join(sorted(allowed))}.",
-                              param=unknown[0])
+            raise ConfigError(
+                f"{where}: unknown field(s) {', '.join(unknown)}; fields are {', '.join(sorted(allowed))}.",
+                param=unknown[0],
+            )
         for kind in PART_KINDS:
             if kind in data and not isinstance(data[kind], str):
                 raise ConfigError(f"{where}: field `{kind}` must be a part name; got {data[kind]!r:.80}.", param=kind)
         if "gen_length" not in data:
-            raise ConfigError(f"{where}: field `gen_length` is missing (the preset's generation length).",
-                              param="gen_length")
+            raise ConfigError(
+                f"{where}: field `gen_length` is missing (the preset's generation length).", param="gen_length"
+            )
         params = data.get("params", {})
         if not isinstance(params, Mapping):
-            raise ConfigError(f"{where}: field `params` must be an object of name: value; got {params!r:.80}.",
-                              param="params")
+            raise ConfigError(
+                f"{where}: field `params` must be an object of name: value; got {params!r:.80}.", param="params"
+            )
         spec = cls.of_parts(**{k: data[k] for k in PART_KINDS if k in data})
-        spec = attrs.evolve(spec, description=data.get("description", ""), gen_length=data.get("gen_length"),
-                            peer=data.get("peer"))
+        spec = attrs.evolve(
+            spec, description=data.get("description", ""), gen_length=data.get("gen_length"), peer=data.get("peer")
+        )
         return _checked_fields(spec.with_params(params), where)
 
     def save(self, path: Any) -> None:
@@ -468,8 +535,11 @@ def _check_part_params(kind: str, part: PartSpec, where: str) -> PartSpec:
         return part
     reg = registry()
     if part.name not in reg.names(kind):
-        raise UnknownNameError(f"{where}: field `{kind}.name`: unknown {kind} {part.name!r}; known {kind}s: "
-                               f"{', '.join(sorted(reg.names(kind)))}.", param=kind)
+        raise UnknownNameError(
+            f"{where}: field `{kind}.name`: unknown {kind} {part.name!r}; known {kind}s: "
+            f"{', '.join(sorted(reg.names(kind)))}.",
+            param=kind,
+        )
     cls = reg.get(kind, part.name)
     if not attrs.has(cls):
         try:
@@ -481,8 +551,11 @@ def _check_part_params(kind: str, part: PartSpec, where: str) -> PartSpec:
     unknown = sorted(set(part.params) - set(accepted))
     if unknown:
         field = f"{kind}.params.{unknown[0]}"
-        raise ConfigError(f"{where}: field `{field}`: {kind} {part.name!r} has no parameter {unknown[0]!r}; it "
-                          f"accepts: {', '.join(sorted(accepted)) or 'none'}.", param=field)
+        raise ConfigError(
+            f"{where}: field `{field}`: {kind} {part.name!r} has no parameter {unknown[0]!r}; it "
+            f"accepts: {', '.join(sorted(accepted)) or 'none'}.",
+            param=field,
+        )
     return part
 
 
@@ -490,9 +563,11 @@ def _check_sampler_params(sampler: SamplerSpec, where: str) -> None:
     unknown = sorted(set(sampler.params) - set(sampler.accepts()))
     if unknown:
         field = f"sampler.params.{unknown[0]}"
-        raise ConfigError(f"{where}: field `{field}`: sampler {sampler.name!r} takes "
-                          f"{', '.join(sampler.accepts()) or 'no parameters'}; it has no parameter {unknown[0]!r}.",
-                          param=field)
+        raise ConfigError(
+            f"{where}: field `{field}`: sampler {sampler.name!r} takes "
+            f"{', '.join(sampler.accepts()) or 'no parameters'}; it has no parameter {unknown[0]!r}.",
+            param=field,
+        )
 
 
 def _registered(kind: str, name: str, path: Any) -> bool:
@@ -507,15 +582,25 @@ def _registered(kind: str, name: str, path: Any) -> bool:
 
 def _checked_fields(spec: DecoderSpec, where: str) -> DecoderSpec:
     """Refuse field values of the wrong type (the decoder checks ranges when it is built)."""
-    checks: tuple[tuple[str, type | tuple[type, ...]], ...] = (("gen_length", (int, type(None))), ("description", str), ("peer", (str, type(None))),
-              ("seed", int), ("stop_at_eos", (bool, str)), ("cfg_scale", (int, float)), ("calls_per_token", int),
-              ("engine", (str, type(None))), ("batch_invariant", bool))
+    checks: tuple[tuple[str, type | tuple[type, ...]], ...] = (
+        ("gen_length", (int, type(None))),
+        ("description", str),
+        ("peer", (str, type(None))),
+        ("seed", int),
+        ("stop_at_eos", (bool, str)),
+        ("cfg_scale", (int, float)),
+        ("calls_per_token", int),
+        ("engine", (str, type(None))),
+        ("batch_invariant", bool),
+    )
     for name, kinds in checks:
         value = getattr(spec, name)
         allowed = kinds if isinstance(kinds, tuple) else (kinds,)
         if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
             raise ConfigError(f"{where}: field `{name}` has the wrong type: {value!r:.80}.", param=name)
     if spec.gen_length is not None and not 1 <= spec.gen_length <= MAX_GEN_LENGTH:
-        raise ConfigError(f"{where}: field `gen_length` must be an integer in [1, {MAX_GEN_LENGTH}]; got "
-                          f"{shown(spec.gen_length)}.", param="gen_length")
+        raise ConfigError(
+            f"{where}: field `gen_length` must be an integer in [1, {MAX_GEN_LENGTH}]; got {shown(spec.gen_length)}.",
+            param="gen_length",
+        )
     return spec

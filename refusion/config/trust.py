@@ -67,6 +67,8 @@ def refuse_import_paths(config: Any, *, where: str, opt_in: str) -> None:
     for field, path in import_paths(config).items():
         kind = field.rpartition(".")[2]
         names = ", ".join(registry().names(kind))
-        raise ConfigError(f"{where}: `{field}` = {path!r} names a class by module path, which would import and run "
-                          f"that module; only registered {kind} names are accepted here ({names}). {opt_in}",
-                          param=field)
+        raise ConfigError(
+            f"{where}: `{field}` = {path!r} names a class by module path, which would import and run "
+            f"that module; only registered {kind} names are accepted here ({names}). {opt_in}",
+            param=field,
+        )

@@ -50,7 +50,9 @@ def checks_answers(part: Any) -> bool:
 def describe(part: Any) -> str:
     """``"selector 'threshold' (refusion.strategies...ConfidenceThreshold)"``."""
     cls = type(part)
-    return f"{getattr(part, 'kind', 'part')} {getattr(part, 'name', cls.__name__)!r} ({cls.__module__}.{cls.__qualname__})"
+    return (
+        f"{getattr(part, 'kind', 'part')} {getattr(part, 'name', cls.__name__)!r} ({cls.__module__}.{cls.__qualname__})"
+    )
 
 
 def plugin_error(part: Any, message: str) -> PluginError:
@@ -60,6 +62,7 @@ def plugin_error(part: Any, message: str) -> PluginError:
 def guarded(check: Any) -> Any:
     """Make a ``checked_*(part, ...)`` function turn anything unexpected that reading the part's answer raises
     (a lazy sequence that fails, an attribute that is missing) into a PluginError naming the part."""
+
     @functools.wraps(check)
     def wrapper(part: Any, *args: Any) -> Any:
         try:
@@ -67,8 +70,9 @@ def guarded(check: Any) -> Any:
         except RefusionError:
             raise
         except Exception as exc:
-            raise plugin_error(part, f"returned a malformed answer: reading it raised {type(exc).__name__}: {exc}") \
-                from exc
+            raise plugin_error(
+                part, f"returned a malformed answer: reading it raised {type(exc).__name__}: {exc}"
+            ) from exc
 
     return wrapper
 
@@ -78,8 +82,11 @@ def integer_tensor(part: Any, value: Any, what: str) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise plugin_error(part, f"gave {what} as {type(value).__name__}; expected a 1-D integer torch.Tensor.")
     if value.dim() != 1 or value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
-        raise plugin_error(part, f"gave {what} of dtype {value.dtype} and shape {tuple(value.shape)}; expected a 1-D "
-                           "integer tensor (e.g. torch.long).")
+        raise plugin_error(
+            part,
+            f"gave {what} of dtype {value.dtype} and shape {tuple(value.shape)}; expected a 1-D "
+            "integer tensor (e.g. torch.long).",
+        )
     return value
 
 
@@ -98,23 +105,34 @@ def check_prompt(prompt_ids: Any, model: Any) -> torch.Tensor:
     try:
         raw = torch.as_tensor(prompt_ids)
     except (TypeError, ValueError, RuntimeError) as exc:
-        raise ConfigError(f"`prompt_ids` must be a sequence of token ids; got {type(prompt_ids).__name__} ({exc}).", param='prompt_ids') from exc
+        raise ConfigError(
+            f"`prompt_ids` must be a sequence of token ids; got {type(prompt_ids).__name__} ({exc}).",
+            param="prompt_ids",
+        ) from exc
     if raw.numel() and (raw.is_floating_point() or raw.is_complex() or raw.dtype == torch.bool):
-        raise ConfigError(f"`prompt_ids` must be integer token ids; got dtype {raw.dtype}.", param='prompt_ids')
+        raise ConfigError(f"`prompt_ids` must be integer token ids; got dtype {raw.dtype}.", param="prompt_ids")
     prompt = raw.to(torch.long).cpu()
     if prompt.dim() == 2 and prompt.shape[0] == 1:
         prompt = prompt[0]
     if prompt.dim() != 1:
-        raise ConfigError(f"`prompt_ids` must be one prompt of shape (prompt_len,); got shape {tuple(prompt.shape)}.", param='prompt_ids')
+        raise ConfigError(
+            f"`prompt_ids` must be one prompt of shape (prompt_len,); got shape {tuple(prompt.shape)}.",
+            param="prompt_ids",
+        )
     if prompt.shape[0] == 0:
-        raise ConfigError("`prompt_ids` must hold at least one token; got an empty prompt.", param='prompt_ids')
+        raise ConfigError("`prompt_ids` must hold at least one token; got an empty prompt.", param="prompt_ids")
     low, high = (int(x) for x in torch.aminmax(prompt))
     if low < 0 or high >= model.vocab_size:
-        raise ConfigError(f"`prompt_ids` must be token ids in [0, {model.vocab_size}); got {low}..{high}.", param='prompt_ids')
+        raise ConfigError(
+            f"`prompt_ids` must be token ids in [0, {model.vocab_size}); got {low}..{high}.", param="prompt_ids"
+        )
     if bool((prompt == model.mask_token_id).any()):
         masked = (prompt == model.mask_token_id).nonzero().flatten().tolist()
-        raise ConfigError(f"`prompt_ids` holds the mask token id {model.mask_token_id} at position(s) {masked[:8]}; "
-                          "a prompt must not contain the mask token (the decoder fills masks only in the answer).", param='prompt_ids')
+        raise ConfigError(
+            f"`prompt_ids` holds the mask token id {model.mask_token_id} at position(s) {masked[:8]}; "
+            "a prompt must not contain the mask token (the decoder fills masks only in the answer).",
+            param="prompt_ids",
+        )
     return prompt
 
 
@@ -129,7 +147,8 @@ def check_length(model: Any, prompt_len: int, gen_length: int, decoder: Any = No
         what = f"({gen_length})"
         raise ConfigError(
             f"`gen_length` {what} plus the prompt ({prompt_len} tokens) "
-            f"exceeds the model's maximum of {limit} positions; {hint}.", param='gen_length'
+            f"exceeds the model's maximum of {limit} positions; {hint}.",
+            param="gen_length",
         )
 
 
@@ -139,14 +158,18 @@ def checked_partition(partitioner: Any, partition: Any, gen_length: int) -> Part
     if not isinstance(partition, Partition):
         raise plugin_error(partitioner, f"returned {type(partition).__name__}; expected a Partition.")
     if partition.gen_length != gen_length:
-        raise plugin_error(partitioner, f"returned a region of {partition.gen_length} tokens for the requested "
-                           f"{gen_length}; a partitioner must honour `gen_length` exactly (a shorter last slot) or "
-                           "raise a ConfigError naming the nearest lengths it accepts.")
+        raise plugin_error(
+            partitioner,
+            f"returned a region of {partition.gen_length} tokens for the requested "
+            f"{gen_length}; a partitioner must honour `gen_length` exactly (a shorter last slot) or "
+            "raise a ConfigError naming the nearest lengths it accepts.",
+        )
     offset = 0
     for i, slot in enumerate(partition.slots):
         if slot.index != i or slot.offset != offset or slot.length < 1:
             raise plugin_error(
-                partitioner, f"returned slot {slot!r} at place {i}; slots must be numbered in order and tile the region."
+                partitioner,
+                f"returned slot {slot!r} at place {i}; slots must be numbered in order and tile the region.",
             )
         offset = slot.stop
     if offset != partition.gen_length:
@@ -201,16 +224,24 @@ def checked_call(infiller: Any, call: Any, vocab_size: int, max_positions: int |
     for e in call.extends:
         if e.reads is not None and not isinstance(e.reads, slice):
             reads = e.reads
-            ok = isinstance(reads, torch.Tensor) and reads.dim() == 1 and not reads.is_floating_point() and (
-                not len(reads) or (int(reads.min()) >= -len(e.tokens) and int(reads.max()) < len(e.tokens)))
+            ok = (
+                isinstance(reads, torch.Tensor)
+                and reads.dim() == 1
+                and not reads.is_floating_point()
+                and (not len(reads) or (int(reads.min()) >= -len(e.tokens) and int(reads.max()) < len(e.tokens)))
+            )
             if not ok:
-                raise plugin_error(infiller, f"declared `reads` {reads!r} that do not index its {len(e.tokens)} "
-                                   "fed tokens (a slice or a 1-D tensor of row indices).")
+                raise plugin_error(
+                    infiller,
+                    f"declared `reads` {reads!r} that do not index its {len(e.tokens)} "
+                    "fed tokens (a slice or a 1-D tensor of row indices).",
+                )
     return call
 
 
-def bounded(infiller: Any, program: Generator, budget: int, vocab_size: int, max_positions: int | None,
-            check: bool = True):
+def bounded(
+    infiller: Any, program: Generator, budget: int, vocab_size: int, max_positions: int | None, check: bool = True
+):
     """Drive an infiller's generator for at most ``budget`` model calls; wrap its errors.
     ``check``: check each call's ids and positions (:func:`checked_call`)."""
     calls = 0
@@ -220,7 +251,9 @@ def bounded(infiller: Any, program: Generator, budget: int, vocab_size: int, max
             calls += 1
             if calls > budget:
                 program.close()
-                raise plugin_error(infiller, f"made more than {budget} model calls in one iteration; it must terminate.")
+                raise plugin_error(
+                    infiller, f"made more than {budget} model calls in one iteration; it must terminate."
+                )
             outputs = yield checked_call(infiller, call, vocab_size, max_positions) if check else call
             call = program.send(outputs)
     except StopIteration as stop:
@@ -247,7 +280,9 @@ def checked_result(
             raise plugin_error(infiller, f"returned {type(commit).__name__} among its commits; expected Commit.")
         slot = commit.slot
         if slot.index not in allowed:
-            raise plugin_error(infiller, f"committed slot {slot.index}, which was not chosen (chosen: {sorted(allowed)}).")
+            raise plugin_error(
+                infiller, f"committed slot {slot.index}, which was not chosen (chosen: {sorted(allowed)})."
+            )
         if slot.index in seen:
             raise plugin_error(infiller, f"committed slot {slot.index} twice.")
         seen.add(slot.index)
@@ -255,9 +290,13 @@ def checked_result(
         positions = integer_tensor(infiller, commit.positions, f"the positions of slot {slot.index}")
         m = tokens.shape[0]
         if not 1 <= m <= slot.length:
-            raise plugin_error(infiller, f"committed {tuple(tokens.shape)} tokens for slot {slot.index} of length {slot.length}.")
+            raise plugin_error(
+                infiller, f"committed {tuple(tokens.shape)} tokens for slot {slot.index} of length {slot.length}."
+            )
         if m < slot.length and int(tokens[-1]) not in eos_ids:
-            raise plugin_error(infiller, f"committed a partial slot {slot.index} ({m}/{slot.length} tokens) not ending in EOS.")
+            raise plugin_error(
+                infiller, f"committed a partial slot {slot.index} ({m}/{slot.length} tokens) not ending in EOS."
+            )
         rows = plan.rows(allowed[slot.index])
         if positions.shape != tokens.shape or not torch.equal(positions.cpu(), plan.positions[rows][:m].cpu()):
             raise plugin_error(infiller, f"committed slot {slot.index} at wrong position ids.")
@@ -266,7 +305,10 @@ def checked_result(
     every = torch.cat([c.tokens for c in result.commits]) if len(result.commits) > 1 else result.commits[0].tokens
     low, high = torch.aminmax(every)
     if int(low) < 0 or int(high) >= vocab or bool((every == mask_id).any()):
-        bad = next(c for c in result.commits
-                   if int(c.tokens.min()) < 0 or int(c.tokens.max()) >= vocab or bool((c.tokens == mask_id).any()))
+        bad = next(
+            c
+            for c in result.commits
+            if int(c.tokens.min()) < 0 or int(c.tokens.max()) >= vocab or bool((c.tokens == mask_id).any())
+        )
         raise plugin_error(infiller, f"committed invalid token ids for slot {bad.slot.index} (out of range or mask).")
     return result

@@ -91,8 +91,12 @@ class Counters:
 
     def as_dict(self) -> dict[str, Any]:
         """Plain numbers, the same keys for every engine."""
-        return {"forwards": self.forwards, "fed_tokens": self.fed_tokens, "padded_tokens": self.padded_tokens,
-                "kv_bytes": self.kv_bytes}
+        return {
+            "forwards": self.forwards,
+            "fed_tokens": self.fed_tokens,
+            "padded_tokens": self.padded_tokens,
+            "kv_bytes": self.kv_bytes,
+        }
 
 
 class observe:

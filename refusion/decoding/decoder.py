@@ -44,7 +44,9 @@ from refusion.validators import boolean, check_integer, is_integer, is_number, p
 def _part(kind: type):
     def check(instance, attribute, value):
         if not isinstance(value, kind):
-            raise ConfigError(f"`{attribute.name}` must be a {kind.__name__} instance; got {value!r}.", param=attribute.name)
+            raise ConfigError(
+                f"`{attribute.name}` must be a {kind.__name__} instance; got {value!r}.", param=attribute.name
+            )
 
     return attrs.field(validator=check)
 
@@ -119,8 +121,9 @@ class Decoder:
         sample = params.pop("sample", None)
         if sample is not None:
             if any(k in params for k in ("sampler", "temperature", "top_k", "top_p")):
-                raise ConfigError("Pass either `sample` or `sampler`/`temperature`/`top_k`/`top_p`, not both.",
-                                  param="sample")
+                raise ConfigError(
+                    "Pass either `sample` or `sampler`/`temperature`/`top_k`/`top_p`, not both.", param="sample"
+                )
             spec = attrs.evolve(spec, sampler=SamplerSpec.of(sample))
         return cls.from_spec(spec.with_params(params))
 
@@ -147,18 +150,26 @@ class Decoder:
         """The partitioner's nearest accepted lengths around ``gen_length`` (longest below, shortest above)."""
         p = self.partitioner
         found = call_part(p, p.nearest_lengths, max(1, gen_length))
-        if not (isinstance(found, tuple) and len(found) == 2
-                and all(n is None or (isinstance(n, int) and n >= 1) for n in found)):
-            raise plugin_error(p, f"nearest_lengths({gen_length}) returned {found!r}; expected (below, above), each "
-                               "an accepted length >= 1 or None.")
+        if not (
+            isinstance(found, tuple)
+            and len(found) == 2
+            and all(n is None or (isinstance(n, int) and n >= 1) for n in found)
+        ):
+            raise plugin_error(
+                p,
+                f"nearest_lengths({gen_length}) returned {found!r}; expected (below, above), each "
+                "an accepted length >= 1 or None.",
+            )
         return found
 
     def fit_length(self, gen_length: int) -> int:
         """The smallest generation length >= ``gen_length`` the partitioner accepts (for callers that may adjust it)."""
         above = self.nearest_lengths(gen_length)[1]
         if above is None:
-            raise ConfigError(f"No generation length from {gen_length} on fits the partitioner {self.partitioner!r}.",
-                              param="gen_length")
+            raise ConfigError(
+                f"No generation length from {gen_length} on fits the partitioner {self.partitioner!r}.",
+                param="gen_length",
+            )
         return above
 
     def check_model(self, model: ModelAdapter) -> None:
@@ -213,8 +224,9 @@ class Decoder:
         prepared = self.prepare(model, prompt_ids, gen_length, seed=seed)
         return self.start(model, open_engine(model, self, engine), prepared)
 
-    def decode(self, model: ModelAdapter, prompt_ids: Any, gen_length: int, *, tokenizer: Any = None,
-               engine: Any = None) -> DecodeResult:
+    def decode(
+        self, model: ModelAdapter, prompt_ids: Any, gen_length: int, *, tokenizer: Any = None, engine: Any = None
+    ) -> DecodeResult:
         """Decode one prompt (token ids, shape ``(prompt_len,)`` or ``(1, prompt_len)``)."""
         return self.decode_batch(model, [prompt_ids], gen_length, tokenizer=tokenizer, engine=engine)[0]
 
@@ -241,13 +253,16 @@ class Decoder:
         from refusion.engines import drive, open_engine
 
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not len(prompts):
-            raise ConfigError("`prompts` must be a non-empty list of token-id sequences.", param='prompts')
+            raise ConfigError("`prompts` must be a non-empty list of token-id sequences.", param="prompts")
         if seeds is not None:
             seeds = list(seeds)
             if len(seeds) != len(prompts) or not all(is_integer(x) and 0 <= x < 2**64 for x in seeds):
-                raise ConfigError(f"`seeds` must hold one integer >= 0 per prompt ({len(prompts)}); got {seeds!r}.", param='seeds')
-        prepared = [self.prepare(model, p, gen_length, seed=None if seeds is None else seeds[i])
-                    for i, p in enumerate(prompts)]
+                raise ConfigError(
+                    f"`seeds` must hold one integer >= 0 per prompt ({len(prompts)}); got {seeds!r}.", param="seeds"
+                )
+        prepared = [
+            self.prepare(model, p, gen_length, seed=None if seeds is None else seeds[i]) for i, p in enumerate(prompts)
+        ]
         live = open_engine(model, self, engine)
         results = drive(live, [self.start(model, live, p) for p in prepared])
         return with_text(results, tokenizer if tokenizer is not None else getattr(model, "tokenizer", None))
@@ -261,8 +276,11 @@ def presets_for(model: ModelAdapter) -> list[str]:
     fits = []
     for name, spec in PRESETS.items():
         parts = spec.part_objects()
-        if all(getattr(caps, field) == wanted for part in parts.values()
-               for field, wanted in getattr(part, "requires", {}).items()):
+        if all(
+            getattr(caps, field) == wanted
+            for part in parts.values()
+            for field, wanted in getattr(part, "requires", {}).items()
+        ):
             fits.append(name)
     return fits
 
@@ -282,17 +300,19 @@ def with_text(results: list[DecodeResult], tokenizer: Any) -> list[DecodeResult]
 
 def _check_stop(value: Any) -> None:
     if not isinstance(value, bool) and value != "block":
-        raise ConfigError(f"`stop_at_eos` must be True, False or 'block'; got {value!r}.", param='stop_at_eos')
+        raise ConfigError(f"`stop_at_eos` must be True, False or 'block'; got {value!r}.", param="stop_at_eos")
 
 
 def _check_seed(value: Any) -> None:
     if not is_integer(value) or not 0 <= value < 2**64:
-        raise ConfigError(f"`seed` must be an integer in [0, 2**64); got {value!r}.", param='seed')
+        raise ConfigError(f"`seed` must be an integer in [0, 2**64); got {value!r}.", param="seed")
 
 
 def _check_cfg_scale(value: Any) -> None:
     if not is_number(value) or not value >= 0:
-        raise ConfigError(f"`cfg_scale` must be a finite number >= 0 (0 = no guidance); got {value!r}.", param='cfg_scale')
+        raise ConfigError(
+            f"`cfg_scale` must be a finite number >= 0 (0 = no guidance); got {value!r}.", param="cfg_scale"
+        )
 
 
 def _check_engine(value: Any) -> None:

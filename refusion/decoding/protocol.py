@@ -57,7 +57,9 @@ class KVSegment:
         return KVSegment(parts[0] if len(parts) == 1 else torch.cat(parts, dim=3))
 
     @staticmethod
-    def from_layers(layers: Sequence[tuple[torch.Tensor, torch.Tensor]], batch: int, start: int, stop: int) -> KVSegment:
+    def from_layers(
+        layers: Sequence[tuple[torch.Tensor, torch.Tensor]], batch: int, start: int, stop: int
+    ) -> KVSegment:
         """Cut tokens ``start:stop`` of batch row ``batch`` out of per-layer ``(keys, values)``.
 
         Each ``keys``/``values`` tensor has shape ``(batch, kv_heads, length, head_dim)``.

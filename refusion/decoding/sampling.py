@@ -35,7 +35,10 @@ class Sampler(Protocol):
     also take the rows' ``positions`` and ``canvas_length`` or ``block`` (:func:`sample_with`)."""
 
     def __call__(
-        self, logits: torch.Tensor, exclude: int | None = None, generator: torch.Generator | None = None,
+        self,
+        logits: torch.Tensor,
+        exclude: int | None = None,
+        generator: torch.Generator | None = None,
         **where: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
@@ -98,8 +101,7 @@ def greedy(
 greedy.accepts_scores = True  # type: ignore[attr-defined]  # a marker read by sample_with
 
 
-def token_probability(logits: "torch.Tensor | Scores", tokens: torch.Tensor,
-                      precision: str = "float32") -> torch.Tensor:
+def token_probability(logits: torch.Tensor | Scores, tokens: torch.Tensor, precision: str = "float32") -> torch.Tensor:
     """Softmax probability of ``tokens`` (shape ``(n,)``) under ``logits`` (shape ``(n, vocab)``), in ``precision``
     (:func:`probabilities`; the default, float32 at least, never materialises a :class:`Scores`' logits)."""
     if precision == "float32":
@@ -138,8 +140,12 @@ class Greedy:
     @property
     def fused(self) -> bool:
         """Whether this is :func:`greedy` itself (drafts may then be projected lazily, on the fused path)."""
-        return (self.precision == "float32" and self.argmax == "logits" and self.confidence_top_k is None
-                and self.confidence_top_p is None)
+        return (
+            self.precision == "float32"
+            and self.argmax == "logits"
+            and self.confidence_top_k is None
+            and self.confidence_top_p is None
+        )
 
     def __call__(self, logits, exclude=None, generator=None):
         if self.fused:
@@ -156,13 +162,23 @@ class Greedy:
 def is_greedy(sampler: Sampler) -> bool:
     """True for samplers that take the argmax on refusion's fused path (no random draws, float32
     confidences): drafts may then be computed lazily."""
-    return (sampler is greedy or (isinstance(sampler, Greedy) and sampler.fused)
-            or (isinstance(sampler, Sampling) and sampler.temperature < 1e-4))
+    return (
+        sampler is greedy
+        or (isinstance(sampler, Greedy) and sampler.fused)
+        or (isinstance(sampler, Sampling) and sampler.temperature < 1e-4)
+    )
 
 
-def apply_sampler(sampler: Sampler, scores: torch.Tensor | Scores, exclude: int | None,
-                  generator: torch.Generator | None, *, positions: torch.Tensor | None = None,
-                  canvas_length: int | None = None, block: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def apply_sampler(
+    sampler: Sampler,
+    scores: torch.Tensor | Scores,
+    exclude: int | None,
+    generator: torch.Generator | None,
+    *,
+    positions: torch.Tensor | None = None,
+    canvas_length: int | None = None,
+    block: tuple[int, int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Call ``sampler`` with what it accepts: Scores if it says so, else full logits.
 
     A sampler whose ``draws_canvas`` attribute is true also receives the rows'
@@ -228,12 +244,16 @@ class Sampling:
 
     def __attrs_post_init__(self):
         if self.temperature < 1e-4:  # top_p 1 keeps every token: a neutral value, as OpenAI clients send it
-            ignored = [name for name, value, neutral in (("top_k", self.top_k, None), ("top_p", self.top_p, 1))
-                       if value is not None and value != neutral]
+            ignored = [
+                name
+                for name, value, neutral in (("top_k", self.top_k, None), ("top_p", self.top_p, 1))
+                if value is not None and value != neutral
+            ]
             if ignored:
                 raise ConfigError(
                     f"`{ignored[0]}` has no effect at `temperature` {self.temperature} (greedy decoding takes the "
-                    f"argmax); pass a `temperature` > 0 to sample, or drop `{ignored[0]}`.", param=ignored[0]
+                    f"argmax); pass a `temperature` > 0 to sample, or drop `{ignored[0]}`.",
+                    param=ignored[0],
                 )
 
     def __call__(self, logits, exclude=None, generator=None):

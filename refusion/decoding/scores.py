@@ -166,14 +166,23 @@ class _StatsCache:
     @classmethod
     def empty(cls, exclude: int | None, n: int, dtype: torch.dtype) -> _StatsCache:
         floats, ids = torch.zeros(4, n, dtype=dtype), torch.full((2, n), -1, dtype=torch.long)
-        return cls(exclude, torch.zeros(n, dtype=torch.bool), ids[0], floats[0], floats[1], floats[2], ids[1],
-                   floats[3])
+        return cls(
+            exclude, torch.zeros(n, dtype=torch.bool), ids[0], floats[0], floats[1], floats[2], ids[1], floats[3]
+        )
 
     def subset(self, index: Any) -> _StatsCache:
         if isinstance(index, torch.Tensor):
             index = index.cpu()
-        return _StatsCache(self.exclude, self.known[index], self.tokens[index], self.best[index], self.lse[index],
-                           self.prob[index], self.target[index], self.target_prob[index])
+        return _StatsCache(
+            self.exclude,
+            self.known[index],
+            self.tokens[index],
+            self.best[index],
+            self.lse[index],
+            self.prob[index],
+            self.target[index],
+            self.target_prob[index],
+        )
 
     def all_known(self, index: Any = None) -> bool:
         known = self.known if index is None else self.known[index]
@@ -181,8 +190,12 @@ class _StatsCache:
 
     def targets_are(self, tokens: torch.Tensor) -> bool:
         """Every row was projected with ``tokens[i]`` as its target."""
-        return (tokens.shape == self.target.shape and tokens.device.type == "cpu"
-                and bool((self.target == tokens).all()) and self.all_known())
+        return (
+            tokens.shape == self.target.shape
+            and tokens.device.type == "cpu"
+            and bool((self.target == tokens).all())
+            and self.all_known()
+        )
 
 
 def project(requests: list[tuple], exclude: int | None) -> None:
@@ -228,8 +241,11 @@ def _project_group(items: list[tuple[Scores, Any, Any]], exclude: int | None) ->
     head = items[0][0].head
     device = items[0][0].hidden.device
     on_device = [index if isinstance(index, slice) else index.to(device) for _, index, _ in items]
-    hidden = torch.cat([s.hidden[i] for (s, _, _), i in zip(items, on_device)]) if len(items) > 1 \
+    hidden = (
+        torch.cat([s.hidden[i] for (s, _, _), i in zip(items, on_device)])
+        if len(items) > 1
         else items[0][0].hidden[on_device[0]]
+    )
     targets = None
     if any(fed is not None for _, _, fed in items):
         wanted = [_next_fed(fed, index) for _, index, fed in items]
@@ -246,9 +262,15 @@ def _project_group(items: list[tuple[Scores, Any, Any]], exclude: int | None) ->
         n = scores.hidden.shape[0]
         if (cache is None or cache.exclude != exclude) and stop - start == n:  # every row at once: views, no copies
             cache = scores._cache = _StatsCache(
-                exclude, torch.ones(n, dtype=torch.bool), tokens[start:stop], best[start:stop], lse[start:stop],
-                prob[start:stop], targets[start:stop] if targets is not None else torch.full((n,), -1, dtype=torch.long),
-                target_prob[start:stop] if targets is not None else torch.zeros(n, dtype=prob.dtype))
+                exclude,
+                torch.ones(n, dtype=torch.bool),
+                tokens[start:stop],
+                best[start:stop],
+                lse[start:stop],
+                prob[start:stop],
+                targets[start:stop] if targets is not None else torch.full((n,), -1, dtype=torch.long),
+                target_prob[start:stop] if targets is not None else torch.zeros(n, dtype=prob.dtype),
+            )
         else:
             if cache is None or cache.exclude != exclude:
                 cache = scores._cache = _StatsCache.empty(exclude, n, best.dtype)

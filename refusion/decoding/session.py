@@ -37,8 +37,9 @@ class DecodeSession:
     afterwards.
     """
 
-    def __init__(self, decoder: Any, model: ModelAdapter, state: Any, partition: Partition, seed: int = 0, *,
-                 engine: Any = None):
+    def __init__(
+        self, decoder: Any, model: ModelAdapter, state: Any, partition: Partition, seed: int = 0, *, engine: Any = None
+    ):
         self.decoder = decoder
         self.model = model
         self.state = state
@@ -97,8 +98,11 @@ class DecodeSession:
                 before = self._snapshot()
                 width = call_part(d.selector, d.selector.candidates, len(remaining))
                 if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= len(remaining):
-                    raise plugin_error(d.selector, f"candidates({len(remaining)}) returned {width!r}; expected an "
-                                       f"integer in [1, {len(remaining)}].")
+                    raise plugin_error(
+                        d.selector,
+                        f"candidates({len(remaining)}) returned {width!r}; expected an "
+                        f"integer in [1, {len(remaining)}].",
+                    )
                 candidates = tuple(self.partition.slots[i] for i in remaining[:width])
                 ctx = InfillContext(
                     mask_token_id=self.model.mask_token_id,
@@ -115,22 +119,34 @@ class DecodeSession:
                 if drafted:  # the plan's forward encoded pending entries: what precedes the region is known now
                     ctx = attrs.evolve(ctx, last_scores=self.cache.last_scores)
                 chosen = call_part(d.selector, d.selector.select, plan)
-                chosen = checked_selection(d.selector, plan, chosen) if self._checked["selector"] else tuple(sorted(chosen))
+                chosen = (
+                    checked_selection(d.selector, plan, chosen) if self._checked["selector"] else tuple(sorted(chosen))
+                )
                 if drafted and self.greedy:  # the chosen slots' drafts, projected with the other sequences'
                     rows = torch.cat([torch.arange(plan.offsets[i], plan.offsets[i + 1]) for i in chosen])
                     yield Projection(plan.scores, rows)
                 budget = d.calls_per_token * sum(plan.slots[i].length for i in chosen) + 8
                 program = call_part(d.infiller, d.infiller.infill, ctx, plan, chosen)
                 check = self._checked["infiller"]
-                result = yield from bounded(d.infiller, program, budget, self.model.vocab_size, self.model.max_positions,
-                                            check)
+                result = yield from bounded(
+                    d.infiller, program, budget, self.model.vocab_size, self.model.max_positions, check
+                )
                 if check:
-                    result = checked_result(d.infiller, result, plan, chosen, self.model.eos_token_ids,
-                                            self.model.mask_token_id, self.model.vocab_size)
+                    result = checked_result(
+                        d.infiller,
+                        result,
+                        plan,
+                        chosen,
+                        self.model.eos_token_ids,
+                        self.model.mask_token_id,
+                        self.model.vocab_size,
+                    )
                 result = self._apply_eos(result)
                 encoded = self.cache.encoded
                 editor = self._reorder(result)
-                self.steps.append(self._step_record(block_index, remaining, plan, chosen, result, before, encoded, editor))
+                self.steps.append(
+                    self._step_record(block_index, remaining, plan, chosen, result, before, encoded, editor)
+                )
             if d.stop_at_eos == "block" and self.eos_offset is not None:  # the block with the EOS is finished: stop
                 self.open = [False] * len(self.open)
                 break
@@ -153,14 +169,23 @@ class DecodeSession:
         reads = torch.as_tensor(offsets[:-1]) if fused and self.decoder.selector.reads_scores else None
         (out,) = yield ModelCall.of(Extend(ROOT, masks, positions, reads))
         draw = lambda scores: self._draw(scores, positions)  # noqa: E731
-        drafts = Drafts(out.scores, draw, len(positions), lazy=self.greedy, exclude=self.model.mask_token_id,
-                        rowwise=getattr(self.decoder.sample, "rowwise", False))
+        drafts = Drafts(
+            out.scores,
+            draw,
+            len(positions),
+            lazy=self.greedy,
+            exclude=self.model.mask_token_id,
+            rowwise=getattr(self.decoder.sample, "rowwise", False),
+        )
         return Plan(slots, positions, out.scores, tuple(offsets), self.generator, drafts, **self._where())
 
     def _where(self) -> dict:
         """The plan's place in the decode, for schedule-driven selectors."""
-        return dict(canvas_length=self.prompt_len + self.partition.gen_length,
-                    num_blocks=len(self.partition.blocks), memory=self.memory)
+        return dict(
+            canvas_length=self.prompt_len + self.partition.gen_length,
+            num_blocks=len(self.partition.blocks),
+            memory=self.memory,
+        )
 
     def _draw(self, scores: Any, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         canvas = self.prompt_len + self.partition.gen_length
@@ -168,8 +193,15 @@ class DecodeSession:
         if getattr(self.decoder.sample, "draws_block", False) and hasattr(self.model, "block_start"):
             start = self.model.block_start(int(positions[0]), self.prompt_len)
             block = (start, min(start + self.model.capabilities.block_length, canvas))
-        return apply_sampler(self.decoder.sample, scores, self.model.mask_token_id, self.generator,
-                             positions=positions, canvas_length=canvas, block=block)
+        return apply_sampler(
+            self.decoder.sample,
+            scores,
+            self.model.mask_token_id,
+            self.generator,
+            positions=positions,
+            canvas_length=canvas,
+            block=block,
+        )
 
     def _apply_eos(self, result: InfillResult) -> InfillResult:
         """Cut the answer at the earliest EOS: truncate its slot, drop every slot after it."""
@@ -212,8 +244,17 @@ class DecodeSession:
         c = self.state.counters
         return (time.perf_counter(), c.forwards, len(c.fed_log), c.kv_context_bytes, c.kv_new_bytes, self.cache.encoded)
 
-    def _step_record(self, block: int, remaining: list, plan: Plan, chosen: Sequence[int], result: InfillResult,
-                     before: tuple, encoded: int, editor: CacheEditor) -> StepRecord:
+    def _step_record(
+        self,
+        block: int,
+        remaining: list,
+        plan: Plan,
+        chosen: Sequence[int],
+        result: InfillResult,
+        before: tuple,
+        encoded: int,
+        editor: CacheEditor,
+    ) -> StepRecord:
         """The iteration's :class:`StepRecord`: its decisions and what it cost since ``before`` (:meth:`_snapshot`)."""
         start, forwards, logged, copied, written, encoded_before = before
         c = self.state.counters
@@ -248,8 +289,11 @@ class DecodeSession:
             added = self.cache.positions[expected - sum(c.tokens.shape[0] for c in result.commits) :]
             committed = torch.cat([c.positions.cpu() for c in result.commits])
             if not torch.equal(torch.sort(added).values, torch.sort(committed).values):
-                raise plugin_error(d.reorderer, "appended positions other than the committed ones; it must append "
-                                   "each committed token exactly once.")
+                raise plugin_error(
+                    d.reorderer,
+                    "appended positions other than the committed ones; it must append "
+                    "each committed token exactly once.",
+                )
         for c in result.commits:
             offset = c.slot.offset
             self.tokens[offset : offset + c.tokens.shape[0]] = c.tokens.cpu()
@@ -273,7 +317,9 @@ class DecodeSession:
             steps=tuple(self.steps),
             stopped_at_eos=self.eos_offset is not None,
             extra={
-                "all_tokens": [int(t) if s >= 0 else -1 for t, s in zip(self.tokens.tolist(), self.commit_step.tolist())],
+                "all_tokens": [
+                    int(t) if s >= 0 else -1 for t, s in zip(self.tokens.tolist(), self.commit_step.tolist())
+                ],
                 "engine": getattr(self.engine, "name", None),
                 "fed_tokens": self.state.counters.fed_tokens,
                 "kv_bytes": self.state.counters.kv_bytes,

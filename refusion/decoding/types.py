@@ -69,8 +69,15 @@ class Drafts:
     that a sampler's random draws happen in one fixed order.
     """
 
-    def __init__(self, scores: Scores | None, draw: Callable[[Scores], tuple[torch.Tensor, torch.Tensor]] | None,
-                 n: int, lazy: bool, exclude: int | None = None, rowwise: bool = False):
+    def __init__(
+        self,
+        scores: Scores | None,
+        draw: Callable[[Scores], tuple[torch.Tensor, torch.Tensor]] | None,
+        n: int,
+        lazy: bool,
+        exclude: int | None = None,
+        rowwise: bool = False,
+    ):
         self.scores, self.exclude = scores, exclude
         self.lazy = lazy and scores is not None and scores.batchable
         self.draw = draw if rowwise and not self.lazy and scores is not None else None
@@ -83,8 +90,10 @@ class Drafts:
     def rows(self, index: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """``(tokens, confidence)`` of ``index`` (a slice or index tensor), projecting the rows not known yet."""
         if self.scores is None:
-            raise RuntimeError("this plan was not drafted: its selector reads no scores and its infiller asked for no "
-                               "drafts (see SlotSelector.reads_scores and Infiller.needs_drafts)")
+            raise RuntimeError(
+                "this plan was not drafted: its selector reads no scores and its infiller asked for no "
+                "drafts (see SlotSelector.reads_scores and Infiller.needs_drafts)"
+            )
         if self.draw is not None:
             return self._drawn(index)
         if not self.lazy:
@@ -148,8 +157,13 @@ class Plan:
         return len(self.slots)
 
     @classmethod
-    def from_logits(cls, slots: tuple[Slot, ...], positions: torch.Tensor, logits: torch.Tensor,
-                    generator: torch.Generator | None = None) -> Plan:
+    def from_logits(
+        cls,
+        slots: tuple[Slot, ...],
+        positions: torch.Tensor,
+        logits: torch.Tensor,
+        generator: torch.Generator | None = None,
+    ) -> Plan:
         """A plan with greedy drafts from full logits ``(n, vocab)`` (for tests and hand-made plans)."""
         from refusion.decoding.sampling import greedy
 
@@ -157,8 +171,9 @@ class Plan:
         for slot in slots:
             offsets.append(offsets[-1] + slot.length)
         scores = Scores(logits=logits)
-        return cls(slots, positions, scores, tuple(offsets), generator,
-                   Drafts(scores, greedy, len(positions), lazy=False))
+        return cls(
+            slots, positions, scores, tuple(offsets), generator, Drafts(scores, greedy, len(positions), lazy=False)
+        )
 
     def rows(self, i: int) -> slice:
         """Rows of slot ``i`` in the flat tensors."""

@@ -140,8 +140,11 @@ class Engine(ABC):
         """
         from refusion.errors import ConfigError
 
-        raise ConfigError(f"`cfg_scale` > 0 needs an engine with classifier-free guidance; engine {self.name!r} has "
-                          "none (the 'canvas' engine, for bidirectional models, applies it).", param='cfg_scale')
+        raise ConfigError(
+            f"`cfg_scale` > 0 needs an engine with classifier-free guidance; engine {self.name!r} has "
+            "none (the 'canvas' engine, for bidirectional models, applies it).",
+            param="cfg_scale",
+        )
 
     def release(self, state: SequenceState) -> None:
         """The sequence has finished or was cancelled: free what the engine keeps for it (idempotent)."""

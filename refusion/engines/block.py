@@ -40,8 +40,7 @@ from refusion.plugins import hookimpl
 class BlockSequence(SequenceState):
     """A sequence on a block-diffusion model: its cache of finished positions and its current block."""
 
-    def __init__(self, context: SequenceCache, counters, prompt_length: int, region_length: int, kv: Any,
-                 model: Any):
+    def __init__(self, context: SequenceCache, counters, prompt_length: int, region_length: int, kv: Any, model: Any):
         super().__init__(context, counters, prompt_length, region_length)
         self.model = model
         self.kv = kv
@@ -53,16 +52,23 @@ class BlockSequence(SequenceState):
     def start_block(self, start: int, stop: int, reuse: BlockReuse | None) -> None:
         """Begin the decoder's serial block ``start:stop``; it must be the generation part of one model block."""
         if reuse is not None:
-            raise ConfigError(f"the 'block' engine keeps an exact cache of finished blocks; the reorderer's {reuse.mode!r} "
-                              "approximation does not apply (use reorderer 'commit-order').")
+            raise ConfigError(
+                f"the 'block' engine keeps an exact cache of finished blocks; the reorderer's {reuse.mode!r} "
+                "approximation does not apply (use reorderer 'commit-order')."
+            )
         first = self.model.block_start(start, self.prompt_length)
         if (start, stop) != (max(first, self.prompt_length), min(first + self.block_length, self.canvas_length)):
             a, b = start - self.prompt_length, stop - self.prompt_length
-            align = ("align='absolute' (the model's blocks count from position 0)"
-                     if getattr(self.model, "layout", "prompt") == "absolute" else "align='region'")
-            raise ConfigError(f"the decoder's serial block {a}:{b} is not one of the model's blocks of `block_length` "
-                              f"{self.block_length}: use partitioner 'semi-ar' with block_length={self.block_length} and "
-                              f"{align}.")
+            align = (
+                "align='absolute' (the model's blocks count from position 0)"
+                if getattr(self.model, "layout", "prompt") == "absolute"
+                else "align='region'"
+            )
+            raise ConfigError(
+                f"the decoder's serial block {a}:{b} is not one of the model's blocks of `block_length` "
+                f"{self.block_length}: use partitioner 'semi-ar' with block_length={self.block_length} and "
+                f"{align}."
+            )
         self.block = (start, stop)
 
 
@@ -100,8 +106,9 @@ class BlockEngine(Engine):
         start, stop = state.block
         wanted = extend.positions.cpu()
         if len(wanted) and (int(wanted.min()) < start or int(wanted.max()) >= stop):
-            raise ConfigError(f"the 'block' engine answers positions of the current block {start}:{stop} only; "
-                              f"got {wanted.tolist()}.")
+            raise ConfigError(
+                f"the 'block' engine answers positions of the current block {start}:{stop} only; got {wanted.tolist()}."
+            )
         first = 0 if self.recompute else state.cached
         keep = self.model.block_start(start, state.prompt_length)  # the model block's first position
         if first > keep:  # pragma: no cover - blocks only move forward

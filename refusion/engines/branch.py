@@ -94,7 +94,7 @@ class BranchEngine(Engine):
         if packed and reason:
             from refusion.errors import ConfigError
 
-            raise ConfigError(f"`packed` forwards cannot run on {type(model).__name__}: {reason}.", param='packed')
+            raise ConfigError(f"`packed` forwards cannot run on {type(model).__name__}: {reason}.", param="packed")
         #: packed forwards (no padding; HF models with attention functions) or padded rows with a 4-D mask
         self.packed = reason is None if packed is None else packed
 
@@ -124,13 +124,15 @@ class BranchEngine(Engine):
         need = prompt.shape[0] + region_length
         if self.buffer is None:
             layers, heads, dim, dtype = self.model.kv_shape()
-            self.buffer = PreallocatedKV(layers, self.initial_rows, heads, need, dim, dtype=dtype,
-                                         device=self.device, counters=self.counters)
+            self.buffer = PreallocatedKV(
+                layers, self.initial_rows, heads, need, dim, dtype=dtype, device=self.device, counters=self.counters
+            )
         row = self.kv.allocate(need)
         counters = self.new_counters()
         store = RowStore(self.kv, row, counters)
-        state = BranchSequence(SequenceCache(store, prompt, torch.arange(prompt.shape[0])), counters,
-                               prompt.shape[0], region_length)
+        state = BranchSequence(
+            SequenceCache(store, prompt, torch.arange(prompt.shape[0])), counters, prompt.shape[0], region_length
+        )
         state.store = store
         self.by_row[row] = state
         return state
@@ -186,7 +188,9 @@ class BranchEngine(Engine):
         rows = [_Row.of(state, calls[state]) for state in states]
         if self.packed:
             return self._run_packed(rows)
-        if self.batch_invariant and len(rows) > 1:  # padding to the widest row changes each row's sums: one forward each
+        if (
+            self.batch_invariant and len(rows) > 1
+        ):  # padding to the widest row changes each row's sums: one forward each
             self.kv.ensure_capacity(max(row.context + row.width + row.n for row in rows))
             return {s: out for r, row in enumerate(rows) for s, out in self._run_padded([row], first=r).items()}
         return self._run_padded(rows)
@@ -225,27 +229,44 @@ class BranchEngine(Engine):
         if n_rows == 1:  # one row: its tokens take consecutive columns; a causal mask unless branches are involved
             row = rows[0]
             if row.width == 0 and len(row.call.extends) == 1:
-                mask = None if row.n == 1 else torch.ones(row.n, keys, dtype=torch.bool, device=device).tril(
-                    keys - row.n)[None, None]
+                mask = (
+                    None
+                    if row.n == 1
+                    else torch.ones(row.n, keys, dtype=torch.bool, device=device).tril(keys - row.n)[None, None]
+                )
             else:
                 local = torch.arange(row.n)
-                mask = _packed_mask(rows, torch.zeros_like(local), local, torch.tensor([row.context + row.width]),
-                                    n_max, keys).to(device)
+                mask = _packed_mask(
+                    rows, torch.zeros_like(local), local, torch.tensor([row.context + row.width]), n_max, keys
+                ).to(device)
             layout = RaggedLayout(1, n_max, None, None, None, mask, keys, (row.context + row.width, keys))
         else:
             row_of = torch.cat([torch.full((row.n,), r, dtype=torch.long) for r, row in enumerate(rows)])
             local = torch.cat([torch.arange(row.n) for row in rows])
             q0 = torch.tensor([row.context + row.width for row in rows])
             mask = _packed_mask(rows, row_of, local, q0, n_max, keys).to(device)
-            layout = RaggedLayout(n_rows, n_max, (row_of * n_max + local).to(device), row_of.to(device),
-                                  (q0[row_of] + local).to(device), mask, keys)
+            layout = RaggedLayout(
+                n_rows,
+                n_max,
+                (row_of * n_max + local).to(device),
+                row_of.to(device),
+                (q0[row_of] + local).to(device),
+                mask,
+                keys,
+            )
         network = self.model.model
         with exclusive(self.model), switched(network.config):  # no other forward may see the switched config
-            scores = self.scores(ids[None].to(device), pos[None].to(device),
-                                       {"full_attention": layout, "sliding_attention": layout},
-                                       RaggedCache(buf.data, layout))[0]
-        self.served({row.state: row.n for row in rows}, pairs=sum(row.n * (row.context + row.width + row.n) for row in rows),
-                    keys=sum(row.context + row.width for row in rows))
+            scores = self.scores(
+                ids[None].to(device),
+                pos[None].to(device),
+                {"full_attention": layout, "sliding_attention": layout},
+                RaggedCache(buf.data, layout),
+            )[0]
+        self.served(
+            {row.state: row.n for row in rows},
+            pairs=sum(row.n * (row.context + row.width + row.n) for row in rows),
+            keys=sum(row.context + row.width for row in rows),
+        )
         layers = buf.data
         outputs: dict[SequenceState, tuple[ExtendOutput, ...]] = {}
         start = 0
@@ -302,8 +323,12 @@ class BranchEngine(Engine):
         scratch = _ScratchCache(buf.data[:, :, first:], n_rows, query_at, q_max)
         scores = self.scores(ids.to(device), pos.to(device), self._mask_for_model(mask.to(device)), scratch)
         fed: dict[SequenceState, int] = {row.state: row.n for row in rows}
-        self.served(fed, padded=n_rows * q_max - sum(fed.values()), pairs=n_rows * q_max * (query_at + q_max),
-                    keys=n_rows * query_at)
+        self.served(
+            fed,
+            padded=n_rows * q_max - sum(fed.values()),
+            pairs=n_rows * q_max * (query_at + q_max),
+            keys=n_rows * query_at,
+        )
         layers = buf.data
         outputs: dict[SequenceState, tuple[ExtendOutput, ...]] = {}
         for r, row in enumerate(rows):
@@ -398,7 +423,7 @@ def _packed_mask(rows: list[_Row], row_of, local, q0, n_max: int, keys: int) -> 
     context = torch.tensor([row.context for row in rows])[row_of]
     base = q0[row_of]
     cols = torch.arange(keys)[None, :]
-    visible = (cols < context[:, None])
+    visible = cols < context[:, None]
     visible |= (cols >= base[:, None]) & (cols < (base + pend_hi)[:, None])
     visible |= (cols >= par_lo[:, None]) & (cols < par_hi[:, None])
     visible |= (cols >= (base + span_lo)[:, None]) & (cols <= (base + local)[:, None])

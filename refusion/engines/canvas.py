@@ -72,8 +72,11 @@ class CanvasSequence(SequenceState):
         if reuse is not None and self.cfg_scale > 0:
             from refusion.errors import ConfigError
 
-            raise ConfigError(f"`cfg_scale` > 0 needs a full forward at every step; the reorderer's {reuse.mode!r} "
-                              "block cache cannot be combined with it (use reorderer 'commit-order' or 'no-cache').", param='cfg_scale')
+            raise ConfigError(
+                f"`cfg_scale` > 0 needs a full forward at every step; the reorderer's {reuse.mode!r} "
+                "block cache cannot be combined with it (use reorderer 'commit-order' or 'no-cache').",
+                param="cfg_scale",
+            )
         self.block = None if reuse is None else BlockCache(reuse.mode, start, stop, reuse.prefix_at_block)
 
     def end_at(self, position: int) -> None:
@@ -147,7 +150,9 @@ class CanvasEngine(Engine):
         self.served({state: 2 * n}, pairs=2 * n * n)
         cond, un = both.logits[0], both.logits[1]
         logits = un + (state.cfg_scale + 1) * (cond - un)
-        return ExtendOutput(extend, Scores(logits=logits[wanted.to(logits.device)]), [], 0, 0, self.epoch, self.epoch.value)
+        return ExtendOutput(
+            extend, Scores(logits=logits[wanted.to(logits.device)]), [], 0, 0, self.epoch, self.epoch.value
+        )
 
     def _forward(self, state: CanvasSequence, ids, positions, cache_obj):
         device = self.device
@@ -169,8 +174,9 @@ class CanvasEngine(Engine):
             kept = []
             for layer in store.layers:
                 keys = torch.cat((layer.keys[:, :, : block.prefix_end], layer.keys[:, :, block.suffix_start :]), dim=2)
-                values = torch.cat((layer.values[:, :, : block.prefix_end], layer.values[:, :, block.suffix_start :]),
-                                   dim=2)
+                values = torch.cat(
+                    (layer.values[:, :, : block.prefix_end], layer.values[:, :, block.suffix_start :]), dim=2
+                )
                 kept.append((keys, values))
             block.kept, block.stale = kept, False
         return ExtendOutput(extend, logits[wanted], [], 0, 0, self.epoch, self.epoch.value)
@@ -201,8 +207,10 @@ def _between(kept: list, split: int) -> Any:
     class Between(DynamicCache):
         def update(self, key_states, value_states, layer_idx, *args, **kwargs):
             keys, values = kept[layer_idx]
-            return (torch.cat((keys[:, :, :split], key_states, keys[:, :, split:]), dim=2),
-                    torch.cat((values[:, :, :split], value_states, values[:, :, split:]), dim=2))
+            return (
+                torch.cat((keys[:, :, :split], key_states, keys[:, :, split:]), dim=2),
+                torch.cat((values[:, :, :split], value_states, values[:, :, split:]), dim=2),
+            )
 
     return Between(list(kept))
 

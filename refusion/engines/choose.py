@@ -18,7 +18,9 @@ def engine_class(spec: Any) -> type[Engine]:
     else:
         cls = spec
     if not inspect.isclass(cls) or not issubclass(cls, Engine):
-        raise ConfigError(f"`engine` must be a registered engine name, an Engine subclass or instance; got {spec!r}.", param='engine')
+        raise ConfigError(
+            f"`engine` must be a registered engine name, an Engine subclass or instance; got {spec!r}.", param="engine"
+        )
     return cls
 
 
@@ -37,7 +39,7 @@ def choose_engine(model: Any, decoder: Any = None) -> type[Engine]:
         cls = engine_class(spec)
         reason = cls.unsupported(model)
         if reason is not None:
-            raise ConfigError(f"`engine` {cls.name!r} cannot run {type(model).__name__}: {reason}.", param='engine')
+            raise ConfigError(f"`engine` {cls.name!r} cannot run {type(model).__name__}: {reason}.", param="engine")
         return cls
     reasons = []
     for entry in sorted(registry().entries("engine"), key=lambda r: (-r.cls.priority, r.name)):
@@ -57,20 +59,24 @@ def open_engine(model: Any, decoder: Any = None, engine: Any = None, **options: 
     invariant = bool(getattr(decoder, "batch_invariant", False))
     if isinstance(engine, Engine):
         if engine.model is not model:
-            raise ConfigError("`engine` was opened for another model; open one for this model or pass its name.", param='engine')
+            raise ConfigError(
+                "`engine` was opened for another model; open one for this model or pass its name.", param="engine"
+            )
         check_invariance(engine, invariant)
         return engine
     cls = engine_class(engine) if engine is not None else choose_engine(model, decoder)
     if engine is not None:
         reason = cls.unsupported(model)
         if reason is not None:
-            raise ConfigError(f"`engine` {cls.name!r} cannot run {type(model).__name__}: {reason}.", param='engine')
+            raise ConfigError(f"`engine` {cls.name!r} cannot run {type(model).__name__}: {reason}.", param="engine")
     if invariant:
         parameters = inspect.signature(cls).parameters
         if "batch_invariant" not in parameters and not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
-            raise ConfigError(f"`batch_invariant` needs an engine that takes it; engine {cls.name!r} does not (its "
-                              "__init__ must accept `batch_invariant` and pass it to Engine.__init__).",
-                              param="batch_invariant")
+            raise ConfigError(
+                f"`batch_invariant` needs an engine that takes it; engine {cls.name!r} does not (its "
+                "__init__ must accept `batch_invariant` and pass it to Engine.__init__).",
+                param="batch_invariant",
+            )
         options["batch_invariant"] = True
     return cls(model, **options)
 
@@ -78,5 +84,8 @@ def open_engine(model: Any, decoder: Any = None, engine: Any = None, **options: 
 def check_invariance(engine: Engine, invariant: bool) -> None:
     """Refuse to run a decoder with ``batch_invariant=True`` on a live engine opened without it."""
     if invariant and not getattr(engine, "batch_invariant", False):
-        raise ConfigError(f"The decoder asks for `batch_invariant`=True but engine {engine.name!r} was opened without "
-                          "it; open the engine with batch_invariant=True (or from this decoder).", param="batch_invariant")
+        raise ConfigError(
+            f"The decoder asks for `batch_invariant`=True but engine {engine.name!r} was opened without "
+            "it; open the engine with batch_invariant=True (or from this decoder).",
+            param="batch_invariant",
+        )

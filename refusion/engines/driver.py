@@ -123,8 +123,12 @@ class Runner:
 def _reads(outputs: dict) -> list[tuple]:
     """What a step's outputs will be read for: each extend's declared rows (with the tokens it fed, for the
     probability of each next one), and each sequence's new next-token row (an AR step reads it)."""
-    requests = [(o.scores, o.extend.reads, o.extend.tokens) for outs in outputs.values() for o in outs
-                if o.extend.reads is not None]
+    requests = [
+        (o.scores, o.extend.reads, o.extend.tokens)
+        for outs in outputs.values()
+        for o in outs
+        if o.extend.reads is not None
+    ]
     for state in outputs:
         last = state.context.last_scores
         if last is not None and last.batchable and not last.projected:

@@ -116,8 +116,13 @@ class RowTiles(TorchFunctionMode):
             x = args[0]
             dim = args[1] if len(args) > 1 else kwargs.get("dim")
             keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
-            if (isinstance(x, torch.Tensor) and x.dim() >= 2 and dim in (-1, x.dim() - 1, (-1,), [-1])
-                    and set(kwargs) <= {"dim", "keepdim"} and len(args) <= 3):
+            if (
+                isinstance(x, torch.Tensor)
+                and x.dim() >= 2
+                and dim in (-1, x.dim() - 1, (-1,), [-1])
+                and set(kwargs) <= {"dim", "keepdim"}
+                and len(args) <= 3
+            ):
                 return tiled_mean(x, bool(keepdim), self.tile)
         return func(*args, **kwargs)
 
@@ -158,20 +163,37 @@ class InvariantHead:
         parts = [self.head.logits(tile)[: stop - start] for start, stop, tile in _rows(flat, self.tile)]
         return torch.cat(parts)[: flat.shape[0]].reshape(*hidden.shape[:-1], -1)
 
-    def stats(self, hidden: torch.Tensor, exclude: int | None = None, temperature: float = 1.0, *,
-              targets: torch.Tensor | None = None):
+    def stats(
+        self,
+        hidden: torch.Tensor,
+        exclude: int | None = None,
+        temperature: float = 1.0,
+        *,
+        targets: torch.Tensor | None = None,
+    ):
         """``(tokens, best, lse[, picked])`` per row of ``hidden`` ``(n, d)``, as
         :meth:`LMHead.stats <refusion.models.head.LMHead.stats>`."""
         if self.tile is None:
             return self.head.stats(hidden, exclude, temperature, targets=targets, **self._options)
         wanted = None
         if targets is not None:
-            wanted = torch.full((-(-max(len(targets), 1) // self.tile) * self.tile,), -1, dtype=torch.long,
-                                device=targets.device)
+            wanted = torch.full(
+                (-(-max(len(targets), 1) // self.tile) * self.tile,), -1, dtype=torch.long, device=targets.device
+            )
             wanted[: len(targets)] = targets
-        parts = [(self.head.stats(tile, exclude, temperature, **self._options,
-                                  targets=None if wanted is None else wanted[start : start + self.tile]), stop - start)
-                 for start, stop, tile in _rows(hidden, self.tile)]
+        parts = [
+            (
+                self.head.stats(
+                    tile,
+                    exclude,
+                    temperature,
+                    **self._options,
+                    targets=None if wanted is None else wanted[start : start + self.tile],
+                ),
+                stop - start,
+            )
+            for start, stop, tile in _rows(hidden, self.tile)
+        ]
         width = len(parts[0][0])
         return tuple(torch.cat([out[i][:count] for out, count in parts])[: hidden.shape[0]] for i in range(width))
 
@@ -181,8 +203,10 @@ class InvariantHead:
             return self.head.token_logits(hidden, tokens)
         padded = torch.zeros(-(-max(len(tokens), 1) // self.tile) * self.tile, dtype=tokens.dtype, device=tokens.device)
         padded[: len(tokens)] = tokens
-        parts = [self.head.token_logits(tile, padded[start : start + self.tile])[: stop - start]
-                 for start, stop, tile in _rows(hidden, self.tile)]
+        parts = [
+            self.head.token_logits(tile, padded[start : start + self.tile])[: stop - start]
+            for start, stop, tile in _rows(hidden, self.tile)
+        ]
         return torch.cat(parts)[: hidden.shape[0]]
 
 
@@ -209,8 +233,10 @@ class Invariance:
         if isinstance(network, torch.nn.Module):
             dtype = next((p.dtype for p in network.parameters() if p.is_floating_point()), None)
         device = getattr(model, "device", "cpu")
-        return cls(tile if dtype is None or rows_depend_on_count(device, dtype) else None,
-                   reductions=torch.device(device).type != "cpu")
+        return cls(
+            tile if dtype is None or rows_depend_on_count(device, dtype) else None,
+            reductions=torch.device(device).type != "cpu",
+        )
 
     @contextmanager
     def forward(self, mixed: bool) -> Iterator[None]:

@@ -121,9 +121,16 @@ def _attend_per_row(query, key, value, layout: RaggedLayout, spans, scaling, gqa
             mask = torch.ones(1, 1, n, keys, dtype=torch.bool, device=query.device)
         else:
             mask = layout.mask[r : r + 1, :, :n, :keys]
-        outs.append(F.scaled_dot_product_attention(query[:, :, start:stop], key[r : r + 1, :, :keys],
-                                                   value[r : r + 1, :, :keys], attn_mask=mask, scale=scaling,
-                                                   enable_gqa=gqa))
+        outs.append(
+            F.scaled_dot_product_attention(
+                query[:, :, start:stop],
+                key[r : r + 1, :, :keys],
+                value[r : r + 1, :, :keys],
+                attn_mask=mask,
+                scale=scaling,
+                enable_gqa=gqa,
+            )
+        )
     out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
     return out.transpose(1, 2)
 
@@ -166,7 +173,9 @@ def supports(model: Any) -> str | None:
     config = getattr(network, "config", None)
     if config is None or not getattr(network, "_supports_attention_backend", False):
         return "the network does not take custom attention functions (transformers' attention interface)"
-    if getattr(config, "use_sliding_window", False) or "sliding_attention" in (getattr(config, "layer_types", None) or []):
+    if getattr(config, "use_sliding_window", False) or "sliding_attention" in (
+        getattr(config, "layer_types", None) or []
+    ):
         return "sliding-window attention layers are not supported"
     if getattr(model, "head", None) is None:
         return "the network's LM head could not be separated from its backbone"

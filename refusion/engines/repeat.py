@@ -139,13 +139,18 @@ class RepeatEngine(Engine):
             layers.append((keys, values))
         batch_cache = DynamicCache(layers)
         scores = self.scores(ids, pos, mask, batch_cache)
-        self.served({state: sum(query_lens)}, padded=k * width_q - sum(query_lens),
-                    pairs=k * width_q * (context + width_b + width_q), keys=k * (context + width_b))
+        self.served(
+            {state: sum(query_lens)},
+            padded=k * width_q - sum(query_lens),
+            pairs=k * width_q * (context + width_b + width_q),
+            keys=k * (context + width_b),
+        )
         self._copied(state, k * (2 * context + width_b), k * (width_b + width_q))  # the repeat, then the cat
         out_layers = [(layer.keys, layer.values) for layer in batch_cache.layers]
         return tuple(
-            ExtendOutput(e, scores[row, : query_lens[row]], out_layers, row, context + width_b, self.epoch,
-                         self.epoch.value)
+            ExtendOutput(
+                e, scores[row, : query_lens[row]], out_layers, row, context + width_b, self.epoch, self.epoch.value
+            )
             for row, e in enumerate(extends)
         )
 

@@ -81,5 +81,3 @@ def probe_rows(device: Any, dtype: torch.dtype) -> RowClasses:
     depends = not all(same.values())
     found = _PROBED[key] = RowClasses(depends, (min(stable) if stable else None) if depends else 1)
     return found
-
-

@@ -38,8 +38,9 @@ class Method:
     """A way to decode one prompt, callable as ``method(prompt) -> tokens``, and the :class:`Counters` its
     forwards are counted in (an engine's for refusion's decoders, a network hook's for ``generate``)."""
 
-    def __init__(self, run: Callable[[list[int]], list[int]], counters: Counters,
-                 recording: Callable[[], Any] | None = None):
+    def __init__(
+        self, run: Callable[[list[int]], list[int]], counters: Counters, recording: Callable[[], Any] | None = None
+    ):
         self.run = run
         self.counters = counters
         self._recording = recording
@@ -73,10 +74,15 @@ def ar_method(adapter: Any, gen_length: int) -> Method:
         ids = torch.tensor([prompt], device=adapter.device)
         with observe(adapter.model, counters):
             out = adapter.model.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=gen_length, do_sample=False,
-                eos_token_id=eos or None, pad_token_id=adapter.mask_token_id, suppress_tokens=[adapter.mask_token_id],
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=gen_length,
+                do_sample=False,
+                eos_token_id=eos or None,
+                pad_token_id=adapter.mask_token_id,
+                suppress_tokens=[adapter.mask_token_id],
             )
-        tokens = _cut_at_eos(out[0, len(prompt):].tolist(), adapter.eos_token_ids)
+        tokens = _cut_at_eos(out[0, len(prompt) :].tolist(), adapter.eos_token_ids)
         if counters.shapes is not None:
             forwards, heads = autoregressive([len(prompt)], len(tokens))
             counters.shapes.extend(forwards)
@@ -149,9 +155,17 @@ def measure(
             from refusion.measure.costmodel import counted_seconds, parse
 
             gpu = counted_seconds(counters, *parse(cost_model))
-    return Result(name, len(examples), correct, counters.forwards - forwards, tokens, seconds,
-                  per_task={task: sum(v) / len(v) for task, v in per_task.items()}, gpu_seconds=gpu,
-                  outputs=tuple(outputs))
+    return Result(
+        name,
+        len(examples),
+        correct,
+        counters.forwards - forwards,
+        tokens,
+        seconds,
+        per_task={task: sum(v) / len(v) for task, v in per_task.items()},
+        gpu_seconds=gpu,
+        outputs=tuple(outputs),
+    )
 
 
 AR_METHOD = "AR: transformers generate"
@@ -159,12 +173,20 @@ AR_METHOD = "AR: transformers generate"
 
 def _check_examples(examples: Sequence[Example]) -> None:
     if len(examples) > MAX_EXAMPLES:
-        raise ConfigError(f"`examples`: {len(examples)} examples asked for; the limit is {MAX_EXAMPLES}.",
-                          param="examples")
+        raise ConfigError(
+            f"`examples`: {len(examples)} examples asked for; the limit is {MAX_EXAMPLES}.", param="examples"
+        )
 
 
-def run_bench(adapter: Any, examples: Sequence[Example], methods: Sequence[tuple[str, Any]], gen_length: int, *,
-              progress: bool = False, cost_model: str | None = None) -> list[Result]:
+def run_bench(
+    adapter: Any,
+    examples: Sequence[Example],
+    methods: Sequence[tuple[str, Any]],
+    gen_length: int,
+    *,
+    progress: bool = False,
+    cost_model: str | None = None,
+) -> list[Result]:
     """Measure each ``(name, decoder)`` of ``methods`` on ``examples``, in order; a ``None`` decoder is the AR
     baseline (:func:`ar_method`). Returns one :class:`~refusion.measure.results.Result` per method.
 
@@ -194,8 +216,10 @@ def table(rows: Sequence[Result], baseline: str, cost_model: str | None = None) 
         head += f" {'est. tok/s ' + cost_model:>26} {'est. speed-up':>13}"
     lines = [head, "-" * len(head)]
     for r in rows:
-        line = (f"{r.method:<44} {r.accuracy:>6.1%} {r.forwards:>9d} {r.tokens_per_forward:>8.2f} {r.seconds:>8.2f} "
-                f"{base.seconds / r.seconds:>8.2f}x {base.forwards / r.forwards:>8.2f}x")
+        line = (
+            f"{r.method:<44} {r.accuracy:>6.1%} {r.forwards:>9d} {r.tokens_per_forward:>8.2f} {r.seconds:>8.2f} "
+            f"{base.seconds / r.seconds:>8.2f}x {base.forwards / r.forwards:>8.2f}x"
+        )
         if cost_model and r.gpu_seconds and base.gpu_seconds:
             line += f" {r.tokens / r.gpu_seconds:>26.0f} {base.gpu_seconds / r.gpu_seconds:>12.2f}x"
         lines.append(line)

@@ -63,10 +63,17 @@ class ModelSize:
     @classmethod
     def from_config(cls, config, name: str = "model", bytes_per_param: int = 2) -> ModelSize:
         heads = config.num_attention_heads
-        return cls(name, config.num_hidden_layers, config.hidden_size, heads,
-                   getattr(config, "num_key_value_heads", None) or heads,
-                   getattr(config, "head_dim", None) or config.hidden_size // heads,
-                   config.intermediate_size, config.vocab_size, bytes_per_param)
+        return cls(
+            name,
+            config.num_hidden_layers,
+            config.hidden_size,
+            heads,
+            getattr(config, "num_key_value_heads", None) or heads,
+            getattr(config, "head_dim", None) or config.hidden_size // heads,
+            config.intermediate_size,
+            config.vocab_size,
+            bytes_per_param,
+        )
 
 
 @attrs.frozen
@@ -99,8 +106,11 @@ GPUS = {
 def parse(spec: str) -> tuple[ModelSize, GPU]:
     """``"qwen3-8b@h100"`` -> (model size, GPU)."""
     if not isinstance(spec, str) or spec.count("@") != 1:
-        raise ConfigError(f"`cost_model` must look like MODEL@GPU, e.g. qwen3-8b@h100; got {spec!r}. "
-                          f"Models: {', '.join(MODELS)}; GPUs: {', '.join(GPUS)}.", param='cost_model')
+        raise ConfigError(
+            f"`cost_model` must look like MODEL@GPU, e.g. qwen3-8b@h100; got {spec!r}. "
+            f"Models: {', '.join(MODELS)}; GPUs: {', '.join(GPUS)}.",
+            param="cost_model",
+        )
     model, gpu = spec.lower().split("@")
     if model not in MODELS:
         raise unknown_name("cost-model model", model, MODELS)
@@ -112,8 +122,7 @@ def parse(spec: str) -> tuple[ModelSize, GPU]:
 def forward_seconds(shape: ForwardShape, model: ModelSize, gpu: GPU) -> float:
     """Roofline time of one forward (the LM head excluded; see :func:`head_seconds`)."""
     flops = 2 * model.body_params * shape.tokens + 4 * model.layers * model.heads * model.head_dim * shape.pairs
-    moved = (model.body_params * model.bytes_per_param
-             + model.kv_bytes_per_token * (shape.keys + shape.tokens))
+    moved = model.body_params * model.bytes_per_param + model.kv_bytes_per_token * (shape.keys + shape.tokens)
     compute = flops / (gpu.flops * gpu.compute_efficiency)
     memory = moved / (gpu.bandwidth * gpu.memory_efficiency)
     return max(compute, memory) + gpu.launch_overhead
@@ -128,8 +137,7 @@ def head_seconds(rows: int, model: ModelSize, gpu: GPU) -> float:
 
 def estimate(forwards: Iterable[ForwardShape], head_passes: Iterable[int], model: ModelSize, gpu: GPU) -> float:
     """Seconds for a run of ``forwards`` and LM-head passes (rows per pass) on ``gpu``."""
-    return sum(forward_seconds(f, model, gpu) for f in forwards) + sum(head_seconds(r, model, gpu)
-                                                                       for r in head_passes)
+    return sum(forward_seconds(f, model, gpu) for f in forwards) + sum(head_seconds(r, model, gpu) for r in head_passes)
 
 
 def autoregressive(prompt_lengths: list[int], new_tokens: int) -> tuple[list[ForwardShape], list[int]]:

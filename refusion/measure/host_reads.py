@@ -54,16 +54,51 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 #: method/function names that read a tensor's values into Python
-READS = frozenset({
-    "item", "tolist", "__bool__", "__int__", "__float__", "__index__", "__format__", "__contains__", "__array__",
-    "cpu", "numpy", "nonzero", "argwhere", "equal", "allclose", "is_nonzero", "masked_select", "unique",
-    "unique_consecutive", "bincount",
-})
+READS = frozenset(
+    {
+        "item",
+        "tolist",
+        "__bool__",
+        "__int__",
+        "__float__",
+        "__index__",
+        "__format__",
+        "__contains__",
+        "__array__",
+        "cpu",
+        "numpy",
+        "nonzero",
+        "argwhere",
+        "equal",
+        "allclose",
+        "is_nonzero",
+        "masked_select",
+        "unique",
+        "unique_consecutive",
+        "bincount",
+    }
+)
 #: reads whose result is host data that aliases the input on the CPU (returned untagged)
 _TO_HOST = frozenset({"cpu", "numpy"})
 #: Python operators that write into their first argument
-_IN_PLACE = frozenset({"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
-                       "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__", "__imatmul__"})
+_IN_PLACE = frozenset(
+    {
+        "__setitem__",
+        "__iadd__",
+        "__isub__",
+        "__imul__",
+        "__itruediv__",
+        "__ifloordiv__",
+        "__imod__",
+        "__ipow__",
+        "__iand__",
+        "__ior__",
+        "__ixor__",
+        "__ilshift__",
+        "__irshift__",
+        "__imatmul__",
+    }
+)
 _NET, _PLACED = 2, 1
 #: what ``.device`` of a device-resident CPU tensor reads inside the context, and what calls are given instead
 _ACCELERATOR, _HOST = torch.device("cpu", 0), torch.device("cpu")
@@ -158,12 +193,18 @@ class HostReads(PerStep, TorchFunctionMode):
         """Every figure as plain JSON-ready values."""
         steps = len(self.steps)
         return {
-            "total": self.total, "by_kind": dict(self.by_kind), "steps": steps, "forwards": self.forwards,
-            "step_forwards": sum(s.forwards for s in self.steps), "step_reads": self.step_reads,
-            "outside_steps": self.total - self.step_reads, "per_step": self.per_step,
+            "total": self.total,
+            "by_kind": dict(self.by_kind),
+            "steps": steps,
+            "forwards": self.forwards,
+            "step_forwards": sum(s.forwards for s in self.steps),
+            "step_reads": self.step_reads,
+            "outside_steps": self.total - self.step_reads,
+            "per_step": self.per_step,
             "max_per_step": max((s.reads for s in self.steps), default=0),
             "per_sequence_step": self.per_sequence_step,
-            "placed_total": self.placed_total, "placed_by_kind": dict(self.placed),
+            "placed_total": self.placed_total,
+            "placed_by_kind": dict(self.placed),
             "placed_per_step": sum(s.placed for s in self.steps) / steps if steps else 0.0,
             "top_sites": [{"count": c, "kind": k, "site": s} for c, k, s in self.top_sites(sites)],
             "top_placed_sites": [{"count": c, "kind": k, "site": s} for c, k, s in self.top_sites(sites, placed=True)],
@@ -213,8 +254,13 @@ class HostReads(PerStep, TorchFunctionMode):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
         if name == "__get__":  # attribute access: only `.device` of a device-resident CPU tensor changes
-            if (self.track_placed and getattr(func, "__self__", None) is _DEVICE_PROPERTY and args
-                    and args[0].device.type == "cpu" and getattr(args[0], self._attr, 0)):
+            if (
+                self.track_placed
+                and getattr(func, "__self__", None) is _DEVICE_PROPERTY
+                and args
+                and args[0].device.type == "cpu"
+                and getattr(args[0], self._attr, 0)
+            ):
                 return _ACCELERATOR
             return func(*args, **kwargs)
         placing = False
@@ -274,8 +320,11 @@ class HostReads(PerStep, TorchFunctionMode):
             target = kwargs.get("device", args[1] if len(args) > 1 else None)
             if isinstance(target, str) and target.startswith("cpu"):
                 return "cpu"
-            if isinstance(target, torch.device) and target.type == "cpu" and (self.track_placed
-                                                                              or args[0].device.type != "cpu"):
+            if (
+                isinstance(target, torch.device)
+                and target.type == "cpu"
+                and (self.track_placed or args[0].device.type != "cpu")
+            ):
                 return "cpu"  # to the device of host data: a copy to the host
         return None
 
@@ -393,11 +442,11 @@ def _modules(model: Any) -> list[torch.nn.Module]:
 def _short(filename: str) -> str:
     path = os.path.abspath(filename)
     if path.startswith(_REFUSION_DIR):
-        return "refusion/" + path[len(_REFUSION_DIR):]
+        return "refusion/" + path[len(_REFUSION_DIR) :]
     for marker in ("site-packages" + os.sep, os.sep + "refusion_kernels" + os.sep, os.sep + "benchmarks" + os.sep):
         at = path.rfind(marker)
         if at >= 0:
-            return path[at + (len(marker) if marker.startswith("site") else 1):]
+            return path[at + (len(marker) if marker.startswith("site") else 1) :]
     return os.path.basename(path)
 
 
@@ -419,10 +468,16 @@ def call_site(frame: Any) -> str:
 
 def format_table(rows: Iterable[dict[str, Any]]) -> str:
     """A text table of :meth:`HostReads.summary` dicts that also carry ``label`` and ``batch``."""
-    lines = [(f"{'case':<40} {'batch':>5} {'steps':>6} {'reads':>7} {'/step':>7} {'/seq/step':>9} {'outside':>7} "
-              f"{'placed/step':>11}  by kind")]
+    lines = [
+        (
+            f"{'case':<40} {'batch':>5} {'steps':>6} {'reads':>7} {'/step':>7} {'/seq/step':>9} {'outside':>7} "
+            f"{'placed/step':>11}  by kind"
+        )
+    ]
     for row in rows:
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(row["by_kind"].items(), key=lambda kv: -kv[1]))
-        lines.append(f"{row['label']:<40} {row['batch']:>5} {row['steps']:>6} {row['total']:>7} {row['per_step']:>7.2f} "
-                     f"{row['per_sequence_step']:>9.3f} {row['outside_steps']:>7} {row['placed_per_step']:>11.2f}  {kinds}")
+        lines.append(
+            f"{row['label']:<40} {row['batch']:>5} {row['steps']:>6} {row['total']:>7} {row['per_step']:>7.2f} "
+            f"{row['per_sequence_step']:>9.3f} {row['outside_steps']:>7} {row['placed_per_step']:>11.2f}  {kinds}"
+        )
     return "\n".join(lines)

@@ -121,8 +121,9 @@ class RefusionLM(LM):
         from refusion.prompts import check_chat
 
         check_chat(self.model.tokenizer)
-        return self.model.tokenizer.apply_chat_template(chat_history, tokenize=False,
-                                                        add_generation_prompt=add_generation_prompt)
+        return self.model.tokenizer.apply_chat_template(
+            chat_history, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
 
     def _require_causal(self) -> None:
         if not self.model.capabilities.causal:
@@ -170,13 +171,23 @@ def batch_size_of(value: Any) -> int:
     the device) is refused rather than silently read as 1."""
     text = str(value).strip()
     if not text.isascii() or not text.isdigit() or int(text) < 1:
-        raise ConfigError(f"`batch_size` must be a positive integer (prompts decoded together); got {value!r}. "
-                          "refusion has no automatic batch size: give a number such as 8.", param="batch_size")
+        raise ConfigError(
+            f"`batch_size` must be a positive integer (prompts decoded together); got {value!r}. "
+            "refusion has no automatic batch size: give a number such as 8.",
+            param="batch_size",
+        )
     return int(text)
 
 
-def evaluate(tasks: Sequence[str], *, model_args: str = "", include_path: str | None = None, limit: int | None = None,
-             output_path: str | None = None, **kwargs: Any) -> dict:
+def evaluate(
+    tasks: Sequence[str],
+    *,
+    model_args: str = "",
+    include_path: str | None = None,
+    limit: int | None = None,
+    output_path: str | None = None,
+    **kwargs: Any,
+) -> dict:
     """Run lm-evaluation-harness ``tasks`` with the ``refusion`` model type; return its results dict.
 
     ``kwargs`` are ``lm_eval.simple_evaluate``'s (``num_fewshot``,
@@ -191,8 +202,9 @@ def evaluate(tasks: Sequence[str], *, model_args: str = "", include_path: str | 
         from lm_eval.loggers import EvaluationTracker
 
         tracker = EvaluationTracker(output_path=output_path)
-    results, record = evaluate_with_record(tasks, model_args=model_args, include_path=include_path, limit=limit,
-                                           evaluation_tracker=tracker, **kwargs)
+    results, record = evaluate_with_record(
+        tasks, model_args=model_args, include_path=include_path, limit=limit, evaluation_tracker=tracker, **kwargs
+    )
     samples = results.pop("samples", None)
     if tracker is not None:
         tracker.save_results_aggregated(results=results, samples=samples)
@@ -237,8 +249,14 @@ def quiet_git() -> Iterator[None]:
 EVAL_SEEDS = {"random_seed": 0, "numpy_random_seed": 1234, "torch_random_seed": 1234, "fewshot_random_seed": 1234}
 
 
-def evaluate_with_record(tasks: Sequence[str], *, model_args: str = "", include_path: str | None = None,
-                         limit: int | None = None, **kwargs: Any) -> tuple[dict, dict]:
+def evaluate_with_record(
+    tasks: Sequence[str],
+    *,
+    model_args: str = "",
+    include_path: str | None = None,
+    limit: int | None = None,
+    **kwargs: Any,
+) -> tuple[dict, dict]:
     """:func:`evaluate`'s lm-eval results and the run's record (:func:`refusion.measure.records.eval_record`):
     environment, decoder spec, settings and a sha256 of every generated text, for ``refusion reproduce``."""
     import lm_eval
@@ -252,11 +270,18 @@ def evaluate_with_record(tasks: Sequence[str], *, model_args: str = "", include_
     manager = TaskManager(include_path=include_path) if include_path else None
     lm = get_model("refusion").create_from_arg_string(model_args, {})
     with quiet_git():
-        results = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), limit=limit, task_manager=manager, **seeds,
-                                          **kwargs)
-    settings = {"tasks": list(tasks), "model_args": model_args, "include_path": include_path, "limit": limit,
-                "num_fewshot": kwargs.get("num_fewshot"), "apply_chat_template": bool(kwargs.get("apply_chat_template")),
-                **seeds}
+        results = lm_eval.simple_evaluate(
+            model=lm, tasks=list(tasks), limit=limit, task_manager=manager, **seeds, **kwargs
+        )
+    settings = {
+        "tasks": list(tasks),
+        "model_args": model_args,
+        "include_path": include_path,
+        "limit": limit,
+        "num_fewshot": kwargs.get("num_fewshot"),
+        "apply_chat_template": bool(kwargs.get("apply_chat_template")),
+        **seeds,
+    }
     env = environment(lm.model, engine=choose_engine(lm.model, lm.decoder).name, seeds=[lm.decoder.seed])
     record = eval_record(results["results"], lm.decoder, settings, env, lm.outputs)
     return results, record

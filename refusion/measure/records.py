@@ -47,8 +47,18 @@ def _field(spec: Mapping[str, Any], key: str, kind: type | tuple, where: str = "
     value = spec[key]
     kinds = kind if isinstance(kind, tuple) else (kind,)
     if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-        names = " or ".join({dict: "an object", Mapping: "an object", list: "a list", str: "a string", int: "an integer",
-                             float: "a number", bool: "true or false"}.get(k, k.__name__) for k in kinds)
+        names = " or ".join(
+            {
+                dict: "an object",
+                Mapping: "an object",
+                list: "a list",
+                str: "a string",
+                int: "an integer",
+                float: "a number",
+                bool: "true or false",
+            }.get(k, k.__name__)
+            for k in kinds
+        )
         raise ConfigError(f"field `{name}` must be {names}; got {shown(value)}.", param=name)
     return value
 
@@ -71,8 +81,13 @@ def model_source(path: str | Path | None) -> dict[str, Any]:
     """
     from refusion.models.default import default_model_path
 
-    out: dict[str, Any] = {"path": None if path is None else str(path), "shipped": False, "git_revision": None,
-                           "git_dirty": None, "sha256": None}
+    out: dict[str, Any] = {
+        "path": None if path is None else str(path),
+        "shipped": False,
+        "git_revision": None,
+        "git_dirty": None,
+        "sha256": None,
+    }
     if path is None:
         return out
     directory = Path(path)
@@ -80,11 +95,17 @@ def model_source(path: str | Path | None) -> dict[str, Any]:
     if not directory.is_dir():
         return out
     try:
-        rev = subprocess.run(["git", "-C", str(directory), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        rev = subprocess.run(
+            ["git", "-C", str(directory), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
         if rev.returncode == 0:
             out["git_revision"] = rev.stdout.strip()
-            status = subprocess.run(["git", "-C", str(directory), "status", "--porcelain", "--", "."],
-                                    capture_output=True, text=True, timeout=10)
+            status = subprocess.run(
+                ["git", "-C", str(directory), "status", "--porcelain", "--", "."],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
             out["git_dirty"] = bool(status.stdout.strip()) if status.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         pass
@@ -115,18 +136,29 @@ def environment(model: Any = None, *, engine: Any = None, seeds: Sequence[int] |
     if engine is not None and not isinstance(engine, str):
         engine = getattr(engine, "name", None) or class_path(engine)
     return {
-        "refusion": __version__, "torch": torch.__version__, "transformers": _version("transformers"),
-        "python": platform.python_version(), "platform": platform.platform(),
-        "device": None if param is None else str(param.device), "dtype": None if param is None else str(param.dtype),
-        "torch_threads": torch.get_num_threads(), "engine": engine,
+        "refusion": __version__,
+        "torch": torch.__version__,
+        "transformers": _version("transformers"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "device": None if param is None else str(param.device),
+        "dtype": None if param is None else str(param.dtype),
+        "torch_threads": torch.get_num_threads(),
+        "engine": engine,
         "seeds": None if seeds is None else [int(s) for s in seeds],
-        "model": model_source(path), "argv": list(sys.argv),
+        "model": model_source(path),
+        "argv": list(sys.argv),
     }
 
 
 # -- records -------------------------------------------------------------------------------------
-def bench_record(rows: Sequence[Any], decoders: Sequence[Any], settings: Mapping[str, Any], env: Mapping[str, Any],
-                 engines: Sequence[str | None] = ()) -> dict:
+def bench_record(
+    rows: Sequence[Any],
+    decoders: Sequence[Any],
+    settings: Mapping[str, Any],
+    env: Mapping[str, Any],
+    engines: Sequence[str | None] = (),
+) -> dict:
     """The JSON record of a ``refusion bench`` run.
 
     ``rows`` are :class:`~refusion.measure.results.Result` s, ``decoders[i]`` the decoder
@@ -140,37 +172,80 @@ def bench_record(rows: Sequence[Any], decoders: Sequence[Any], settings: Mapping
     for row, decoder, engine in zip(rows, decoders, engines):
         entry = attrs.asdict(row)
         entry["outputs"] = [list(o) for o in row.outputs]
-        entry.update(accuracy=row.accuracy, tokens_per_forward=row.tokens_per_forward,
-                     decoder=None if decoder is None else decoder.spec.to_dict(), engine=engine)
+        entry.update(
+            accuracy=row.accuracy,
+            tokens_per_forward=row.tokens_per_forward,
+            decoder=None if decoder is None else decoder.spec.to_dict(),
+            engine=engine,
+        )
         out_rows.append(entry)
-    return {"schema": RECORD_SCHEMA, "version": RECORD_VERSION, "kind": "bench", "environment": dict(env),
-            "settings": dict(settings), "rows": out_rows}
+    return {
+        "schema": RECORD_SCHEMA,
+        "version": RECORD_VERSION,
+        "kind": "bench",
+        "environment": dict(env),
+        "settings": dict(settings),
+        "rows": out_rows,
+    }
 
 
-def eval_record(results: Mapping[str, Any], decoder: Any, settings: Mapping[str, Any], env: Mapping[str, Any],
-                outputs: Sequence[str] = ()) -> dict:
+def eval_record(
+    results: Mapping[str, Any],
+    decoder: Any,
+    settings: Mapping[str, Any],
+    env: Mapping[str, Any],
+    outputs: Sequence[str] = (),
+) -> dict:
     """The JSON record of a ``refusion eval`` run: lm-eval's ``results`` per task, the decoder, the settings
     (``tasks``, ``model_args``, ``include_path``, ``limit``), the environment and a sha256 of the generated texts."""
     digest = hashlib.sha256("\0".join(outputs).encode()).hexdigest()
-    return {"schema": RECORD_SCHEMA, "version": RECORD_VERSION, "kind": "eval", "environment": dict(env),
-            "settings": dict(settings), "decoder": None if decoder is None else decoder.spec.to_dict(),
-            "results": json.loads(json.dumps(results, default=str)), "outputs_sha256": digest,
-            "generations": len(outputs)}
+    return {
+        "schema": RECORD_SCHEMA,
+        "version": RECORD_VERSION,
+        "kind": "eval",
+        "environment": dict(env),
+        "settings": dict(settings),
+        "decoder": None if decoder is None else decoder.spec.to_dict(),
+        "results": json.loads(json.dumps(results, default=str)),
+        "outputs_sha256": digest,
+        "generations": len(outputs),
+    }
 
 
 #: the fields of a record, by kind (records are versioned: a field not listed here is refused)
 FIELDS = {
     "bench": ("schema", "version", "kind", "environment", "settings", "rows"),
-    "eval": ("schema", "version", "kind", "environment", "settings", "decoder", "results", "outputs_sha256",
-             "generations"),
+    "eval": (
+        "schema",
+        "version",
+        "kind",
+        "environment",
+        "settings",
+        "decoder",
+        "results",
+        "outputs_sha256",
+        "generations",
+    ),
 }
 _REQUIRED: dict[str, dict[str, type]] = {
     "bench": {"settings": dict, "rows": list},
     "eval": {"settings": dict, "results": dict},
 }
 #: what :func:`environment` writes
-ENVIRONMENT_FIELDS = ("refusion", "torch", "transformers", "python", "platform", "device", "dtype", "torch_threads",
-                      "engine", "seeds", "model", "argv")
+ENVIRONMENT_FIELDS = (
+    "refusion",
+    "torch",
+    "transformers",
+    "python",
+    "platform",
+    "device",
+    "dtype",
+    "torch_threads",
+    "engine",
+    "seeds",
+    "model",
+    "argv",
+)
 #: the seeds of an eval record's settings (those :mod:`refusion.measure.lmeval` passes to lm-evaluation-harness)
 EVAL_SEED_FIELDS = ("random_seed", "numpy_random_seed", "torch_random_seed", "fewshot_random_seed")
 SETTINGS_FIELDS = {
@@ -178,11 +253,32 @@ SETTINGS_FIELDS = {
     "eval": ("tasks", "model_args", "include_path", "limit", "num_fewshot", "apply_chat_template", *EVAL_SEED_FIELDS),
 }
 _SETTINGS = {"bench": ("per_task", "gen_length", "methods"), "eval": ("tasks", "model_args")}
-_ROW: dict[str, type | tuple[type, ...]] = {"method": str, "examples": int, "correct": int, "forwards": int, "tokens": int, "seconds": (int, float),
-        "outputs": list}
+_ROW: dict[str, type | tuple[type, ...]] = {
+    "method": str,
+    "examples": int,
+    "correct": int,
+    "forwards": int,
+    "tokens": int,
+    "seconds": (int, float),
+    "outputs": list,
+}
 #: the fields of a bench row: a :class:`~refusion.measure.results.Result` and what the record adds
-ROW_FIELDS = ("method", "examples", "correct", "forwards", "tokens", "seconds", "score", "per_task", "gpu_seconds",
-              "outputs", "accuracy", "tokens_per_forward", "decoder", "engine")
+ROW_FIELDS = (
+    "method",
+    "examples",
+    "correct",
+    "forwards",
+    "tokens",
+    "seconds",
+    "score",
+    "per_task",
+    "gpu_seconds",
+    "outputs",
+    "accuracy",
+    "tokens_per_forward",
+    "decoder",
+    "engine",
+)
 #: token ids and counts in a record lie below this
 MAX_ID = 2**31
 MAX_COUNT = 2**63
@@ -210,16 +306,22 @@ def _unknown(value: Mapping[str, Any], allowed: Sequence[str], field: str) -> No
     unknown = sorted(str(k) for k in value if k not in allowed)
     if unknown:
         name = f"{field}.{unknown[0]}" if field else unknown[0]
-        raise ConfigError(f"field `{name}` is not a field of {('`' + field + '`') if field else 'a record'}; "
-                          f"fields are {', '.join(allowed)}.", param=name)
+        raise ConfigError(
+            f"field `{name}` is not a field of {('`' + field + '`') if field else 'a record'}; "
+            f"fields are {', '.join(allowed)}.",
+            param=name,
+        )
 
 
 def _int(value: Any, field: str, low: int, high: int, why: str = "", none: bool = False) -> None:
     if value is None and none:
         return
     if not is_integer(value) or not low <= value <= high:
-        raise _fail(field, f"must be an integer in [{low}, {high}]{f' ({why})' if why else ''}"
-                           f"{' or null' if none else ''}; got {shown(value)}.")
+        raise _fail(
+            field,
+            f"must be an integer in [{low}, {high}]{f' ({why})' if why else ''}"
+            f"{' or null' if none else ''}; got {shown(value)}.",
+        )
 
 
 def _num(value: Any, field: str, low: float = 0.0, none: bool = False) -> None:
@@ -233,8 +335,9 @@ def _text(value: Any, field: str, none: bool = False, empty: bool = True) -> Non
     if value is None and none:
         return
     if not isinstance(value, str) or (not empty and not value):
-        raise _fail(field, f"must be {'text' if empty else 'non-empty text'}{' or null' if none else ''}; "
-                           f"got {shown(value)}.")
+        raise _fail(
+            field, f"must be {'text' if empty else 'non-empty text'}{' or null' if none else ''}; got {shown(value)}."
+        )
 
 
 def _texts(value: Any, field: str, none: bool = False) -> None:
@@ -291,8 +394,13 @@ def _check_settings(kind: str, settings: Mapping[str, Any]) -> None:
         from refusion.limits import MAX_PER_TASK
         from refusion.training.tasks import TASKS
 
-        _int(settings["per_task"], "settings.per_task", 1, MAX_PER_TASK,
-             f"held-out examples per task, {len(TASKS)} tasks: at most {MAX_PER_TASK * len(TASKS)} examples")
+        _int(
+            settings["per_task"],
+            "settings.per_task",
+            1,
+            MAX_PER_TASK,
+            f"held-out examples per task, {len(TASKS)} tasks: at most {MAX_PER_TASK * len(TASKS)} examples",
+        )
         _int(settings["gen_length"], "settings.gen_length", 1, MAX_GEN_LENGTH, "tokens generated per prompt")
         _texts(settings["methods"], "settings.methods")
         _texts(settings.get("preset_files"), "settings.preset_files", none=True)
@@ -348,8 +456,10 @@ def _check_row(row: Any, i: int) -> None:
         raise _fail(f"{field}.outputs", f"holds {len(outputs)} examples; the limit is {MAX_EXAMPLES}.")
     for j, tokens in enumerate(outputs):
         if not isinstance(tokens, list) or not all(is_integer(t) and 0 <= t < MAX_ID for t in tokens):
-            raise _fail(f"{field}.outputs[{j}]", f"must be a list of token ids (integers in [0, {MAX_ID})); got "
-                                                 f"{shown(tokens)}.")
+            raise _fail(
+                f"{field}.outputs[{j}]",
+                f"must be a list of token ids (integers in [0, {MAX_ID})); got {shown(tokens)}.",
+            )
     _check_decoder(row["decoder"], f"{field}.decoder")
 
 
@@ -376,9 +486,11 @@ def _check_record(record: Any) -> dict:
     if not isinstance(record, dict):
         raise ConfigError(f"a record must be a JSON object; got {type(record).__name__}.", param="record")
     if record.get("schema") != RECORD_SCHEMA:
-        raise ConfigError(f"field `schema` must be {RECORD_SCHEMA!r}; got {shown(record.get('schema'))} "
-                          "(write records with `refusion bench --json` or `refusion eval --record FILE`).",
-                          param="schema")
+        raise ConfigError(
+            f"field `schema` must be {RECORD_SCHEMA!r}; got {shown(record.get('schema'))} "
+            "(write records with `refusion bench --json` or `refusion eval --record FILE`).",
+            param="schema",
+        )
     if record.get("version") != RECORD_VERSION or isinstance(record.get("version"), bool):
         raise _fail("version", f"must be {RECORD_VERSION}; got {shown(record.get('version'))}.")
     kind = record.get("kind")

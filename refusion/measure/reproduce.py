@@ -22,8 +22,17 @@ from refusion.errors import ConfigError
 from refusion.measure.records import check_model_options, check_record, environment
 
 #: environment entries whose change is reported (dotted paths into the environment)
-WATCHED = ("refusion", "torch", "transformers", "python", "device", "dtype", "torch_threads", "model.sha256",
-           "model.git_revision")
+WATCHED = (
+    "refusion",
+    "torch",
+    "transformers",
+    "python",
+    "device",
+    "dtype",
+    "torch_threads",
+    "model.sha256",
+    "model.git_revision",
+)
 #: the bench numbers that must repeat exactly
 BENCH_FIELDS = ("examples", "correct", "forwards", "tokens", "per_task")
 
@@ -48,17 +57,27 @@ class Reproduction:
 
     def report(self) -> str:
         """A short human-readable report."""
-        lines = [f"{self.kind} record: " + ("reproduced: every number and token matches" if self.matches
-                                             else f"NOT reproduced: {len(self.differences)} difference(s)")]
+        lines = [
+            f"{self.kind} record: "
+            + (
+                "reproduced: every number and token matches"
+                if self.matches
+                else f"NOT reproduced: {len(self.differences)} difference(s)"
+            )
+        ]
         lines += [f"  differs: {d}" for d in self.differences]
         lines += [f"  environment: {c}" for c in self.environment_changes] or ["  environment: unchanged"]
         lines += [f"  wall time {m}: {a:.2f} s recorded, {b:.2f} s now" for m, a, b in self.timings]
         return "\n".join(lines)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "matches": self.matches, "differences": list(self.differences),
-                "environment_changes": list(self.environment_changes),
-                "timings": [{"method": m, "recorded_seconds": a, "seconds": b} for m, a, b in self.timings]}
+        return {
+            "kind": self.kind,
+            "matches": self.matches,
+            "differences": list(self.differences),
+            "environment_changes": list(self.environment_changes),
+            "timings": [{"method": m, "recorded_seconds": a, "seconds": b} for m, a, b in self.timings],
+        }
 
 
 def _lookup(env: Mapping[str, Any], dotted: str) -> Any:
@@ -75,8 +94,11 @@ def _same(a: Any, b: Any) -> bool:
 
 def environment_changes(recorded: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
     """``"key: recorded -> now"`` for each :data:`WATCHED` entry that differs."""
-    return [f"{key}: {_lookup(recorded, key)} -> {_lookup(now, key)}" for key in WATCHED
-            if _lookup(recorded, key) != _lookup(now, key)]
+    return [
+        f"{key}: {_lookup(recorded, key)} -> {_lookup(now, key)}"
+        for key in WATCHED
+        if _lookup(recorded, key) != _lookup(now, key)
+    ]
 
 
 def load_model_from(settings: Mapping[str, Any]) -> Any:
@@ -85,15 +107,19 @@ def load_model_from(settings: Mapping[str, Any]) -> Any:
 
     options = check_model_options(settings.get("model"))
     if options.get("trust_remote_code"):
-        raise ConfigError("field `settings.model.trust_remote_code` is true: reproducing this record would run the "
-                          "checkpoint's own code; load that model yourself if you trust it.",
-                          param="settings.model.trust_remote_code")
+        raise ConfigError(
+            "field `settings.model.trust_remote_code` is true: reproducing this record would run the "
+            "checkpoint's own code; load that model yourself if you trust it.",
+            param="settings.model.trust_remote_code",
+        )
     return load_from_options(options)
 
 
 #: what an error about a ``"module:Class"`` name in a record tells the user
-OPT_IN = ("Reproduce it only if you trust the record: `refusion reproduce --allow-imports` "
-          "(Python: `reproduce(record, allow_imports=True)`).")
+OPT_IN = (
+    "Reproduce it only if you trust the record: `refusion reproduce --allow-imports` "
+    "(Python: `reproduce(record, allow_imports=True)`)."
+)
 
 
 def refuse_imports(record: Mapping[str, Any], source: str = "record") -> None:
@@ -109,8 +135,11 @@ def refuse_imports(record: Mapping[str, Any], source: str = "record") -> None:
         except ConfigError as exc:
             raise type(exc)(str(exc), param=f"{field}.{exc.param}") from None
 
-    decoders = ([(f"rows[{i}].decoder", row.get("decoder")) for i, row in enumerate(record.get("rows", ()))]
-                if record["kind"] == "bench" else [("decoder", record.get("decoder"))])
+    decoders = (
+        [(f"rows[{i}].decoder", row.get("decoder")) for i, row in enumerate(record.get("rows", ()))]
+        if record["kind"] == "bench"
+        else [("decoder", record.get("decoder"))]
+    )
     for field, decoder in decoders:
         if decoder is None:
             continue
@@ -126,13 +155,16 @@ def refuse_imports(record: Mapping[str, Any], source: str = "record") -> None:
             args[key] = value
         refuse(args, "settings.model_args")
         if record["settings"].get("include_path"):
-            raise ConfigError(f"{source}: field `settings.include_path` names a directory of lm-evaluation-harness "
-                              "task files, which may run Python (`!function`). " + OPT_IN,
-                              param="settings.include_path")
+            raise ConfigError(
+                f"{source}: field `settings.include_path` names a directory of lm-evaluation-harness "
+                "task files, which may run Python (`!function`). " + OPT_IN,
+                param="settings.include_path",
+            )
 
 
-def reproduce(record: Mapping[str, Any], *, progress: bool = False, allow_imports: bool = False,
-              source: str = "record") -> Reproduction:
+def reproduce(
+    record: Mapping[str, Any], *, progress: bool = False, allow_imports: bool = False, source: str = "record"
+) -> Reproduction:
     """Re-run ``record`` (a bench or eval record, checked here) and compare; see the module docstring.
 
     Every field is checked before the model loads (:func:`~refusion.measure.records.check_record`). A record
@@ -162,11 +194,23 @@ def _bench(record: Mapping[str, Any], progress: bool) -> Reproduction:
 
     settings = record["settings"]
     model = load_model_from(settings)
-    methods = [(row["method"], None if row["decoder"] is None else
-                Decoder.from_spec(DecoderSpec.from_dict(row["decoder"], where=f"field `rows[{i}].decoder`")))
-               for i, row in enumerate(record["rows"])]
-    rows = run_bench(model, held_out(settings["per_task"]), methods, settings["gen_length"], progress=progress,
-                     cost_model=settings.get("cost_model"))
+    methods = [
+        (
+            row["method"],
+            None
+            if row["decoder"] is None
+            else Decoder.from_spec(DecoderSpec.from_dict(row["decoder"], where=f"field `rows[{i}].decoder`")),
+        )
+        for i, row in enumerate(record["rows"])
+    ]
+    rows = run_bench(
+        model,
+        held_out(settings["per_task"]),
+        methods,
+        settings["gen_length"],
+        progress=progress,
+        cost_model=settings.get("cost_model"),
+    )
     differences = []
     for old, new in zip(record["rows"], rows):
         for field in BENCH_FIELDS:
@@ -176,9 +220,15 @@ def _bench(record: Mapping[str, Any], progress: bool) -> Reproduction:
         if old["outputs"] != outputs:
             changed = [i for i, (a, b) in enumerate(zip(old["outputs"], outputs)) if a != b]
             changed += list(range(min(len(old["outputs"]), len(outputs)), max(len(old["outputs"]), len(outputs))))
-            differences.append(f"{old['method']}: tokens of {len(changed)} example(s) differ (first: example {changed[0]})")
-    return Reproduction("bench", tuple(differences), tuple(environment_changes(record["environment"], environment(model))),
-                        tuple((old["method"], float(old["seconds"]), new.seconds) for old, new in zip(record["rows"], rows)))
+            differences.append(
+                f"{old['method']}: tokens of {len(changed)} example(s) differ (first: example {changed[0]})"
+            )
+    return Reproduction(
+        "bench",
+        tuple(differences),
+        tuple(environment_changes(record["environment"], environment(model))),
+        tuple((old["method"], float(old["seconds"]), new.seconds) for old, new in zip(record["rows"], rows)),
+    )
 
 
 def _eval(record: Mapping[str, Any], progress: bool) -> Reproduction:
@@ -187,9 +237,14 @@ def _eval(record: Mapping[str, Any], progress: bool) -> Reproduction:
     settings = record["settings"]
     seeds = {k: settings[k] for k in EVAL_SEEDS if k in settings}
     options = {k: settings[k] for k in ("num_fewshot", "apply_chat_template") if settings.get(k) is not None}
-    _, again = evaluate_with_record(settings["tasks"], model_args=settings["model_args"],
-                                    include_path=settings.get("include_path"), limit=settings.get("limit"), **seeds,
-                                    **options)
+    _, again = evaluate_with_record(
+        settings["tasks"],
+        model_args=settings["model_args"],
+        include_path=settings.get("include_path"),
+        limit=settings.get("limit"),
+        **seeds,
+        **options,
+    )
     differences = []
     for task, metrics in record["results"].items():
         now = again["results"].get(task)
@@ -200,6 +255,10 @@ def _eval(record: Mapping[str, Any], progress: bool) -> Reproduction:
             if not _same(now.get(metric), value):
                 differences.append(f"{task}: {metric} {value} -> {now.get(metric)}")
     if record.get("outputs_sha256") != again["outputs_sha256"]:
-        differences.append(f"generated texts differ (sha256 {str(record.get('outputs_sha256'))[:12]} -> "
-                           f"{again['outputs_sha256'][:12]})")
-    return Reproduction("eval", tuple(differences), tuple(environment_changes(record["environment"], again["environment"])))
+        differences.append(
+            f"generated texts differ (sha256 {str(record.get('outputs_sha256'))[:12]} -> "
+            f"{again['outputs_sha256'][:12]})"
+        )
+    return Reproduction(
+        "eval", tuple(differences), tuple(environment_changes(record["environment"], again["environment"]))
+    )

@@ -45,5 +45,7 @@ class Result:
     def relative_to(self, baseline: Result) -> dict[str, float]:
         """``speedup`` (the baseline's wall time per token / this one's) and ``forward_ratio`` (its forwards /
         these)."""
-        return {"speedup": baseline.seconds_per_token / max(self.seconds_per_token, 1e-12),
-                "forward_ratio": baseline.forwards / max(self.forwards, 1)}
+        return {
+            "speedup": baseline.seconds_per_token / max(self.seconds_per_token, 1e-12),
+            "forward_ratio": baseline.forwards / max(self.forwards, 1),
+        }

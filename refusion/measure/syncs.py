@@ -51,11 +51,16 @@ class CudaSyncs(PerStep):
 
     def summary(self, sites: int = 10) -> dict[str, Any]:
         """Every figure as plain JSON-ready values."""
-        return {"total": self.total, "steps": len(self.steps), "step_syncs": self.step_reads,
-                "outside_steps": self.total - self.step_reads, "per_step": self.per_step,
-                "max_per_step": max((s.reads for s in self.steps), default=0),
-                "per_sequence_step": self.per_sequence_step,
-                "top_sites": [{"count": c, "site": s} for s, c in self.sites.most_common(sites)]}
+        return {
+            "total": self.total,
+            "steps": len(self.steps),
+            "step_syncs": self.step_reads,
+            "outside_steps": self.total - self.step_reads,
+            "per_step": self.per_step,
+            "max_per_step": max((s.reads for s in self.steps), default=0),
+            "per_sequence_step": self.per_sequence_step,
+            "top_sites": [{"count": c, "site": s} for s, c in self.sites.most_common(sites)],
+        }
 
     def _seen(self, message, category, filename, lineno, file=None, line=None) -> None:
         if _MESSAGE not in str(message):
@@ -69,7 +74,7 @@ class CudaSyncs(PerStep):
             self._step += 1
         return None
 
-    def __enter__(self) -> "CudaSyncs":
+    def __enter__(self) -> CudaSyncs:
         from refusion.engines.driver import Runner
 
         if not torch.cuda.is_available():

@@ -63,14 +63,24 @@ def records(result: DecodeResult, *, sequence: int = 0, tokenizer: Any = None, d
 
     start = result.prompt_length
     spec = None if decoder is None else decoder.spec.to_dict()
-    out: list[dict] = [{
-        "record": "header", "schema": SCHEMA_NAME, "version": SCHEMA_VERSION, "sequence": sequence,
-        "refusion": __version__, "prompt_length": start, "gen_length": result.partition.gen_length,
-        "slots": [{"offset": s.offset, "length": s.length, "block": s.block, "start": start + s.offset}
-                  for s in result.partition.slots],
-        "blocks": [list(b) for b in result.partition.blocks],
-        "engine": result.extra.get("engine"), "decoder": spec,
-    }]
+    out: list[dict] = [
+        {
+            "record": "header",
+            "schema": SCHEMA_NAME,
+            "version": SCHEMA_VERSION,
+            "sequence": sequence,
+            "refusion": __version__,
+            "prompt_length": start,
+            "gen_length": result.partition.gen_length,
+            "slots": [
+                {"offset": s.offset, "length": s.length, "block": s.block, "start": start + s.offset}
+                for s in result.partition.slots
+            ],
+            "blocks": [list(b) for b in result.partition.blocks],
+            "engine": result.extra.get("engine"),
+            "decoder": spec,
+        }
+    ]
     every = _all_tokens(result)
     slots = result.partition.slots
     for step in result.steps:
@@ -82,35 +92,60 @@ def records(result: DecodeResult, *, sequence: int = 0, tokenizer: Any = None, d
             if tokenizer is not None:
                 entry["pieces"] = [tokenizer.decode([t]) for t in tokens]
             committed.append(entry)
-        out.append({
-            "record": "step", "sequence": sequence, "iteration": step.iteration, "block": step.block,
-            "planned": list(step.planned), "drafted": list(step.drafted),
-            "confidence": [min(max(float(c), 0.0), 1.0) for c in step.confidence],
-            "selected": list(step.selected), "committed": committed, "forwards": step.forwards,
-            "fed_tokens": list(step.fed_tokens),
-            "cache": {"appended": step.kv_appended, "pending": step.kv_pending, "encoded": step.kv_encoded,
-                      "invalidated": step.kv_invalidated, "copied_bytes": step.kv_copied_bytes,
-                      "written_bytes": step.kv_written_bytes},
-            "seconds": step.seconds,
-        })
-    kv = result.extra.get("kv_bytes") or {"context": sum(s.kv_copied_bytes for s in result.steps),
-                                          "new": sum(s.kv_written_bytes for s in result.steps)}
-    out.append({
-        "record": "end", "sequence": sequence, "tokens": result.tokens.tolist(), "text": result.text,
-        "forwards": result.forwards,
-        "fed_tokens": result.extra.get("fed_tokens", sum(sum(s.fed_tokens) for s in result.steps)),
-        "kv_bytes": {"context": kv["context"], "new": kv["new"]}, "stopped_at_eos": result.stopped_at_eos,
-        "iterations": len(result.steps), "engine_counters": result.extra.get("engine_counters"),
-    })
+        out.append(
+            {
+                "record": "step",
+                "sequence": sequence,
+                "iteration": step.iteration,
+                "block": step.block,
+                "planned": list(step.planned),
+                "drafted": list(step.drafted),
+                "confidence": [min(max(float(c), 0.0), 1.0) for c in step.confidence],
+                "selected": list(step.selected),
+                "committed": committed,
+                "forwards": step.forwards,
+                "fed_tokens": list(step.fed_tokens),
+                "cache": {
+                    "appended": step.kv_appended,
+                    "pending": step.kv_pending,
+                    "encoded": step.kv_encoded,
+                    "invalidated": step.kv_invalidated,
+                    "copied_bytes": step.kv_copied_bytes,
+                    "written_bytes": step.kv_written_bytes,
+                },
+                "seconds": step.seconds,
+            }
+        )
+    kv = result.extra.get("kv_bytes") or {
+        "context": sum(s.kv_copied_bytes for s in result.steps),
+        "new": sum(s.kv_written_bytes for s in result.steps),
+    }
+    out.append(
+        {
+            "record": "end",
+            "sequence": sequence,
+            "tokens": result.tokens.tolist(),
+            "text": result.text,
+            "forwards": result.forwards,
+            "fed_tokens": result.extra.get("fed_tokens", sum(sum(s.fed_tokens) for s in result.steps)),
+            "kv_bytes": {"context": kv["context"], "new": kv["new"]},
+            "stopped_at_eos": result.stopped_at_eos,
+            "iterations": len(result.steps),
+            "engine_counters": result.extra.get("engine_counters"),
+        }
+    )
     return out
 
 
-def write_trace(results: DecodeResult | Sequence[DecodeResult], path: str | Path, *, tokenizer: Any = None,
-                decoder: Any = None) -> Path:
+def write_trace(
+    results: DecodeResult | Sequence[DecodeResult], path: str | Path, *, tokenizer: Any = None, decoder: Any = None
+) -> Path:
     """Write the trace of one result or a batch of results (``sequence`` = index) to ``path``; return the path."""
     batch = [results] if isinstance(results, DecodeResult) else list(results)
     if not batch or not all(isinstance(r, DecodeResult) for r in batch):
-        raise ConfigError(f"`results` must be a DecodeResult or a non-empty list of them; got {results!r:.80}.", param='results')
+        raise ConfigError(
+            f"`results` must be a DecodeResult or a non-empty list of them; got {results!r:.80}.", param="results"
+        )
     out = Path(path)
     try:
         with out.open("w", encoding="utf-8") as f:
@@ -118,7 +153,7 @@ def write_trace(results: DecodeResult | Sequence[DecodeResult], path: str | Path
                 for record in records(result, sequence=i, tokenizer=tokenizer, decoder=decoder):
                     f.write(json.dumps(record) + "\n")
     except OSError as exc:
-        raise ConfigError(f"`trace` file {str(out)!r} could not be written: {exc}", param='trace') from exc
+        raise ConfigError(f"`trace` file {str(out)!r} could not be written: {exc}", param="trace") from exc
     return out
 
 
@@ -131,8 +166,13 @@ _INT64 = 1 << 63
 _FLOAT = sys.float_info.max
 _KINDS = ("header", "step", "end")
 _NOTES = frozenset({"description", "title", "$id", "$schema"})
-_PLAIN = {"string": (str, "a string"), "boolean": (bool, "true or false"), "null": (type(None), "null"),
-          "object": (dict, "an object"), "array": (list, "a list")}
+_PLAIN = {
+    "string": (str, "a string"),
+    "boolean": (bool, "true or false"),
+    "null": (type(None), "null"),
+    "object": (dict, "an object"),
+    "array": (list, "a list"),
+}
 _SHOWN = reprlib.Repr()
 _SHOWN.maxstring = _SHOWN.maxother = _SHOWN.maxlong = 40
 
@@ -169,8 +209,12 @@ def _compile(node: dict, defs: dict, done: dict) -> Callable[[Any], None]:
     if kind == "array" and keys <= {"type", "items", "minItems"}:
         item = _compile(node["items"], defs, done) if "items" in node else None
         return _array(item, node.get("minItems", 0))
-    if (kind == "object" and "properties" in node and keys <= {"type", "properties", "required", "additionalProperties"}
-            and type(node.get("additionalProperties", True)) is bool):
+    if (
+        kind == "object"
+        and "properties" in node
+        and keys <= {"type", "properties", "required", "additionalProperties"}
+        and type(node.get("additionalProperties", True)) is bool
+    ):
         fields = {key: _compile(sub, defs, done) for key, sub in node["properties"].items()}
         return _object(fields, tuple(node.get("required", ())), node.get("additionalProperties", True) is False)
     kinds = [kind] if isinstance(kind, str) else kind
@@ -183,6 +227,7 @@ def _const(const: Any) -> Callable[[Any], None]:
     def check(v: Any) -> None:
         if type(v) is not type(const) or v != const:
             raise _Bad(f"must be {const!r}; got {_show(v)}")
+
     return check
 
 
@@ -206,6 +251,7 @@ def _number(integer: bool, low: Any, high: Any) -> Callable[[Any], None]:
         return f"must be a finite number; got {_show(v)}" if hi == _FLOAT else f"must be <= {hi}; got {_show(v)}"
 
     if integer:
+
         def check(v: Any) -> None:
             if type(v) is not int or not lo <= v <= hi:
                 raise _Bad(why(v))
@@ -213,13 +259,16 @@ def _number(integer: bool, low: Any, high: Any) -> Callable[[Any], None]:
         def every(vs: list) -> bool:  # three passes in C: types, smallest, largest
             return not vs or (set(map(type, vs)) == {int} and lo <= min(vs) and max(vs) <= hi)
     else:
+
         def check(v: Any) -> None:
             if (type(v) is not float and type(v) is not int) or not lo <= v <= hi:
                 raise _Bad(why(v))
 
         def every(vs: list) -> bool:  # floats only (a NaN or infinity makes the sum non-finite)
-            return not vs or (set(map(type, vs)) == {float} and math.isfinite(sum(vs)) and lo <= min(vs)
-                              and max(vs) <= hi)
+            return not vs or (
+                set(map(type, vs)) == {float} and math.isfinite(sum(vs)) and lo <= min(vs) and max(vs) <= hi
+            )
+
     check.every = every  # type: ignore[attr-defined]
     return check
 
@@ -236,6 +285,7 @@ def _array(item: Callable[[Any], None] | None, least: int) -> Callable[[Any], No
             return
         for i, x in enumerate(v):  # the fast test failed (or there is none): find the bad item, if any
             _within(i, item, x)
+
     return check
 
 
@@ -253,6 +303,7 @@ def _object(fields: dict[str, Callable[[Any], None]], required: tuple, closed: b
                     raise _Bad("is not a field of the trace format", key)
                 continue
             _within(key, field, sub)
+
     return check
 
 
@@ -272,6 +323,7 @@ def _plain(kinds: list[str]) -> Callable[[Any], None]:
     def check(v: Any) -> None:
         if type(v) not in types:
             raise _Bad(f"must be {wanted}; got {_show(v)}")
+
     return check
 
 
@@ -313,8 +365,10 @@ def _parse(raw: bytes) -> Any:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise _Bad(f"not UTF-8 text (byte {raw[exc.start]:#04x} at byte {exc.start + 1} of the line)",
-                   _near(raw[: exc.start].decode("utf-8"))) from None
+        raise _Bad(
+            f"not UTF-8 text (byte {raw[exc.start]:#04x} at byte {exc.start + 1} of the line)",
+            _near(raw[: exc.start].decode("utf-8")),
+        ) from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
@@ -356,16 +410,18 @@ def _records(source: Path) -> Iterator[tuple[int, str, dict]]:
 def _refusal(source: Path, number: int, kind: str | None, bad: _Bad) -> ConfigError:
     """The ConfigError of a bad line: ``file:line: kind record, field `a.0.b`: what is wrong.``, ``param`` the field."""
     where = ".".join(map(str, bad.path)) or "(line)"
-    return ConfigError(f"{source}:{number}: {kind + ' record, ' if kind else ''}field `{where}`: {bad.message}.",
-                       param=where)
+    return ConfigError(
+        f"{source}:{number}: {kind + ' record, ' if kind else ''}field `{where}`: {bad.message}.", param=where
+    )
 
 
 def load_records(path: str | Path) -> list[dict]:
     """Every record of a trace file, each checked against the schema alone (errors name the line and the field)."""
     out = [record for _, _, record in _records(Path(path))]
     if not out:
-        raise ConfigError(f"{path}: the trace is empty; expected a header, step records and an end record.",
-                          param="trace")
+        raise ConfigError(
+            f"{path}: the trace is empty; expected a header, step records and an end record.", param="trace"
+        )
     return out
 
 
@@ -376,8 +432,9 @@ def _partition(h: dict) -> Partition:
     offset = 0
     for i, s in enumerate(h["slots"]):
         if s["offset"] != offset:
-            raise _Bad(f"is {s['offset']}; slot {i} must start where the one before ends, at {offset}",
-                       "slots", i, "offset")
+            raise _Bad(
+                f"is {s['offset']}; slot {i} must start where the one before ends, at {offset}", "slots", i, "offset"
+            )
         if s["start"] != prompt + offset:
             raise _Bad(f"is {s['start']}; expected `prompt_length` + `offset` = {prompt + offset}", "slots", i, "start")
         if s["block"] >= len(blocks):
@@ -425,15 +482,18 @@ class _Sequence:
     def step(self, r: dict) -> None:
         n, slots, blocks = len(self.steps), self.partition.slots, self.partition.blocks
         if r["iteration"] != n:
-            raise _Bad(f"is {r['iteration']}; expected {n} (iterations count from 0, one record each, in order)",
-                       "iteration")
+            raise _Bad(
+                f"is {r['iteration']}; expected {n} (iterations count from 0, one record each, in order)", "iteration"
+            )
         if r["block"] >= len(blocks):
             raise _Bad(f"is {r['block']}; the header has {len(blocks)} blocks", "block")
         for field in ("planned", "drafted", "selected"):
             _slots_known(r[field], len(slots), field)
         if len(r["confidence"]) not in (0, len(r["drafted"])):
-            raise _Bad(f"holds {len(r['confidence'])} values; expected one per drafted slot ({len(r['drafted'])}) "
-                       "or none", "confidence")
+            raise _Bad(
+                f"holds {len(r['confidence'])} values; expected one per drafted slot ({len(r['drafted'])}) or none",
+                "confidence",
+            )
         if len(r["fed_tokens"]) != r["forwards"]:
             raise _Bad(f"holds {len(r['fed_tokens'])} values; expected one per forward ({r['forwards']})", "fed_tokens")
         committed = []
@@ -444,11 +504,16 @@ class _Sequence:
                 raise _Bad(f"is {index}; the header has {len(slots)} slots", "committed", i, "slot")
             slot = slots[index]
             if entry["start"] != prompt + slot.offset:
-                raise _Bad(f"is {entry['start']}; slot {index} starts at position {prompt + slot.offset}",
-                           "committed", i, "start")
+                raise _Bad(
+                    f"is {entry['start']}; slot {index} starts at position {prompt + slot.offset}",
+                    "committed",
+                    i,
+                    "start",
+                )
             if len(tokens) > slot.length:
-                raise _Bad(f"holds {len(tokens)} tokens; slot {index} has {slot.length} positions",
-                           "committed", i, "tokens")
+                raise _Bad(
+                    f"holds {len(tokens)} tokens; slot {index} has {slot.length} positions", "committed", i, "tokens"
+                )
             if pieces is not None and len(pieces) != len(tokens):
                 raise _Bad(f"holds {len(pieces)} pieces for {len(tokens)} tokens", "committed", i, "pieces")
             stop = slot.offset + len(tokens)
@@ -462,22 +527,39 @@ class _Sequence:
         totals[1] += sum(r["fed_tokens"])
         totals[2] += cache["copied_bytes"]
         totals[3] += cache["written_bytes"]
-        self.steps.append(StepRecord(
-            iteration=n, block=r["block"], planned=tuple(r["planned"]), selected=tuple(r["selected"]),
-            committed=tuple(committed), forwards=r["forwards"], drafted=tuple(r["drafted"]),
-            confidence=tuple(r["confidence"]), fed_tokens=tuple(r["fed_tokens"]), kv_appended=cache["appended"],
-            kv_pending=cache["pending"], kv_encoded=cache["encoded"], kv_invalidated=cache["invalidated"],
-            kv_copied_bytes=cache["copied_bytes"], kv_written_bytes=cache["written_bytes"], seconds=r["seconds"],
-        ))
+        self.steps.append(
+            StepRecord(
+                iteration=n,
+                block=r["block"],
+                planned=tuple(r["planned"]),
+                selected=tuple(r["selected"]),
+                committed=tuple(committed),
+                forwards=r["forwards"],
+                drafted=tuple(r["drafted"]),
+                confidence=tuple(r["confidence"]),
+                fed_tokens=tuple(r["fed_tokens"]),
+                kv_appended=cache["appended"],
+                kv_pending=cache["pending"],
+                kv_encoded=cache["encoded"],
+                kv_invalidated=cache["invalidated"],
+                kv_copied_bytes=cache["copied_bytes"],
+                kv_written_bytes=cache["written_bytes"],
+                seconds=r["seconds"],
+            )
+        )
 
     def finish(self, r: dict) -> None:
         if r["iterations"] != len(self.steps):
-            raise _Bad(f"is {r['iterations']}; the trace holds {len(self.steps)} step records for the sequence",
-                       "iterations")
+            raise _Bad(
+                f"is {r['iterations']}; the trace holds {len(self.steps)} step records for the sequence", "iterations"
+            )
         forwards, fed, copied, written = self.totals
-        for value, total, path in ((r["forwards"], forwards, ("forwards",)), (r["fed_tokens"], fed, ("fed_tokens",)),
-                                   (r["kv_bytes"]["context"], copied, ("kv_bytes", "context")),
-                                   (r["kv_bytes"]["new"], written, ("kv_bytes", "new"))):
+        for value, total, path in (
+            (r["forwards"], forwards, ("forwards",)),
+            (r["fed_tokens"], fed, ("fed_tokens",)),
+            (r["kv_bytes"]["context"], copied, ("kv_bytes", "context")),
+            (r["kv_bytes"]["new"], written, ("kv_bytes", "new")),
+        ):
             if value != total:
                 raise _Bad(f"is {value}; the step records add up to {total}", *path)
         answer, g = r["tokens"], self.partition.gen_length
@@ -493,16 +575,26 @@ class _Sequence:
         header, end = self.header, self.end
         if end is None:
             raise _Bad("is missing: the trace has no end record for this sequence", "end")
-        extra = {"all_tokens": self.tokens, "engine": header.get("engine"), "fed_tokens": end["fed_tokens"],
-                 "kv_bytes": dict(end["kv_bytes"]), "engine_counters": end.get("engine_counters"),
-                 "decoder": header.get("decoder")}
+        extra = {
+            "all_tokens": self.tokens,
+            "engine": header.get("engine"),
+            "fed_tokens": end["fed_tokens"],
+            "kv_bytes": dict(end["kv_bytes"]),
+            "engine_counters": end.get("engine_counters"),
+            "decoder": header.get("decoder"),
+        }
         if self.pieces:
             extra["pieces"] = self.pieces
         return DecodeResult(
-            tokens=torch.tensor(end["tokens"], dtype=torch.long), prompt_length=header["prompt_length"],
-            partition=self.partition, commit_step=torch.tensor(self.commit, dtype=torch.long),
-            forwards=end["forwards"], steps=tuple(self.steps), stopped_at_eos=end["stopped_at_eos"],
-            text=end.get("text"), extra=extra,
+            tokens=torch.tensor(end["tokens"], dtype=torch.long),
+            prompt_length=header["prompt_length"],
+            partition=self.partition,
+            commit_step=torch.tensor(self.commit, dtype=torch.long),
+            forwards=end["forwards"],
+            steps=tuple(self.steps),
+            stopped_at_eos=end["stopped_at_eos"],
+            text=end.get("text"),
+            extra=extra,
         )
 
 
@@ -533,13 +625,18 @@ def read_trace(path: str | Path) -> list[DecodeResult]:
                     raise _Bad(f"a second header for sequence {seq}", "sequence")
                 g = record["gen_length"]
                 if g > MAX_POSITIONS - positions:
-                    raise _Bad(f"is {g}; a trace describes at most {MAX_POSITIONS:,} positions, all sequences "
-                               f"together ({positions:,} before this header)", "gen_length")
+                    raise _Bad(
+                        f"is {g}; a trace describes at most {MAX_POSITIONS:,} positions, all sequences "
+                        f"together ({positions:,} before this header)",
+                        "gen_length",
+                    )
                 positions += g
                 sequences[seq] = _Sequence(record)
             elif current is None or current.end is not None:
-                raise _Bad(f"a {kind} record for sequence {seq} "
-                           f"{'after its end record' if current else 'before its header'}", "sequence")
+                raise _Bad(
+                    f"a {kind} record for sequence {seq} {'after its end record' if current else 'before its header'}",
+                    "sequence",
+                )
             elif kind == "step":
                 current.step(record)
             else:
@@ -547,10 +644,13 @@ def read_trace(path: str | Path) -> list[DecodeResult]:
         except _Bad as bad:
             raise _refusal(source, number, kind, bad) from None
     if not sequences:
-        raise ConfigError(f"{source}: the trace is empty; expected a header, step records and an end record.",
-                          param="trace")
+        raise ConfigError(
+            f"{source}: the trace is empty; expected a header, step records and an end record.", param="trace"
+        )
     for seq, parts in sequences.items():
         if parts.end is None:
-            raise ConfigError(f"{source}:{number}: field `record`: sequence {seq} has no end record (the trace was "
-                              "cut short).", param="record")
+            raise ConfigError(
+                f"{source}:{number}: field `record`: sequence {seq} has no end record (the trace was cut short).",
+                param="record",
+            )
     return [sequences[seq].result() for seq in sorted(sequences)]

@@ -38,7 +38,9 @@ def block_ids(positions: torch.Tensor, prompt_length: int, block_length: int, la
     if layout == "absolute":
         return positions.div(block_length, rounding_mode="floor")
     after = (positions - prompt_length).clamp_min(-1)
-    return torch.where(positions < prompt_length, torch.zeros_like(positions), 1 + after.div(block_length, rounding_mode="floor"))
+    return torch.where(
+        positions < prompt_length, torch.zeros_like(positions), 1 + after.div(block_length, rounding_mode="floor")
+    )
 
 
 class HFBlockDiffusionLM(HFCausalLM):
@@ -52,8 +54,16 @@ class HFBlockDiffusionLM(HFCausalLM):
 
     name = "hf-block"
 
-    def __init__(self, model: Any, tokenizer: Any | None = None, *, block_length: int = 4, layout: str = "prompt",
-                 mask_token_id: int | None = None, eos_token_id: int | Iterable[int] | None = None):
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any | None = None,
+        *,
+        block_length: int = 4,
+        layout: str = "prompt",
+        mask_token_id: int | None = None,
+        eos_token_id: int | Iterable[int] | None = None,
+    ):
         if not is_integer(block_length) or block_length < 1:
             raise bad_value("block_length", block_length, "an integer >= 1 (the block size the model was trained with)")
         if layout not in LAYOUTS:
@@ -71,7 +81,9 @@ class HFBlockDiffusionLM(HFCausalLM):
             return 0
         return position - (position - prompt_length) % self.block_length
 
-    def block_mask(self, query_positions: torch.Tensor, key_positions: torch.Tensor, prompt_length: int) -> torch.Tensor:
+    def block_mask(
+        self, query_positions: torch.Tensor, key_positions: torch.Tensor, prompt_length: int
+    ) -> torch.Tensor:
         """The 4-D mask ``(1, 1, q, k)``: a query attends to keys of its own block and of earlier blocks."""
         q = block_ids(query_positions, prompt_length, self.block_length, self.layout)
         k = block_ids(key_positions, prompt_length, self.block_length, self.layout)
@@ -80,7 +92,9 @@ class HFBlockDiffusionLM(HFCausalLM):
 
         if own_attention(self.model.config) == "eager":
             dtype = next(self.model.parameters()).dtype
-            return torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill(~allowed, torch.finfo(dtype).min)
+            return torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill(
+                ~allowed, torch.finfo(dtype).min
+            )
         return allowed
 
 

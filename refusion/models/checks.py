@@ -25,12 +25,17 @@ def check_model_path(path: str) -> None:
     if not local.exists() and not looks_local:
         return  # a hub id such as GSAI-ML/ReFusion
     if not local.exists():
-        raise ConfigError(f"`model` {path!r}: no such directory. Pass a checkpoint directory (config.json and "
-                          "weights) or a Hugging Face hub id such as GSAI-ML/ReFusion.", param='model')
+        raise ConfigError(
+            f"`model` {path!r}: no such directory. Pass a checkpoint directory (config.json and "
+            "weights) or a Hugging Face hub id such as GSAI-ML/ReFusion.",
+            param="model",
+        )
     if not local.is_dir():
-        raise ConfigError(f"`model` {path!r} is a file; pass the checkpoint directory that holds it.", param='model')
+        raise ConfigError(f"`model` {path!r} is a file; pass the checkpoint directory that holds it.", param="model")
     if not (local / "config.json").is_file():
-        raise ConfigError(f"`model` {path!r} has no config.json: it is not a transformers checkpoint directory.", param='model')
+        raise ConfigError(
+            f"`model` {path!r} has no config.json: it is not a transformers checkpoint directory.", param="model"
+        )
 
 
 def torch_dtype(value: Any) -> Any:
@@ -43,8 +48,11 @@ def torch_dtype(value: Any) -> Any:
         found = getattr(torch, value.removeprefix("torch."), None)
         if isinstance(found, torch.dtype) and found.is_floating_point:
             return found
-    raise ConfigError(f"`dtype` must be 'auto', a torch.dtype or a floating dtype name such as float32, float16 or "
-                      f"bfloat16; got {value!r}.", param='dtype')
+    raise ConfigError(
+        f"`dtype` must be 'auto', a torch.dtype or a floating dtype name such as float32, float16 or "
+        f"bfloat16; got {value!r}.",
+        param="dtype",
+    )
 
 
 def check_device(value: Any) -> None:
@@ -56,29 +64,46 @@ def check_device(value: Any) -> None:
     try:
         device = torch.device(value)
     except (RuntimeError, TypeError, ValueError) as exc:
-        raise ConfigError(f"`device` must be a torch device such as cpu, cuda or cuda:1; got {value!r} ({exc}).", param='device') \
-            from None
+        raise ConfigError(
+            f"`device` must be a torch device such as cpu, cuda or cuda:1; got {value!r} ({exc}).", param="device"
+        ) from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ConfigError(f"`device` {value!r}: this torch ({torch.__version__}) sees no CUDA device; use "
-                              "`device='cpu'` or install a CUDA build of torch.", param='device')
+            raise ConfigError(
+                f"`device` {value!r}: this torch ({torch.__version__}) sees no CUDA device; use "
+                "`device='cpu'` or install a CUDA build of torch.",
+                param="device",
+            )
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ConfigError(f"`device` {value!r}: only {torch.cuda.device_count()} CUDA device(s) are visible.", param='device')
+            raise ConfigError(
+                f"`device` {value!r}: only {torch.cuda.device_count()} CUDA device(s) are visible.", param="device"
+            )
     if device.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
-        raise ConfigError(f"`device` {value!r}: MPS is not available on this machine; use `device='cpu'`.", param='device')
+        raise ConfigError(
+            f"`device` {value!r}: MPS is not available on this machine; use `device='cpu'`.", param="device"
+        )
 
 
 def check_token_ids(name: str, ids: Iterable[int], vocab_size: int) -> None:
     """Refuse token ids outside ``[0, vocab_size)``."""
     bad = sorted(i for i in ids if not 0 <= i < vocab_size)
     if bad:
-        raise ConfigError(f"`{name}` must be token ids in [0, {vocab_size}) (the model's vocabulary); got {bad}.", param=name)
+        raise ConfigError(
+            f"`{name}` must be token ids in [0, {vocab_size}) (the model's vocabulary); got {bad}.", param=name
+        )
 
 
 #: a checkpoint's size fields and the largest value each may hold (far beyond any published model)
-CONFIG_SIZES = {"vocab_size": 2**24, "hidden_size": 2**17, "intermediate_size": 2**20, "num_hidden_layers": 2**12,
-                "num_attention_heads": 2**12, "num_key_value_heads": 2**12, "head_dim": 2**12,
-                "max_position_embeddings": 2**26}
+CONFIG_SIZES = {
+    "vocab_size": 2**24,
+    "hidden_size": 2**17,
+    "intermediate_size": 2**20,
+    "num_hidden_layers": 2**12,
+    "num_attention_heads": 2**12,
+    "num_key_value_heads": 2**12,
+    "head_dim": 2**12,
+    "max_position_embeddings": 2**26,
+}
 
 
 #: a checkpoint's special-token fields, each a token id or a list of them (or null)
@@ -96,8 +121,10 @@ def check_token_fields(section: dict, vocab_size: Any, path: str, where: str) ->
         ids = value if isinstance(value, list) else [value]
         if not ids or not all(is_integer(t) and t >= 0 and (high is None or t < high) for t in ids):
             allowed = f"a token id in [0, {high})" if high is not None else "a token id (an integer >= 0)"
-            raise ConfigError(f"`model` {path!r}: {where}{field}` must be {allowed} or a list of them; got "
-                              f"{value!r:.60}.", param="model")
+            raise ConfigError(
+                f"`model` {path!r}: {where}{field}` must be {allowed} or a list of them; got {value!r:.60}.",
+                param="model",
+            )
 
 
 def check_config(config: dict, path: str) -> None:
@@ -118,17 +145,25 @@ def check_config(config: dict, path: str) -> None:
             if value is None:
                 continue
             if not is_integer(value) or not 1 <= value <= high:
-                raise ConfigError(f"`model` {path!r}: config.json field `{place}{field}` must be an integer in "
-                                  f"[1, {high}]; got {value!r:.60}.", param="model")
-        check_token_fields(section, section.get("vocab_size", config.get("vocab_size")), path, f"config.json field "
-                           f"`{place}")
+                raise ConfigError(
+                    f"`model` {path!r}: config.json field `{place}{field}` must be an integer in "
+                    f"[1, {high}]; got {value!r:.60}.",
+                    param="model",
+                )
+        check_token_fields(
+            section, section.get("vocab_size", config.get("vocab_size")), path, f"config.json field `{place}"
+        )
     if "model_type" in config and not isinstance(config["model_type"], str):
-        raise ConfigError(f"`model` {path!r}: config.json field `model_type` must be text; got "
-                          f"{config['model_type']!r:.60}.", param="model")
+        raise ConfigError(
+            f"`model` {path!r}: config.json field `model_type` must be text; got {config['model_type']!r:.60}.",
+            param="model",
+        )
     archs = config.get("architectures")
     if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
-        raise ConfigError(f"`model` {path!r}: config.json field `architectures` must be a list of class names; got "
-                          f"{archs!r:.60}.", param="model")
+        raise ConfigError(
+            f"`model` {path!r}: config.json field `architectures` must be a list of class names; got {archs!r:.60}.",
+            param="model",
+        )
 
 
 #: safetensors dtypes that hold no real numbers: a weight stored so is refused (transformers would cast it in silence)
@@ -151,8 +186,11 @@ def safetensors_dtypes(file: Path) -> dict[str, str]:
         return {}
     if not isinstance(header, dict):
         return {}
-    return {name: str(info.get("dtype")) for name, info in header.items()
-            if name != "__metadata__" and isinstance(info, dict)}
+    return {
+        name: str(info.get("dtype"))
+        for name, info in header.items()
+        if name != "__metadata__" and isinstance(info, dict)
+    }
 
 
 def check_weights(path: str, config: dict) -> None:
@@ -166,6 +204,9 @@ def check_weights(path: str, config: dict) -> None:
     for file in sorted(local.glob("*.safetensors")):
         for name, dtype in safetensors_dtypes(file).items():
             if name.endswith(".weight") and dtype in INTEGER_DTYPES:
-                raise ConfigError(f"`model` {path!r}: {file.name} stores the weight `{name}` as {dtype}; weights are "
-                                  "floating point (F16, BF16, F32, F64), or quantized with a `quantization_config` in "
-                                  "config.json. Is the file damaged or converted wrongly?", param="model")
+                raise ConfigError(
+                    f"`model` {path!r}: {file.name} stores the weight `{name}` as {dtype}; weights are "
+                    "floating point (F16, BF16, F32, F64), or quantized with a `quantization_config` in "
+                    "config.json. Is the file damaged or converted wrongly?",
+                    param="model",
+                )

@@ -109,9 +109,13 @@ class CompiledForward:
             out = self.compiled(*args, **kwargs)
         now_graphs, now_breaks = _dynamo_totals()
         s, compiled = self.stats, now_graphs > graphs
-        self.stats = CompileStats(s.calls + 1, s.compiling_calls + compiled, s.graphs + now_graphs - graphs,
-                                  s.graph_breaks + now_breaks - breaks,
-                                  s.compile_seconds + (time.perf_counter() - start if compiled else 0.0))
+        self.stats = CompileStats(
+            s.calls + 1,
+            s.compiling_calls + compiled,
+            s.graphs + now_graphs - graphs,
+            s.graph_breaks + now_breaks - breaks,
+            s.compile_seconds + (time.perf_counter() - start if compiled else 0.0),
+        )
         if self.cuda_graphs and hasattr(out, "items"):  # a replay overwrites the last one's outputs: copy them
             for key, value in out.items():
                 if isinstance(value, torch.Tensor):
@@ -162,8 +166,11 @@ def _bucketed(kwargs: dict[str, Any], bucket: int) -> dict[str, Any]:
     if mask is None:  # a single query that sees every key
         mask = torch.ones((layout.rows, 1, layout.n_max, layout.keys), dtype=torch.bool, device=cache.data.device)
     wider = attrs.evolve(layout, mask=torch.nn.functional.pad(mask, (0, keys - layout.keys), value=False), keys=keys)
-    return {**kwargs, key: RaggedCache(cache.data, wider),
-            "attention_mask": {name: wider if value is layout else value for name, value in masks.items()}}
+    return {
+        **kwargs,
+        key: RaggedCache(cache.data, wider),
+        "attention_mask": {name: wider if value is layout else value for name, value in masks.items()},
+    }
 
 
 def compiled_module(adapter: Any) -> torch.nn.Module:
@@ -171,8 +178,10 @@ def compiled_module(adapter: Any) -> torch.nn.Module:
     network. Raises :class:`ConfigError` for an adapter without a torch network."""
     network = getattr(adapter, "model", None)
     if not isinstance(network, torch.nn.Module):
-        raise ConfigError(f"`compile` needs an adapter with a torch network (`.model`); {type(adapter).__name__} "
-                          "has none.", param="compile")
+        raise ConfigError(
+            f"`compile` needs an adapter with a torch network (`.model`); {type(adapter).__name__} has none.",
+            param="compile",
+        )
     found = getattr(adapter, "head", None)  # found and checked now, eagerly, before anything is compiled
     return found[0] if found is not None else network
 
@@ -198,8 +207,14 @@ def _check(mode: Any, backend: Any, dynamic: Any, buckets: Any, within: str | No
         raise bad("buckets", f"must be None or an integer >= 1; got {buckets!r}.")
 
 
-def compile_adapter(adapter: Any, *, mode: str | None = None, backend: Any = "inductor", dynamic: bool | None = True,
-                    buckets: int | None = None) -> Any:
+def compile_adapter(
+    adapter: Any,
+    *,
+    mode: str | None = None,
+    backend: Any = "inductor",
+    dynamic: bool | None = True,
+    buckets: int | None = None,
+) -> Any:
     """Compile ``adapter``'s network forward in place (the module :func:`compiled_module` names); return ``adapter``.
 
     ``mode``, ``backend`` and ``dynamic`` go to ``torch.compile`` (a ``mode``
@@ -217,11 +232,17 @@ def compile_adapter(adapter: Any, *, mode: str | None = None, backend: Any = "in
     _check(mode, backend, dynamic, buckets)
     cuda_graphs = mode in CUDA_GRAPH_MODES
     if cuda_graphs and torch.device(adapter.device).type != "cuda":
-        raise ConfigError(f"`mode` {mode!r} captures CUDA graphs and needs a model on CUDA; this one is on "
-                          f"{adapter.device}. On the CPU compile with mode=None (compile=True).", param="mode")
+        raise ConfigError(
+            f"`mode` {mode!r} captures CUDA graphs and needs a model on CUDA; this one is on "
+            f"{adapter.device}. On the CPU compile with mode=None (compile=True).",
+            param="mode",
+        )
     if backend == "inductor" and torch.device(adapter.device).type == "cpu" and not _cpp_compiler():
-        raise ConfigError("`backend` 'inductor' compiles C++ on the CPU and no C++ compiler was found (g++, clang++, "
-                          "c++ or $CXX): install one, or use backend='aot_eager' (no speed-up).", param="backend")
+        raise ConfigError(
+            "`backend` 'inductor' compiles C++ on the CPU and no C++ compiler was found (g++, clang++, "
+            "c++ or $CXX): install one, or use backend='aot_eager' (no speed-up).",
+            param="backend",
+        )
     from refusion.engines.invariant import current
     from refusion.models.base import exclusive
 
@@ -232,8 +253,12 @@ def compile_adapter(adapter: Any, *, mode: str | None = None, backend: Any = "in
         previous = module.__dict__.get("forward")
         eager = previous.eager if isinstance(previous, CompiledForward) else module.forward
         compiled = torch.compile(eager, mode=mode, backend=backend, dynamic=dynamic)
-        module.forward = CompiledForward(eager, compiled, cuda_graphs=cuda_graphs,
-                                         buckets=buckets if buckets is not None or not cuda_graphs else CUDA_GRAPH_BUCKETS)
+        module.forward = CompiledForward(
+            eager,
+            compiled,
+            cuda_graphs=cuda_graphs,
+            buckets=buckets if buckets is not None or not cuda_graphs else CUDA_GRAPH_BUCKETS,
+        )
     return adapter
 
 
@@ -252,8 +277,11 @@ def compile_options(value: Any) -> dict[str, Any] | None:
     :data:`OPTIONS`. Anything else, and a CUDA-graph mode where CUDA is not
     available, is a :class:`ConfigError` naming ``compile``.
     """
-    allowed = ("True, False, a torch.compile mode (" + ", ".join(repr(m) for m in MODES if m) +
-               f") or a dict of {', '.join(OPTIONS)}")
+    allowed = (
+        "True, False, a torch.compile mode ("
+        + ", ".join(repr(m) for m in MODES if m)
+        + f") or a dict of {', '.join(OPTIONS)}"
+    )
     if value is None or value is False:
         return None
     if value is True:
@@ -268,8 +296,11 @@ def compile_options(value: Any) -> dict[str, Any] | None:
     merged = {**defaults, **options}
     _check(merged["mode"], merged["backend"], merged["dynamic"], merged["buckets"], "compile")
     if options.get("mode") in CUDA_GRAPH_MODES and not torch.cuda.is_available():
-        raise ConfigError(f"`compile` mode {options['mode']!r} captures CUDA graphs and needs CUDA, which is not "
-                          "available; on the CPU use compile=True.", param="compile")
+        raise ConfigError(
+            f"`compile` mode {options['mode']!r} captures CUDA graphs and needs CUDA, which is not "
+            "available; on the CPU use compile=True.",
+            param="compile",
+        )
     return options
 
 

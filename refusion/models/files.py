@@ -68,7 +68,9 @@ def quietly(load: Any, *args: Any, **kwargs: Any) -> Any:
     library.propagate = False
     remote_code.TIME_OUT_REMOTE_CODE = 0  # never ask "Do you wish to run the custom code? [y/N]"
     try:
-        with warnings.catch_warnings():  # transformers' notes on transformers-4 config fields are not the user's concern
+        with (
+            warnings.catch_warnings()
+        ):  # transformers' notes on transformers-4 config fields are not the user's concern
             warnings.simplefilter("ignore", FutureWarning)
             return load(*args, **kwargs)
     except Exception as exc:
@@ -131,7 +133,7 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, fallback: str | N
     try:
         settings = json.loads(settings_file.read_text(encoding="utf-8")) if settings_file.is_file() else {}
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"`model` {path!r}: tokenizer_config.json is not valid JSON ({exc}).", param='model') from exc
+        raise ConfigError(f"`model` {path!r}: tokenizer_config.json is not valid JSON ({exc}).", param="model") from exc
     if not isinstance(settings, dict):
         raise ConfigError(f"`model` {path!r}: tokenizer_config.json must hold a JSON object.", param="model")
     auto_map = settings.get("auto_map")
@@ -144,9 +146,11 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, fallback: str | N
     elif custom and fallback is not None and (local / "vocab.json").is_file():
         tokenizer = quietly(getattr(transformers, fallback).from_pretrained, path, trust_remote_code=False)
     elif custom or settings.get("tokenizer_class") is not None:
-        raise ValueError(f"its tokenizer class {settings.get('tokenizer_class')!r} is not one of transformers' "
-                         "tokenizer classes (or is custom code, `auto_map` in tokenizer_config.json), and there is no "
-                         "tokenizer.json (or vocab.json) to read the vocabulary from instead")
+        raise ValueError(
+            f"its tokenizer class {settings.get('tokenizer_class')!r} is not one of transformers' "
+            "tokenizer classes (or is custom code, `auto_map` in tokenizer_config.json), and there is no "
+            "tokenizer.json (or vocab.json) to read the vocabulary from instead"
+        )
     else:
         tokenizer = quietly(transformers.AutoTokenizer.from_pretrained, path, trust_remote_code=False)
     return tokenizer if len(tokenizer) > 1 else None  # transformers 5 gives an empty tokenizer for no files

@@ -17,8 +17,13 @@ from typing import Any
 import torch
 
 #: config fields with which a model post-processes its logits (soft-capping, scaling): no separate head then
-POSTPROCESSING_FIELDS = ("final_logit_softcapping", "logit_softcapping", "logit_scale", "logits_scaling",
-                         "output_logits_scaling")
+POSTPROCESSING_FIELDS = (
+    "final_logit_softcapping",
+    "logit_softcapping",
+    "logit_scale",
+    "logits_scaling",
+    "output_logits_scaling",
+)
 
 
 class LMHead:
@@ -84,8 +89,15 @@ class LMHead:
         self._passed(n, start)
         return out.reshape(*hidden.shape[:-1], self.vocab_size)
 
-    def stats(self, hidden: torch.Tensor, exclude: int | None = None, temperature: float = 1.0, *,
-              targets: torch.Tensor | None = None, chunk: int | None = None):
+    def stats(
+        self,
+        hidden: torch.Tensor,
+        exclude: int | None = None,
+        temperature: float = 1.0,
+        *,
+        targets: torch.Tensor | None = None,
+        chunk: int | None = None,
+    ):
         """``(tokens, best, lse)`` per row of ``hidden`` ``(n, d)``: argmax id (never ``exclude``), its tempered logit,
         log-sum-exp; with ``targets`` (one id per row, -1 for none) also each target's tempered logit.
 

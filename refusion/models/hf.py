@@ -97,13 +97,15 @@ class HFCausalLM(ModelAdapter):
                 "Pass `mask_token_id=` (a ReFusion checkpoint sets it in config.json)."
             )
         if not 0 <= int(mask) < self.vocab_size:
-            raise ConfigError(f"`mask_token_id` must be in [0, {self.vocab_size}); got {mask}.", param='mask_token_id')
+            raise ConfigError(f"`mask_token_id` must be in [0, {self.vocab_size}); got {mask}.", param="mask_token_id")
         self.mask_token_id = int(mask)
         if eos_token_id is not None:
             try:
                 given = _ids(eos_token_id)
             except (TypeError, ValueError):
-                raise ConfigError(f"`eos_token_id` must be a token id or a list of them; got {eos_token_id!r}.", param='eos_token_id') from None
+                raise ConfigError(
+                    f"`eos_token_id` must be a token id or a list of them; got {eos_token_id!r}.", param="eos_token_id"
+                ) from None
             check_token_ids("eos_token_id", given, self.vocab_size)
         self.eos_token_ids = given if eos_token_id is not None else find_eos_token_ids(model, tokenizer)
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
@@ -115,8 +117,13 @@ class HFCausalLM(ModelAdapter):
 
     @classmethod
     def from_pretrained(
-        cls, path: str, *, dtype: torch.dtype | str = "auto", device: str | None = None, trust_remote_code: bool = False,
-        **kwargs: Any
+        cls,
+        path: str,
+        *,
+        dtype: torch.dtype | str = "auto",
+        device: str | None = None,
+        trust_remote_code: bool = False,
+        **kwargs: Any,
     ) -> HFCausalLM:
         """Load a checkpoint directory (or hub id, where the hub is reachable) with its tokenizer.
 
@@ -132,8 +139,9 @@ class HFCausalLM(ModelAdapter):
 
         own = [n for n, p in inspect.signature(cls.__init__).parameters.items() if p.kind is p.KEYWORD_ONLY]
         adapter_kwargs = {k: kwargs.pop(k) for k in own if k in kwargs}
-        model = quietly(AutoModelForCausalLM.from_pretrained, path, dtype=dtype, trust_remote_code=trust_remote_code,
-                        **kwargs)
+        model = quietly(
+            AutoModelForCausalLM.from_pretrained, path, dtype=dtype, trust_remote_code=trust_remote_code, **kwargs
+        )
         if device is not None:
             model = model.to(device)
         return cls(model, load_tokenizer(path, trust_remote_code), **adapter_kwargs)
@@ -157,12 +165,18 @@ class HFCausalLM(ModelAdapter):
 
     def _inputs(self, position_ids, attention_mask, cache) -> dict[str, Any]:
         """Keyword arguments of a network call (besides ``input_ids``)."""
-        return {"position_ids": position_ids, "attention_mask": attention_mask, self._cache_kw: cache, "use_cache": True}
+        return {
+            "position_ids": position_ids,
+            "attention_mask": attention_mask,
+            self._cache_kw: cache,
+            "use_cache": True,
+        }
 
     def forward(self, input_ids, position_ids, attention_mask, cache, logits_to_keep=0):
         self.forwards += 1
-        out = self.model(input_ids=input_ids, logits_to_keep=logits_to_keep,
-                         **self._inputs(position_ids, attention_mask, cache))
+        out = self.model(
+            input_ids=input_ids, logits_to_keep=logits_to_keep, **self._inputs(position_ids, attention_mask, cache)
+        )
         logits = out.logits if hasattr(out, "logits") else out[0]
         return logits[:, -logits_to_keep:] if logits_to_keep and logits.shape[1] > logits_to_keep else logits
 

@@ -21,13 +21,32 @@ from refusion.models.checks import check_config, check_device, check_model_path,
 from refusion.validators import check_boolean
 
 #: keywords :func:`load_model` passes on to transformers' ``from_pretrained``
-TRANSFORMERS_OPTIONS = ("device_map", "attn_implementation", "quantization_config", "max_memory", "offload_folder",
-                        "tp_plan", "revision", "cache_dir", "local_files_only", "token", "low_cpu_mem_usage",
-                        "use_safetensors", "subfolder")
+TRANSFORMERS_OPTIONS = (
+    "device_map",
+    "attn_implementation",
+    "quantization_config",
+    "max_memory",
+    "offload_folder",
+    "tp_plan",
+    "revision",
+    "cache_dir",
+    "local_files_only",
+    "token",
+    "low_cpu_mem_usage",
+    "use_safetensors",
+    "subfolder",
+)
 
 
-def load_model(model: Any = None, *, tokenizer: Any = None, adapter: str | None = None, trust_remote_code: bool = False,
-               compile: Any = False, **options: Any) -> ModelAdapter:
+def load_model(
+    model: Any = None,
+    *,
+    tokenizer: Any = None,
+    adapter: str | None = None,
+    trust_remote_code: bool = False,
+    compile: Any = False,
+    **options: Any,
+) -> ModelAdapter:
     """A :class:`ModelAdapter` from a checkpoint path, a transformers model or an adapter (returned as is).
 
     ``None`` means the model shipped with refusion. For a path, the
@@ -94,7 +113,9 @@ def load_model(model: Any = None, *, tokenizer: Any = None, adapter: str | None 
         return loaded
     if hasattr(model, "config") and callable(model):
         return registry().get("model_adapter", adapter or "hf-causal")(model, tokenizer, **options)
-    raise ConfigError(f"`model` must be a ModelAdapter, a transformers model or a path; got {type(model).__name__}.", param='model')
+    raise ConfigError(
+        f"`model` must be a ModelAdapter, a transformers model or a path; got {type(model).__name__}.", param="model"
+    )
 
 
 #: the file beside a checkpoint's weights that names the decoder it recommends (a decoder spec)
@@ -155,8 +176,10 @@ def _loading(path: str, load: Any, *args: Any, **kwargs: Any) -> ModelAdapter:
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [""])[0]
         notes = "".join(f"; {note:.500}" for note in getattr(exc, "__notes__", ()))
-        raise ConfigError(f"`model` {path!r} could not be loaded as a checkpoint ({type(exc).__name__}: {first:.300}"
-                          f"{notes})", param="model") from exc
+        raise ConfigError(
+            f"`model` {path!r} could not be loaded as a checkpoint ({type(exc).__name__}: {first:.300}{notes})",
+            param="model",
+        ) from exc
 
 
 def read_config(path: str) -> dict[str, Any]:
@@ -170,7 +193,9 @@ def read_config(path: str) -> dict[str, Any]:
     file = checkpoint_file(path, "config.json")
     config = read_json(file, what="`model` config.json", param="model", max_bytes=16 * 2**20)
     if not isinstance(config, dict):
-        raise ConfigError(f"`model` {path!r}: config.json must hold a JSON object; got {type(config).__name__}.", param='model')
+        raise ConfigError(
+            f"`model` {path!r}: config.json must hold a JSON object; got {type(config).__name__}.", param="model"
+        )
     check_config(config, path)
     return config
 
@@ -193,9 +218,12 @@ def checkpoint_file(path: str, name: str) -> str:
             raise ConfigError(f"`model` {path!r}: its {name} cannot be read ({exc}).", param="model") from exc
     unreachable = hub_unreachable()
     if unreachable is not None:
-        raise ConfigError(f"`model` {path!r} is not a local directory, not in the Hugging Face cache, and the hub "
-                          f"cannot be reached ({unreachable}). Give a checkpoint directory, or download it first "
-                          "(`hf download ORG/NAME`).", param="model")
+        raise ConfigError(
+            f"`model` {path!r} is not a local directory, not in the Hugging Face cache, and the hub "
+            f"cannot be reached ({unreachable}). Give a checkpoint directory, or download it first "
+            "(`hf download ORG/NAME`).",
+            param="model",
+        )
     try:
         return cached_file(path, name)
     except OSError as exc:
@@ -252,7 +280,8 @@ def unknown_architecture(path: str, config: Mapping[str, Any]) -> ConfigError:
         f"`model` {path!r} ({what}) is not a family refusion loads, and transformers has no class for it. "
         f"Supported families: {families}. To run the checkpoint's own code instead, pass `trust_remote_code=True` "
         "(CLI: --trust-remote-code) and the adapter that fits it: `adapter='hf-causal'` (causal), 'hf-mdm' "
-        "(bidirectional, with `logit_shift`) or 'hf-block' (block diffusion, with `block_length`).", param='model'
+        "(bidirectional, with `logit_shift`) or 'hf-block' (block diffusion, with `block_length`).",
+        param="model",
     )
 
 
@@ -265,8 +294,17 @@ def check_options(options: Mapping[str, Any], adapter_options: tuple[str, ...], 
 
 
 #: the options a command line or a record gives to load a model (:func:`load_from_options`)
-MODEL_OPTIONS = ("model", "device", "dtype", "mask_token_id", "eos_token_id", "adapter", "logit_shift",
-                 "model_block_length", "trust_remote_code")
+MODEL_OPTIONS = (
+    "model",
+    "device",
+    "dtype",
+    "mask_token_id",
+    "eos_token_id",
+    "adapter",
+    "logit_shift",
+    "model_block_length",
+    "trust_remote_code",
+)
 
 
 def load_from_options(options: Mapping[str, Any]) -> ModelAdapter:
@@ -274,18 +312,26 @@ def load_from_options(options: Mapping[str, Any]) -> ModelAdapter:
     companion flags load, and what ``refusion reproduce`` loads from a record."""
     unknown = sorted(set(options) - set(MODEL_OPTIONS))
     if unknown:
-        raise ConfigError(f"`{unknown[0]}` is not a model option; they are {', '.join(MODEL_OPTIONS)}.",
-                          param=unknown[0])
+        raise ConfigError(
+            f"`{unknown[0]}` is not a model option; they are {', '.join(MODEL_OPTIONS)}.", param=unknown[0]
+        )
     get = {"dtype": "auto", "trust_remote_code": False, **{k: v for k, v in options.items() if v is not None}}.get
     kwargs: dict[str, Any] = {"dtype": get("dtype")}
-    for option, key in (("device", "device"), ("mask_token_id", "mask_token_id"), ("eos_token_id", "eos_token_id"),
-                        ("model_block_length", "block_length")):
+    for option, key in (
+        ("device", "device"),
+        ("mask_token_id", "mask_token_id"),
+        ("eos_token_id", "eos_token_id"),
+        ("model_block_length", "block_length"),
+    ):
         if get(option) is not None:
             kwargs[key] = get(option)
     adapter = get("adapter")
     if adapter == "hf-mdm":
         kwargs["logit_shift"] = get("logit_shift") or 0
     elif get("logit_shift") is not None:
-        raise ConfigError(f"`logit_shift` {get('logit_shift')} applies only with adapter 'hf-mdm' (bidirectional "
-                          f"models); the adapter is {adapter!r}. Drop it or use adapter 'hf-mdm'.", param="logit_shift")
+        raise ConfigError(
+            f"`logit_shift` {get('logit_shift')} applies only with adapter 'hf-mdm' (bidirectional "
+            f"models); the adapter is {adapter!r}. Drop it or use adapter 'hf-mdm'.",
+            param="logit_shift",
+        )
     return load_model(get("model"), adapter=adapter, trust_remote_code=bool(get("trust_remote_code")), **kwargs)

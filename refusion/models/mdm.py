@@ -39,12 +39,16 @@ class HFMaskedDiffusionLM(HFCausalLM):
         eos_token_id: int | Iterable[int] | None = None,
     ):
         if logit_shift not in (0, 1):
-            raise ConfigError(f"`logit_shift` must be 0 (LLaDA) or 1 (Dream); got {logit_shift!r}.", param='logit_shift')
+            raise ConfigError(
+                f"`logit_shift` must be 0 (LLaDA) or 1 (Dream); got {logit_shift!r}.", param="logit_shift"
+            )
         super().__init__(model, tokenizer, mask_token_id=mask_token_id, eos_token_id=eos_token_id)
         accepted = set(inspect.signature(model.forward).parameters)
         self._takes = {k for k in ("position_ids", "attention_mask", "use_cache") if k in accepted}
         self._cache_keyword = cache_keyword(model.forward)
-        self.capabilities = ModelCapabilities(causal=False, logit_shift=logit_shift, kv_cache=self._cache_keyword is not None)
+        self.capabilities = ModelCapabilities(
+            causal=False, logit_shift=logit_shift, kv_cache=self._cache_keyword is not None
+        )
 
     def _inputs(self, position_ids, attention_mask, cache):
         kwargs = {"position_ids": position_ids, "attention_mask": attention_mask, "use_cache": cache is not None}

@@ -51,8 +51,13 @@ def refuse(function: str, arg: str, value: Any, why: str) -> ConfigError:
 def check_mask_id(function: str, arg: str, value: Any, model: Any) -> None:
     """A peer's mask-id argument must be the model's mask token (refusion reads it from the checkpoint)."""
     if value is not None and value != model.mask_token_id:
-        raise refuse(function, arg, value, f"the model's mask token is {model.mask_token_id} (from its checkpoint); "
-                     "load the model with `mask_token_id=` to use another.")
+        raise refuse(
+            function,
+            arg,
+            value,
+            f"the model's mask token is {model.mask_token_id} (from its checkpoint); "
+            "load the model with `mask_token_id=` to use another.",
+        )
 
 
 def check_no_padding(function: str, value: Any) -> None:
@@ -62,8 +67,13 @@ def check_no_padding(function: str, value: Any) -> None:
     if value is None:
         return
     if not isinstance(value, torch.Tensor) or not bool((value == 1).all()):
-        raise refuse(function, "attention_mask", "a padding mask", "refusion decodes a list of prompts of different "
-                     "lengths without padding; pass the prompts unpadded (a mask of ones is accepted).")
+        raise refuse(
+            function,
+            "attention_mask",
+            "a padding mask",
+            "refusion decodes a list of prompts of different "
+            "lengths without padding; pass the prompts unpadded (a mask of ones is accepted).",
+        )
 
 
 def taken(args: Mapping[str, Any], *names: str) -> dict[str, Any]:

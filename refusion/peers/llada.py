@@ -16,15 +16,31 @@ def translate_generate(args: Mapping[str, Any], model: Any) -> PeerCall:
     check_mask_id(NAME, "mask_id", args.get("mask_id"), model)
     for flag in ("logits_eos_inf", "confidence_eos_eot_inf"):
         if args.get(flag):
-            raise refuse(NAME, flag, args[flag], "it hard-codes LLaDA-8B's EOS and end-of-turn ids (126081, 126348); "
-                         "refusion does not change the model's logits or confidences by token id.")
+            raise refuse(
+                NAME,
+                flag,
+                args[flag],
+                "it hard-codes LLaDA-8B's EOS and end-of-turn ids (126081, 126348); "
+                "refusion does not change the model's logits or confidences by token id.",
+            )
     return PeerCall(params=taken(args, "steps", "block_length", "remasking", "temperature", "cfg_scale"))
 
 
 GENERATE = PeerFunction(
-    name="llada.generate", preset="llada", source="ML-GSAI/LLaDA generate.py: generate",
-    arguments=("attention_mask", "steps", "block_length", "temperature", "cfg_scale", "remasking", "mask_id",
-               "logits_eos_inf", "confidence_eos_eot_inf"),
+    name="llada.generate",
+    preset="llada",
+    source="ML-GSAI/LLaDA generate.py: generate",
+    arguments=(
+        "attention_mask",
+        "steps",
+        "block_length",
+        "temperature",
+        "cfg_scale",
+        "remasking",
+        "mask_id",
+        "logits_eos_inf",
+        "confidence_eos_eot_inf",
+    ),
     translate=translate_generate,
 )
 

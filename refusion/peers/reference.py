@@ -17,16 +17,32 @@ def translate_generate(args: Mapping[str, Any], model: Any) -> PeerCall:
     tokenizer = args.get("tokenizer")
     eos = getattr(tokenizer, "eos_token_id", None)
     if tokenizer is not None and eos not in model.eos_token_ids:
-        raise refuse(NAME, "tokenizer", f"a tokenizer with eos_token_id {eos}", f"the reference reads only its EOS id; "
-                     f"the model's are {sorted(model.eos_token_ids)} (load it with `eos_token_id=` to change them).")
-    return PeerCall(params=taken(args, "slot_size", "serial_num_blocks", "slot_threshold", "token_threshold",
-                                 "temperature"))
+        raise refuse(
+            NAME,
+            "tokenizer",
+            f"a tokenizer with eos_token_id {eos}",
+            f"the reference reads only its EOS id; "
+            f"the model's are {sorted(model.eos_token_ids)} (load it with `eos_token_id=` to change them).",
+        )
+    return PeerCall(
+        params=taken(args, "slot_size", "serial_num_blocks", "slot_threshold", "token_threshold", "temperature")
+    )
 
 
 GENERATE = PeerFunction(
-    name="refusion.generate_refusion", preset="paper", source="ML-GSAI/ReFusion generate.py: generate_refusion",
-    arguments=("tokenizer", "temperature", "mask_id", "slot_size", "model_path", "serial_num_blocks", "slot_threshold",
-               "token_threshold"),
+    name="refusion.generate_refusion",
+    preset="paper",
+    source="ML-GSAI/ReFusion generate.py: generate_refusion",
+    arguments=(
+        "tokenizer",
+        "temperature",
+        "mask_id",
+        "slot_size",
+        "model_path",
+        "serial_num_blocks",
+        "slot_threshold",
+        "token_threshold",
+    ),
     translate=translate_generate,
 )
 

@@ -17,33 +17,65 @@ def translate_generate(args: Mapping[str, Any], model: Any) -> PeerCall:
     check_mask_id(NAME, "mask_id", args.get("mask_id"), model)
     block = model.capabilities.block_length
     if not block:
-        raise refuse(NAME, "model", type(model).__name__, "SDAR decodes block-diffusion models; load an SDAR "
-                     "checkpoint (or pass `adapter='hf-block'`).")
+        raise refuse(
+            NAME,
+            "model",
+            type(model).__name__,
+            "SDAR decodes block-diffusion models; load an SDAR checkpoint (or pass `adapter='hf-block'`).",
+        )
     if args.get("block_length", block) != block:
-        raise refuse(NAME, "block_length", args["block_length"], f"the model attends in blocks of {block}; load it "
-                     f"with `block_length={args['block_length']}` (CLI: --model-block-length) to decode in other blocks.")
+        raise refuse(
+            NAME,
+            "block_length",
+            args["block_length"],
+            f"the model attends in blocks of {block}; load it "
+            f"with `block_length={args['block_length']}` (CLI: --model-block-length) to decode in other blocks.",
+        )
     if args.get("remasking_strategy") == "entropy_bounded" or args.get("eb_threshold") is not None:
         arg = "remasking_strategy" if args.get("remasking_strategy") == "entropy_bounded" else "eb_threshold"
-        raise refuse(NAME, arg, args[arg], "SDAR's published entropy_bounded strategy never sets the tokens it "
-                     "chooses (its `transfer_index` is unset) and sums the entropy over the wrong axis.")
+        raise refuse(
+            NAME,
+            arg,
+            args[arg],
+            "SDAR's published entropy_bounded strategy never sets the tokens it "
+            "chooses (its `transfer_index` is unset) and sums the entropy over the wrong axis.",
+        )
     params: dict[str, Any] = {"block_length": block}
-    params.update(taken(args, "denoising_steps", "remasking_strategy", "confidence_threshold", "temperature",
-                        "top_k", "top_p"))
+    params.update(
+        taken(args, "denoising_steps", "remasking_strategy", "confidence_threshold", "temperature", "top_k", "top_p")
+    )
     stops = args.get("stopping_criteria_idx")
     if stops is not None:
         given = {int(stops)} if isinstance(stops, int) else {int(s) for s in stops}
         if given != set(model.eos_token_ids):
-            raise refuse(NAME, "stopping_criteria_idx", stops, f"refusion stops at the model's EOS ids "
-                         f"{sorted(model.eos_token_ids)}; load the model with `eos_token_id={sorted(given)}` to stop "
-                         "at others.")
+            raise refuse(
+                NAME,
+                "stopping_criteria_idx",
+                stops,
+                f"refusion stops at the model's EOS ids "
+                f"{sorted(model.eos_token_ids)}; load the model with `eos_token_id={sorted(given)}` to stop "
+                "at others.",
+            )
         params["stop_at_eos"] = "block"
     return PeerCall(params=params)
 
 
 GENERATE = PeerFunction(
-    name="sdar.block_diffusion_generate", preset="sdar", source="JetAstra/SDAR generate.py: block_diffusion_generate",
-    arguments=("mask_id", "block_length", "denoising_steps", "temperature", "top_k", "top_p", "remasking_strategy",
-               "confidence_threshold", "eb_threshold", "stopping_criteria_idx"),
+    name="sdar.block_diffusion_generate",
+    preset="sdar",
+    source="JetAstra/SDAR generate.py: block_diffusion_generate",
+    arguments=(
+        "mask_id",
+        "block_length",
+        "denoising_steps",
+        "temperature",
+        "top_k",
+        "top_p",
+        "remasking_strategy",
+        "confidence_threshold",
+        "eb_threshold",
+        "stopping_criteria_idx",
+    ),
     translate=translate_generate,
 )
 

@@ -100,15 +100,20 @@ def check_hooks(pm: PluginManager) -> None:
     try:
         pm.check_pending()
     except pluggy.PluginValidationError as exc:
-        unknown = sorted(name for name in vars(pm.hook) if not name.startswith("_")
-                         and not getattr(pm.hook, name).has_spec()
-                         and any(i.plugin is exc.plugin for i in getattr(pm.hook, name).get_hookimpls()))
+        unknown = sorted(
+            name
+            for name in vars(pm.hook)
+            if not name.startswith("_")
+            and not getattr(pm.hook, name).has_spec()
+            and any(i.plugin is exc.plugin for i in getattr(pm.hook, name).get_hookimpls())
+        )
         plugin = pm.get_name(exc.plugin) or repr(exc.plugin)
         known = sorted(name for name in vars(pm.hook) if not name.startswith("_") and getattr(pm.hook, name).has_spec())
         raise PluginError(
             f"Plugin {plugin!r} ({pm.sources.get(plugin, 'local')}) implements unknown hook(s) {', '.join(unknown)}; "
             f"refusion's hooks are: {', '.join(known)} (is the name misspelt?).",
-            plugin=plugin, source=pm.sources.get(plugin),
+            plugin=plugin,
+            source=pm.sources.get(plugin),
         ) from exc
 
 

@@ -111,7 +111,9 @@ class Registry:
     def _add(self, kind: str, interface: type, cls: Any, plugin: str, source: str) -> None:
         where = f"plugin {plugin!r} ({source})"
         if not inspect.isclass(cls) or not issubclass(cls, interface):
-            raise RegistrationError(f"{where} registered {cls!r} as a {kind}, but it does not subclass {interface.__name__}.")
+            raise RegistrationError(
+                f"{where} registered {cls!r} as a {kind}, but it does not subclass {interface.__name__}."
+            )
         if inspect.isabstract(cls):
             missing = ", ".join(sorted(getattr(cls, "__abstractmethods__", ())))
             raise RegistrationError(f"{where} registered {cls.__name__}, which does not implement: {missing}.")
@@ -170,7 +172,8 @@ class Registry:
             cls = spec
         else:
             raise ConfigError(
-                f"`{kind}` must be a registered name, a class or an instance of {interface.__name__}; got {spec!r}.", param=kind
+                f"`{kind}` must be a registered name, a class or an instance of {interface.__name__}; got {spec!r}.",
+                param=kind,
             )
         if not inspect.isclass(cls) or not issubclass(cls, interface):
             raise ConfigError(f"`{kind}` {spec!r} is not a {interface.__name__}.", param=kind)
@@ -184,7 +187,7 @@ class Registry:
 
     def _kind_name(self, kind: str) -> str:
         if kind not in self._entries:
-            raise ConfigError(f"`kind` must be one of {', '.join(self._entries)}; got {kind!r}.", param='kind')
+            raise ConfigError(f"`kind` must be one of {', '.join(self._entries)}; got {kind!r}.", param="kind")
         return kind
 
     def _kind(self, kind: str) -> dict[str, Registration]:
@@ -196,25 +199,35 @@ def import_class(path: str, param: str | None = None) -> type:
     naming the path and ``param``: a malformed or relative path, a module that cannot be imported or raises while
     it is imported, a missing attribute, or one that is not a class."""
     module_name, _, attr = path.partition(":")
-    if not module_name or not attr or module_name.startswith(".") or not all(
-            part.isidentifier() for part in (*module_name.split("."), *attr.split("."))):
-        raise ConfigError(f"{path!r} is not a class path: write it as `package.module:Class` (an absolute module, "
-                          "a colon, then the class).", param=param)
+    if (
+        not module_name
+        or not attr
+        or module_name.startswith(".")
+        or not all(part.isidentifier() for part in (*module_name.split("."), *attr.split(".")))
+    ):
+        raise ConfigError(
+            f"{path!r} is not a class path: write it as `package.module:Class` (an absolute module, "
+            "a colon, then the class).",
+            param=param,
+        )
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(f"Cannot import {path!r}: {exc}.", param=param) from exc
     except Exception as exc:  # the module itself is broken: say which, with its error
-        raise ConfigError(f"Cannot import {path!r}: importing {module_name!r} raised "
-                          f"{type(exc).__name__}: {exc}.", param=param) from exc
+        raise ConfigError(
+            f"Cannot import {path!r}: importing {module_name!r} raised {type(exc).__name__}: {exc}.", param=param
+        ) from exc
     try:
         for part in attr.split("."):
             obj = getattr(obj, part)
     except AttributeError as exc:
         raise ConfigError(f"Cannot import {path!r}: {exc}.", param=param) from exc
     if not isinstance(obj, type):
-        raise ConfigError(f"{path!r} names a {type(obj).__name__}, not a class; name the class itself "
-                          "(`package.module:Class`).", param=param)
+        raise ConfigError(
+            f"{path!r} names a {type(obj).__name__}, not a class; name the class itself (`package.module:Class`).",
+            param=param,
+        )
     return obj
 
 

@@ -15,8 +15,12 @@ import importlib
 from typing import Any
 
 #: public name -> the module that defines it
-_EXPORTS = {"ServeDefaults": "refusion.serve.options", "ServePolicy": "refusion.serve.options",
-            "create_app": "refusion.serve.app", "serve": "refusion.serve.runner"}
+_EXPORTS = {
+    "ServeDefaults": "refusion.serve.options",
+    "ServePolicy": "refusion.serve.options",
+    "create_app": "refusion.serve.app",
+    "serve": "refusion.serve.runner",
+}
 
 
 def __getattr__(name: str) -> Any:

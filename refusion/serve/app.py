@@ -28,8 +28,15 @@ from refusion.serve.routes import ROUTERS
 from refusion.serve.state import ServerState
 
 
-def create_app(generator: Generator, *, model_name: str = "refusion", defaults: ServeDefaults | None = None,
-               retry_after: int = 1, manage_generator: bool = True, policy: ServePolicy | None = None) -> FastAPI:
+def create_app(
+    generator: Generator,
+    *,
+    model_name: str = "refusion",
+    defaults: ServeDefaults | None = None,
+    retry_after: int = 1,
+    manage_generator: bool = True,
+    policy: ServePolicy | None = None,
+) -> FastAPI:
     """An app serving ``generator`` under the name ``model_name``.
 
     ``defaults`` are the decoding defaults of every request; ``policy`` what
@@ -40,8 +47,9 @@ def create_app(generator: Generator, *, model_name: str = "refusion", defaults: 
     tests).
     """
     policy = policy or ServePolicy()
-    server = ServerState(generator, model_name, defaults or ServeDefaults(), policy, ServerMetrics(generator),
-                         retry_after)
+    server = ServerState(
+        generator, model_name, defaults or ServeDefaults(), policy, ServerMetrics(generator), retry_after
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -52,8 +52,12 @@ def validation_error(error: RequestValidationError | ValidationError) -> APIErro
     if first.get("type") == "missing":
         return APIError(400, f"`{param}` is required.", param=param or None, code="missing")
     if first.get("type") == "extra_forbidden":
-        return APIError(400, f"`{param}` is not a field of this endpoint (see docs/serving.md for the fields).",
-                        param=param or None, code="unknown_field")
+        return APIError(
+            400,
+            f"`{param}` is not a field of this endpoint (see docs/serving.md for the fields).",
+            param=param or None,
+            code="unknown_field",
+        )
     got = repr(first.get("input"))
     got = got if len(got) <= 200 else got[:200] + "..."  # the field may be huge; the error need not be
     return APIError(400, f"`{param}`: {first.get('msg')}; got {got}.", param=param or None, code="invalid_type")
@@ -66,5 +70,9 @@ def invalid_json(reason: str, param: str | None = None) -> APIError:
 
 def too_large(limit: int) -> APIError:
     """The 413 for a body over ``limit`` bytes."""
-    return APIError(413, f"The request body is larger than this server's limit of {limit} bytes "
-                    "(`--max-body-bytes`).", param=None, code="request_too_large")
+    return APIError(
+        413,
+        f"The request body is larger than this server's limit of {limit} bytes (`--max-body-bytes`).",
+        param=None,
+        code="request_too_large",
+    )

@@ -25,11 +25,15 @@ class _EngineCollector:
 
     def collect(self):
         forwards = self.generator.engine.counters.forwards
-        yield CounterMetricFamily("refusion_forwards", "Model forwards run by the engine (prefills included).",
-                                  value=forwards)
+        yield CounterMetricFamily(
+            "refusion_forwards", "Model forwards run by the engine (prefills included).", value=forwards
+        )
         tokens = self.tokens()
-        yield GaugeMetricFamily("refusion_tokens_per_forward", "Generated tokens per model forward, since start.",
-                                value=tokens / forwards if forwards else 0.0)
+        yield GaugeMetricFamily(
+            "refusion_tokens_per_forward",
+            "Generated tokens per model forward, since start.",
+            value=tokens / forwards if forwards else 0.0,
+        )
 
 
 #: the decoding endpoints' paths and their ``endpoint`` label
@@ -44,19 +48,33 @@ class ServerMetrics:
     def __init__(self, generator: Any):
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("refusion_requests", "Requests by endpoint and outcome (stop, length, cancelled, "
-                                "error, rejected, invalid, not_found).", ("endpoint", "outcome"), registry=r)
+        self.requests = Counter(
+            "refusion_requests",
+            "Requests by endpoint and outcome (stop, length, cancelled, error, rejected, invalid, not_found).",
+            ("endpoint", "outcome"),
+            registry=r,
+        )
         self.prompt_tokens = Counter("refusion_prompt_tokens", "Prompt tokens of admitted requests.", registry=r)
         self.generated_tokens = Counter("refusion_generated_tokens", "Tokens sent to clients.", registry=r)
-        self.latency = Histogram("refusion_request_latency_seconds", "Submit to last token.", ("endpoint",),
-                                 buckets=LATENCY_BUCKETS, registry=r)
-        self.first_token = Histogram("refusion_time_to_first_token_seconds", "Submit to the first text sent.",
-                                     ("endpoint",), buckets=LATENCY_BUCKETS, registry=r)
-        Gauge("refusion_queue_depth", "Requests waiting for a row.", registry=r).set_function(
-            lambda: generator.waiting)
+        self.latency = Histogram(
+            "refusion_request_latency_seconds",
+            "Submit to last token.",
+            ("endpoint",),
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.first_token = Histogram(
+            "refusion_time_to_first_token_seconds",
+            "Submit to the first text sent.",
+            ("endpoint",),
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        Gauge("refusion_queue_depth", "Requests waiting for a row.", registry=r).set_function(lambda: generator.waiting)
         Gauge("refusion_live_rows", "Requests decoding now.", registry=r).set_function(lambda: generator.live_rows)
         Gauge("refusion_reserved_tokens", "Positions reserved by live requests.", registry=r).set_function(
-            lambda: generator.reserved_tokens)
+            lambda: generator.reserved_tokens
+        )
         self.tokens_sent = 0
         r.register(_EngineCollector(generator, lambda: self.tokens_sent))
         ProcessCollector(registry=r)

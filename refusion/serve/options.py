@@ -112,11 +112,19 @@ def decoding_options(body: DecodingFields, defaults: ServeDefaults, own: Mapping
             options[name] = getattr(body, name)
     for key, value in own.items():
         if key in PART_KINDS or key == "preset":
-            raise APIError(400, f"`params.{key}`: name the {key} as the top-level field `{key}`.",
-                           param=f"params.{key}", code="invalid_value")
+            raise APIError(
+                400,
+                f"`params.{key}`: name the {key} as the top-level field `{key}`.",
+                param=f"params.{key}",
+                code="invalid_value",
+            )
         if key == "gen_length":
-            raise APIError(400, "`params.gen_length`: set the answer's length with `max_tokens`.",
-                           param="params.gen_length", code="invalid_value")
+            raise APIError(
+                400,
+                "`params.gen_length`: set the answer's length with `max_tokens`.",
+                param="params.gen_length",
+                code="invalid_value",
+            )
         options[key] = value
     return options
 
@@ -145,8 +153,12 @@ def refuse_unhonoured(body: DecodingFields) -> None:
     found = unhonoured(body)
     if found is not None:
         field, value, accepted = found
-        raise APIError(400, f"`{field}` = {value!r:.80} cannot be honoured by this server; send {accepted}, or leave "
-                       "it out.", param=field, code="unsupported_value")
+        raise APIError(
+            400,
+            f"`{field}` = {value!r:.80} cannot be honoured by this server; send {accepted}, or leave it out.",
+            param=field,
+            code="unsupported_value",
+        )
 
 
 def check_prompt_size(body: CompletionRequest | ChatCompletionRequest, field: str, bound: int | None) -> None:
@@ -162,8 +174,12 @@ def check_prompt_size(body: CompletionRequest | ChatCompletionRequest, field: st
     else:
         size = len(body.prompt) if isinstance(body.prompt, str) else 0
     if size > bound:
-        raise APIError(400, f"`{field}` holds {size} characters of text; this server takes at most {bound} "
-                       "(`--max-prompt-chars`).", param=field, code="context_length_exceeded")
+        raise APIError(
+            400,
+            f"`{field}` holds {size} characters of text; this server takes at most {bound} (`--max-prompt-chars`).",
+            param=field,
+            code="context_length_exceeded",
+        )
 
 
 def chat_prompt(body: ChatCompletionRequest, tokenizer: Any, allow_special: bool = False) -> Any:
@@ -181,8 +197,9 @@ def chat_prompt(body: ChatCompletionRequest, tokenizer: Any, allow_special: bool
         if not allow_special:
             check_no_special_text(message.text, tokenizer, field)
     if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template([{"role": m.role, "content": m.text} for m in body.messages],
-                                            add_generation_prompt=True, tokenize=True)
+        ids = tokenizer.apply_chat_template(
+            [{"role": m.role, "content": m.text} for m in body.messages], add_generation_prompt=True, tokenize=True
+        )
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return list(ids)
@@ -192,8 +209,11 @@ def chat_prompt(body: ChatCompletionRequest, tokenizer: Any, allow_special: bool
 def check_guidance(decoder: Decoder, engine: Any) -> None:
     """Refuse ``cfg_scale`` > 0 when ``engine`` has no classifier-free guidance (decoding would fail later)."""
     if decoder.cfg_scale > 0 and type(engine).guide is Engine.guide:
-        raise ConfigError(f"`cfg_scale` > 0 needs an engine with classifier-free guidance; this server's engine "
-                          f"{engine.name!r} has none (use cfg_scale 0).", param="cfg_scale")
+        raise ConfigError(
+            f"`cfg_scale` > 0 needs an engine with classifier-free guidance; this server's engine "
+            f"{engine.name!r} has none (use cfg_scale 0).",
+            param="cfg_scale",
+        )
 
 
 def check_part_names(options: Mapping[str, Any]) -> None:
@@ -207,8 +227,12 @@ def check_part_names(options: Mapping[str, Any]) -> None:
                 raise APIError(400, str(exc), param=kind, code="unknown_name") from None
 
 
-def plan_request(body: CompletionRequest | ChatCompletionRequest, generator: Any, defaults: ServeDefaults,
-                 policy: ServePolicy | None = None) -> Plan:
+def plan_request(
+    body: CompletionRequest | ChatCompletionRequest,
+    generator: Any,
+    defaults: ServeDefaults,
+    policy: ServePolicy | None = None,
+) -> Plan:
     """Check ``body``'s parts, parameters and prompt; raises :class:`APIError` (400) naming the field.
 
     Under ``policy`` (default :class:`ServePolicy`): module paths are refused
@@ -231,16 +255,27 @@ def plan_request(body: CompletionRequest | ChatCompletionRequest, generator: Any
         check_part_names(options)
         decoder = build_decoder(model, **options)[0] if options else None
         check_guidance(decoder or generator.decoder, generator.engine)
-        raw = (chat_prompt(body, model.tokenizer, policy.allow_special_tokens)
-               if isinstance(body, ChatCompletionRequest) else body.prompt)
+        raw = (
+            chat_prompt(body, model.tokenizer, policy.allow_special_tokens)
+            if isinstance(body, ChatCompletionRequest)
+            else body.prompt
+        )
         if isinstance(raw, str) and not raw:
             raise APIError(400, f"`{prompt_field}` is empty.", param=prompt_field, code="invalid_value")
-        ids = (encode_prompt(raw, model.tokenizer, False, allow_special=policy.allow_special_tokens)
-               if isinstance(raw, str) else list(raw))
+        ids = (
+            encode_prompt(raw, model.tokenizer, False, allow_special=policy.allow_special_tokens)
+            if isinstance(raw, str)
+            else list(raw)
+        )
         limit = model.max_positions
         if limit is not None and len(ids) >= limit:
-            raise APIError(400, f"`{prompt_field}` is {len(ids)} tokens long; the model holds {limit} positions, "
-                           "prompt and answer together.", param=prompt_field, code="context_length_exceeded")
+            raise APIError(
+                400,
+                f"`{prompt_field}` is {len(ids)} tokens long; the model holds {limit} positions, "
+                "prompt and answer together.",
+                param=prompt_field,
+                code="context_length_exceeded",
+            )
         length = body.length if isinstance(body, ChatCompletionRequest) else body.max_tokens
         length = length or defaults.gen_length or generator.gen_length
     except ConfigError as exc:

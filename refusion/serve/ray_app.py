@@ -37,8 +37,14 @@ RAY_HINT = 'pip install "refusion[ray]"'
 #: the Ray Serve application's and deployment's name
 APP_NAME = "refusion"
 #: uvicorn's log levels as Python logging's (Ray Serve's)
-RAY_LOG_LEVELS = {"critical": "CRITICAL", "error": "ERROR", "warning": "WARNING", "info": "INFO", "debug": "DEBUG",
-                  "trace": "DEBUG"}
+RAY_LOG_LEVELS = {
+    "critical": "CRITICAL",
+    "error": "ERROR",
+    "warning": "WARNING",
+    "info": "INFO",
+    "debug": "DEBUG",
+    "trace": "DEBUG",
+}
 #: requests a replica takes at once beyond ``max_rows`` when its queue is unbounded
 UNBOUNDED_QUEUE = 4096
 #: replica starts that may fail before the deployment fails (where Ray Serve has ``max_constructor_retry_count``)
@@ -58,8 +64,9 @@ def check_replicas(replicas: Any, name: str = "replicas") -> None:
     """Refuse ``replicas`` unless it is an int >= 1 or autoscaling bounds ``(min, max)``, 0 <= min <= max, max >= 1."""
     if isinstance(replicas, tuple):
         if len(replicas) != 2:
-            raise ConfigError(f"`{name}` must be an integer >= 1 or autoscaling bounds (min, max); got {replicas!r}.",
-                              param=name)
+            raise ConfigError(
+                f"`{name}` must be an integer >= 1 or autoscaling bounds (min, max); got {replicas!r}.", param=name
+            )
         low, high = replicas
         check_integer(f"{name} (min)", low, 0)
         check_integer(f"{name} (max)", high, max(1, low), why="and >= min")
@@ -99,12 +106,23 @@ def build_app(settings: ReplicaSettings) -> Any:
     defaults = settings.defaults
     decoder, length = build_decoder(adapter, preset=defaults.preset, **defaults.parts, **defaults.params)
     decoder.check_model(adapter)  # a default that cannot run on the model is refused at start-up
-    generator = Generator(adapter, decoder, engine=settings.engine, max_rows=settings.max_rows,
-                          max_tokens=settings.max_batch_tokens, max_queue=settings.max_queue,
-                          gen_length=defaults.gen_length or length)
+    generator = Generator(
+        adapter,
+        decoder,
+        engine=settings.engine,
+        max_rows=settings.max_rows,
+        max_tokens=settings.max_batch_tokens,
+        max_queue=settings.max_queue,
+        gen_length=defaults.gen_length or length,
+    )
     check_guidance(generator.decoder, generator.engine)
-    return create_app(generator, model_name=settings.model_name, defaults=defaults,
-                      retry_after=settings.retry_after, policy=settings.policy)
+    return create_app(
+        generator,
+        model_name=settings.model_name,
+        defaults=defaults,
+        retry_after=settings.retry_after,
+        policy=settings.policy,
+    )
 
 
 #: the app this process's replica built in its constructor, for its ingress app to serve (Ray Serve runs every
@@ -137,8 +155,16 @@ class ReplicaApp:
         return generator.running or generator.closing
 
 
-def deployment(*, replicas: int | tuple[int, int], max_rows: int, max_queue: int | None, shutdown_timeout: float,
-               log_level: str, cpus_per_replica: float, gpus_per_replica: float) -> Any:
+def deployment(
+    *,
+    replicas: int | tuple[int, int],
+    max_rows: int,
+    max_queue: int | None,
+    shutdown_timeout: float,
+    log_level: str,
+    cpus_per_replica: float,
+    gpus_per_replica: float,
+) -> Any:
     """The Ray Serve deployment (bind it to :class:`ReplicaSettings`), with its replicas and resources."""
     import inspect
 
@@ -158,15 +184,21 @@ def deployment(*, replicas: int | tuple[int, int], max_rows: int, max_queue: int
 
     queue = max_queue if max_queue is not None else UNBOUNDED_QUEUE
     options: dict[str, Any] = {
-        "name": APP_NAME, "max_ongoing_requests": max_rows + queue, "graceful_shutdown_timeout_s": shutdown_timeout,
+        "name": APP_NAME,
+        "max_ongoing_requests": max_rows + queue,
+        "graceful_shutdown_timeout_s": shutdown_timeout,
         "ray_actor_options": {"num_cpus": cpus_per_replica, "num_gpus": gpus_per_replica},
         "logging_config": {"log_level": RAY_LOG_LEVELS[log_level]},
     }
     if "max_constructor_retry_count" in inspect.signature(serve.deployment).parameters:
         options["max_constructor_retry_count"] = CONSTRUCTOR_TRIES
     if isinstance(replicas, tuple):
-        options["autoscaling_config"] = {"min_replicas": replicas[0], "max_replicas": replicas[1],
-                                         "initial_replicas": max(1, replicas[0]), "target_ongoing_requests": max_rows}
+        options["autoscaling_config"] = {
+            "min_replicas": replicas[0],
+            "max_replicas": replicas[1],
+            "initial_replicas": max(1, replicas[0]),
+            "target_ongoing_requests": max_rows,
+        }
     else:
         options["num_replicas"] = replicas
     return serve.deployment(Refusion).options(**options)
@@ -231,17 +263,36 @@ def reach(address: str) -> None:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
     except OSError as exc:
-        raise ConfigError(f"Cannot connect to Ray at {address!r}: {exc.strerror or exc} (is the cluster up? "
-                          "`ray status` on its head node tells).", param="ray") from None
+        raise ConfigError(
+            f"Cannot connect to Ray at {address!r}: {exc.strerror or exc} (is the cluster up? "
+            "`ray status` on its head node tells).",
+            param="ray",
+        ) from None
 
 
-def deploy(model: Any = None, *, replicas: int | tuple[int, int] = 1, address: str | None = None,
-           host: str = "127.0.0.1", port: int = 8000, model_name: str | None = None,
-           defaults: ServeDefaults | None = None, max_rows: int = 16, max_batch_tokens: int | None = None,
-           max_queue: int | None = 256, engine: Any = None, retry_after: int = 1, shutdown_timeout: float = 30.0,
-           log_level: str = "info", torch_threads: int | None = None, policy: ServePolicy | None = None,
-           loader: Callable[[], Any] | None = None, cpus_per_replica: float = 1, gpus_per_replica: float = 0,
-           on_connect: Callable[[], None] | None = None) -> RayServer:
+def deploy(
+    model: Any = None,
+    *,
+    replicas: int | tuple[int, int] = 1,
+    address: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    model_name: str | None = None,
+    defaults: ServeDefaults | None = None,
+    max_rows: int = 16,
+    max_batch_tokens: int | None = None,
+    max_queue: int | None = 256,
+    engine: Any = None,
+    retry_after: int = 1,
+    shutdown_timeout: float = 30.0,
+    log_level: str = "info",
+    torch_threads: int | None = None,
+    policy: ServePolicy | None = None,
+    loader: Callable[[], Any] | None = None,
+    cpus_per_replica: float = 1,
+    gpus_per_replica: float = 0,
+    on_connect: Callable[[], None] | None = None,
+) -> RayServer:
     """Deploy the server of :func:`refusion.serve.serve` on Ray Serve and return once every replica is up.
 
     ``replicas`` is a count or autoscaling bounds ``(min, max)``; each replica
@@ -256,9 +307,17 @@ def deploy(model: Any = None, *, replicas: int | tuple[int, int] = 1, address: s
     the replicas fail to start (Ray Serve's replica logs have the traceback).
     ``on_connect()`` is called once connected to Ray, before Ray Serve starts.
     """
-    check_server_options(host=host, port=port, max_rows=max_rows, max_batch_tokens=max_batch_tokens,
-                         max_queue=max_queue, retry_after=retry_after, shutdown_timeout=shutdown_timeout,
-                         log_level=log_level, torch_threads=torch_threads)
+    check_server_options(
+        host=host,
+        port=port,
+        max_rows=max_rows,
+        max_batch_tokens=max_batch_tokens,
+        max_queue=max_queue,
+        retry_after=retry_after,
+        shutdown_timeout=shutdown_timeout,
+        log_level=log_level,
+        torch_threads=torch_threads,
+    )
     check_replicas(replicas)
     check_number("cpus_per_replica", cpus_per_replica, 0)
     check_number("gpus_per_replica", gpus_per_replica, 0)
@@ -267,25 +326,42 @@ def deploy(model: Any = None, *, replicas: int | tuple[int, int] = 1, address: s
 
     if address in (None, "local") and not ray.is_initialized():
         bind(host, port).close()  # a taken port is one line now, not a proxy failing later
-    settings = ReplicaSettings(model=model, loader=loader, model_name=model_name or model_name_of(model),
-                               defaults=defaults or ServeDefaults(), policy=policy or ServePolicy(),
-                               max_rows=max_rows, max_batch_tokens=max_batch_tokens, max_queue=max_queue,
-                               engine=engine, retry_after=retry_after, torch_threads=torch_threads)
+    settings = ReplicaSettings(
+        model=model,
+        loader=loader,
+        model_name=model_name or model_name_of(model),
+        defaults=defaults or ServeDefaults(),
+        policy=policy or ServePolicy(),
+        max_rows=max_rows,
+        max_batch_tokens=max_batch_tokens,
+        max_queue=max_queue,
+        engine=engine,
+        retry_after=retry_after,
+        torch_threads=torch_threads,
+    )
     owns_ray = connect(address, log_level)
     server = RayServer(url=f"http://{host_port(host, port)}", owns_ray=owns_ray)
     try:
         if on_connect is not None:
             on_connect()
         serve.start(http_options={"host": host, "port": port})
-        app = deployment(replicas=replicas, max_rows=max_rows, max_queue=max_queue, shutdown_timeout=shutdown_timeout,
-                         log_level=log_level, cpus_per_replica=cpus_per_replica,
-                         gpus_per_replica=gpus_per_replica).bind(settings)
+        app = deployment(
+            replicas=replicas,
+            max_rows=max_rows,
+            max_queue=max_queue,
+            shutdown_timeout=shutdown_timeout,
+            log_level=log_level,
+            cpus_per_replica=cpus_per_replica,
+            gpus_per_replica=gpus_per_replica,
+        ).bind(settings)
         serve.run(app, name=APP_NAME, route_prefix="/")
     except Exception as exc:
         reason = failure(serve, exc)
         server.stop()
-        raise RefusionError(f"The Ray Serve replicas did not start: {reason} (the replica logs under Ray's session "
-                            "folder have the traceback).") from exc
+        raise RefusionError(
+            f"The Ray Serve replicas did not start: {reason} (the replica logs under Ray's session "
+            "folder have the traceback)."
+        ) from exc
     except BaseException:
         server.stop()
         raise
@@ -338,8 +414,11 @@ def serve_on_ray(model: Any = None, **options: Any) -> None:
         try:
             if options.get("log_level", "info") in ("info", "debug", "trace"):
                 counts = ", ".join(f"{n} {state.lower()}" for state, n in server.replicas().items())
-                print(f"refusion serve: Ray Serve on {server.url} ({counts} replicas) (Press CTRL+C to quit)",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"refusion serve: Ray Serve on {server.url} ({counts} replicas) (Press CTRL+C to quit)",
+                    file=sys.stderr,
+                    flush=True,
+                )
             while not stopping.wait(0.5):
                 pass
         finally:

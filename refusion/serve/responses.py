@@ -18,8 +18,11 @@ def new_id(chat: bool) -> str:
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 def refusion_info(tokens: Any, forwards: int | None = None) -> dict[str, Any]:
@@ -29,21 +32,47 @@ def refusion_info(tokens: Any, forwards: int | None = None) -> dict[str, Any]:
     return info
 
 
-def completion(ident: str, model: str, chat: bool, text: str, finish_reason: str | None, prompt_tokens: int,
-               tokens: Any, forwards: int | None) -> dict[str, Any]:
+def completion(
+    ident: str,
+    model: str,
+    chat: bool,
+    text: str,
+    finish_reason: str | None,
+    prompt_tokens: int,
+    tokens: Any,
+    forwards: int | None,
+) -> dict[str, Any]:
     """A whole ``text_completion`` or ``chat.completion`` object."""
     if chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish_reason,
-                  "logprobs": None}
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": finish_reason,
+            "logprobs": None,
+        }
     else:
         choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
-    return {"id": ident, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-            "model": model, "choices": [choice], "usage": usage(prompt_tokens, len(tokens)),
-            "refusion": refusion_info(tokens, forwards)}
+    return {
+        "id": ident,
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": usage(prompt_tokens, len(tokens)),
+        "refusion": refusion_info(tokens, forwards),
+    }
 
 
-def chunk(ident: str, model: str, chat: bool, text: str | None, finish_reason: str | None = None, *,
-          first: bool = False, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def chunk(
+    ident: str,
+    model: str,
+    chat: bool,
+    text: str | None,
+    finish_reason: str | None = None,
+    *,
+    first: bool = False,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """One stream chunk: a text delta (``None``: no choice delta) and, at the end, the finish reason."""
     if chat:
         delta: dict[str, Any] = {"role": "assistant"} if first else {}
@@ -52,8 +81,13 @@ def chunk(ident: str, model: str, chat: bool, text: str | None, finish_reason: s
         choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
     else:
         choice = {"index": 0, "text": text or "", "finish_reason": finish_reason, "logprobs": None}
-    body = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion",
-            "created": int(time.time()), "model": model, "choices": [choice]}
+    body = {
+        "id": ident,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+    }
     if extra:
         body.update(extra)
     return body
@@ -61,8 +95,14 @@ def chunk(ident: str, model: str, chat: bool, text: str | None, finish_reason: s
 
 def usage_chunk(ident: str, model: str, chat: bool, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
     """The extra last chunk of ``stream_options.include_usage``: no choices, the usage."""
-    return {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
-            "model": model, "choices": [], "usage": usage(prompt_tokens, completion_tokens)}
+    return {
+        "id": ident,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [],
+        "usage": usage(prompt_tokens, completion_tokens),
+    }
 
 
 def sse(data: Any) -> str:

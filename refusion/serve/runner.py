@@ -16,11 +16,25 @@ from refusion.serve.options import ServeDefaults, ServePolicy, check_guidance
 from refusion.serve.settings import address, bind, check_server_options, model_name_of
 
 
-def serve(model: Any = None, *, host: str = "127.0.0.1", port: int = 8000, model_name: str | None = None,
-          defaults: ServeDefaults | None = None, max_rows: int = 16, max_batch_tokens: int | None = None,
-          max_queue: int | None = 256, engine: Any = None, retry_after: int = 1, shutdown_timeout: float = 30.0,
-          log_level: str = "info", torch_threads: int | None = None, policy: ServePolicy | None = None,
-          sock: socket.socket | None = None, loader: Callable[[], Any] | None = None) -> None:
+def serve(
+    model: Any = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    model_name: str | None = None,
+    defaults: ServeDefaults | None = None,
+    max_rows: int = 16,
+    max_batch_tokens: int | None = None,
+    max_queue: int | None = 256,
+    engine: Any = None,
+    retry_after: int = 1,
+    shutdown_timeout: float = 30.0,
+    log_level: str = "info",
+    torch_threads: int | None = None,
+    policy: ServePolicy | None = None,
+    sock: socket.socket | None = None,
+    loader: Callable[[], Any] | None = None,
+) -> None:
     """Serve ``model`` (default: the shipped one; a path or a loaded adapter) over HTTP until interrupted.
 
     ``defaults`` are the decoding defaults of every request, ``policy`` what a
@@ -31,23 +45,60 @@ def serve(model: Any = None, *, host: str = "127.0.0.1", port: int = 8000, model
     model loads (``loader()``, when given, loads it instead of ``model``); bad
     values and a taken port raise :class:`ConfigError` naming them.
     """
-    check_server_options(host=host, port=port, max_rows=max_rows, max_batch_tokens=max_batch_tokens,
-                         max_queue=max_queue, retry_after=retry_after, shutdown_timeout=shutdown_timeout,
-                         log_level=log_level, torch_threads=torch_threads)
+    check_server_options(
+        host=host,
+        port=port,
+        max_rows=max_rows,
+        max_batch_tokens=max_batch_tokens,
+        max_queue=max_queue,
+        retry_after=retry_after,
+        shutdown_timeout=shutdown_timeout,
+        log_level=log_level,
+        torch_threads=torch_threads,
+    )
     listener = sock if sock is not None else bind(host, port)
     try:
-        _run(model, loader, listener, host=host, port=port, model_name=model_name, defaults=defaults or ServeDefaults(),
-             max_rows=max_rows, max_batch_tokens=max_batch_tokens, max_queue=max_queue, engine=engine,
-             retry_after=retry_after, shutdown_timeout=shutdown_timeout, log_level=log_level,
-             torch_threads=torch_threads, policy=policy or ServePolicy())
+        _run(
+            model,
+            loader,
+            listener,
+            host=host,
+            port=port,
+            model_name=model_name,
+            defaults=defaults or ServeDefaults(),
+            max_rows=max_rows,
+            max_batch_tokens=max_batch_tokens,
+            max_queue=max_queue,
+            engine=engine,
+            retry_after=retry_after,
+            shutdown_timeout=shutdown_timeout,
+            log_level=log_level,
+            torch_threads=torch_threads,
+            policy=policy or ServePolicy(),
+        )
     finally:
         listener.close()
 
 
-def _run(model: Any, loader: Callable[[], Any] | None, listener: socket.socket, *, host: str, port: int, model_name: str | None,
-         defaults: ServeDefaults, max_rows: int, max_batch_tokens: int | None, max_queue: int | None, engine: Any,
-         retry_after: int, shutdown_timeout: float, log_level: str, torch_threads: int | None,
-         policy: ServePolicy) -> None:
+def _run(
+    model: Any,
+    loader: Callable[[], Any] | None,
+    listener: socket.socket,
+    *,
+    host: str,
+    port: int,
+    model_name: str | None,
+    defaults: ServeDefaults,
+    max_rows: int,
+    max_batch_tokens: int | None,
+    max_queue: int | None,
+    engine: Any,
+    retry_after: int,
+    shutdown_timeout: float,
+    log_level: str,
+    torch_threads: int | None,
+    policy: ServePolicy,
+) -> None:
     import logging
 
     import uvicorn
@@ -63,12 +114,26 @@ def _run(model: Any, loader: Callable[[], Any] | None, listener: socket.socket, 
     adapter = loader() if loader is not None else load_model(model)
     decoder, length = build_decoder(adapter, preset=defaults.preset, **defaults.parts, **defaults.params)
     decoder.check_model(adapter)  # a default that cannot run on the model is refused at start-up, naming those that can
-    generator = Generator(adapter, decoder, engine=engine, max_rows=max_rows, max_tokens=max_batch_tokens,
-                          max_queue=max_queue, gen_length=defaults.gen_length or length)
+    generator = Generator(
+        adapter,
+        decoder,
+        engine=engine,
+        max_rows=max_rows,
+        max_tokens=max_batch_tokens,
+        max_queue=max_queue,
+        gen_length=defaults.gen_length or length,
+    )
     check_guidance(generator.decoder, generator.engine)
-    app = create_app(generator, model_name=model_name or model_name_of(model), defaults=defaults,
-                     retry_after=retry_after, policy=policy)
+    app = create_app(
+        generator,
+        model_name=model_name or model_name_of(model),
+        defaults=defaults,
+        retry_after=retry_after,
+        policy=policy,
+    )
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=shutdown_timeout)
-    logging.getLogger("uvicorn.error").info("refusion serve: bound to http://%s; serving once the application has "
-                                            "started (Press CTRL+C to quit)", address(host, listener.getsockname()[1]))
+    logging.getLogger("uvicorn.error").info(
+        "refusion serve: bound to http://%s; serving once the application has started (Press CTRL+C to quit)",
+        address(host, listener.getsockname()[1]),
+    )
     uvicorn.Server(config).run(sockets=[listener])

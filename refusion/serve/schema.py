@@ -26,8 +26,14 @@ MAX_STOPS = 16
 Body = TypeVar("Body", bound=BaseModel)
 
 
-JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
-              type(None): "null"}
+JSON_TYPES = {
+    list: "an array",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "a boolean",
+    type(None): "null",
+}
 
 
 class _Constant(float):

@@ -51,8 +51,9 @@ class LiveRequest:
             except RuntimeError:  # the event loop is closed: nobody listens any more
                 pass
 
-        self.request: Request = generator.submit(plan.prompt_ids, decoder=plan.decoder, gen_length=plan.gen_length,
-                                                 seed=plan.seed, on_event=on_event)
+        self.request: Request = generator.submit(
+            plan.prompt_ids, decoder=plan.decoder, gen_length=plan.gen_length, seed=plan.seed, on_event=on_event
+        )
         model = generator.model
         self.text = StreamText(model.tokenizer, model.eos_token_ids, max_tokens=plan.gen_length, stops=plan.stops)
 
@@ -99,16 +100,27 @@ async def pieces(live: LiveRequest, *, poll: float = 0.5, disconnected: Any = No
                     yield Piece(text.finish("abort"), finish_reason=text.finish_reason, tokens=tuple(text.tokens))
                     return
                 delta = text.finish("length")
-                yield Piece(delta, finish_reason=text.finish_reason, tokens=tuple(text.tokens),
-                            forwards=event.result.forwards if event.result is not None else None,
-                            prefix_length=event.prefix_length)
+                yield Piece(
+                    delta,
+                    finish_reason=text.finish_reason,
+                    tokens=tuple(text.tokens),
+                    forwards=event.result.forwards if event.result is not None else None,
+                    prefix_length=event.prefix_length,
+                )
                 return
             delta = text.feed(event.prefix_tokens)
             if text.done:  # the answer is complete for the client (EOS, stop string or max_tokens)
                 forwards = request_forwards(live.request)
                 live.cancel()
-                yield Piece(delta, commits, event.step.iteration if event.step else None, event.prefix_length,
-                            text.finish_reason, tokens=tuple(text.tokens), forwards=forwards)
+                yield Piece(
+                    delta,
+                    commits,
+                    event.step.iteration if event.step else None,
+                    event.prefix_length,
+                    text.finish_reason,
+                    tokens=tuple(text.tokens),
+                    forwards=forwards,
+                )
                 return
             yield Piece(delta, commits, event.step.iteration if event.step else None, event.prefix_length)
     finally:

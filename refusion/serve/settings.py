@@ -45,8 +45,11 @@ def check_host(host: Any, name: str = "host") -> None:
             pass
     elif text and len(text) <= 253 and all(_LABEL.fullmatch(label) for label in text.rstrip(".").split(".")):
         return
-    raise ConfigError(f"`{name}` {host!r} is not an IP address or a host name; give e.g. 127.0.0.1 (this machine "
-                      "only), 0.0.0.0 (every interface), ::1 or localhost.", param=name)
+    raise ConfigError(
+        f"`{name}` {host!r} is not an IP address or a host name; give e.g. 127.0.0.1 (this machine "
+        "only), 0.0.0.0 (every interface), ::1 or localhost.",
+        param=name,
+    )
 
 
 def address(host: str, port: int) -> str:
@@ -61,8 +64,9 @@ def bind(host: str, port: int) -> socket.socket:
     resolve or cannot be bound (in use, not this machine's, a privileged port).
     """
     try:
-        family, kind, proto, _, where = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                           flags=socket.AI_PASSIVE)[0]
+        family, kind, proto, _, where = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
         sock = socket.socket(family, kind, proto)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -72,20 +76,32 @@ def bind(host: str, port: int) -> socket.socket:
             raise
     except OSError as exc:
         reason = exc.strerror or str(exc)
-        raise ConfigError(f"Cannot listen on {address(host, port)}: {reason} (choose another port or host).",
-                          param="port") from None
+        raise ConfigError(
+            f"Cannot listen on {address(host, port)}: {reason} (choose another port or host).", param="port"
+        ) from None
     sock.set_inheritable(True)
     return sock
 
 
-def check_server_options(*, host: Any, port: Any, max_rows: Any, max_batch_tokens: Any, max_queue: Any,
-                         retry_after: Any, shutdown_timeout: Any, log_level: Any, torch_threads: Any,
-                         names: Mapping[str, str] | None = None) -> None:
+def check_server_options(
+    *,
+    host: Any,
+    port: Any,
+    max_rows: Any,
+    max_batch_tokens: Any,
+    max_queue: Any,
+    retry_after: Any,
+    shutdown_timeout: Any,
+    log_level: Any,
+    torch_threads: Any,
+    names: Mapping[str, str] | None = None,
+) -> None:
     """Raise :class:`ConfigError` naming the first of :func:`serve`'s options that is out of range.
 
     ``names`` spells an option as the caller's user knows it (the CLI's
     ``{"torch_threads": "--threads"}``); by default the keyword's name.
     """
+
     def name(key: str) -> str:
         return (names or {}).get(key, key)
 
@@ -101,5 +117,6 @@ def check_server_options(*, host: Any, port: Any, max_rows: Any, max_batch_token
     if torch_threads is not None:
         check_integer(name("torch_threads"), torch_threads, 1, MAX_THREADS)
     if log_level not in LOG_LEVELS:
-        raise ConfigError(f"`{name('log_level')}` must be one of {', '.join(LOG_LEVELS)}; got {log_level!r}.",
-                          param=name("log_level"))
+        raise ConfigError(
+            f"`{name('log_level')}` must be one of {', '.join(LOG_LEVELS)}; got {log_level!r}.", param=name("log_level")
+        )

@@ -36,8 +36,13 @@ class ServerState:
 
     def unavailable(self, message: str, code: str) -> APIError:
         """The 503 for a full queue (``queue_full``) or a server shutting down, with ``Retry-After``."""
-        return APIError(503, message, type="server_overloaded" if code == "queue_full" else "service_unavailable",
-                        code=code, headers={"Retry-After": str(self.retry_after)})
+        return APIError(
+            503,
+            message,
+            type="server_overloaded" if code == "queue_full" else "service_unavailable",
+            code=code,
+            headers={"Retry-After": str(self.retry_after)},
+        )
 
 
 def server_of(request: Any) -> ServerState:

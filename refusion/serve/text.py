@@ -64,7 +64,7 @@ class StreamText:
             text = text[: len(text) - self._held_back(text)]
         if not text.startswith(self.sent):  # later tokens changed how sent bytes decode: sent text stays
             return ""
-        delta = text[len(self.sent):]
+        delta = text[len(self.sent) :]
         self.sent = text
         return delta
 

@@ -79,8 +79,11 @@ class SlotPartitioner(Part):
             return True
 
         below = next((n for n in range(gen_length, 0, -1) if accepted(n)), None)
-        above = gen_length if below == gen_length else next(
-            (n for n in range(gen_length + 1, gen_length + 4097) if accepted(n)), None)
+        above = (
+            gen_length
+            if below == gen_length
+            else next((n for n in range(gen_length + 1, gen_length + 4097) if accepted(n)), None)
+        )
         return below, above
 
     def partition_after(self, prompt_length: int, gen_length: int) -> Partition:

@@ -37,7 +37,7 @@ class HarnessTasks:
 
     def __attrs_post_init__(self) -> None:
         if not self.tasks or not all(self.tasks):
-            raise ConfigError(f"`tasks`: name at least one lm-evaluation-harness task after `{PREFIX}`.", param='tasks')
+            raise ConfigError(f"`tasks`: name at least one lm-evaluation-harness task after `{PREFIX}`.", param="tasks")
         if self.limit is not None:
             check_integer("limit", self.limit, 1, MAX_EXAMPLES, "examples per task")
         for name in ("include_path", "metric"):
@@ -67,7 +67,9 @@ class HarnessTasks:
                     pass
             return _load(TaskManager(include_path=self.include_path), self.tasks)
         except Exception as exc:  # the harness raises KeyError/ValueError/... for unknown or broken tasks
-            raise ConfigError(f"`tasks` {self.name!r}: lm-evaluation-harness could not load them: {exc}", param='tasks') from None
+            raise ConfigError(
+                f"`tasks` {self.name!r}: lm-evaluation-harness could not load them: {exc}", param="tasks"
+            ) from None
 
 
 def _load(manager: Any, tasks: tuple[str, ...]) -> Any:
@@ -82,7 +84,7 @@ def _load(manager: Any, tasks: tuple[str, ...]) -> Any:
 
 def parse_harness(spec: str, **options: Any) -> HarnessTasks:
     """``"lm-eval:gsm8k,arc_easy"`` -> :class:`HarnessTasks` (``limit``, ``include_path``, ``metric`` as keywords)."""
-    return HarnessTasks(tuple(t.strip() for t in spec[len(PREFIX):].split(",")), **options)
+    return HarnessTasks(tuple(t.strip() for t in spec[len(PREFIX) :].split(",")), **options)
 
 
 class _CountingDecoder:
@@ -106,15 +108,19 @@ def _score(results: dict, metric: str | None) -> tuple[float, int]:
         if metric is not None:
             keys = [k for k in keys if k.split(",")[0] == metric]
         if not keys:
-            raise ConfigError(f"`metric` {metric!r} is not reported by task {task!r}; it reports "
-                              f"{', '.join(k for k in values if ',' in k and 'stderr' not in k)}.", param='metric')
+            raise ConfigError(
+                f"`metric` {metric!r} is not reported by task {task!r}; it reports "
+                f"{', '.join(k for k in values if ',' in k and 'stderr' not in k)}.",
+                param="metric",
+            )
         scores.append(float(values[keys[0]]))
         count += int(results.get("n-samples", {}).get(task, {}).get("effective", 0))
     return sum(scores) / len(scores), count
 
 
-def evaluate_harness(adapter: Any, harness: HarnessTasks, task_dict: Any, decoder: Any = None,
-                     gen_length: int = 32) -> Result:
+def evaluate_harness(
+    adapter: Any, harness: HarnessTasks, task_dict: Any, decoder: Any = None, gen_length: int = 32
+) -> Result:
     """Run the tasks with ``decoder`` (or, with ``None``, AR through transformers ``generate``)."""
     import lm_eval.evaluator
 
@@ -136,8 +142,16 @@ def evaluate_harness(adapter: Any, harness: HarnessTasks, task_dict: Any, decode
         counting = _CountingDecoder(lambda n: n, ar)
     lm.decoder = counting  # type: ignore[assignment]  # stands in for the decoder: the same two methods
     with observe(adapter.model, Counters()) as counters:  # every forward, refusion's or generate's
-        results = lm_eval.evaluator.evaluate(lm, task_dict, limit=harness.limit, bootstrap_iters=0,
-                                             log_samples=False, verbosity="ERROR")
+        results = lm_eval.evaluator.evaluate(
+            lm, task_dict, limit=harness.limit, bootstrap_iters=0, log_samples=False, verbosity="ERROR"
+        )
     score, count = _score(results, harness.metric)
-    return Result("lm-eval", examples=count, correct=round(score * count), forwards=counters.forwards,
-                  tokens=counting.tokens, seconds=counting.seconds, score=score)
+    return Result(
+        "lm-eval",
+        examples=count,
+        correct=round(score * count),
+        forwards=counters.forwards,
+        tokens=counting.tokens,
+        seconds=counting.seconds,
+        score=score,
+    )

@@ -17,8 +17,21 @@ from refusion.config import DecoderSpec
 from refusion.sweep.space import describe_point
 from refusion.sweep.study import OBJECTIVES, TrialRecord
 
-METRICS = ("accuracy", "correct", "examples", "forwards", "tokens", "tokens_per_forward", "seconds",
-           "seconds_per_token", "speedup", "forward_ratio", "ar_accuracy", "ar_forwards", "ar_seconds_per_token")
+METRICS = (
+    "accuracy",
+    "correct",
+    "examples",
+    "forwards",
+    "tokens",
+    "tokens_per_forward",
+    "seconds",
+    "seconds_per_token",
+    "speedup",
+    "forward_ratio",
+    "ar_accuracy",
+    "ar_forwards",
+    "ar_seconds_per_token",
+)
 
 #: the x axis of the front for each objective: the ratio to AR it is measured by
 SPEED = {"forwards": "forward_ratio", "wall": "speedup"}
@@ -29,14 +42,20 @@ def pareto_front(records: Sequence[TrialRecord], objective: str) -> list[TrialRe
     cost = OBJECTIVES[objective]
 
     def dominated(r: TrialRecord) -> bool:
-        return any(o["accuracy"] >= r["accuracy"] and o[cost] <= r[cost]
-                   and (o["accuracy"] > r["accuracy"] or o[cost] < r[cost]) for o in records)
+        return any(
+            o["accuracy"] >= r["accuracy"]
+            and o[cost] <= r[cost]
+            and (o["accuracy"] > r["accuracy"] or o[cost] < r[cost])
+            for o in records
+        )
 
     front = [r for r in records if not dominated(r)]
     return sorted(front, key=lambda r: (r[cost], -r["accuracy"], r.number))
 
 
-def choose(front: Sequence[TrialRecord], ar_accuracy: float, objective: str, max_accuracy_drop: float = 0.0) -> TrialRecord:
+def choose(
+    front: Sequence[TrialRecord], ar_accuracy: float, objective: str, max_accuracy_drop: float = 0.0
+) -> TrialRecord:
     """The fastest front point whose accuracy is at least AR's minus ``max_accuracy_drop``, else the most accurate.
 
     Ties on the objective and accuracy go to the other measure of speed (wall time per token for the forwards
@@ -59,10 +78,19 @@ def write_csv(path: Path, records: Sequence[TrialRecord], front: Sequence[TrialR
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["trial", "label", *names, *METRICS, "pareto"])
-        writer.writerow(["", "AR: transformers generate", *[""] * len(names), *[_fmt(ar.get(m, "")) for m in METRICS], ""])
+        writer.writerow(
+            ["", "AR: transformers generate", *[""] * len(names), *[_fmt(ar.get(m, "")) for m in METRICS], ""]
+        )
         for r in records:
-            writer.writerow([r.number, describe_point(r.point), *[r.point.get(n, "") for n in names],
-                             *[_fmt(r.metrics.get(m, "")) for m in METRICS], r.number in on_front])
+            writer.writerow(
+                [
+                    r.number,
+                    describe_point(r.point),
+                    *[r.point.get(n, "") for n in names],
+                    *[_fmt(r.metrics.get(m, "")) for m in METRICS],
+                    r.number in on_front,
+                ]
+            )
     return path
 
 
@@ -70,8 +98,14 @@ def _fmt(value: Any) -> Any:
     return f"{value:.6g}" if isinstance(value, float) else value
 
 
-def write_front_png(path: Path, records: Sequence[TrialRecord], front: Sequence[TrialRecord], chosen: TrialRecord | None,
-                    ar_accuracy: float, objective: str) -> Path:
+def write_front_png(
+    path: Path,
+    records: Sequence[TrialRecord],
+    front: Sequence[TrialRecord],
+    chosen: TrialRecord | None,
+    ar_accuracy: float,
+    objective: str,
+) -> Path:
     """Accuracy against speed-up over AR: every trial grey, the front joined and labelled, the chosen point ringed."""
     import matplotlib
 
@@ -90,14 +124,28 @@ def write_front_png(path: Path, records: Sequence[TrialRecord], front: Sequence[
     for (x, y), labels in same.items():
         text = labels[0] + (f" (+{len(labels) - 1} alike)" if len(labels) > 1 else "")
         right, high = x > middle, y >= top and len(same) > 1
-        ax.annotate(textwrap.fill(text, 34, break_on_hyphens=False), (x, y), fontsize=6.5,
-                    xytext=(-8 if right else 8, -8 if high else 8), textcoords="offset points",
-                    ha="right" if right else "left", va="top" if high else "bottom")
+        ax.annotate(
+            textwrap.fill(text, 34, break_on_hyphens=False),
+            (x, y),
+            fontsize=6.5,
+            xytext=(-8 if right else 8, -8 if high else 8),
+            textcoords="offset points",
+            ha="right" if right else "left",
+            va="top" if high else "bottom",
+        )
     ax.margins(x=0.15, y=0.12)
     ax.scatter([1.0], [ar_accuracy], marker="s", color="tab:red", zorder=3, label="AR")
     if chosen is not None:
-        ax.scatter([chosen[speed]], [chosen["accuracy"]], s=160, facecolors="none", edgecolors="tab:green",
-                   linewidths=2, zorder=4, label="chosen preset")
+        ax.scatter(
+            [chosen[speed]],
+            [chosen["accuracy"]],
+            s=160,
+            facecolors="none",
+            edgecolors="tab:green",
+            linewidths=2,
+            zorder=4,
+            label="chosen preset",
+        )
     ax.set_xlabel("speed-up over AR (" + ("forward ratio" if objective == "forwards" else "wall time per token") + ")")
     ax.set_ylabel("accuracy (exact match)")
     ax.set_title(f"refusion sweep: {len(records)} trials, {len(front)} on the front")

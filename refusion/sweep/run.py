@@ -66,16 +66,35 @@ def base_preset(adapter: Any, name: str | None) -> DecoderSpec:
 
 
 def _ar_metrics(ar: Result) -> dict[str, Any]:
-    return {"accuracy": ar.accuracy, "correct": ar.correct, "examples": ar.examples, "forwards": ar.forwards,
-            "tokens": ar.tokens, "tokens_per_forward": ar.tokens_per_forward, "seconds": ar.seconds,
-            "seconds_per_token": ar.seconds_per_token, "speedup": 1.0, "forward_ratio": 1.0}
+    return {
+        "accuracy": ar.accuracy,
+        "correct": ar.correct,
+        "examples": ar.examples,
+        "forwards": ar.forwards,
+        "tokens": ar.tokens,
+        "tokens_per_forward": ar.tokens_per_forward,
+        "seconds": ar.seconds,
+        "seconds_per_token": ar.seconds_per_token,
+        "speedup": 1.0,
+        "forward_ratio": 1.0,
+    }
 
 
 def _trial_metrics(m: Result, ar: Result) -> dict[str, Any]:
-    return {"accuracy": m.accuracy, "correct": m.correct, "examples": m.examples, "forwards": m.forwards,
-            "tokens": m.tokens, "tokens_per_forward": m.tokens_per_forward, "seconds": m.seconds,
-            "seconds_per_token": m.seconds_per_token, **m.relative_to(ar), "ar_accuracy": ar.accuracy,
-            "ar_forwards": ar.forwards, "ar_seconds_per_token": ar.seconds_per_token}
+    return {
+        "accuracy": m.accuracy,
+        "correct": m.correct,
+        "examples": m.examples,
+        "forwards": m.forwards,
+        "tokens": m.tokens,
+        "tokens_per_forward": m.tokens_per_forward,
+        "seconds": m.seconds,
+        "seconds_per_token": m.seconds_per_token,
+        **m.relative_to(ar),
+        "ar_accuracy": ar.accuracy,
+        "ar_forwards": ar.forwards,
+        "ar_seconds_per_token": ar.seconds_per_token,
+    }
 
 
 @attrs.frozen(kw_only=True)
@@ -109,8 +128,9 @@ class SweepOptions:
         if self.mode not in MODES:
             raise ConfigError(f"`mode` must be one of {', '.join(MODES)}; got {shown(self.mode)}.", param="mode")
         if self.objective not in OBJECTIVES:
-            raise ConfigError(f"`objective` must be one of {', '.join(OBJECTIVES)}; got {shown(self.objective)}.",
-                              param="objective")
+            raise ConfigError(
+                f"`objective` must be one of {', '.join(OBJECTIVES)}; got {shown(self.objective)}.", param="objective"
+            )
         if self.trials is not None:
             check_integer("trials", self.trials, 1, MAX_TRIALS, "trials in the study")
         if self.minutes is not None:
@@ -146,8 +166,13 @@ class SweepPlan:
     file_dimensions: tuple[str, ...] = ()
 
 
-def plan_sweep(space: Sequence[str | Dimension] | Space = (), tasks: str | TaskSet = "held-out",
-               options: SweepOptions | None = None, *, out: str | Path | None = None) -> SweepPlan:
+def plan_sweep(
+    space: Sequence[str | Dimension] | Space = (),
+    tasks: str | TaskSet = "held-out",
+    options: SweepOptions | None = None,
+    *,
+    out: str | Path | None = None,
+) -> SweepPlan:
     """Check everything of a sweep that needs no model: the options (:class:`SweepOptions`), the space file, every
     dimension (values, ranges, and for a grid search the number of points, computed without listing them), the
     task set, and ``out`` (a directory, or a path one can be made at).
@@ -166,18 +191,25 @@ def plan_sweep(space: Sequence[str | Dimension] | Space = (), tasks: str | TaskS
     else:
         if isinstance(space, (str, bytes)) or not isinstance(space, Sequence):
             raise ConfigError(f"`space` must be a list of dimensions (NAME=VALUES); got {shown(space)}.", param="space")
-        dims = (*(file.dimensions if file else ()),
-                *(d if isinstance(d, Dimension) else parse_dimension(_text(d)) for d in space))
+        dims = (
+            *(file.dimensions if file else ()),
+            *(d if isinstance(d, Dimension) else parse_dimension(_text(d)) for d in space),
+        )
     if options.mode == "grid":
         for dim in dims:  # a grid has at least as many points as any one dimension has values
             count = dim.count()
             if count is None or count > MAX_GRID:
                 dim.grid()  # the error names the dimension
     if file is not None:
-        options = attrs.evolve(options, preset=options.preset or file.preset,
-                               gen_length=options.gen_length or file.gen_length, space_file=file.path)
-    return SweepPlan(tuple(dims), load_tasks(tasks), options, ready,
-                     tuple(d.name for d in file.dimensions) if file else ())
+        options = attrs.evolve(
+            options,
+            preset=options.preset or file.preset,
+            gen_length=options.gen_length or file.gen_length,
+            space_file=file.path,
+        )
+    return SweepPlan(
+        tuple(dims), load_tasks(tasks), options, ready, tuple(d.name for d in file.dimensions) if file else ()
+    )
 
 
 def _text(spec: Any) -> str:
@@ -186,10 +218,19 @@ def _text(spec: Any) -> str:
     return spec
 
 
-def run_sweep(space: Sequence[str] | Space = (), tasks: str | TaskSet = "held-out", *, model: Any = None,
-              out: str | Path = "sweep-out", storage: str | Path | None = None, study: str = "refusion-sweep",
-              progress: bool = True, plot: bool = True,
-              evaluate: Callable[[Any, DecoderSpec, TaskSet], Result] | None = None, **options: Any) -> SweepResult:
+def run_sweep(
+    space: Sequence[str] | Space = (),
+    tasks: str | TaskSet = "held-out",
+    *,
+    model: Any = None,
+    out: str | Path = "sweep-out",
+    storage: str | Path | None = None,
+    study: str = "refusion-sweep",
+    progress: bool = True,
+    plot: bool = True,
+    evaluate: Callable[[Any, DecoderSpec, TaskSet], Result] | None = None,
+    **options: Any,
+) -> SweepResult:
     """Evaluate a space of decoders on ``tasks`` and write ``trials.csv``, ``pareto.png`` and ``preset.json`` to
     ``out``.
 
@@ -212,13 +253,22 @@ def run_sweep(space: Sequence[str] | Space = (), tasks: str | TaskSet = "held-ou
     text against the model's tokenizer before the study is created.
     """
     plan = plan_sweep(space, tasks, SweepOptions.of(**options), out=out)
-    return run_plan(plan, model=model, out=out, storage=storage, study=study, progress=progress, plot=plot,
-                    evaluate=evaluate)
+    return run_plan(
+        plan, model=model, out=out, storage=storage, study=study, progress=progress, plot=plot, evaluate=evaluate
+    )
 
 
-def run_plan(plan: SweepPlan, *, model: Any = None, out: str | Path = "sweep-out", storage: str | Path | None = None,
-             study: str = "refusion-sweep", progress: bool = True, plot: bool = True,
-             evaluate: Callable[[Any, DecoderSpec, TaskSet], Result] | None = None) -> SweepResult:
+def run_plan(
+    plan: SweepPlan,
+    *,
+    model: Any = None,
+    out: str | Path = "sweep-out",
+    storage: str | Path | None = None,
+    study: str = "refusion-sweep",
+    progress: bool = True,
+    plot: bool = True,
+    evaluate: Callable[[Any, DecoderSpec, TaskSet], Result] | None = None,
+) -> SweepResult:
     """Run a checked :class:`SweepPlan` on ``model`` (see :func:`run_sweep`)."""
     from refusion.api import load_model
     from refusion.files import check_output_dir
@@ -227,7 +277,7 @@ def run_plan(plan: SweepPlan, *, model: Any = None, out: str | Path = "sweep-out
     check_output_dir(out, "out")  # before the model loads
     adapter = load_model(model)
     if adapter.tokenizer is None:
-        raise ConfigError("`refusion sweep` needs a model with a tokenizer (it scores decoded text).", param='model')
+        raise ConfigError("`refusion sweep` needs a model with a tokenizer (it scores decoded text).", param="model")
     options = plan.options
     space = plan.space
     if space is None:
@@ -236,8 +286,10 @@ def run_plan(plan: SweepPlan, *, model: Any = None, out: str | Path = "sweep-out
             space = build_space(base, plan.dimensions)
         except ConfigError as exc:
             if exc.param in plan.file_dimensions:
-                raise ConfigError(f"{where('`space file`', str(options.space_file))}, field `space.{exc.param}`: {exc}",
-                                  param=exc.param) from None
+                raise ConfigError(
+                    f"{where('`space file`', str(options.space_file))}, field `space.{exc.param}`: {exc}",
+                    param=exc.param,
+                ) from None
             raise
     length = options.gen_length or space.base.gen_length or DEFAULT_GEN_LENGTH
     check_integer("gen_length", length, 1, MAX_GEN_LENGTH, "tokens generated per prompt")
@@ -253,9 +305,15 @@ def run_plan(plan: SweepPlan, *, model: Any = None, out: str | Path = "sweep-out
         trials = 30
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    signature = {"space": space.describe(), "base": attrs.evolve(space.base, description="").to_dict(),
-                 "tasks": taskset.name, "examples": len(taskset.examples), "gen_length": length,
-                 "objective": options.objective, "mode": mode}
+    signature = {
+        "space": space.describe(),
+        "base": attrs.evolve(space.base, description="").to_dict(),
+        "tasks": taskset.name,
+        "examples": len(taskset.examples),
+        "gen_length": length,
+        "objective": options.objective,
+        "mode": mode,
+    }
     db = Path(storage) if storage is not None else out / "sweep.db"
     the_study = open_study(db, study, signature)
     measure, measure_ar = _measures(taskset, options.warmup)
@@ -264,12 +322,38 @@ def run_plan(plan: SweepPlan, *, model: Any = None, out: str | Path = "sweep-out
     ar = measure_ar(adapter, taskset, length)
     new, interrupted = 0, False
     try:
-        new = _search(the_study, space, points, mode, adapter, taskset, length, ar, measure, options.objective,
-                      trials, options.minutes, options.seed, progress)
+        new = _search(
+            the_study,
+            space,
+            points,
+            mode,
+            adapter,
+            taskset,
+            length,
+            ar,
+            measure,
+            options.objective,
+            trials,
+            options.minutes,
+            options.seed,
+            progress,
+        )
     except KeyboardInterrupt:
         interrupted = True
-    return _finish(the_study, db, space, length, ar, mode, options.objective, out, options.max_accuracy_drop, plot, new,
-                   interrupted)
+    return _finish(
+        the_study,
+        db,
+        space,
+        length,
+        ar,
+        mode,
+        options.objective,
+        out,
+        options.max_accuracy_drop,
+        plot,
+        new,
+        interrupted,
+    )
 
 
 def _measures(taskset: Any, warmup: int) -> tuple[Callable, Callable]:
@@ -277,8 +361,10 @@ def _measures(taskset: Any, warmup: int) -> tuple[Callable, Callable]:
     from refusion.sweep.harness import HarnessTasks, evaluate_harness
 
     if not isinstance(taskset, HarnessTasks):
-        return (lambda a, p, t: evaluate_preset(a, p, t, warmup=warmup),
-                lambda a, t, n: evaluate_ar(a, t, n, warmup=warmup))
+        return (
+            lambda a, p, t: evaluate_preset(a, p, t, warmup=warmup),
+            lambda a, t, n: evaluate_ar(a, t, n, warmup=warmup),
+        )
 
     task_dict = taskset.task_dict()
 
@@ -289,9 +375,22 @@ def _measures(taskset: Any, warmup: int) -> tuple[Callable, Callable]:
     return point, lambda a, t, n: evaluate_harness(a, t, task_dict, None, n)
 
 
-def _search(study: Any, space: Space, points: list | None, mode: str, adapter: Any, taskset: TaskSet, length: int,
-            ar: Result, measure: Callable, objective: str, trials: int | None, minutes: float | None, seed: int,
-            progress: bool) -> int:
+def _search(
+    study: Any,
+    space: Space,
+    points: list | None,
+    mode: str,
+    adapter: Any,
+    taskset: TaskSet,
+    length: int,
+    ar: Result,
+    measure: Callable,
+    objective: str,
+    trials: int | None,
+    minutes: float | None,
+    seed: int,
+    progress: bool,
+) -> int:
     import optuna
     from tqdm.auto import tqdm
 
@@ -356,8 +455,20 @@ def _search(study: Any, space: Space, points: list | None, mode: str, adapter: A
     return new
 
 
-def _finish(study: Any, db: Path, space: Space, length: int, ar: Result, mode: str, objective: str, out: Path,
-            max_accuracy_drop: float, plot: bool, new: int, interrupted: bool) -> SweepResult:
+def _finish(
+    study: Any,
+    db: Path,
+    space: Space,
+    length: int,
+    ar: Result,
+    mode: str,
+    objective: str,
+    out: Path,
+    max_accuracy_drop: float,
+    plot: bool,
+    new: int,
+    interrupted: bool,
+) -> SweepResult:
     from refusion.sweep.space import describe_point
 
     records = completed(study)

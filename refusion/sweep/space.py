@@ -96,8 +96,9 @@ class Dimension:
                     raise ConfigError(f"`{name}`: {problem}.", param=name)
             return
         if self.is_part:
-            raise ConfigError(f"`{name}`: a part dimension lists part names (e.g. {name}=a,b); got a range.",
-                              param=name)
+            raise ConfigError(
+                f"`{name}`: a part dimension lists part names (e.g. {name}=a,b); got a range.", param=name
+            )
         if self.low is None or self.high is None:
             raise ConfigError(f"`{name}`: give a list of values or a range low:high[:step].", param=name)
         for bound in ("low", "high", "step"):
@@ -105,16 +106,21 @@ class Dimension:
             if value is None:
                 continue
             if not _is_number(value) or _value_problem(value):
-                raise ConfigError(f"`{name}`: the range's {bound} must be a finite number within +-2**64; got "
-                                  f"{shown(value)}.", param=name)
+                raise ConfigError(
+                    f"`{name}`: the range's {bound} must be a finite number within +-2**64; got {shown(value)}.",
+                    param=name,
+                )
         if self.low > self.high:
             raise ConfigError(f"`{name}`: the range {self.low}:{self.high} is empty (low > high).", param=name)
         if self.step is not None:
             if not self.step > 0:
                 raise ConfigError(f"`{name}`: the step must be > 0; got {self.step}.", param=name)
             if not self.is_integer and self.step < MIN_FLOAT_STEP:
-                raise ConfigError(f"`{name}`: the step of a float range must be >= {MIN_FLOAT_STEP:g} (points are "
-                                  f"compared to 9 decimals); got {self.step:g}.", param=name)
+                raise ConfigError(
+                    f"`{name}`: the step of a float range must be >= {MIN_FLOAT_STEP:g} (points are "
+                    f"compared to 9 decimals); got {self.step:g}.",
+                    param=name,
+                )
 
     @property
     def is_part(self) -> bool:
@@ -151,11 +157,17 @@ class Dimension:
         """Every value a grid search tries, each once (a range needs a ``step``; at most :data:`MAX_GRID`)."""
         count = self.count()
         if count is None:
-            raise ConfigError(f"`{self.name}`: a grid search needs a step (low:high:step); "
-                              f"got {self.low}:{self.high}. Use --mode optuna for a continuous range.", param=self.name)
+            raise ConfigError(
+                f"`{self.name}`: a grid search needs a step (low:high:step); "
+                f"got {self.low}:{self.high}. Use --mode optuna for a continuous range.",
+                param=self.name,
+            )
         if count > MAX_GRID:
-            raise ConfigError(f"`{self.name}`: {self.describe()} has {count} values; a grid search tries at most "
-                              f"{MAX_GRID} points. Use a larger step or --mode optuna.", param=self.name)
+            raise ConfigError(
+                f"`{self.name}`: {self.describe()} has {count} values; a grid search tries at most "
+                f"{MAX_GRID} points. Use a larger step or --mode optuna.",
+                param=self.name,
+            )
         if self.values is not None:
             return self._distinct()
         low, _ = self._range()
@@ -187,7 +199,7 @@ def parse_dimension(text: str) -> Dimension:
     name, sep, rest = text.partition("=")
     name = name.strip()
     if not sep or not name:
-        raise ConfigError(f"`--space` entries are NAME=VALUES or NAME=LOW:HIGH[:STEP]; got {text!r}.", param='--space')
+        raise ConfigError(f"`--space` entries are NAME=VALUES or NAME=LOW:HIGH[:STEP]; got {text!r}.", param="--space")
     return dimension(name, rest)
 
 
@@ -196,12 +208,16 @@ def dimension(name: str, spec: Any) -> Dimension:
     if isinstance(spec, Mapping):
         unknown = set(spec) - {"low", "high", "step", "values"}
         if unknown:
-            raise ConfigError(f"`{name}`: unknown key(s) {', '.join(sorted(map(str, unknown)))}; use low, high, step "
-                              "or values.", param=name)
+            raise ConfigError(
+                f"`{name}`: unknown key(s) {', '.join(sorted(map(str, unknown)))}; use low, high, step or values.",
+                param=name,
+            )
         if "values" in spec:
             if set(spec) != {"values"}:
-                raise ConfigError(f"`{name}`: give either `values` or low, high and step; got "
-                                  f"{', '.join(sorted(map(str, spec)))}.", param=name)
+                raise ConfigError(
+                    f"`{name}`: give either `values` or low, high and step; got {', '.join(sorted(map(str, spec)))}.",
+                    param=name,
+                )
             if not isinstance(spec["values"], (list, tuple)):
                 raise ConfigError(f"`{name}`: `values` must be a list; got {shown(spec['values'])}.", param=name)
             return dimension(name, list(spec["values"]))
@@ -216,7 +232,9 @@ def dimension(name: str, spec: Any) -> Dimension:
             raise ConfigError(f"`{name}`: a range is LOW:HIGH or LOW:HIGH:STEP; got {spec!r}.", param=name)
         low, high, *step = (_number(b, name) for b in bounds)
         return Dimension(name, low=low, high=high, step=step[0] if step else None)
-    values = tuple(parse_value(v.strip()) if name not in PART_KINDS else v.strip() for v in spec.split(",") if v.strip())
+    values = tuple(
+        parse_value(v.strip()) if name not in PART_KINDS else v.strip() for v in spec.split(",") if v.strip()
+    )
     return Dimension(name, values=values)
 
 
@@ -236,10 +254,14 @@ class Space:
     def __attrs_post_init__(self) -> None:
         names = [d.name for d in self.dimensions]
         if not names:
-            raise ConfigError("`space` is empty: give at least one dimension, e.g. -s slot_threshold=0.5:0.9:0.1.", param='space')
+            raise ConfigError(
+                "`space` is empty: give at least one dimension, e.g. -s slot_threshold=0.5:0.9:0.1.", param="space"
+            )
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
-            raise ConfigError(f"`space`: {', '.join(twice)} given more than once; give each dimension once.", param='space')
+            raise ConfigError(
+                f"`space`: {', '.join(twice)} given more than once; give each dimension once.", param="space"
+            )
         for dim in self.parts:
             for value in dim.values or ():
                 if not isinstance(value, str):
@@ -247,7 +269,7 @@ class Space:
                 try:
                     self.registry.entry(dim.name, value)
                 except UnknownNameError as exc:
-                    raise UnknownNameError(f"`space` field `{dim.name}`: {exc}", param='space') from None
+                    raise UnknownNameError(f"`space` field `{dim.name}`: {exc}", param="space") from None
         for dim in self.params:
             self._check_param(dim.name)
         for dim in self.params:
@@ -263,15 +285,26 @@ class Space:
 
     def _check_param(self, name: str) -> None:
         if name.split(".", 1)[0] not in PART_KINDS and "." in name:
-            raise ConfigError(f"`space` field `{name}`: unknown part {name.split('.')[0]!r}; "
-                              f"parts are {', '.join(PART_KINDS)}.", param='space')
+            raise ConfigError(
+                f"`space` field `{name}`: unknown part {name.split('.')[0]!r}; parts are {', '.join(PART_KINDS)}.",
+                param="space",
+            )
         for parts in self._part_combinations():
             if self.accepts(parts, name):
                 return
-        accepted = sorted({p for parts in self._part_combinations() for kind in PART_KINDS
-                           for p in self.registry.entry(kind, parts[kind]).parameters()})
-        raise ConfigError(f"`space` field `{name}`: no part the space can choose declares it; "
-                          f"parameters are {', '.join(accepted + list(SPEC_PARAMS))}.", param='space')
+        accepted = sorted(
+            {
+                p
+                for parts in self._part_combinations()
+                for kind in PART_KINDS
+                for p in self.registry.entry(kind, parts[kind]).parameters()
+            }
+        )
+        raise ConfigError(
+            f"`space` field `{name}`: no part the space can choose declares it; "
+            f"parameters are {', '.join(accepted + list(SPEC_PARAMS))}.",
+            param="space",
+        )
 
     def _check_values(self, dim: Dimension) -> None:
         """Refuse a value (a listed one, or a range's bounds) that a part or option declaring ``dim`` refuses:
@@ -282,8 +315,9 @@ class Space:
             for check in checks:
                 error = check(value)
                 if error is not None:
-                    raise ConfigError(f"`space` field `{dim.name}`: the value {shown(value)} cannot be tried: {error}",
-                                      param=dim.name)
+                    raise ConfigError(
+                        f"`space` field `{dim.name}`: the value {shown(value)} cannot be tried: {error}", param=dim.name
+                    )
 
     def _checks(self, name: str) -> list[Callable[[Any], ConfigError | None]]:
         """One check per class that takes parameter ``name`` in some point of the space (its field's validator)."""
@@ -302,7 +336,7 @@ class Space:
             return [functools.partial(_field_error, cls, name) for cls in classes if cls is not None]
         kind, _, field = name.rpartition(".")
         checks: list[Callable[[Any], ConfigError | None]] = []
-        for k in ([kind] if kind else PART_KINDS):
+        for k in [kind] if kind else PART_KINDS:
             candidates = {self.base_names()[k], *(v for d in self.parts if d.name == k for v in d._distinct())}
             for part in sorted(candidates):
                 entry = self.registry.entry(k, part)
@@ -335,9 +369,12 @@ class Space:
                 dim.grid()  # the error names the range without a step
             raise ConfigError("`space` has a range without a step; a grid search needs steps.", param="space")
         if size > MAX_GRID:
-            raise ConfigError(f"`space` has {size} grid points ({' x '.join(str(d.count()) for d in self.dimensions)} "
-                              f"values); a grid search tries at most {MAX_GRID}. Use larger steps, fewer values, or "
-                              "--mode optuna with --trials.", param="space")
+            raise ConfigError(
+                f"`space` has {size} grid points ({' x '.join(str(d.count()) for d in self.dimensions)} "
+                f"values); a grid search tries at most {MAX_GRID}. Use larger steps, fewer values, or "
+                "--mode optuna with --trials.",
+                param="space",
+            )
         points, seen = [], set()
         for parts in itertools.product(*(d.grid() for d in self.parts)):
             chosen = dict(zip((d.name for d in self.parts), parts))
@@ -381,8 +418,12 @@ class Space:
         (:meth:`DecoderSpec.merged`: a replaced part loses the base's parameters for it)."""
         parts = {k: v for k, v in point.items() if k in PART_KINDS}
         spec = self.base.merged(parts, {k: v for k, v in point.items() if k not in PART_KINDS})
-        return attrs.evolve(spec, description=f"refusion sweep point {describe_point(point)}",
-                            gen_length=gen_length or self.base.gen_length, peer=None)
+        return attrs.evolve(
+            spec,
+            description=f"refusion sweep point {describe_point(point)}",
+            gen_length=gen_length or self.base.gen_length,
+            peer=None,
+        )
 
     def describe(self) -> list[str]:
         return [d.describe() for d in self.dimensions]

@@ -54,8 +54,9 @@ def _read(path: Path) -> Any:
     if suffix == ".toml":
         import tomllib
 
-        return parse_text(text, tomllib.loads, place=place, param=PARAM, language="TOML",
-                          syntax=tomllib.TOMLDecodeError)
+        return parse_text(
+            text, tomllib.loads, place=place, param=PARAM, language="TOML", syntax=tomllib.TOMLDecodeError
+        )
     try:
         import yaml
     except ImportError:
@@ -65,8 +66,9 @@ def _read(path: Path) -> Any:
         line = getattr(getattr(exc, "problem_mark", None), "line", None)
         return (f"line {line + 1}: " if line is not None else "") + " ".join(str(exc).split())
 
-    return parse_text(text, yaml.safe_load, place=place, param=PARAM, language="YAML", syntax=yaml.YAMLError,
-                      describe=describe)
+    return parse_text(
+        text, yaml.safe_load, place=place, param=PARAM, language="YAML", syntax=yaml.YAMLError, describe=describe
+    )
 
 
 def load_space_file(path: str | Path) -> SpaceFile:
@@ -79,8 +81,9 @@ def load_space_file(path: str | Path) -> SpaceFile:
         raise ConfigError(f"{place} must hold a table with a `space` field.", param=PARAM)
     unknown = sorted(map(str, set(data) - set(KEYS)))
     if unknown:
-        raise ConfigError(f"{place}: unknown field(s) {', '.join(unknown)}; fields are {', '.join(KEYS)}.",
-                          param=unknown[0])
+        raise ConfigError(
+            f"{place}: unknown field(s) {', '.join(unknown)}; fields are {', '.join(KEYS)}.", param=unknown[0]
+        )
     space = data.get("space")
     if not isinstance(space, dict) or not space:
         raise ConfigError(f"{place}: field `space` must be a non-empty table of name: values.", param="space")

@@ -24,7 +24,9 @@ def _optuna():
     try:
         import optuna
     except ImportError:
-        raise ConfigError("`refusion sweep` needs optuna: pip install 'refusion[research]'.", param='refusion sweep') from None
+        raise ConfigError(
+            "`refusion sweep` needs optuna: pip install 'refusion[research]'.", param="refusion sweep"
+        ) from None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     return optuna
 
@@ -35,23 +37,29 @@ def open_study(path: str | Path, name: str, signature: Mapping[str, Any]) -> Any
     optuna = _optuna()
     path = Path(path)
     if path.exists() and (not path.is_file() or not _looks_like_sqlite(path)):
-        raise ConfigError(f"`storage` {str(path)!r} is not an SQLite database of optuna trials; "
-                          "name a new file or the one an earlier sweep wrote.", param='storage')
+        raise ConfigError(
+            f"`storage` {str(path)!r} is not an SQLite database of optuna trials; "
+            "name a new file or the one an earlier sweep wrote.",
+            param="storage",
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         storage = optuna.storages.RDBStorage(f"sqlite:///{path.resolve()}")
         names = [s.study_name for s in optuna.study.get_all_study_summaries(storage)]
     except Exception as exc:  # sqlalchemy and optuna raise many kinds for a broken file
-        raise ConfigError(f"`storage` {str(path)!r} cannot be read as optuna storage: {exc}", param='storage') from None
+        raise ConfigError(f"`storage` {str(path)!r} cannot be read as optuna storage: {exc}", param="storage") from None
     wanted = json.loads(json.dumps(signature, default=str))
     if name in names:
         study = optuna.load_study(study_name=name, storage=storage)
         found = study.user_attrs.get("signature")
         if found != wanted:
             diff = sorted(k for k in set(wanted) | set(found or {}) if (found or {}).get(k) != wanted.get(k))
-            raise ConfigError(f"`storage` {str(path)!r} holds study {name!r} of a different sweep "
-                              f"(differs in: {', '.join(diff)}); resume it with the same settings, "
-                              "or give another --study name or storage file.", param='storage')
+            raise ConfigError(
+                f"`storage` {str(path)!r} holds study {name!r} of a different sweep "
+                f"(differs in: {', '.join(diff)}); resume it with the same settings, "
+                "or give another --study name or storage file.",
+                param="storage",
+            )
         return study
     study = optuna.create_study(study_name=name, storage=storage, directions=["maximize", "minimize"])
     study.set_user_attr("signature", wanted)
@@ -94,4 +102,6 @@ def completed(study: Any) -> list[TrialRecord]:
 def failed(study: Any) -> list[Any]:
     """Trials whose decoder could not be built or raised (their ``error`` user attribute says why)."""
     optuna = _optuna()
-    return [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)) if "error" in t.user_attrs]
+    return [
+        t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)) if "error" in t.user_attrs
+    ]

@@ -35,7 +35,7 @@ class TaskSet:
 
     def __attrs_post_init__(self) -> None:
         if not self.examples:
-            raise ConfigError(f"`tasks` {self.name!r} holds no examples.", param='tasks')
+            raise ConfigError(f"`tasks` {self.name!r} holds no examples.", param="tasks")
 
     def place(self, index: int) -> str:
         """How an error names example ``index``: its file and line, or its place in the held-out set."""
@@ -50,7 +50,9 @@ def load_tasks(spec: Any) -> Any:
     through."""
     if not isinstance(spec, str):
         if not hasattr(spec, "examples") or not hasattr(spec, "name"):
-            raise ConfigError(f"`tasks` must be a task-set name or a TaskSet; got {type(spec).__name__}.", param="tasks")
+            raise ConfigError(
+                f"`tasks` must be a task-set name or a TaskSet; got {type(spec).__name__}.", param="tasks"
+            )
         return spec
     if spec.startswith("lm-eval:"):
         from refusion.sweep.harness import parse_harness
@@ -58,16 +60,26 @@ def load_tasks(spec: Any) -> Any:
         return parse_harness(spec)
     if spec == HELD_OUT or spec.startswith(HELD_OUT + ":"):
         count = spec.partition(":")[2] or "10"
-        if not count.isascii() or not count.isdigit() or len(count) > len(str(MAX_PER_TASK)) \
-                or not 1 <= int(count) <= MAX_PER_TASK:
-            raise ConfigError(f"`tasks` {spec[:80]!r}: the count after `held-out:` must be an integer in "
-                              f"[1, {MAX_PER_TASK}] (examples per task).", param='tasks')
+        if (
+            not count.isascii()
+            or not count.isdigit()
+            or len(count) > len(str(MAX_PER_TASK))
+            or not 1 <= int(count) <= MAX_PER_TASK
+        ):
+            raise ConfigError(
+                f"`tasks` {spec[:80]!r}: the count after `held-out:` must be an integer in "
+                f"[1, {MAX_PER_TASK}] (examples per task).",
+                param="tasks",
+            )
         return TaskSet(spec, tuple(held_out(int(count))))
     if spec.endswith(".jsonl"):
         lines, examples = read_jsonl_lines(spec)
         return TaskSet(spec, examples, lines)
-    raise ConfigError(f"`tasks` must be held-out, held-out:N, a .jsonl file of prompt/answer pairs or "
-                      f"lm-eval:TASK[,TASK]; got {spec!r:.200}.", param='tasks')
+    raise ConfigError(
+        f"`tasks` must be held-out, held-out:N, a .jsonl file of prompt/answer pairs or "
+        f"lm-eval:TASK[,TASK]; got {spec!r:.200}.",
+        param="tasks",
+    )
 
 
 def read_jsonl_lines(path: str | Path) -> tuple[tuple[int, ...], tuple[Example, ...]]:
@@ -76,23 +88,30 @@ def read_jsonl_lines(path: str | Path) -> tuple[tuple[int, ...], tuple[Example, 
     :data:`~refusion.limits.MAX_EXAMPLES` lines. A malformed line is an error naming its number."""
     rows = read_json_lines(path, what="`tasks` file", param="tasks")
     if len(rows) > MAX_EXAMPLES:
-        raise ConfigError(f"{where('`tasks` file', path)} holds {len(rows)} examples; the limit is {MAX_EXAMPLES}.",
-                          param="tasks")
+        raise ConfigError(
+            f"{where('`tasks` file', path)} holds {len(rows)} examples; the limit is {MAX_EXAMPLES}.", param="tasks"
+        )
     lines, out = [], []
     for number, record in rows:
         place = where("`tasks` file", path, number)
         if not isinstance(record, dict):
-            raise ConfigError(f"{place}: expected an object with `prompt` and `answer`; got {type(record).__name__}.",
-                              param="tasks")
+            raise ConfigError(
+                f"{place}: expected an object with `prompt` and `answer`; got {type(record).__name__}.", param="tasks"
+            )
         unknown = sorted(set(record) - set(FIELDS))
         if unknown:
-            raise ConfigError(f"{place}: unknown field(s) {', '.join(map(repr, unknown))}; fields are "
-                              f"{', '.join(FIELDS)}.", param="tasks")
+            raise ConfigError(
+                f"{place}: unknown field(s) {', '.join(map(repr, unknown))}; fields are {', '.join(FIELDS)}.",
+                param="tasks",
+            )
         for field in FIELDS:
             value = record.get(field, "jsonl" if field == "task" else None)
             if not isinstance(value, str) or (field != "answer" and not value):
-                raise ConfigError(f"{place}: field `{field}` must be {'text' if field == 'answer' else 'non-empty text'}"
-                                  f"; got {value!r:.80}.", param="tasks")
+                raise ConfigError(
+                    f"{place}: field `{field}` must be {'text' if field == 'answer' else 'non-empty text'}"
+                    f"; got {value!r:.80}.",
+                    param="tasks",
+                )
         lines.append(number)
         out.append(Example(record.get("task", "jsonl"), record["prompt"], record["answer"]))
     return tuple(lines), tuple(out)
@@ -125,12 +144,18 @@ def check_examples(tasks: Any, adapter: Any, gen_length: int) -> None:
                 raise ConfigError(f"{place(index)}: {exc}", param="tasks") from None
             bad = [ch for ch in dict.fromkeys(text) if not _known(ch, tokenizer, unk, known)]
             if bad:
-                raise ConfigError(f"{place(index)}: field `{field}` has characters the model's tokenizer does "
-                                  f"not know: {', '.join(map(repr, bad[:10]))} (they would be read as its unknown "
-                                  "token, so no decoder could score them).", param="tasks")
+                raise ConfigError(
+                    f"{place(index)}: field `{field}` has characters the model's tokenizer does "
+                    f"not know: {', '.join(map(repr, bad[:10]))} (they would be read as its unknown "
+                    "token, so no decoder could score them).",
+                    param="tasks",
+                )
             if field == "answer" and any(s in text for s in specials):
-                raise ConfigError(f"{place(index)}: field `answer` holds a special token's text, which decoded "
-                                  "answers never contain.", param="tasks")
+                raise ConfigError(
+                    f"{place(index)}: field `answer` holds a special token's text, which decoded "
+                    "answers never contain.",
+                    param="tasks",
+                )
         lengths.append(len(tokenizer(example.prompt, add_special_tokens=False)["input_ids"]))
     longest = max(range(len(lengths)), key=lengths.__getitem__)
     check_room(adapter, lengths, gen_length, where=place(longest))

@@ -92,12 +92,15 @@ def held_out(n: int, seed: int = 10_000, tasks: tuple[str, ...] = tuple(TASKS)) 
     """``n`` examples per task (1 to :data:`MAX_PER_TASK`) from a seed the trainer never uses (training seeds are
     < 10_000); another ``n`` is a :class:`~refusion.errors.ConfigError` naming ``per_task``."""
     if not is_integer(n) or not 1 <= n <= MAX_PER_TASK:
-        raise ConfigError(f"`per_task` (held-out examples per task) must be an integer in [1, {MAX_PER_TASK}]; "
-                          f"got {n!r:.80}.", param="per_task")
+        raise ConfigError(
+            f"`per_task` (held-out examples per task) must be an integer in [1, {MAX_PER_TASK}]; got {n!r:.80}.",
+            param="per_task",
+        )
     unknown = [t for t in tasks if not isinstance(t, str) or t not in TASKS]
     if unknown or not tasks:
-        raise ConfigError(f"`tasks` must name shipped tasks ({', '.join(TASKS)}); got {list(tasks)!r:.80}.",
-                          param="tasks")
+        raise ConfigError(
+            f"`tasks` must name shipped tasks ({', '.join(TASKS)}); got {list(tasks)!r:.80}.", param="tasks"
+        )
     rng = random.Random(seed)
     return [TASKS[t](rng) for t in tasks for _ in range(n)]
 

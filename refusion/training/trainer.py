@@ -135,7 +135,9 @@ def train(config: TrainConfig, out_dir: str | Path, *, progress: bool = True) ->
                 batch_examples.append(ar_example(prompt, answer))
             else:
                 batch_examples.append(
-                    refusion_example(prompt, answer, rng, mask_token_id=tokenizer.mask_token_id, slot_sizes=config.slot_sizes)
+                    refusion_example(
+                        prompt, answer, rng, mask_token_id=tokenizer.mask_token_id, slot_sizes=config.slot_sizes
+                    )
                 )
         batch = collate(batch_examples, tokenizer.pad_token_id)
         logits = model(

@@ -45,8 +45,10 @@ def _grid(result: DecodeResult, labels: list[str]) -> str:
                 continue
             ink = "#fff" if step / max(steps - 1, 1) < 0.6 else "#000"
             title = f"position {result.prompt_length + pos}, iteration {step}"
-            cells.append(f'<span class="cell" data-step="{step}" style="background:{_colour(step, steps)};color:{ink}" '
-                         f'title="{title}">{html.escape(labels[pos])}</span>')
+            cells.append(
+                f'<span class="cell" data-step="{step}" style="background:{_colour(step, steps)};color:{ink}" '
+                f'title="{title}">{html.escape(labels[pos])}</span>'
+            )
         out.append(f'<span class="slot" title="slot {slot.index}, block {slot.block}">{"".join(cells)}</span>')
     return "".join(out)
 
@@ -58,17 +60,42 @@ def _table(result: DecodeResult, labels: list[str]) -> str:
         conf = dict(zip(s.drafted, s.confidence))
         drafted = ", ".join(f"{i}" + (f" ({conf[i]:.2f})" if i in conf else "") for i in s.drafted) or "-"
         committed = "; ".join(
-            f"{i}: " + html.escape("".join(labels[slots[i].offset : slots[i].offset + n])) for i, n in s.committed)
-        cells = (s.iteration, s.block, ", ".join(map(str, s.planned)), drafted, ", ".join(map(str, s.selected)),
-                 committed, s.forwards, " + ".join(map(str, s.fed_tokens)) or "-",
-                 f"{s.kv_appended} / {s.kv_pending} / {s.kv_encoded} / {s.kv_invalidated}",
-                 f"{s.kv_copied_bytes:,} / {s.kv_written_bytes:,}", f"{s.seconds * 1000:.1f}")
+            f"{i}: " + html.escape("".join(labels[slots[i].offset : slots[i].offset + n])) for i, n in s.committed
+        )
+        cells = (
+            s.iteration,
+            s.block,
+            ", ".join(map(str, s.planned)),
+            drafted,
+            ", ".join(map(str, s.selected)),
+            committed,
+            s.forwards,
+            " + ".join(map(str, s.fed_tokens)) or "-",
+            f"{s.kv_appended} / {s.kv_pending} / {s.kv_encoded} / {s.kv_invalidated}",
+            f"{s.kv_copied_bytes:,} / {s.kv_written_bytes:,}",
+            f"{s.seconds * 1000:.1f}",
+        )
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-    head = ("iteration", "block", "planned", "drafted (confidence)", "selected", "committed", "forwards",
-            "query tokens per forward", "cache: with KV / pending / encoded / invalidated", "KV bytes copied / written",
-            "ms")
-    return ("<table><thead><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr></thead><tbody>" + "".join(rows)
-            + "</tbody></table>")
+    head = (
+        "iteration",
+        "block",
+        "planned",
+        "drafted (confidence)",
+        "selected",
+        "committed",
+        "forwards",
+        "query tokens per forward",
+        "cache: with KV / pending / encoded / invalidated",
+        "KV bytes copied / written",
+        "ms",
+    )
+    return (
+        "<table><thead><tr>"
+        + "".join(f"<th>{h}</th>" for h in head)
+        + "</tr></thead><tbody>"
+        + "".join(rows)
+        + "</tbody></table>"
+    )
 
 
 _STYLE = """
@@ -93,8 +120,10 @@ def render_html(result: DecodeResult, path: str | Path, *, tokenizer: Any = None
     out, _ = checked_output(result, path, "path", HTML_FORMATS)
     labels = token_labels(result, tokenizer)
     steps = len(result.steps)
-    heading = title or (f"{len(result.partition.slots)} slots, {steps} iterations, {result.forwards} forwards, "
-                        f"{result.tokens_per_forward:.2f} tokens/forward")
+    heading = title or (
+        f"{len(result.partition.slots)} slots, {steps} iterations, {result.forwards} forwards, "
+        f"{result.tokens_per_forward:.2f} tokens/forward"
+    )
     text = "" if result.text is None else f"<p>answer: <code>{html.escape(result.text)}</code></p>"
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(heading)}</title><style>{_STYLE}</style></head>

@@ -80,8 +80,15 @@ def _figure(result: DecodeResult, tokenizer: Any, upto: int | None, title: str |
             face = cmap(norm(step)) if shown else (0.88, 0.88, 0.88, 1.0)
             ax.add_patch(Rectangle((x0 + j, -r), 0.96, 0.9, facecolor=face, edgecolor="white"))
             if shown:
-                ax.text(x0 + j + 0.48, -r + 0.45, labels[pos], ha="center", va="center", fontsize=7,
-                        color="white" if norm(step) < 0.6 else "black")
+                ax.text(
+                    x0 + j + 0.48,
+                    -r + 0.45,
+                    labels[pos],
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white" if norm(step) < 0.6 else "black",
+                )
         ax.add_patch(Rectangle((x0 - 0.02, -r - 0.02), slot.length, 0.94, fill=False, edgecolor="black", lw=0.8))
     ax.set_xlim(-0.2, per_row * width + 0.2)
     ax.set_ylim(-rows + 0.9, 1.1)
@@ -89,8 +96,12 @@ def _figure(result: DecodeResult, tokenizer: Any, upto: int | None, title: str |
     sm = ScalarMappable(cmap=cmap, norm=norm)
     fig.colorbar(sm, ax=ax, fraction=0.03, pad=0.01, label="iteration")
     done = "all" if upto is None else f"{upto + 1}/{steps}"
-    ax.set_title(title or f"{len(slots)} slots, {steps} iterations ({done}), {result.forwards} forwards, "
-                 f"{result.tokens_per_forward:.2f} tokens/forward", fontsize=9)
+    ax.set_title(
+        title
+        or f"{len(slots)} slots, {steps} iterations ({done}), {result.forwards} forwards, "
+        f"{result.tokens_per_forward:.2f} tokens/forward",
+        fontsize=9,
+    )
     fig.tight_layout()
     return fig
 
@@ -113,11 +124,15 @@ def check_output_path(path: Any, param: str = "path", formats: dict[str, str] = 
     out = Path(path)
     fmt = formats.get(out.suffix.lower())
     if fmt is None:
-        raise ConfigError(f"`{param}` {str(path)!r} must end in one of {', '.join(formats)} (the format is taken "
-                          "from the suffix).", param=param)
+        raise ConfigError(
+            f"`{param}` {str(path)!r} must end in one of {', '.join(formats)} (the format is taken from the suffix).",
+            param=param,
+        )
     parent = out.parent if str(out.parent) else Path(".")
     if not parent.is_dir():
-        raise ConfigError(f"`{param}` {str(path)!r}: the directory {str(parent)!r} does not exist; create it first.", param=param)
+        raise ConfigError(
+            f"`{param}` {str(path)!r}: the directory {str(parent)!r} does not exist; create it first.", param=param
+        )
     if out.is_dir():
         raise ConfigError(f"`{param}` {str(path)!r} is a directory; name a file in it.", param=param)
     if not os.access(parent, os.W_OK):
@@ -127,7 +142,7 @@ def check_output_path(path: Any, param: str = "path", formats: dict[str, str] = 
 
 def checked_output(result: Any, path: Any, param: str, formats: dict[str, str]) -> tuple[Path, str]:
     if not isinstance(result, DecodeResult):
-        raise ConfigError(f"`result` must be a DecodeResult; got {type(result).__name__}.", param='result')
+        raise ConfigError(f"`result` must be a DecodeResult; got {type(result).__name__}.", param="result")
     return Path(path), check_output_path(path, param, formats)
 
 

@@ -44,8 +44,10 @@ def write_jsonl(path, rows):
 
 def read_rows(path):
     """The result rows by key: their id, or their input line for a row without a usable id."""
-    return {row["id"] if row["id"] is not None else row["line"]: row for row in map(json.loads,
-                                                                                       path.read_text().splitlines())}
+    return {
+        row["id"] if row["id"] is not None else row["line"]: row
+        for row in map(json.loads, path.read_text().splitlines())
+    }
 
 
 def expected_tokens(model, row, defaults=None):
@@ -68,8 +70,14 @@ def model():
 def test_every_row_decodes_as_generate_would_alone(tmp_path, model):
     rows = make_rows(22)
     defaults = {"seed": 9}  # under every row (rows with their own seed override it)
-    summary = run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out.jsonl", model=model, max_rows=6,
-                        progress=False, **defaults)
+    summary = run_batch(
+        write_jsonl(tmp_path / "in.jsonl", rows),
+        tmp_path / "out.jsonl",
+        model=model,
+        max_rows=6,
+        progress=False,
+        **defaults,
+    )
     out = read_rows(tmp_path / "out.jsonl")
     assert (summary.rows, summary.errors, summary.skipped) == (22, 0, 0)
     assert set(out) == {row["id"] for row in rows}
@@ -136,10 +144,14 @@ BAD_ROWS = [
 
 def test_bad_rows_become_error_rows_naming_the_field_and_the_run_goes_on(tmp_path, model):
     good = [{"id": "ok1", "prompt": "rev hello="}, {"id": "ok2", "prompt": "copy abc=", "seed": 2}]
-    lines = [good[0], *[row for _, row, _ in BAD_ROWS[:11]], BAD_ROWS[11][1], *[row for _, row, _ in BAD_ROWS[12:]],
-             good[1]]
-    summary = run_batch(write_jsonl(tmp_path / "in.jsonl", lines), tmp_path / "out.jsonl", model=model,
-                        progress=False)
+    lines = [
+        good[0],
+        *[row for _, row, _ in BAD_ROWS[:11]],
+        BAD_ROWS[11][1],
+        *[row for _, row, _ in BAD_ROWS[12:]],
+        good[1],
+    ]
+    summary = run_batch(write_jsonl(tmp_path / "in.jsonl", lines), tmp_path / "out.jsonl", model=model, progress=False)
     out = read_rows(tmp_path / "out.jsonl")
     for row_id, _, field in BAD_ROWS:
         assert out[row_id]["error"].startswith(f"{field}: "), (row_id, out[row_id])
@@ -156,8 +168,9 @@ def test_parse_line_names_the_row_and_the_field():
     with pytest.raises(RowError) as caught:
         parse_line('{"id": "a", "prompt": "x", "infiller": "pkg.mod:Infill"}', 4)
     assert (caught.value.row_id, caught.value.param) == ("a", "infiller")
-    assert parse_line('{"id": "a", "prompt": "x", "infiller": "pkg.mod:Infill"}', 4,
-                      allow_imports=True).options == {"infiller": "pkg.mod:Infill"}
+    assert parse_line('{"id": "a", "prompt": "x", "infiller": "pkg.mod:Infill"}', 4, allow_imports=True).options == {
+        "infiller": "pkg.mod:Infill"
+    }
     with pytest.raises(RowError) as caught:
         parse_line('{"prompt": "x"}', 9)
     assert (caught.value.row_id, caught.value.line, caught.value.param) == (None, 9, "id")
@@ -168,8 +181,20 @@ def test_the_command_writes_results_and_a_json_summary_then_resumes(tmp_path, ca
     monkeypatch.setattr(batch_worker, "load", lambda given: model)  # the flags' model, loaded once for the test
     source = write_jsonl(tmp_path / "in.jsonl", make_rows(4))
     out = tmp_path / "out.jsonl"
-    argv = ["batch", str(source), "--out", str(out), "--json", "--no-progress", "--max-rows", "2", "--seed", "4",
-            "--temperature", "0.5"]
+    argv = [
+        "batch",
+        str(source),
+        "--out",
+        str(out),
+        "--json",
+        "--no-progress",
+        "--max-rows",
+        "2",
+        "--seed",
+        "4",
+        "--temperature",
+        "0.5",
+    ]
     assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out)
     assert (summary["rows"], summary["errors"], summary["skipped"]) == (4, 0, 0)
@@ -180,21 +205,24 @@ def test_the_command_writes_results_and_a_json_summary_then_resumes(tmp_path, ca
     assert refusion.run_batch([{"id": "more", "prompt": "rev ab="}], out, model=model, progress=False).rows == 1
 
 
-@pytest.mark.parametrize("flags, named", [
-    (["--max-rows", "0"], "--max-rows"),
-    (["--max-tokens", "-5"], "--max-tokens"),
-    (["--workers", "2"], "--workers"),
-    (["--ray", "--workers", "0"], "--workers"),
-    (["--ray", "--gpus-per-worker", "-1"], "--gpus-per-worker"),
-    (["--ray", "--cpus-per-worker", "0"], "--cpus-per-worker"),
-    (["--gen-length", "0"], "--gen-length"),
-    (["--selector", "nope"], "selector"),
-    (["--temperature", "-1"], "temperature"),
-    (["--model", "/no/such/checkpoint"], "model"),
-    (["--missing-input"], "INPUT"),
-    (["--out-in-missing-folder"], "--out"),
-    (["--out-is-input"], "--out"),
-])
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--max-rows", "0"], "--max-rows"),
+        (["--max-tokens", "-5"], "--max-tokens"),
+        (["--workers", "2"], "--workers"),
+        (["--ray", "--workers", "0"], "--workers"),
+        (["--ray", "--gpus-per-worker", "-1"], "--gpus-per-worker"),
+        (["--ray", "--cpus-per-worker", "0"], "--cpus-per-worker"),
+        (["--gen-length", "0"], "--gen-length"),
+        (["--selector", "nope"], "selector"),
+        (["--temperature", "-1"], "temperature"),
+        (["--model", "/no/such/checkpoint"], "model"),
+        (["--missing-input"], "INPUT"),
+        (["--out-in-missing-folder"], "--out"),
+        (["--out-is-input"], "--out"),
+    ],
+)
 def test_options_are_refused_before_the_model_loads(tmp_path, capsys, monkeypatch, flags, named):
     def refuse(given):
         raise AssertionError("the model was loaded")

@@ -23,8 +23,11 @@ from refusion.errors import ConfigError, RefusionWarning  # noqa: E402
 PROMPTS = ["rev hello=", "copy abc=", "add 12+34=", "sort dcba=", "rev abcdef=", "copy xyz=", "add 3+4=", "sort cab="]
 #: every other row samples, so a row's tokens depend on its seed
 OPTIONS = [{}, {"seed": 3, "temperature": 0.8}, {"gen_length": 8}, {"seed": 5, "temperature": 1.0, "top_k": 5}]
-BAD = ['{"id": "bad-prompt", "prompt": 5}', '{"id": "bad-length", "prompt": "rev ab=", "gen_length": 0}',
-       "this line is not json"]
+BAD = [
+    '{"id": "bad-prompt", "prompt": 5}',
+    '{"id": "bad-length", "prompt": "rev ab=", "gen_length": 0}',
+    "this line is not json",
+]
 ROWS = 64
 
 
@@ -90,8 +93,23 @@ def command_line(local_ray, input_file):
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(ray_data, "run_on_ray", run_and_kill)
-        status = main(["batch", str(input_file), "--out", str(out), "--ray", "--workers", "2", "--max-rows", "2",
-                       "--gen-length", "16", "--no-progress", "--json"])
+        status = main(
+            [
+                "batch",
+                str(input_file),
+                "--out",
+                str(out),
+                "--ray",
+                "--workers",
+                "2",
+                "--max-rows",
+                "2",
+                "--gen-length",
+                "16",
+                "--no-progress",
+                "--json",
+            ]
+        )
     return status, read_rows(out), seen["killed"], seen["run"].workers()
 
 
@@ -139,7 +157,9 @@ def test_dataset_rows_become_numbered_json_lines(local_ray, tmp_path):
     assert list(dataset_lines(ray.data.read_text(str(tmp_path / "in.jsonl")))) == [(1, line)]
     rows = ray.data.from_items([{"id": "b", "prompt": [5, 6, 7], "seed": 2}, {"id": "c", "prompt": [8]}])
     assert [(n, json.loads(t)) for n, t in dataset_lines(rows)] == [
-        (1, {"id": "b", "prompt": [5, 6, 7], "seed": 2}), (2, {"id": "c", "prompt": [8]})]
+        (1, {"id": "b", "prompt": [5, 6, 7], "seed": 2}),
+        (2, {"id": "c", "prompt": [8]}),
+    ]
 
 
 def test_without_ray_the_flag_says_how_to_install_it(monkeypatch, tmp_path, capsys):
@@ -190,9 +210,23 @@ def test_a_run_that_starts_its_own_ray_prints_none_of_rays_notes(tmp_path):
     source = tmp_path / "in.jsonl"
     source.write_text(json.dumps({"id": "a", "prompt": "rev ab=", "gen_length": 4}) + "\n")
     env = {k: v for k, v in os.environ.items() if k != "RAY_BACKEND_LOG_LEVEL"}
-    done = subprocess.run([sys.executable, "-m", "refusion.cli", "batch", str(source), "--out",
-                           str(tmp_path / "out.jsonl"), "--ray", "--no-progress"], capture_output=True, text=True,
-                          timeout=300, env=env)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "refusion.cli",
+            "batch",
+            str(source),
+            "--out",
+            str(tmp_path / "out.jsonl"),
+            "--ray",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("1 rows written"), done.stderr

@@ -49,6 +49,7 @@ def refused(capsys, argv) -> str:
 
 # -- the output is checked before anything is written or cut ---------------------------------------------------------
 
+
 def test_an_output_hard_linked_to_the_input_is_refused_and_the_input_kept(tmp_path, capsys, no_model):
     source = write(tmp_path / "in.jsonl", {"id": "a", "prompt": "rev ab="})
     with open(source, "a") as f:
@@ -91,8 +92,11 @@ def test_an_output_that_is_not_a_regular_file_is_refused_naming_out(tmp_path, ca
 
 
 def test_a_row_cut_short_by_a_crash_is_cut_and_a_whole_last_row_kept(tmp_path, model):
-    source = write(tmp_path / "in.jsonl", {"id": "a", "prompt": "rev ab=", "gen_length": 4},
-                   {"id": "b", "prompt": "rev ab=", "gen_length": 4})
+    source = write(
+        tmp_path / "in.jsonl",
+        {"id": "a", "prompt": "rev ab=", "gen_length": 4},
+        {"id": "b", "prompt": "rev ab=", "gen_length": 4},
+    )
     out = tmp_path / "out.jsonl"
     run_batch(source, out, model=model, progress=False)
     lines = out.read_text().splitlines(keepends=True)
@@ -106,9 +110,14 @@ def test_a_row_cut_short_by_a_crash_is_cut_and_a_whole_last_row_kept(tmp_path, m
 
 # -- ids -----------------------------------------------------------------------------------------------------------
 
+
 def test_an_id_the_batch_makes_up_never_collides_with_a_given_one(tmp_path, model, monkeypatch):
-    source = write(tmp_path / "in.jsonl", {"id": "line-3", "prompt": "rev ab=", "gen_length": 4},
-                   {"id": "ok", "prompt": "copy ab=", "gen_length": 4}, "not json")
+    source = write(
+        tmp_path / "in.jsonl",
+        {"id": "line-3", "prompt": "rev ab=", "gen_length": 4},
+        {"id": "ok", "prompt": "copy ab=", "gen_length": 4},
+        "not json",
+    )
     out = tmp_path / "out.jsonl"
     summary = run_batch(source, out, model=model, progress=False)
     rows = {(r["id"], r["line"]): r for r in results(out)}
@@ -122,18 +131,21 @@ def test_an_id_the_batch_makes_up_never_collides_with_a_given_one(tmp_path, mode
 
 def test_an_id_that_is_not_valid_unicode_is_written_and_resumed(tmp_path, model):
     source = tmp_path / "in.jsonl"
-    source.write_text('{"id": "\\ud800x", "prompt": "rev ab=", "gen_length": 4}\n'
-                      '{"id": "ok", "prompt": "rev ab=", "gen_length": 4}\n')
+    source.write_text(
+        '{"id": "\\ud800x", "prompt": "rev ab=", "gen_length": 4}\n{"id": "ok", "prompt": "rev ab=", "gen_length": 4}\n'
+    )
     out = tmp_path / "out.jsonl"
     assert main(["batch", str(source), "--out", str(out), "--no-progress"]) == 0
     out.read_bytes().decode("utf-8")  # the file is UTF-8 (the id is a JSON escape)
     assert {r["id"] for r in results(out)} == {"\ud800x", "ok"}
     assert run_batch(source, out, model=model, progress=False).skipped == 2
-    assert run_batch([{"id": "\udc00", "prompt": "rev ab=", "gen_length": 4}], out, model=model,
-                     progress=False).rows == 1  # the Python API too
+    assert (
+        run_batch([{"id": "\udc00", "prompt": "rev ab=", "gen_length": 4}], out, model=model, progress=False).rows == 1
+    )  # the Python API too
 
 
 # -- prompts -------------------------------------------------------------------------------------------------------
+
 
 def test_prompt_errors_name_the_row_field_and_long_text_is_never_tokenised(tmp_path, model, monkeypatch):
     tokenizer = model.tokenizer
@@ -145,9 +157,12 @@ def test_prompt_errors_name_the_row_field_and_long_text_is_never_tokenised(tmp_p
         return original(self, text, *args, **kwargs)
 
     monkeypatch.setattr(type(tokenizer), "__call__", counting)
-    source = write(tmp_path / "in.jsonl", {"id": "ids", "prompt": [3, 999999]},
-                   {"id": "long", "prompt": "rev " + "a" * 300_000 + "="},
-                   {"id": "chat", "messages": [{"role": "user", "content": "a" * 300_000}]})
+    source = write(
+        tmp_path / "in.jsonl",
+        {"id": "ids", "prompt": [3, 999999]},
+        {"id": "long", "prompt": "rev " + "a" * 300_000 + "="},
+        {"id": "chat", "messages": [{"role": "user", "content": "a" * 300_000}]},
+    )
     out = tmp_path / "out.jsonl"
     run_batch(source, out, model=model, progress=False)
     rows = {r["id"]: r for r in results(out)}
@@ -158,8 +173,11 @@ def test_prompt_errors_name_the_row_field_and_long_text_is_never_tokenised(tmp_p
 
 
 def test_max_tokens_is_the_row_and_run_spelling_of_gen_length(tmp_path, model):
-    source = write(tmp_path / "in.jsonl", {"id": "a", "prompt": "rev ab=", "max_tokens": 4},
-                   {"id": "b", "prompt": "rev ab=", "max_tokens": 4, "gen_length": 4})
+    source = write(
+        tmp_path / "in.jsonl",
+        {"id": "a", "prompt": "rev ab=", "max_tokens": 4},
+        {"id": "b", "prompt": "rev ab=", "max_tokens": 4, "gen_length": 4},
+    )
     out = tmp_path / "out.jsonl"
     run_batch(source, out, model=model, progress=False, max_tokens=8)
     rows = {r["id"]: r for r in results(out)}
@@ -169,13 +187,19 @@ def test_max_tokens_is_the_row_and_run_spelling_of_gen_length(tmp_path, model):
 
 # -- the run -------------------------------------------------------------------------------------------------------
 
+
 def test_the_progress_bar_and_the_summary_count_the_same_tokens_per_second(tmp_path, model, monkeypatch):
     postfixes = []
 
     class Bar:
-        def update(self, n): pass
-        def close(self): pass
-        def set_postfix_str(self, text, refresh=True): postfixes.append((text, time.monotonic()))
+        def update(self, n):
+            pass
+
+        def close(self):
+            pass
+
+        def set_postfix_str(self, text, refresh=True):
+            postfixes.append((text, time.monotonic()))
 
     def slow_load(given):
         time.sleep(1.0)  # a model that takes a second to load
@@ -211,7 +235,21 @@ def test_the_batch_budget_is_max_batch_tokens_and_max_tokens_the_answer_length(t
 
     monkeypatch.setattr(batch_worker.BatchWorker, "__init__", spy)
     source = write(tmp_path / "in.jsonl", {"id": "a", "prompt": "rev ab="})
-    assert main(["batch", str(source), "--out", str(tmp_path / "out.jsonl"), "--no-progress",
-                 "--max-batch-tokens", "512", "--max-tokens", "6"]) == 0
+    assert (
+        main(
+            [
+                "batch",
+                str(source),
+                "--out",
+                str(tmp_path / "out.jsonl"),
+                "--no-progress",
+                "--max-batch-tokens",
+                "512",
+                "--max-tokens",
+                "6",
+            ]
+        )
+        == 0
+    )
     assert seen["max_batch_tokens"] == 512 and seen["gen_length"] == 6
     assert len(results(tmp_path / "out.jsonl")[0]["tokens"]) <= 6

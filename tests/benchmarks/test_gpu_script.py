@@ -11,8 +11,14 @@ SECTIONS = ("setup", "kernels", "decode", "compile", "host_reads")
 
 def test_the_gpu_script_smoke_run_writes_every_section(tmp_path):
     out = tmp_path / "gpu.json"
-    done = subprocess.run([sys.executable, "benchmarks/gpu.py", "--smoke", "--json", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "benchmarks/gpu.py", "--smoke", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     result = json.loads(out.read_text())
     assert result["smoke"] is True

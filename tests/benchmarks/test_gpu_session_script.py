@@ -17,8 +17,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def session(tmp_path, *extra, timeout=300):
-    done = subprocess.run([sys.executable, "benchmarks/gpu_session.py", "--smoke", "--out", str(tmp_path), *extra],
-                          cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
+    done = subprocess.run(
+        [sys.executable, "benchmarks/gpu_session.py", "--smoke", "--out", str(tmp_path), *extra],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads((tmp_path / "summary.json").read_text()), done.stdout
 
@@ -39,9 +45,11 @@ def test_a_step_stopped_at_its_limit_is_interrupted_first_so_it_can_write_its_re
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from gpu_session import Session
 
-    script = ("import signal, sys, time\n"
-              "def stop(*a):\n open(sys.argv[1], 'w').write('report'); sys.exit(2)\n"
-              "signal.signal(signal.SIGINT, stop)\nprint('started', flush=True)\ntime.sleep(60)\n")
+    script = (
+        "import signal, sys, time\n"
+        "def stop(*a):\n open(sys.argv[1], 'w').write('report'); sys.exit(2)\n"
+        "signal.signal(signal.SIGINT, stop)\nprint('started', flush=True)\ntime.sleep(60)\n"
+    )
     run = Session(tmp_path, 60)
     assert run.run("slow", [sys.executable, "-c", script, str(tmp_path / "report")], 2) is None
     assert (tmp_path / "report").read_text() == "report"
@@ -52,12 +60,21 @@ def test_a_step_stopped_at_its_limit_is_interrupted_first_so_it_can_write_its_re
     assert "started" in log and "stopped at its limit" in log and "done" in log
 
 
-@pytest.mark.skipif(not os.environ.get("REFUSION_TEST_GPU_TIER_ON_CPU"),
-                    reason="set REFUSION_TEST_GPU_TIER_ON_CPU=1 (about 1-2 minutes)")
+@pytest.mark.skipif(
+    not os.environ.get("REFUSION_TEST_GPU_TIER_ON_CPU"),
+    reason="set REFUSION_TEST_GPU_TIER_ON_CPU=1 (about 1-2 minutes)",
+)
 def test_the_gpu_tier_runs_on_the_cpu_with_small_shapes():
     """tests/gpu's own code on the CPU: what a GPU run executes, except the device."""
     env = {**os.environ, "REFUSION_GPU_TIER_DEVICE": "cpu", "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests/gpu"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests/gpu"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert " passed" in done.stdout and "failed" not in done.stdout

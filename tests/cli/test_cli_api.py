@@ -19,8 +19,26 @@ def checkpoint(tmp_path_factory):
 
 
 def test_generate_with_ids_prints_json(checkpoint, capsys):
-    code = main(["generate", "1,2,3", "--ids", "--model", checkpoint, "--gen-length", "8", "--slot-size", "4",
-                 "--serial-blocks", "1", "--slot-threshold", "0.5", "--token-threshold", "0.5", "--json"])
+    code = main(
+        [
+            "generate",
+            "1,2,3",
+            "--ids",
+            "--model",
+            checkpoint,
+            "--gen-length",
+            "8",
+            "--slot-size",
+            "4",
+            "--serial-blocks",
+            "1",
+            "--slot-threshold",
+            "0.5",
+            "--token-threshold",
+            "0.5",
+            "--json",
+        ]
+    )
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     assert len(out["tokens"]) == 8 and out["forwards"] >= 2
@@ -34,8 +52,24 @@ def test_cli_reports_bad_input_without_a_traceback(checkpoint, capsys):
 
 
 def test_cli_accepts_generic_parameters(checkpoint, capsys):
-    code = main(["generate", "1,2", "--ids", "--model", checkpoint, "--selector", "topk", "-p", "k=2",
-                 "--gen-length", "8", "-p", "slot_size=2", "--json"])
+    code = main(
+        [
+            "generate",
+            "1,2",
+            "--ids",
+            "--model",
+            checkpoint,
+            "--selector",
+            "topk",
+            "-p",
+            "k=2",
+            "--gen-length",
+            "8",
+            "-p",
+            "slot_size=2",
+            "--json",
+        ]
+    )
     assert code == 0
     steps = json.loads(capsys.readouterr().out)["steps"]
     assert len(steps[0]["selected"]) == 2
@@ -87,10 +121,13 @@ def test_unknown_preset(checkpoint):
         generate([1], checkpoint, preset="gsm9k")
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["1,,2", "--ids"], "comma-separated integers"),
-    (["1,2", "--ids", "--dtype", "float33"], "`dtype` must be 'auto', a torch.dtype"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["1,,2", "--ids"], "comma-separated integers"),
+        (["1,2", "--ids", "--dtype", "float33"], "`dtype` must be 'auto', a torch.dtype"),
+    ],
+)
 def test_cli_input_errors_are_explained(checkpoint, capsys, argv, message):
     assert main(["generate", *argv, "--model", checkpoint]) == 2
     assert message in capsys.readouterr().err

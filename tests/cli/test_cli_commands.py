@@ -33,7 +33,9 @@ def test_visualize_command(tmp_path, capsys):
 
 def test_bench_command_prints_rows(capsys):
     assert main(["bench", "--per-task", "1", "--method", "model", "--method", "llada", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)["rows"]  # a reproducible record (tests/measure/test_reproducible_records.py)
+    rows = json.loads(capsys.readouterr().out)[
+        "rows"
+    ]  # a reproducible record (tests/measure/test_reproducible_records.py)
     assert [r["method"] for r in rows] == ["AR: transformers generate", "model", "llada"]
     assert all(r["examples"] == 6 and r["forwards"] > 0 for r in rows)
 

@@ -24,8 +24,10 @@ BAD_FLAGS = [
     (["serve", "--shutdown-timeout", "nan"], "`--shutdown-timeout` must be a finite number"),
     (["serve", "--replicas", "0"], "`--replicas`"),
     (["batch", "in.jsonl", "--out", "o.jsonl", "--max-batch-tokens", "0"], "`--max-batch-tokens`"),
-    (["batch", "in.jsonl", "--out", "o.jsonl", "--cpus-per-worker", "0"], "`--cpus-per-worker` must be a finite "
-     "number > 0"),
+    (
+        ["batch", "in.jsonl", "--out", "o.jsonl", "--cpus-per-worker", "0"],
+        "`--cpus-per-worker` must be a finite number > 0",
+    ),
     (["generate", "x", "--gen-length", "-1"], "`--gen-length/--max-tokens` must be an integer in [1, 65536]"),
     (["generate", "x", "--max-tokens", "0"], "`--gen-length/--max-tokens`"),
     (["generate", "x", "--temperature", "inf"], "`--temperature` must be a finite number"),
@@ -48,10 +50,12 @@ def test_a_bad_flag_is_one_line_naming_it(capsys, argv, named):
 
 
 def test_no_bad_flag_imports_torch_transformers_or_fastapi():
-    probe = ("import json, sys\nfrom refusion.cli import main\n"
-             f"codes = [main(argv) for argv in {[argv for argv, _ in BAD_FLAGS]!r}]\n"
-             "heavy = sorted(m for m in ('torch', 'transformers', 'fastapi', 'uvicorn', 'lm_eval', 'optuna', 'ray')"
-             " if m in sys.modules)\nprint(json.dumps([codes, heavy]))")
+    probe = (
+        "import json, sys\nfrom refusion.cli import main\n"
+        f"codes = [main(argv) for argv in {[argv for argv, _ in BAD_FLAGS]!r}]\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'fastapi', 'uvicorn', 'lm_eval', 'optuna', 'ray')"
+        " if m in sys.modules)\nprint(json.dumps([codes, heavy]))"
+    )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT)
     codes, heavy = json.loads(done.stdout.strip().splitlines()[-1])
     assert codes == [2] * len(BAD_FLAGS) and heavy == [], (codes, heavy)
@@ -70,9 +74,22 @@ def test_a_part_in_a_module_of_the_current_directory_is_found(tmp_path):
     script puts no directory on sys.path (a script file stands for it here, not `python -c`, which would)."""
     script = tmp_path / "refusion_command.py"
     script.write_text("import sys\nfrom refusion.cli import main\nsys.exit(main(sys.argv[1:]))\n")
-    done = subprocess.run([sys.executable, str(script), "generate", "rev helloworld=", "--infiller",
-                           "jacobi_infiller:OneStepJacobi", "--gen-length", "8"], cwd=ROOT / "examples",
-                          capture_output=True, text=True, timeout=180)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "generate",
+            "rev helloworld=",
+            "--infiller",
+            "jacobi_infiller:OneStepJacobi",
+            "--gen-length",
+            "8",
+        ],
+        cwd=ROOT / "examples",
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 0, done.stderr
     assert "Cannot import" not in done.stderr
 

@@ -27,8 +27,11 @@ NAN, INF = float("nan"), float("inf")
 # (arguments, exit status, text the message must contain)
 CLI_CASES = [
     # 1: lengths far beyond the model are refused before slots are built (the flag's range while parsing)
-    (["generate", "rev hello=", "--gen-length", "1000000000"], 2, "`--gen-length/--max-tokens` must be an integer "
-     "in [1, 65536]; got 1000000000"),
+    (
+        ["generate", "rev hello=", "--gen-length", "1000000000"],
+        2,
+        "`--gen-length/--max-tokens` must be an integer in [1, 65536]; got 1000000000",
+    ),
     (["generate", "rev hello=", "--gen-length", "1000"], 2, "`gen_length` (1000)"),
     (["generate", "rev hello=", "--gen-length", "0"], 2, "`--gen-length/--max-tokens` must be an integer in [1, "),
     (["generate", "rev hello=", "--gen-length", "-5"], 2, "got -5"),
@@ -45,12 +48,18 @@ CLI_CASES = [
     (["generate", "rev hello=", "--selector", "factor", "-p", "factor=-inf"], 2, "`factor`"),
     (["generate", "rev hello=", "--slot-size", "0"], 2, "`--slot-size` must be an integer >= 1; got 0"),
     # 3: a length the partitioner cannot split is refused with the nearest allowed ones
-    (["generate", "rev hello=", "--slot-size", "4", "--serial-blocks", "3", "--gen-length", "16"], 2,
-     "Nearest allowed `gen_length`: 12 or 21"),
+    (
+        ["generate", "rev hello=", "--slot-size", "4", "--serial-blocks", "3", "--gen-length", "16"],
+        2,
+        "Nearest allowed `gen_length`: 12 or 21",
+    ),
     (["bench", "--method", "paper", "--gen-length", "4", "--per-task", "1"], 2, "method 'paper' cannot decode"),
     # 4: bench counts
-    (["bench", "--per-task", "0"], 2, "`--per-task` must be an integer in [1, 1000] (held-out examples per task); "
-     "got 0"),
+    (
+        ["bench", "--per-task", "0"],
+        2,
+        "`--per-task` must be an integer in [1, 1000] (held-out examples per task); got 0",
+    ),
     (["bench", "--per-task", "-1"], 2, "got -1"),
     (["bench", "--gen-length", "0"], 2, "`--gen-length`"),
     # 5: characters the char tokenizer does not know
@@ -66,8 +75,13 @@ CLI_CASES = [
     (["generate", "x", "--model", "{tmp}"], 2, "has no config.json"),
     (["generate", "x", "--model", "/nonexistent"], 2, "'/nonexistent': no such directory"),
     (["generate", "x", "--model", "{tmp}/a_file"], 2, "is a file"),
-    (["generate", "x", "--device", "cuda"] if not torch.cuda.is_available() else ["generate", "x", "--device", "cuda:99"],
-     2, "`device` 'cuda"),
+    (
+        ["generate", "x", "--device", "cuda"]
+        if not torch.cuda.is_available()
+        else ["generate", "x", "--device", "cuda:99"],
+        2,
+        "`device` 'cuda",
+    ),
     (["generate", "x", "--device", "potato"], 2, "`device`"),
     (["generate", "x", "--dtype", "float17"], 2, "float17"),
     (["generate", "x", "--chat"], 2, "no chat template"),
@@ -166,8 +180,11 @@ API_CASES = [
     (lambda m: refusion.generate("rev hello=", m, chat=True), ConfigError, "chat template"),
     (lambda m: refusion.generate([5, 2, 7], m), ConfigError, "mask token id 2"),
     (lambda m: refusion.generate([[5, 6], [2]], m), ConfigError, "mask token id 2"),
-    (lambda m: refusion.generate("rev hello=", m, gen_length=16, slot_size=4, serial_num_blocks=3), ConfigError,
-     "Nearest allowed `gen_length`: 12 or 21"),
+    (
+        lambda m: refusion.generate("rev hello=", m, gen_length=16, slot_size=4, serial_num_blocks=3),
+        ConfigError,
+        "Nearest allowed `gen_length`: 12 or 21",
+    ),
     (lambda m: refusion.load_model(dtype="float17"), ConfigError, "`dtype`"),
     (lambda m: refusion.load_model("/nonexistent/model"), ConfigError, "no such directory"),
     (lambda m: refusion.load_model(eos_token_id=999), ConfigError, "`eos_token_id`"),
@@ -181,8 +198,11 @@ API_CASES = [
     (lambda m: refusion.generate("rev ab=", m, sample="abc"), ConfigError, "Unknown parameter `sample`"),
     (lambda m: refusion.generate("rev ab=", m, engine="os:getcwd"), ConfigError, "names a builtin_function_or_method"),
     (lambda m: refusion.generate("rev ab=", m, selector="json:"), ConfigError, "is not a class path"),
-    (lambda m: refusion.generate("rev ab=", m, selector="tests.cli.broken_module_for_imports:X"), ConfigError,
-     "raised RuntimeError: this module refuses to be imported"),
+    (
+        lambda m: refusion.generate("rev ab=", m, selector="tests.cli.broken_module_for_imports:X"),
+        ConfigError,
+        "raised RuntimeError: this module refuses to be imported",
+    ),
 ]
 
 
@@ -202,8 +222,9 @@ def test_api_refuses_bad_input_naming_it(call, error, named, shipped):
 
 def test_a_length_the_user_asks_for_is_decoded_exactly(shipped):
     for preset in ("llada", "model"):
-        result = refusion.generate("rev hello=", shipped, preset=None if preset == "model" else preset, gen_length=6,
-                                   stop_at_eos=False)
+        result = refusion.generate(
+            "rev hello=", shipped, preset=None if preset == "model" else preset, gen_length=6, stop_at_eos=False
+        )
         assert result.partition.gen_length == 6 and len(result.extra["all_tokens"]) == 6
 
 
@@ -231,8 +252,9 @@ def test_bench_compares_every_method_at_the_same_length(shipped, monkeypatch, ca
 
     few = tasks.held_out(1)[:2]
     monkeypatch.setattr(tasks, "held_out", lambda n, **kw: few)
-    assert main(["bench", "--method", "llada", "--method", "model", "--gen-length", "5", "--per-task", "1",
-                 "--json"]) == 0
+    assert (
+        main(["bench", "--method", "llada", "--method", "model", "--gen-length", "5", "--per-task", "1", "--json"]) == 0
+    )
     rows = __import__("json").loads(capsys.readouterr().out)["rows"]  # bench --json prints a record
     assert [r["method"] for r in rows][1:] == ["llada", "model"]
     assert lengths == [5, 5]

@@ -15,11 +15,20 @@ from refusion.measure.trace import read_trace
 from refusion.sweep.space import build_space
 
 #: a value for every decoder option, different from its default
-OPTION_VALUES = {"engine": "repeat", "seed": 7, "stop_at_eos": False, "cfg_scale": 0.0, "calls_per_token": 5,
-                 "batch_invariant": True}
+OPTION_VALUES = {
+    "engine": "repeat",
+    "seed": 7,
+    "stop_at_eos": False,
+    "cfg_scale": 0.0,
+    "calls_per_token": 5,
+    "batch_invariant": True,
+}
 #: each registered sampler with its parameters set
-SAMPLER_VALUES = {"categorical": {"temperature": 0.7, "top_k": 5}, "gumbel": {"temperature": 0.5},
-                  "block-multinomial": {"temperature": 0.9, "top_k": 3, "top_p": 0.8}}
+SAMPLER_VALUES = {
+    "categorical": {"temperature": 0.7, "top_k": 5},
+    "gumbel": {"temperature": 0.5},
+    "block-multinomial": {"temperature": 0.9, "top_k": 3, "top_p": 0.8},
+}
 
 
 def test_every_registered_sampler_and_option_is_covered_here():
@@ -62,32 +71,62 @@ def test_a_preset_sampler_is_the_same_in_generate_and_in_a_sweep():
     assert isinstance(decoder.sample, GumbelMax) and swept.sample == decoder.sample
 
 
-@pytest.mark.parametrize("dimension", ["cfg_scale=0,1", "sampler=categorical,gumbel", "stop_at_eos=true,false",
-                                       "calls_per_token=4,6", "seed=0,1", "engine=branch,repeat", "top_p=0.5,0.9"])
+@pytest.mark.parametrize(
+    "dimension",
+    [
+        "cfg_scale=0,1",
+        "sampler=categorical,gumbel",
+        "stop_at_eos=true,false",
+        "calls_per_token=4,6",
+        "seed=0,1",
+        "engine=branch,repeat",
+        "top_p=0.5,0.9",
+    ],
+)
 def test_a_sweep_varies_every_option_a_decoder_takes(dimension):
     base = PRESETS["paper"]
     space = build_space(base, [dimension, "temperature=0.5"] if dimension.startswith("top_p") else [dimension])
     name = dimension.partition("=")[0]
     decoders = [Decoder.from_spec(space.preset(p)) for p in space.grid()]
-    values = {getattr(d, name) if name in DECODER_OPTIONS else
-              (type(d.sample).__name__ if name == "sampler" else getattr(d.sample, name)) for d in decoders}
+    values = {
+        getattr(d, name)
+        if name in DECODER_OPTIONS
+        else (type(d.sample).__name__ if name == "sampler" else getattr(d.sample, name))
+        for d in decoders
+    }
     assert len(values) == 2, values
 
 
 def test_every_spec_parameter_is_taken_by_the_spec_itself():
     spec = PRESETS["paper"]
     for name in SPEC_PARAMS:
-        value = {"engine": "repeat", "seed": 3, "stop_at_eos": "block", "cfg_scale": 0.0, "calls_per_token": 6,
-                 "batch_invariant": True, "sampler": "categorical", "temperature": 0.5, "top_k": 4, "top_p": 0.9,
-                 "precision": "float64", "argmax": "probabilities", "confidence_top_k": 50,
-                 "confidence_top_p": 0.9}[name]
+        value = {
+            "engine": "repeat",
+            "seed": 3,
+            "stop_at_eos": "block",
+            "cfg_scale": 0.0,
+            "calls_per_token": 6,
+            "batch_invariant": True,
+            "sampler": "categorical",
+            "temperature": 0.5,
+            "top_k": 4,
+            "top_p": 0.9,
+            "precision": "float64",
+            "argmax": "probabilities",
+            "confidence_top_k": 50,
+            "confidence_top_p": 0.9,
+        }[name]
         changed = spec.with_params({name: value})
         assert changed != spec or name == "cfg_scale", name
 
 
 @settings(max_examples=20)
-@given(name=st.sampled_from(sorted(PRESETS)), seed=st.integers(0, 2**31), stop=st.sampled_from([True, False, "block"]),
-       temperature=st.sampled_from([None, 0.5]))
+@given(
+    name=st.sampled_from(sorted(PRESETS)),
+    seed=st.integers(0, 2**31),
+    stop=st.sampled_from([True, False, "block"]),
+    temperature=st.sampled_from([None, 0.5]),
+)
 def test_presets_round_trip_as_json_with_overrides(name, seed, stop, temperature):
     params = {"seed": seed, "stop_at_eos": stop, **({"temperature": temperature} if temperature else {})}
     spec = PRESETS[name].with_params(params)
@@ -130,10 +169,13 @@ def _paper_with(kind, params):
     return data
 
 
-@pytest.mark.parametrize("data", [
-    _paper_with("selector", {"slot_treshold": 0.9}),  # the one JSON format
-    {"gen_length": 32, "selector": {"name": "threshold", "params": {"slot_treshold": 0.9}}},  # written by hand
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        _paper_with("selector", {"slot_treshold": 0.9}),  # the one JSON format
+        {"gen_length": 32, "selector": {"name": "threshold", "params": {"slot_treshold": 0.9}}},  # written by hand
+    ],
+)
 def test_a_misspelt_part_parameter_in_a_preset_file_is_refused_when_read(tmp_path, data):
     """Was: read without a word; the part refused it only when a decoder was built (or never, for a plugin
     taking **kwargs), with an error naming neither the file nor the field."""
@@ -147,9 +189,13 @@ def test_a_misspelt_part_parameter_in_a_preset_file_is_refused_when_read(tmp_pat
 
 
 def test_unknown_parameters_and_names_are_refused_in_every_spec_format():
-    record_format = {"sample": "greedy", "partitioner": {"name": "fixed", "params": {"slot_sise": 4}},
-                     "selector": {"name": "threshold"}, "infiller": {"name": "parallel-ar"},
-                     "reorderer": {"name": "commit-order"}}
+    record_format = {
+        "sample": "greedy",
+        "partitioner": {"name": "fixed", "params": {"slot_sise": 4}},
+        "selector": {"name": "threshold"},
+        "infiller": {"name": "parallel-ar"},
+        "reorderer": {"name": "commit-order"},
+    }
     with pytest.raises(ConfigError) as err:
         DecoderSpec.from_dict(record_format)
     assert err.value.param == "partitioner.params.slot_sise" and "slot_size" in str(err.value)
@@ -172,11 +218,14 @@ def test_a_module_path_part_is_not_imported_to_check_its_parameters():
     assert spec.selector.name == "no_such_module_anywhere:Selector"
 
 
-@pytest.mark.parametrize("content, words", [
-    (b'{"gen_length": 32, "description": "caf\xe9"}', ["line 1: not UTF-8"]),
-    (b"[" * 100_000 + b"]" * 100_000, ["nested"]),
-    (b'{"gen_length": ' + b"9" * 5000 + b"}", ["number cannot be read"]),
-])
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        (b'{"gen_length": 32, "description": "caf\xe9"}', ["line 1: not UTF-8"]),
+        (b"[" * 100_000 + b"]" * 100_000, ["nested"]),
+        (b'{"gen_length": ' + b"9" * 5000 + b"}", ["number cannot be read"]),
+    ],
+)
 def test_a_damaged_preset_file_is_refused_naming_it(tmp_path, content, words):
     path = tmp_path / "preset.json"
     path.write_bytes(content)
@@ -187,8 +236,9 @@ def test_a_damaged_preset_file_is_refused_naming_it(tmp_path, content, words):
         assert word in str(err.value)
 
 
-@pytest.mark.parametrize("data", [{"gen_length": 10**9, "params": {}},
-                                  {**PRESETS["paper"].to_dict(), "gen_length": 10**9}])
+@pytest.mark.parametrize(
+    "data", [{"gen_length": 10**9, "params": {}}, {**PRESETS["paper"].to_dict(), "gen_length": 10**9}]
+)
 def test_a_preset_file_asking_for_a_billion_tokens_is_refused(tmp_path, data):
     path = tmp_path / "preset.json"
     path.write_text(json.dumps(data))

@@ -26,8 +26,9 @@ _MODELS: dict = {}
 
 def _model(causal: bool):
     if causal not in _MODELS:
-        _MODELS[causal] = tiny(vocab=16, eos=2, scale=6.0) if causal else tiny_bidirectional(vocab_size=16,
-                                                                                              eos_token_id=2)
+        _MODELS[causal] = (
+            tiny(vocab=16, eos=2, scale=6.0) if causal else tiny_bidirectional(vocab_size=16, eos_token_id=2)
+        )
     return _MODELS[causal]
 
 
@@ -52,10 +53,12 @@ def test_builtins_are_trusted_and_others_checked():
 @given(data=st.data())
 def test_every_builtin_combination_passes_the_plugin_checks(data):
     causal = data.draw(st.booleans(), label="causal")
-    names = {kind: data.draw(st.sampled_from([e.name for e in registry().entries(kind)]), label=kind)
-             for kind in PART_KINDS}
-    params = data.draw(st.fixed_dictionaries({}, optional={"slot_size": st.integers(1, 4),
-                                                           "serial_num_blocks": st.integers(1, 2)}))
+    names = {
+        kind: data.draw(st.sampled_from([e.name for e in registry().entries(kind)]), label=kind) for kind in PART_KINDS
+    }
+    params = data.draw(
+        st.fixed_dictionaries({}, optional={"slot_size": st.integers(1, 4), "serial_num_blocks": st.integers(1, 2)})
+    )
     model = _model(causal)
     previous = check_builtins(True)
     try:

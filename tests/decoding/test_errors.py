@@ -50,8 +50,15 @@ def test_prompt_plus_generation_longer_than_the_model_allows():
         paper().decode(adapter, [1, 2, 3, 4, 5], 28)
 
 
-@pytest.mark.parametrize("prompt, message", [([], "at least one token"), ([[1, 2], [3, 4]], "one prompt"),
-                                             ([1, 99], "token ids in \\[0, 16\\)"), ("text", "sequence of token ids")])
+@pytest.mark.parametrize(
+    "prompt, message",
+    [
+        ([], "at least one token"),
+        ([[1, 2], [3, 4]], "one prompt"),
+        ([1, 99], "token ids in \\[0, 16\\)"),
+        ("text", "sequence of token ids"),
+    ],
+)
 def test_bad_prompts(model, prompt, message):
     with pytest.raises(ConfigError, match=message):
         paper().decode(model, prompt, 4)
@@ -66,7 +73,9 @@ def test_a_model_without_a_mask_token_is_refused():
 
 
 def test_unknown_strategy_name():
-    with pytest.raises(UnknownNameError, match="Unknown infiller 'fast'. Known infillers: draft, greedy-verify, parallel-ar"):
+    with pytest.raises(
+        UnknownNameError, match="Unknown infiller 'fast'. Known infillers: draft, greedy-verify, parallel-ar"
+    ):
         Decoder.from_names(infiller="fast")
 
 
@@ -89,9 +98,16 @@ class LazilyFailing:
 
 @pytest.mark.parametrize(
     "value, message",
-    [([], "empty selection"), ([7], r"indices \[7\] outside range\(0, 2\)"), ([0, 0], "duplicate"),
-     (["a"], "non-integer"), (None, "expected a sequence"), ([0.0], "non-integer"), ([True], "non-integer"),
-     (LazilyFailing(), "malformed answer: reading it raised KeyError")],
+    [
+        ([], "empty selection"),
+        ([7], r"indices \[7\] outside range\(0, 2\)"),
+        ([0, 0], "duplicate"),
+        (["a"], "non-integer"),
+        (None, "expected a sequence"),
+        ([0.0], "non-integer"),
+        ([True], "non-integer"),
+        (LazilyFailing(), "malformed answer: reading it raised KeyError"),
+    ],
 )
 def test_malformed_selection_names_the_selector(model, value, message):
     with pytest.raises(PluginError, match=f"selector 'returns' .*Returns.*{message}"):
@@ -180,10 +196,18 @@ class BadCommits(Infiller):
 
 @pytest.mark.parametrize(
     "mode, message",
-    [("none", "committed no slot"), ("unchosen", "which was not chosen"), ("short", "partial slot .* not ending in EOS"),
-     ("mask", "invalid token ids"), ("positions", "wrong position ids"), ("junk", "expected an InfillResult"),
-     ("float", "dtype torch.float32 .* expected a 1-D integer tensor"), ("list", "as list; expected a 1-D integer"),
-     ("2d", "shape \\(1, 2\\)"), ("lazy", "KeyError: 'lazy'")],
+    [
+        ("none", "committed no slot"),
+        ("unchosen", "which was not chosen"),
+        ("short", "partial slot .* not ending in EOS"),
+        ("mask", "invalid token ids"),
+        ("positions", "wrong position ids"),
+        ("junk", "expected an InfillResult"),
+        ("float", "dtype torch.float32 .* expected a 1-D integer tensor"),
+        ("list", "as list; expected a 1-D integer"),
+        ("2d", "shape \\(1, 2\\)"),
+        ("lazy", "KeyError: 'lazy'"),
+    ],
 )
 def test_malformed_commits_name_the_infiller(model, mode, message):
     decoder = paper(selector="topk", infiller=BadCommits(mode))  # plans every slot: another one exists
@@ -224,7 +248,9 @@ def test_parts_must_be_instances():
 
 
 @attrs.frozen
-class Overlapping(FixedSlots := __import__("refusion.strategies.partitioners.fixed", fromlist=["FixedSlots"]).FixedSlots):
+class Overlapping(
+    FixedSlots := __import__("refusion.strategies.partitioners.fixed", fromlist=["FixedSlots"]).FixedSlots
+):
     name = "overlapping"
     mode: str = "overlap"
 
@@ -238,8 +264,14 @@ class Overlapping(FixedSlots := __import__("refusion.strategies.partitioners.fix
         return Partition(2, (Slot(0, 0, 2, 0),), ((0,),))
 
 
-@pytest.mark.parametrize("mode, message", [("overlap", "tile the region"), ("orphan", "every slot exactly once"),
-                                           ("short", "region of 2 tokens for the requested 4")])
+@pytest.mark.parametrize(
+    "mode, message",
+    [
+        ("overlap", "tile the region"),
+        ("orphan", "every slot exactly once"),
+        ("short", "region of 2 tokens for the requested 4"),
+    ],
+)
 def test_malformed_partitions_name_the_partitioner(model, mode, message):
     with pytest.raises(PluginError, match=f"partitioner 'overlapping'.*{message}"):
         Decoder.from_names(partitioner=Overlapping(mode=mode)).decode(model, [1, 2], 4)

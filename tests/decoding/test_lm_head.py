@@ -24,9 +24,16 @@ def full_stats(hidden, weight, bias, exclude, temperature):
     return tokens, best, lse
 
 
-@given(rows=st.integers(1, 9), dim=st.sampled_from([8, 20, 48]), vocab=st.sampled_from([5, 33, 257, 1000]),
-       exclude=st.one_of(st.none(), st.integers(0, 4)), temperature=st.sampled_from([1.0, 0.5, 1.7]),
-       chunk=st.sampled_from([16, 100, 4096]), bias=st.booleans(), seed=st.integers(0, 999))
+@given(
+    rows=st.integers(1, 9),
+    dim=st.sampled_from([8, 20, 48]),
+    vocab=st.sampled_from([5, 33, 257, 1000]),
+    exclude=st.one_of(st.none(), st.integers(0, 4)),
+    temperature=st.sampled_from([1.0, 0.5, 1.7]),
+    chunk=st.sampled_from([16, 100, 4096]),
+    bias=st.booleans(),
+    seed=st.integers(0, 999),
+)
 def test_grouped_torch_path_equals_full_logits(rows, dim, vocab, exclude, temperature, chunk, bias, seed):
     g = torch.Generator().manual_seed(seed)
     hidden, weight = torch.randn(rows, dim, generator=g), torch.randn(vocab, dim, generator=g)
@@ -50,9 +57,12 @@ def test_triton_kernel_equals_the_torch_path(dtype, exclude, temperature):
     tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-4
     targets = torch.arange(19) * 7 % 300
     assert torch.equal(_lm_head_triton(hidden, weight, bias, exclude, temperature, targets)[0], tokens)
-    torch.testing.assert_close(_lm_head_triton(hidden, weight, bias, exclude, temperature, targets)[3].float(),
-                               lm_head_stats_reference(hidden, weight, bias, exclude, temperature, targets=targets)[3]
-                               .float(), rtol=tolerance, atol=tolerance)
+    torch.testing.assert_close(
+        _lm_head_triton(hidden, weight, bias, exclude, temperature, targets)[3].float(),
+        lm_head_stats_reference(hidden, weight, bias, exclude, temperature, targets=targets)[3].float(),
+        rtol=tolerance,
+        atol=tolerance,
+    )
     picked = torch.nn.functional.linear(hidden.float(), weight.float(), bias.float()).gather(1, tokens[:, None])
     ref_picked = torch.nn.functional.linear(hidden.float(), weight.float(), bias.float()).gather(1, ref_tokens[:, None])
     torch.testing.assert_close(picked, ref_picked, rtol=tolerance, atol=tolerance)  # ties may pick another id

@@ -52,7 +52,9 @@ def _decoder(combo, slot, blocks, data, partitioner="fixed"):
         params["factor"] = data.draw(st.floats(0.1, 4.0))
     if infiller == "parallel-ar":
         params["token_threshold"] = data.draw(st.floats(0, 1))
-    return Decoder.from_names(partitioner=partitioner, selector=selector, infiller=infiller, reorderer=reorderer, **params)
+    return Decoder.from_names(
+        partitioner=partitioner, selector=selector, infiller=infiller, reorderer=reorderer, **params
+    )
 
 
 def _model(causal, setup, data):
@@ -63,8 +65,13 @@ def _model(causal, setup, data):
         return adapter, prompt
     shift = data.draw(st.sampled_from([0, 1]))
     eos = next(iter(adapter.eos_token_ids), None)
-    return tiny_bidirectional(logit_shift=shift, vocab_size=adapter.vocab_size, seed=data.draw(st.integers(0, 99)),
-                              logit_scale=8.0, eos_token_id=eos), prompt
+    return tiny_bidirectional(
+        logit_shift=shift,
+        vocab_size=adapter.vocab_size,
+        seed=data.draw(st.integers(0, 99)),
+        logit_scale=8.0,
+        eos_token_id=eos,
+    ), prompt
 
 
 @pytest.mark.parametrize("causal, combo", COMBOS, ids=[("causal/" if c else "bidir/") + "/".join(x) for c, x in COMBOS])
@@ -79,7 +86,7 @@ def test_terminates_and_completes(causal, combo, setup, layout, data):
     check_result(result, adapter)
     assert len(result.steps) <= len(result.partition.slots)
     assert all(sum(n for _, n in s.committed) >= 1 for s in result.steps)
-    cached = session.cache.positions[len(prompt):]
+    cached = session.cache.positions[len(prompt) :]
     assert len(set(cached.tolist())) == len(cached), "a position was cached twice"
     region = set(range(len(prompt), len(prompt) + len(result.tokens)))
     assert region <= set(cached.tolist())
@@ -105,9 +112,11 @@ def _fresh_logits(adapter, cache, probe, probe_pos):
 def test_cache_reads_equal_fresh_forward(engine, reorderer, setup, layout, data, stop_after):
     adapter, prompt = setup
     slot, blocks, gen_length = layout
-    combo = (data.draw(st.sampled_from(registry().names("selector"))),
-             data.draw(st.sampled_from([n for n in registry().names("infiller") if fits(True, {"infiller": n})])),
-             reorderer)
+    combo = (
+        data.draw(st.sampled_from(registry().names("selector"))),
+        data.draw(st.sampled_from([n for n in registry().names("infiller") if fits(True, {"infiller": n})])),
+        reorderer,
+    )
     session = _decoder(combo, slot, blocks, data).session(adapter, prompt, gen_length, engine=engine)
 
     def run(call):

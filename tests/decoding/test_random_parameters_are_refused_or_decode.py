@@ -40,10 +40,15 @@ DECODER_PARAMS = ("seed", "calls_per_token", "stop_at_eos", "engine", "temperatu
 
 def _targets() -> list[tuple[str, str, str]]:
     """(kind, part name, parameter) for every parameter of every registered part, plus the decoder's options."""
-    out = [(kind, entry.name, param) for kind in PART_KINDS for entry in registry().entries(kind)
-           for param in entry.parameters()]
-    out += [(kind, entry.name, "") for kind in PART_KINDS for entry in registry().entries(kind)
-            if not entry.parameters()]  # parts without parameters still decode with the others' random values
+    out = [
+        (kind, entry.name, param)
+        for kind in PART_KINDS
+        for entry in registry().entries(kind)
+        for param in entry.parameters()
+    ]
+    out += [
+        (kind, entry.name, "") for kind in PART_KINDS for entry in registry().entries(kind) if not entry.parameters()
+    ]  # parts without parameters still decode with the others' random values
     return out + [("decoder", "", p) for p in DECODER_PARAMS]
 
 
@@ -68,8 +73,12 @@ def _parts_for(kind: str, name: str) -> tuple[dict, bool]:
 
 
 @settings(max_examples=45)
-@given(target=st.sampled_from(_targets()), value=values, extra=st.sampled_from((None,) * 6 + DECODER_PARAMS),
-       extra_value=values)
+@given(
+    target=st.sampled_from(_targets()),
+    value=values,
+    extra=st.sampled_from((None,) * 6 + DECODER_PARAMS),
+    extra_value=values,
+)
 def test_any_parameter_value_is_refused_quickly_or_decodes(target, value, extra, extra_value):
     kind, name, param = target
     specs, causal = _parts_for(kind, name)

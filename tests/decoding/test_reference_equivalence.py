@@ -21,12 +21,21 @@ def test_paper_configuration_matches_reference(setup, layout, slot_t, token_t):
     adapter, prompt = setup
     slot, blocks, gen_length = layout
     gen_length = -(-gen_length // slot) * slot  # the reference rounds up to whole slots; refusion honours a length
-    decoder = Decoder.from_names(slot_size=slot, serial_num_blocks=blocks, slot_threshold=slot_t, token_threshold=token_t)
+    decoder = Decoder.from_names(
+        slot_size=slot, serial_num_blocks=blocks, slot_threshold=slot_t, token_threshold=token_t
+    )
     ours = decoder.decode(adapter, prompt, gen_length).tokens.tolist()
     eos = next(iter(adapter.eos_token_ids), None)
     ref = reference_refusion(
-        adapter.model, prompt, gen_length, mask_id=adapter.mask_token_id, eos_id=eos, slot_size=slot,
-        serial_num_blocks=blocks, slot_threshold=slot_t, token_threshold=token_t,
+        adapter.model,
+        prompt,
+        gen_length,
+        mask_id=adapter.mask_token_id,
+        eos_id=eos,
+        slot_size=slot,
+        serial_num_blocks=blocks,
+        slot_threshold=slot_t,
+        token_threshold=token_t,
     )
     assert ours == ref
 
@@ -75,8 +84,16 @@ def _decode_both(eos_bug):
     decoder = Decoder.from_names(slot_size=2, serial_num_blocks=1, slot_threshold=0.9, token_threshold=0.9)
     ours = decoder.decode(_scripted(), [0], 8)
     ref = reference_refusion(
-        _AsTransformersModel(_scripted()), [0], 8, mask_id=MASK, eos_id=EOS, slot_size=2, serial_num_blocks=1,
-        slot_threshold=0.9, token_threshold=0.9, eos_bug=eos_bug,
+        _AsTransformersModel(_scripted()),
+        [0],
+        8,
+        mask_id=MASK,
+        eos_id=EOS,
+        slot_size=2,
+        serial_num_blocks=1,
+        slot_threshold=0.9,
+        token_threshold=0.9,
+        eos_bug=eos_bug,
     )
     return ours, ref
 

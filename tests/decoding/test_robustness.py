@@ -20,11 +20,15 @@ def rss_mb() -> float:
     return pages * resource.getpagesize() / 2**20
 
 
-@pytest.mark.parametrize("sampling", [dict(temperature=1.0), dict(temperature=0.7, top_k=3), dict(temperature=1.3, top_p=0.8)])
+@pytest.mark.parametrize(
+    "sampling", [dict(temperature=1.0), dict(temperature=0.7, top_k=3), dict(temperature=1.3, top_p=0.8)]
+)
 def test_sampling_is_reproducible_per_seed_and_batch_equals_single(sampling):
     model = tiny(vocab=16, seed=9, scale=2.0)
     prompts = [[1, 2], [3, 4, 5], [6]]
-    decoder = Decoder.from_names(slot_size=2, serial_num_blocks=1, slot_threshold=0.5, token_threshold=0.5, seed=5, **sampling)
+    decoder = Decoder.from_names(
+        slot_size=2, serial_num_blocks=1, slot_threshold=0.5, token_threshold=0.5, seed=5, **sampling
+    )
     first = [r.tokens.tolist() for r in decoder.decode_batch(model, prompts, 8)]
     again = [r.tokens.tolist() for r in decoder.decode_batch(model, prompts, 8)]
     alone = [decoder.decode(model, p, 8).tokens.tolist() for p in prompts]
@@ -48,13 +52,16 @@ def test_top_k_one_is_greedy_and_sampling_never_draws_the_mask():
     assert not bool((tokens == 4).any()) and bool((probs > 0).all())
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(temperature=-0.1), "`temperature` must be a finite number >= 0"),
-    (dict(temperature=1.0, top_k=0), "`top_k` must be None or an integer >= 1"),
-    (dict(temperature=1.0, top_p=1.5), "`top_p` must be None or a number in \\(0, 1\\]"),
-    (dict(seed=-1), r"`seed` must be an integer in \[0, 2\*\*64\)"),
-    (dict(stop_at_eos="yes"), "`stop_at_eos` must be True, False or 'block'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(temperature=-0.1), "`temperature` must be a finite number >= 0"),
+        (dict(temperature=1.0, top_k=0), "`top_k` must be None or an integer >= 1"),
+        (dict(temperature=1.0, top_p=1.5), "`top_p` must be None or a number in \\(0, 1\\]"),
+        (dict(seed=-1), r"`seed` must be an integer in \[0, 2\*\*64\)"),
+        (dict(stop_at_eos="yes"), "`stop_at_eos` must be True, False or 'block'"),
+    ],
+)
 def test_decoder_options_are_validated(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         Decoder.from_names(**kwargs)
@@ -77,8 +84,10 @@ def test_public_entry_points_validate_their_input(tmp_path):
 
 def test_hundreds_of_decodes_do_not_grow_memory():
     model = tiny(vocab=16, seed=3, scale=6.0, eos=2)
-    decoders = [Decoder.from_names(slot_size=2, serial_num_blocks=1, slot_threshold=0.5, token_threshold=0.5),
-                Decoder.from_names(partitioner="semi-ar", selector="topk", infiller="draft", block_length=4, k=2)]
+    decoders = [
+        Decoder.from_names(slot_size=2, serial_num_blocks=1, slot_threshold=0.5, token_threshold=0.5),
+        Decoder.from_names(partitioner="semi-ar", selector="topk", infiller="draft", block_length=4, k=2),
+    ]
     prompts = [[1 + i % 13, 2 + i % 11] for i in range(50)]
 
     def run(n):
@@ -101,7 +110,11 @@ def test_per_prompt_seeds_give_identical_prompts_different_samples():
     assert len({str(r.tokens.tolist()) for r in same}) == 1
     varied = decoder.decode_batch(model, [[1, 2]] * 4, 8, seeds=[0, 1, 2, 3])
     assert len({str(r.tokens.tolist()) for r in varied}) > 1
-    assert varied[2].tokens.tolist() == Decoder.from_names(slot_size=2, serial_num_blocks=1, temperature=1.5, seed=2).decode(
-        model, [1, 2], 8).tokens.tolist()
+    assert (
+        varied[2].tokens.tolist()
+        == Decoder.from_names(slot_size=2, serial_num_blocks=1, temperature=1.5, seed=2)
+        .decode(model, [1, 2], 8)
+        .tokens.tolist()
+    )
     with pytest.raises(ConfigError, match="`seeds` must hold one integer >= 0 per prompt"):
         decoder.decode_batch(model, [[1, 2]] * 2, 8, seeds=[1])

@@ -28,9 +28,13 @@ def near_tie_head(vocab: int, dim: int, dtype: torch.dtype, seed: int, twins: in
 
 
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 10_000), dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
-       vocab=st.sampled_from([97, 1000, 40_000]), rows=st.lists(st.integers(0, 23), min_size=1, max_size=5),
-       exclude=st.one_of(st.none(), st.integers(0, 3)))
+@given(
+    seed=st.integers(0, 10_000),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+    vocab=st.sampled_from([97, 1000, 40_000]),
+    rows=st.lists(st.integers(0, 23), min_size=1, max_size=5),
+    exclude=st.one_of(st.none(), st.integers(0, 3)),
+)
 def test_fused_statistics_of_some_rows_equal_the_plain_projection_of_all(seed, dtype, vocab, rows, exclude):
     head, hidden = near_tie_head(vocab, 48, dtype, seed, twins=64)
     plain = Scores(logits=torch.nn.functional.linear(hidden, head.weight))  # the network's head, all 24 rows
@@ -64,5 +68,7 @@ def test_forwards_too_small_for_the_fused_path_give_the_network_s_own_logits():
     ids, positions, mask = torch.tensor([[5]]), torch.tensor([[0]]), torch.ones(1, 1, dtype=torch.long)
     with torch.no_grad():
         scores = model.scores(ids, positions, mask, None)
-        assert torch.equal(scores.logits[0], model.model(input_ids=ids, position_ids=positions,
-                                                      attention_mask=mask).logits[0].to(scores.logits.dtype))
+        assert torch.equal(
+            scores.logits[0],
+            model.model(input_ids=ids, position_ids=positions, attention_mask=mask).logits[0].to(scores.logits.dtype),
+        )

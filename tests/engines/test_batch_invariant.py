@@ -16,9 +16,8 @@ from hypothesis import strategies as st
 
 from refusion.config import PRESETS, DecoderSpec
 from refusion.decoding.decoder import Decoder
-from refusion.engines import open_engine
+from refusion.engines import invariant, open_engine, rows
 from refusion.engines.branch import BranchEngine
-from refusion.engines import invariant, rows
 from refusion.engines.invariant import InvariantHead, rows_depend_on_count, tiled_linear
 from refusion.engines.rows import probe_rows
 from refusion.errors import ConfigError
@@ -66,14 +65,21 @@ def numbers(seen: list) -> list:
 
 
 def identical(a: list, b: list) -> bool:
-    return len(a) == len(b) and all(x.shape == y.shape and x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(a, b))
+    return len(a) == len(b) and all(
+        x.shape == y.shape and x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(a, b)
+    )
 
 
 @st.composite
 def setups(draw, engine: str, dtype: torch.dtype):
     """(model, decoder, gen_length, engine options) for ``engine``: a tiny model of ``dtype`` and a drawn decoder."""
-    kw = {"vocab_size": 16, "hidden_size": 32, "seed": draw(st.integers(0, 1000)), "eos_token_id": draw(st.sampled_from([None, 2])),
-              "dtype": dtype}
+    kw = {
+        "vocab_size": 16,
+        "hidden_size": 32,
+        "seed": draw(st.integers(0, 1000)),
+        "eos_token_id": draw(st.sampled_from([None, 2])),
+        "dtype": dtype,
+    }
     if engine in ("branch", "branch-padded", "repeat"):
         model = HFCausalLM(tiny_qwen3(logit_scale=8.0, **kw))
         slot, blocks = draw(st.sampled_from([2, 1, 3])), draw(st.sampled_from([2, 1]))
@@ -87,21 +93,35 @@ def setups(draw, engine: str, dtype: torch.dtype):
             params["k"] = draw(st.integers(1, 2))
         if infiller == "parallel-ar":
             params["token_threshold"] = threshold
-        decoder = Decoder.from_names(selector=selector, infiller=infiller,
-                                     reorderer=draw(st.sampled_from(["commit-order", "reencode"])), **params)
+        decoder = Decoder.from_names(
+            selector=selector,
+            infiller=infiller,
+            reorderer=draw(st.sampled_from(["commit-order", "reencode"])),
+            **params,
+        )
         gen_length = slot * blocks * draw(st.sampled_from([2, 1]))
     elif engine == "canvas":
         block = draw(st.sampled_from([3, 2, 4]))
         model = tiny_bidirectional(logit_scale=4.0, logit_shift=draw(st.sampled_from([0, 1])), **kw)
-        decoder = Decoder.from_names(partitioner="semi-ar", selector="topk", infiller="draft", block_length=block,
-                                     k=draw(st.integers(1, 2)),
-                                     reorderer=draw(st.sampled_from(["commit-order", "prefix-cache", "dual-cache"])))
+        decoder = Decoder.from_names(
+            partitioner="semi-ar",
+            selector="topk",
+            infiller="draft",
+            block_length=block,
+            k=draw(st.integers(1, 2)),
+            reorderer=draw(st.sampled_from(["commit-order", "prefix-cache", "dual-cache"])),
+        )
         gen_length = block * draw(st.sampled_from([2, 1]))
     else:
         block = draw(st.sampled_from([3, 2, 4]))
         model = tiny_block_diffusion(block_length=block, logit_scale=4.0, **kw)
-        decoder = Decoder.from_names(partitioner="semi-ar", selector="threshold", infiller="draft", block_length=block,
-                                     slot_threshold=draw(st.floats(0.05, 0.95)))
+        decoder = Decoder.from_names(
+            partitioner="semi-ar",
+            selector="threshold",
+            infiller="draft",
+            block_length=block,
+            slot_threshold=draw(st.floats(0.05, 0.95)),
+        )
         gen_length = block * draw(st.sampled_from([2, 1]))
     name = "branch" if engine == "branch-padded" else engine
     options = {"packed": False} if engine == "branch-padded" else {}
@@ -142,8 +162,9 @@ def test_bf16_tokens_and_numbers_are_the_same_alone_and_in_any_batch(engine, dat
     check_batch_equals_alone(model, decoder, gen_length, options, data.draw(batches()))
 
 
-@pytest.mark.parametrize("engine,dtype", [("branch", torch.float16), ("repeat", torch.float16),
-                                          ("branch", torch.float32)])
+@pytest.mark.parametrize(
+    "engine,dtype", [("branch", torch.float16), ("repeat", torch.float16), ("branch", torch.float32)]
+)
 @settings(max_examples=2)
 @given(data=st.data())
 def test_fp16_and_fp32_too(engine, dtype, data):
@@ -203,13 +224,19 @@ def rows_depend_in_bf16(monkeypatch):
 
 
 @pytest.mark.parametrize("engine", ["branch", "repeat"])
-def test_where_the_probe_says_rows_depend_the_engine_tiles_and_a_batch_still_decodes_as_alone(engine,
-                                                                                              rows_depend_in_bf16):
+def test_where_the_probe_says_rows_depend_the_engine_tiles_and_a_batch_still_decodes_as_alone(
+    engine, rows_depend_in_bf16
+):
     model = HFCausalLM(tiny_qwen3(vocab_size=40, hidden_size=32, seed=3, logit_scale=4.0, dtype=torch.bfloat16))
     assert invariant.Invariance.for_model(model).tile == invariant.ROW_TILE
     decoder = attrs.evolve(Decoder.from_names(slot_size=2, serial_num_blocks=2), batch_invariant=True)
-    check_batch_equals_alone(model, decoder, 8, {"engine": engine} if engine != "branch" else {},
-                             [[5, 6, 7, 8, 9, 10, 11], [12, 13], [5, 6, 7, 8, 9, 10, 11]])
+    check_batch_equals_alone(
+        model,
+        decoder,
+        8,
+        {"engine": engine} if engine != "branch" else {},
+        [[5, 6, 7, 8, 9, 10, 11], [12, 13], [5, 6, 7, 8, 9, 10, 11]],
+    )
 
 
 def test_row_tiles_and_the_invariant_head_give_a_row_the_same_numbers_whatever_the_row_count():
@@ -219,12 +246,20 @@ def test_row_tiles_and_the_invariant_head_give_a_row_the_same_numbers_whatever_t
     weight = torch.randn(40000, 24, generator=generator)  # more than one vocabulary chunk
     hidden = torch.randn(21, 24, generator=generator)
     head = InvariantHead(LMHead(weight), tile=8, chunk=16384)
-    full = [tiled_linear(hidden, weight, None, 8), *head.stats(hidden, exclude=3), head.logits(hidden),
-            head.token_logits(hidden, torch.arange(21))]
-    for rows in (1, 2, 3, 9, 20):
-        part = [tiled_linear(hidden[:rows], weight, None, 8), *head.stats(hidden[:rows], exclude=3),
-                head.logits(hidden[:rows]), head.token_logits(hidden[:rows], torch.arange(rows))]
-        assert all(torch.equal(a, b[:rows]) for a, b in zip(part, full)), rows
+    full = [
+        tiled_linear(hidden, weight, None, 8),
+        *head.stats(hidden, exclude=3),
+        head.logits(hidden),
+        head.token_logits(hidden, torch.arange(21)),
+    ]
+    for count in (1, 2, 3, 9, 20):
+        part = [
+            tiled_linear(hidden[:count], weight, None, 8),
+            *head.stats(hidden[:count], exclude=3),
+            head.logits(hidden[:count]),
+            head.token_logits(hidden[:count], torch.arange(count)),
+        ]
+        assert all(torch.equal(a, b[:count]) for a, b in zip(part, full)), count
     assert torch.equal(full[0], full[4])  # tiled logits are the tiled linear's
     assert int(full[1].eq(3).sum()) == 0
 
@@ -267,8 +302,9 @@ def test_requests_joining_a_running_generator_decode_as_alone_and_a_plain_genera
     from refusion.generator import Generator
 
     model = HFCausalLM(tiny_qwen3(vocab_size=32, hidden_size=64, seed=2168, logit_scale=4.0, dtype=torch.bfloat16))
-    decoder = Decoder.from_names(slot_size=2, serial_num_blocks=1, slot_threshold=0.5, token_threshold=0.5,
-                                 batch_invariant=True)
+    decoder = Decoder.from_names(
+        slot_size=2, serial_num_blocks=1, slot_threshold=0.5, token_threshold=0.5, batch_invariant=True
+    )
     prompts = [[9, 12, 23, 13, 26, 20, 2, 0, 19, 6, 22, 10], [7, 7, 20], [5], [1, 2, 3, 4, 5, 6], [7, 7, 20]]
     generator = Generator(model, decoder, max_rows=3, gen_length=8)
     requests, step = [], 0
@@ -298,8 +334,8 @@ def test_on_gpus_means_over_the_last_dimension_are_tiled_too(monkeypatch):
     x = torch.randn(21, 3, 64, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     full = tiled_mean(x, True, 8)
     torch.testing.assert_close(full, x.mean(-1, keepdim=True), rtol=1e-12, atol=1e-12)
-    for rows in (1, 2, 7, 9):
-        assert torch.equal(tiled_mean(x[:rows], True, 8), full[:rows])
+    for count in (1, 2, 7, 9):
+        assert torch.equal(tiled_mean(x[:count], True, 8), full[:count])
     calls = []
     monkeypatch.setattr(invariant, "tiled_mean", lambda *a: calls.append(a[0].shape) or tiled_mean(*a))
     model = tiny_qwen3(dtype=torch.float64)

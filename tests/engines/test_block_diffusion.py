@@ -21,8 +21,13 @@ SELECTORS = {
 
 
 def block_decoder(selector, block_length, **extra):
-    return Decoder.from_names(partitioner="semi-ar", selector=selector, infiller="draft", block_length=block_length,
-                              **{**SELECTORS[selector], **extra})
+    return Decoder.from_names(
+        partitioner="semi-ar",
+        selector=selector,
+        infiller="draft",
+        block_length=block_length,
+        **{**SELECTORS[selector], **extra},
+    )
 
 
 def recording(engine):
@@ -40,9 +45,15 @@ def recording(engine):
 
 
 @settings(max_examples=10)
-@given(seed=st.integers(0, 1000), prompt=st.lists(st.integers(0, 13), min_size=1, max_size=6),
-       block_length=st.integers(2, 4), blocks=st.integers(1, 3), selector=st.sampled_from(sorted(SELECTORS)),
-       eos=st.sampled_from([None, 2]), stop_at_eos=st.booleans())
+@given(
+    seed=st.integers(0, 1000),
+    prompt=st.lists(st.integers(0, 13), min_size=1, max_size=6),
+    block_length=st.integers(2, 4),
+    blocks=st.integers(1, 3),
+    selector=st.sampled_from(sorted(SELECTORS)),
+    eos=st.sampled_from([None, 2]),
+    stop_at_eos=st.booleans(),
+)
 def test_cached_blocks_equal_recomputing_everything(seed, prompt, block_length, blocks, selector, eos, stop_at_eos):
     model = tiny_block_diffusion(block_length=block_length, vocab_size=16, seed=seed, logit_scale=4.0, eos_token_id=eos)
     steps = SELECTORS[selector].get("steps")
@@ -70,8 +81,10 @@ def test_finished_blocks_are_fed_once():
 
 
 @settings(max_examples=5)
-@given(seed=st.integers(0, 1000), prompts=st.lists(st.lists(st.integers(0, 13), min_size=1, max_size=7), min_size=2,
-                                                    max_size=4))
+@given(
+    seed=st.integers(0, 1000),
+    prompts=st.lists(st.lists(st.integers(0, 13), min_size=1, max_size=7), min_size=2, max_size=4),
+)
 def test_batch_equals_single_with_ragged_prompts(seed, prompts):
     model = tiny_block_diffusion(block_length=3, vocab_size=16, seed=seed, logit_scale=4.0, eos_token_id=2)
     decoder = block_decoder("threshold", 3)

@@ -12,10 +12,16 @@ from refusion.generator import Generator
 from refusion.models.mdm import tiny_bidirectional
 from tests.support.helpers import tiny
 
-CAUSAL = dict(selector=["threshold", "topk", "leftmost", "random"], infiller=["parallel-ar", "greedy-verify"],
-              reorderer=["commit-order", "reencode"])
-BIDIRECTIONAL = dict(selector=["threshold", "topk", "random", "factor"], infiller=["draft"],
-                     reorderer=["commit-order", "prefix-cache", "dual-cache", "no-cache"])
+CAUSAL = dict(
+    selector=["threshold", "topk", "leftmost", "random"],
+    infiller=["parallel-ar", "greedy-verify"],
+    reorderer=["commit-order", "reencode"],
+)
+BIDIRECTIONAL = dict(
+    selector=["threshold", "topk", "random", "factor"],
+    infiller=["draft"],
+    reorderer=["commit-order", "prefix-cache", "dual-cache", "no-cache"],
+)
 
 
 @st.composite
@@ -23,9 +29,13 @@ def requests(draw, parts, vocab):
     """A decoder, prompt, length, seed and arrival step for one request."""
     selector = draw(st.sampled_from(parts["selector"]))
     slot = draw(st.integers(1, 3))
-    params = dict(selector=selector, infiller=draw(st.sampled_from(parts["infiller"])),
-                  reorderer=draw(st.sampled_from(parts["reorderer"])), slot_size=slot,
-                  serial_num_blocks=draw(st.integers(1, 2)))
+    params = dict(
+        selector=selector,
+        infiller=draw(st.sampled_from(parts["infiller"])),
+        reorderer=draw(st.sampled_from(parts["reorderer"])),
+        slot_size=slot,
+        serial_num_blocks=draw(st.integers(1, 2)),
+    )
     if selector == "threshold":
         params["slot_threshold"] = draw(st.sampled_from([0.0, 0.3, 0.7, 0.95]))
     if selector in ("topk", "random"):
@@ -61,8 +71,13 @@ def test_joining_a_running_batch_equals_decoding_alone(engine, data):
     seed = data.draw(st.integers(0, 1000))
     eos = data.draw(st.sampled_from([None, 2]))
     if engine == "canvas":
-        model = tiny_bidirectional(vocab_size=vocab, seed=seed, logit_scale=8.0, eos_token_id=eos,
-                                   logit_shift=data.draw(st.sampled_from([0, 1])))
+        model = tiny_bidirectional(
+            vocab_size=vocab,
+            seed=seed,
+            logit_scale=8.0,
+            eos_token_id=eos,
+            logit_shift=data.draw(st.sampled_from([0, 1])),
+        )
         parts = BIDIRECTIONAL
     else:
         model = tiny(vocab=vocab, seed=seed, scale=8.0, eos=eos)
@@ -154,8 +169,9 @@ def test_a_background_thread_serves_requests_submitted_from_other_threads():
 
 def test_close_without_draining_cancels_what_is_left():
     model = tiny(vocab=16, seed=2, scale=8.0)
-    generator = Generator(model, Decoder.from_names(selector="leftmost", infiller="greedy-verify", slot_size=1),
-                          gen_length=32, max_rows=1)
+    generator = Generator(
+        model, Decoder.from_names(selector="leftmost", infiller="greedy-verify", slot_size=1), gen_length=32, max_rows=1
+    )
     requests = [generator.submit([1, 2]) for _ in range(3)]
     generator.step()
     generator.close(drain=False)

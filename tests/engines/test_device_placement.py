@@ -25,18 +25,28 @@ PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16, 17]]
 
 def models():
     kw = {"vocab_size": 48, "logit_scale": 4.0, "seed": 1, "dtype": torch.float32}
-    return {"causal": HFCausalLM(tiny_qwen3(eos_token_id=2, **kw)), "llada": tiny_bidirectional(**kw),
-            "dream": tiny_bidirectional(logit_shift=1, **kw), "sdar": tiny_block_diffusion(block_length=4, layout="absolute", **kw)}
+    return {
+        "causal": HFCausalLM(tiny_qwen3(eos_token_id=2, **kw)),
+        "llada": tiny_bidirectional(**kw),
+        "dream": tiny_bidirectional(logit_shift=1, **kw),
+        "sdar": tiny_block_diffusion(block_length=4, layout="absolute", **kw),
+    }
 
 
 #: (model, preset, engine, gen_length, extra parameters)
 CASES = [
-    ("causal", "paper", "branch", 16, {}), ("causal", "paper", "repeat", 16, {}), ("causal", "ar", "branch", 16, {}),
-    ("causal", "paper", "branch", 16, {"temperature": 0.7}), ("causal", "paper", "branch", 16, {"batch_invariant": True}),
+    ("causal", "paper", "branch", 16, {}),
+    ("causal", "paper", "repeat", 16, {}),
+    ("causal", "ar", "branch", 16, {}),
+    ("causal", "paper", "branch", 16, {"temperature": 0.7}),
+    ("causal", "paper", "branch", 16, {"batch_invariant": True}),
     ("causal", "ar", "repeat", 16, {"batch_invariant": True}),
-    ("llada", "llada", "canvas", 32, {"temperature": 0.5}), ("llada", "fast-dllm-dual", "canvas", 32, {}),
-    ("llada", "fast-dllm", "canvas", 32, {"batch_invariant": True}), ("dream", "dream", "canvas", 16, {}),
-    ("sdar", "sdar", "block", 16, {"temperature": 0.8}), ("sdar", "sdar", "block", 16, {"batch_invariant": True}),
+    ("llada", "llada", "canvas", 32, {"temperature": 0.5}),
+    ("llada", "fast-dllm-dual", "canvas", 32, {}),
+    ("llada", "fast-dllm", "canvas", 32, {"batch_invariant": True}),
+    ("dream", "dream", "canvas", 16, {}),
+    ("sdar", "sdar", "block", 16, {"temperature": 0.8}),
+    ("sdar", "sdar", "block", 16, {"batch_invariant": True}),
 ]
 
 
@@ -45,15 +55,17 @@ def tiny_models():
     return models()
 
 
-@pytest.mark.parametrize("kind, name, engine, gen_length, extra", CASES,
-                         ids=[f"{c[1]}-{c[2]}-{'-'.join(c[4]) or 'greedy'}" for c in CASES])
+@pytest.mark.parametrize(
+    "kind, name, engine, gen_length, extra", CASES, ids=[f"{c[1]}-{c[2]}-{'-'.join(c[4]) or 'greedy'}" for c in CASES]
+)
 def test_no_call_of_the_decode_mixes_device_and_host_tensors(tiny_models, kind, name, engine, gen_length, extra):
     model = tiny_models[kind]
     spec = preset(name)
     options = {k: v for k, v in extra.items() if k == "batch_invariant"}
     params = {k: v for k, v in extra.items() if k != "batch_invariant"}
-    decoder = attrs.evolve(Decoder.from_spec(spec.merged(params=params, model=model) if params else spec), engine=engine,
-                           **options)
+    decoder = attrs.evolve(
+        Decoder.from_spec(spec.merged(params=params, model=model) if params else spec), engine=engine, **options
+    )
     with DeviceMixing(model) as found:
         results = decoder.decode_batch(model, PROMPTS, gen_length)
     assert found.forwards > 0 and all(len(r.tokens) for r in results)

@@ -14,15 +14,17 @@ from refusion.engines.repeat import RepeatEngine
 from refusion.errors import ConfigError, UnknownNameError
 from tests.support.helpers import tiny
 
-SETTINGS = st.fixed_dictionaries({
-    "selector": st.sampled_from(["threshold", "topk", "leftmost", "margin", "entropy"]),
-    "infiller": st.sampled_from(["parallel-ar", "greedy-verify"]),
-    "reorderer": st.sampled_from(["commit-order", "reencode"]),
-    "slot_size": st.integers(1, 4),
-    "serial_num_blocks": st.integers(1, 2),
-    "threshold": st.floats(0, 1),
-    "k": st.integers(1, 3),
-})
+SETTINGS = st.fixed_dictionaries(
+    {
+        "selector": st.sampled_from(["threshold", "topk", "leftmost", "margin", "entropy"]),
+        "infiller": st.sampled_from(["parallel-ar", "greedy-verify"]),
+        "reorderer": st.sampled_from(["commit-order", "reencode"]),
+        "slot_size": st.integers(1, 4),
+        "serial_num_blocks": st.integers(1, 2),
+        "threshold": st.floats(0, 1),
+        "k": st.integers(1, 3),
+    }
+)
 
 
 def decoder_from(s):
@@ -69,7 +71,9 @@ def test_sequences_finish_at_different_times():
 
 
 def test_engine_is_validated():
-    with pytest.raises(UnknownNameError, match="Unknown engine 'fast'. Known engines: block, block-recompute, branch, canvas, repeat"):
+    with pytest.raises(
+        UnknownNameError, match="Unknown engine 'fast'. Known engines: block, block-recompute, branch, canvas, repeat"
+    ):
         attrs.evolve(Decoder.from_names(), engine="fast")
     with pytest.raises(ConfigError, match="`engine` must be a registered engine name, an Engine subclass"):
         attrs.evolve(Decoder.from_names(), engine=42)
@@ -100,9 +104,11 @@ def test_every_engine_reports_the_same_result_keys_and_counts_forwards_alike():
     causal, bidirectional = tiny(vocab=16, seed=2), tiny_bidirectional(vocab_size=16, seed=2)
     paper = Decoder.from_names(slot_size=2, serial_num_blocks=1)
     mdm = Decoder.from_names(partitioner="semi-ar", selector="topk", infiller="draft", block_length=4)
-    results = {"branch": paper.decode_batch(causal, [[1, 2], [3]], 8, engine="branch"),
-               "repeat": paper.decode_batch(causal, [[1, 2], [3]], 8, engine="repeat"),
-               "canvas": mdm.decode_batch(bidirectional, [[1, 2], [3]], 8)}
+    results = {
+        "branch": paper.decode_batch(causal, [[1, 2], [3]], 8, engine="branch"),
+        "repeat": paper.decode_batch(causal, [[1, 2], [3]], 8, engine="repeat"),
+        "canvas": mdm.decode_batch(bidirectional, [[1, 2], [3]], 8),
+    }
     keys = {name: {frozenset(r.extra) for r in rs} for name, rs in results.items()}
     assert len({k for ks in keys.values() for k in ks}) == 1, keys
     for name, rs in results.items():
@@ -144,8 +150,12 @@ def test_output_kv_expires_at_the_next_call(engine):
         _ = first.kv
 
 
-@given(settings=SETTINGS, seed=st.integers(0, 5000), eos=st.sampled_from([None, 2]),
-       prompts=st.lists(st.lists(st.integers(0, 14), min_size=1, max_size=6), min_size=1, max_size=3))
+@given(
+    settings=SETTINGS,
+    seed=st.integers(0, 5000),
+    eos=st.sampled_from([None, 2]),
+    prompts=st.lists(st.lists(st.integers(0, 14), min_size=1, max_size=6), min_size=1, max_size=3),
+)
 def test_a_plugin_engine_runs_the_same_decodes(settings, seed, eos, prompts):
     from refusion.plugins.manager import make_plugin_manager
     from refusion.plugins.registry import Registry, reset_registry
@@ -162,8 +172,12 @@ def test_a_plugin_engine_runs_the_same_decodes(settings, seed, eos, prompts):
     assert recomputed[0].extra["engine"] == "recompute"
 
 
-@given(settings=SETTINGS, seed=st.integers(0, 5000), eos=st.sampled_from([None, 2]),
-       prompts=st.lists(st.lists(st.integers(0, 14), min_size=1, max_size=9), min_size=1, max_size=4))
+@given(
+    settings=SETTINGS,
+    seed=st.integers(0, 5000),
+    eos=st.sampled_from([None, 2]),
+    prompts=st.lists(st.lists(st.integers(0, 14), min_size=1, max_size=9), min_size=1, max_size=4),
+)
 def test_packed_and_padded_forwards_give_the_same_decodes(settings, seed, eos, prompts):
     adapter = tiny(vocab=16, seed=seed, scale=8.0, eos=eos)
     decoder = decoder_from(settings)

@@ -10,8 +10,9 @@ from tests.support.helpers import tiny
 
 def test_a_full_queue_refuses_new_requests_until_one_is_admitted():
     model = tiny(vocab=16, seed=1, scale=8.0)
-    generator = Generator(model, Decoder.from_names(slot_size=2, serial_num_blocks=1), gen_length=4, max_rows=1,
-                          max_queue=2)
+    generator = Generator(
+        model, Decoder.from_names(slot_size=2, serial_num_blocks=1), gen_length=4, max_rows=1, max_queue=2
+    )
     generator.submit([1, 2])
     generator.submit([3, 4])
     with pytest.raises(QueueFull, match="`max_queue` \\(2\\)"):

@@ -58,8 +58,11 @@ def test_threads_and_a_running_generator_on_one_model_get_the_single_threaded_to
 
     generator = Generator(model, engine="branch", max_rows=2).start()
     try:
-        requests = [(job, generator.submit(job[1], decoder=job[0], gen_length=job[2])) for job in background
-                    if job[0].engine == "branch"]
+        requests = [
+            (job, generator.submit(job[1], decoder=job[0], gen_length=job[2]))
+            for job in background
+            if job[0].engine == "branch"
+        ]
         threads = [threading.Thread(target=work, args=(jobs_of_thread,)) for jobs_of_thread in per_thread]
         for thread in threads:
             thread.start()

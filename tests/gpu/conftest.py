@@ -53,6 +53,7 @@ def record(request, record_property):
         if path:
             with open(path, "a") as f:
                 f.write(json.dumps({"test": request.node.nodeid, "name": name, "value": value}, default=str) + "\n")
+
     return keep
 
 

@@ -42,13 +42,25 @@ def test_the_peer_families_checkpoints_in_bf16(device, family):
     decoder = attrs.evolve(build_decoder(model, preset=preset)[0], batch_invariant=True)
     rng = random.Random(family)
     pool = [[rng.randrange(10, 100) for _ in range(rng.randint(1, 12))] for _ in range(3)]
-    check_batch_equals_alone(model, decoder, 16 if family == "refusion" else 8, {}, [rng.choice(pool) for _ in range(9)])
+    check_batch_equals_alone(
+        model, decoder, 16 if family == "refusion" else 8, {}, [rng.choice(pool) for _ in range(9)]
+    )
 
 
 def test_how_often_the_default_differs_from_alone_in_bf16(device, on_gpu, record):
     """Recorded, not asserted: docs/batching.md says the default may flip close calls in bf16."""
-    model = HFCausalLM(tiny_qwen3(vocab_size=512, hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4,
-                                  logit_scale=2.0, seed=7, dtype=torch.bfloat16))
+    model = HFCausalLM(
+        tiny_qwen3(
+            vocab_size=512,
+            hidden_size=256,
+            num_layers=4,
+            num_heads=8,
+            num_kv_heads=4,
+            logit_scale=2.0,
+            seed=7,
+            dtype=torch.bfloat16,
+        )
+    )
     model.model.to(device)
     rng = random.Random(7)
     prompts = [[rng.randrange(500) for _ in range(rng.randint(2, 24))] for _ in range(16 if on_gpu else 4)]
@@ -65,8 +77,19 @@ def test_how_often_the_default_differs_from_alone_in_bf16(device, on_gpu, record
 def test_at_an_8b_models_width_on_the_packed_engine(device, on_gpu):
     """Hidden 4096 (Qwen3-8B's width): wide rows are where GPU reductions change with the row count."""
     hidden = 4096 if on_gpu else 256
-    model = HFCausalLM(tiny_qwen3(vocab_size=1024, hidden_size=hidden, num_layers=2, num_heads=32, num_kv_heads=8,
-                                  intermediate_size=2 * hidden, logit_scale=2.0, seed=5, dtype=torch.bfloat16))
+    model = HFCausalLM(
+        tiny_qwen3(
+            vocab_size=1024,
+            hidden_size=hidden,
+            num_layers=2,
+            num_heads=32,
+            num_kv_heads=8,
+            intermediate_size=2 * hidden,
+            logit_scale=2.0,
+            seed=5,
+            dtype=torch.bfloat16,
+        )
+    )
     model.model.to(device)
     decoder = Decoder.from_names(slot_size=4, serial_num_blocks=2, engine="branch", batch_invariant=True)
     rng = random.Random(5)

@@ -34,19 +34,32 @@ def inductor_counters() -> dict:
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_compiled_decoding_gives_eager_tokens(device, on_gpu, mode, record):
     eager = on(device)
-    want = {(d, e): tokens(eager, e, d, BATCH if e == "branch" else BATCH[:2]) for d in DECODERS
-            for e in ("branch", "repeat")}
+    want = {
+        (d, e): tokens(eager, e, d, BATCH if e == "branch" else BATCH[:2])
+        for d in DECODERS
+        for e in ("branch", "repeat")
+    }
     options = {"mode": mode} if on_gpu else {"backend": "eager"}
     compiled = load_model(on(device), compile=options)
     before = inductor_counters()
     start = time.perf_counter()
-    got = {(d, e): tokens(compiled, e, d, BATCH if e == "branch" else BATCH[:2]) for d in DECODERS
-           for e in ("branch", "repeat")}
+    got = {
+        (d, e): tokens(compiled, e, d, BATCH if e == "branch" else BATCH[:2])
+        for d in DECODERS
+        for e in ("branch", "repeat")
+    }
     stats = compile_stats(compiled)
     record(f"{mode}_first_decodes_seconds", round(time.perf_counter() - start, 2))
-    record(f"{mode}_compile_stats", {"calls": stats.calls, "compiling_calls": stats.compiling_calls,
-                                     "graphs": stats.graphs, "graph_breaks": stats.graph_breaks,
-                                     "compile_seconds": round(stats.compile_seconds, 2)})
+    record(
+        f"{mode}_compile_stats",
+        {
+            "calls": stats.calls,
+            "compiling_calls": stats.compiling_calls,
+            "graphs": stats.graphs,
+            "graph_breaks": stats.graph_breaks,
+            "compile_seconds": round(stats.compile_seconds, 2),
+        },
+    )
     skips = {k: v - before.get(k, 0) for k, v in inductor_counters().items()}
     record(f"{mode}_cudagraph_counters", skips)
     assert got == want
@@ -55,4 +68,6 @@ def test_compiled_decoding_gives_eager_tokens(device, on_gpu, mode, record):
     again = {(d, "branch"): tokens(compiled, "branch", d, BATCH[1:]) for d in DECODERS}  # replays, new shapes
     assert again == {(d, "branch"): tokens(eager, "branch", d, BATCH[1:]) for d in DECODERS}
     if on_gpu and mode == "reduce-overhead":
-        assert skips.get("cudagraph_skips", 0) == 0, f"CUDA graphs were skipped: {skips} (TORCH_LOGS=perf_hints says why)"
+        assert skips.get("cudagraph_skips", 0) == 0, (
+            f"CUDA graphs were skipped: {skips} (TORCH_LOGS=perf_hints says why)"
+        )

@@ -37,8 +37,18 @@ def counted(model, decoder, prompts, gen_length, on_gpu):
 
 @pytest.mark.parametrize("name", ["paper", "ar"])
 def test_synchronisations_per_step_do_not_grow_with_the_batch_on_branch(device, on_gpu, name, record):
-    model = HFCausalLM(tiny_qwen3(vocab_size=512, hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
-                                  logit_scale=4.0, seed=11, dtype=torch.bfloat16))
+    model = HFCausalLM(
+        tiny_qwen3(
+            vocab_size=512,
+            hidden_size=128,
+            num_layers=2,
+            num_heads=4,
+            num_kv_heads=2,
+            logit_scale=4.0,
+            seed=11,
+            dtype=torch.bfloat16,
+        )
+    )
     model.model.to(device)
     decoder = Decoder.from_spec(preset(name))
     rng = random.Random(11)

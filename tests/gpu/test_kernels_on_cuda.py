@@ -8,8 +8,15 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from refusion_kernels import (choose, confidence, confidence_reference, lm_head_stats, lm_head_stats_reference,  # noqa: E402
-                              scatter_kv, scatter_kv_reference)
+from refusion_kernels import (
+    choose,
+    confidence,
+    confidence_reference,
+    lm_head_stats,
+    lm_head_stats_reference,
+    scatter_kv,
+    scatter_kv_reference,
+)
 
 pytestmark = pytest.mark.usefixtures("compiled_triton")
 
@@ -31,8 +38,11 @@ def test_confidence_kernel_equals_the_reference(device, on_gpu, dtype, temperatu
     logits = (torch.randn(max(rows), vocab, device=device, generator=g) * 4).to(dtype)
     tokens, probs = confidence(logits, temperature, exclude, backend="triton")
     want_tokens, want_probs = confidence_reference(logits, temperature, exclude)
-    ranked = logits.float() if exclude is None else logits.float().index_fill(1, torch.tensor([exclude], device=device),
-                                                                              float("-inf"))
+    ranked = (
+        logits.float()
+        if exclude is None
+        else logits.float().index_fill(1, torch.tensor([exclude], device=device), float("-inf"))
+    )
     assert torch.equal(ranked.gather(1, tokens[:, None]), ranked.gather(1, want_tokens[:, None]))  # the same maxima
     assert torch.equal(tokens, want_tokens)  # and the lowest id among equal ones (bf16 logits tie often)
     tolerance = 1e-2 if dtype == torch.bfloat16 else 1e-5
@@ -63,8 +73,9 @@ def test_lm_head_kernel_ranks_the_heads_own_logits(device, on_gpu, dtype):
     h = torch.randint(-8, 9, (max(rows), hidden), device=device, generator=g).to(dtype)
     logits = F.linear(h, weight).float()
     for exclude in (None, 5):
-        ranked = logits if exclude is None else logits.index_fill(1, torch.tensor([exclude], device=device),
-                                                                  float("-inf"))
+        ranked = (
+            logits if exclude is None else logits.index_fill(1, torch.tensor([exclude], device=device), float("-inf"))
+        )
         tokens, best, lse = lm_head_stats(h, weight, None, exclude, backend="triton")
         assert torch.equal(tokens, ranked.argmax(1))
         assert torch.equal(best, ranked.max(1).values)

@@ -19,31 +19,113 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
 
     out = []
     for dtype in ("bf16", "fp16", "fp32"):
-        out.append((f"confidence_kernel {dtype}", K.confidence_kernel,
-                    {"logits_ptr": f"*{dtype}", "stride_row": "i32", "stride_col": "i32", "n_cols": "i32",
-                     "inv_temp": "fp32", "exclude": "i32", "tokens_ptr": "*i64", "probs_ptr": "*fp32",
-                     "BLOCK": "constexpr"}, {"BLOCK": 4096}))
+        out.append(
+            (
+                f"confidence_kernel {dtype}",
+                K.confidence_kernel,
+                {
+                    "logits_ptr": f"*{dtype}",
+                    "stride_row": "i32",
+                    "stride_col": "i32",
+                    "n_cols": "i32",
+                    "inv_temp": "fp32",
+                    "exclude": "i32",
+                    "tokens_ptr": "*i64",
+                    "probs_ptr": "*fp32",
+                    "BLOCK": "constexpr",
+                },
+                {"BLOCK": 4096},
+            )
+        )
         for bias in (False, True):
-            out.append((f"lm_head_kernel {dtype}{' bias' if bias else ''}", K.lm_head_kernel,
-                        {"h_ptr": f"*{dtype}", "w_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "max_ptr": "*fp32",
-                         "sum_ptr": "*fp32", "best_ptr": "*fp32", "idx_ptr": "*i64", "targets_ptr": "*i64",
-                         "picked_ptr": "*fp32", "n_rows": "i32", "vocab": "i32",
-                         "dim": "i32", "chunk": "i32", "s_hm": "i32", "s_hd": "i32", "s_wv": "i32", "s_wd": "i32",
-                         "temperature": "fp32", "exclude": "i32", "HAS_BIAS": "constexpr",
-                         "HAS_TARGETS": "constexpr", "IEEE": "constexpr",
-                         "BLOCK_M": "constexpr", "BLOCK_V": "constexpr", "BLOCK_D": "constexpr"},
-                        {"HAS_BIAS": bias, "HAS_TARGETS": bias, "IEEE": dtype == "fp32", "BLOCK_M": 16,
-                         "BLOCK_V": 64, "BLOCK_D": 64}))  # with a bias, with targets too: both branches compiled
-        out.append((f"scatter_kernel {dtype}", K.scatter_kernel,
-                    {"src_ptr": f"*{dtype}", "dst_ptr": f"*{dtype}", "rows_ptr": "*i64", "cols_ptr": "*i64",
-                     "n_heads": "i32", "head_dim": "i32", "s_g": "i32", "s_h": "i32", "s_t": "i32", "s_d": "i32",
-                     "d_g": "i32", "d_b": "i32", "d_h": "i32", "d_c": "i32", "d_d": "i32", "BLOCK_D": "constexpr"},
-                    {"BLOCK_D": 128}))
-    out.append(("lm_head_combine", K.lm_head_combine,
-                {"max_ptr": "*fp32", "sum_ptr": "*fp32", "best_ptr": "*fp32", "idx_ptr": "*i64", "picked_ptr": "*fp32",
-                 "tokens_ptr": "*i64", "out_best_ptr": "*fp32", "lse_ptr": "*fp32", "out_picked_ptr": "*fp32",
-                 "n_rows": "i32", "splits": "i32", "HAS_TARGETS": "constexpr", "BLOCK": "constexpr"},
-                {"HAS_TARGETS": True, "BLOCK": 64}))
+            out.append(
+                (
+                    f"lm_head_kernel {dtype}{' bias' if bias else ''}",
+                    K.lm_head_kernel,
+                    {
+                        "h_ptr": f"*{dtype}",
+                        "w_ptr": f"*{dtype}",
+                        "b_ptr": f"*{dtype}",
+                        "max_ptr": "*fp32",
+                        "sum_ptr": "*fp32",
+                        "best_ptr": "*fp32",
+                        "idx_ptr": "*i64",
+                        "targets_ptr": "*i64",
+                        "picked_ptr": "*fp32",
+                        "n_rows": "i32",
+                        "vocab": "i32",
+                        "dim": "i32",
+                        "chunk": "i32",
+                        "s_hm": "i32",
+                        "s_hd": "i32",
+                        "s_wv": "i32",
+                        "s_wd": "i32",
+                        "temperature": "fp32",
+                        "exclude": "i32",
+                        "HAS_BIAS": "constexpr",
+                        "HAS_TARGETS": "constexpr",
+                        "IEEE": "constexpr",
+                        "BLOCK_M": "constexpr",
+                        "BLOCK_V": "constexpr",
+                        "BLOCK_D": "constexpr",
+                    },
+                    {
+                        "HAS_BIAS": bias,
+                        "HAS_TARGETS": bias,
+                        "IEEE": dtype == "fp32",
+                        "BLOCK_M": 16,
+                        "BLOCK_V": 64,
+                        "BLOCK_D": 64,
+                    },
+                )
+            )  # with a bias, with targets too: both branches compiled
+        out.append(
+            (
+                f"scatter_kernel {dtype}",
+                K.scatter_kernel,
+                {
+                    "src_ptr": f"*{dtype}",
+                    "dst_ptr": f"*{dtype}",
+                    "rows_ptr": "*i64",
+                    "cols_ptr": "*i64",
+                    "n_heads": "i32",
+                    "head_dim": "i32",
+                    "s_g": "i32",
+                    "s_h": "i32",
+                    "s_t": "i32",
+                    "s_d": "i32",
+                    "d_g": "i32",
+                    "d_b": "i32",
+                    "d_h": "i32",
+                    "d_c": "i32",
+                    "d_d": "i32",
+                    "BLOCK_D": "constexpr",
+                },
+                {"BLOCK_D": 128},
+            )
+        )
+    out.append(
+        (
+            "lm_head_combine",
+            K.lm_head_combine,
+            {
+                "max_ptr": "*fp32",
+                "sum_ptr": "*fp32",
+                "best_ptr": "*fp32",
+                "idx_ptr": "*i64",
+                "picked_ptr": "*fp32",
+                "tokens_ptr": "*i64",
+                "out_best_ptr": "*fp32",
+                "lse_ptr": "*fp32",
+                "out_picked_ptr": "*fp32",
+                "n_rows": "i32",
+                "splits": "i32",
+                "HAS_TARGETS": "constexpr",
+                "BLOCK": "constexpr",
+            },
+            {"HAS_TARGETS": True, "BLOCK": 64},
+        )
+    )
     return out
 
 

@@ -68,8 +68,13 @@ def test_reference_is_argmax_and_softmax_probability():
 
 
 @given(
-    layers=st.integers(1, 3), heads=st.integers(1, 3), dim=st.sampled_from([4, 8, 12]),
-    batch=st.integers(1, 3), capacity=st.integers(4, 20), tokens=st.integers(0, 4), seed=st.integers(0, 100),
+    layers=st.integers(1, 3),
+    heads=st.integers(1, 3),
+    dim=st.sampled_from([4, 8, 12]),
+    batch=st.integers(1, 3),
+    capacity=st.integers(4, 20),
+    tokens=st.integers(0, 4),
+    seed=st.integers(0, 100),
 )
 def test_scatter_kernel_matches_reference(layers, heads, dim, batch, capacity, tokens, seed):
     g = torch.Generator().manual_seed(seed)

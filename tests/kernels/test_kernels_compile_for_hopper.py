@@ -17,8 +17,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_every_kernel_compiles_for_sm_90():
     env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, str(ROOT / "tests" / "kernels" / "hopper_compile.py")], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "kernels" / "hopper_compile.py")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     if done.returncode == 77:
         pytest.skip(done.stdout.strip())
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]

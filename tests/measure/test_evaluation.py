@@ -50,8 +50,10 @@ def test_eval_adapter_rounds_task_lengths_and_batches():
     from refusion.measure.lmeval import RefusionLM
 
     lm = RefusionLM(preset="paper", batch_size=2)  # slot 8 x 2 blocks: 100 tokens is no valid length
-    requests = [SimpleNamespace(args=(p, {"until": ["\n"], "max_gen_toks": 100}))
-                for p in ("copy abc=", "rev abcd=", "copy xyzw=")]
+    requests = [
+        SimpleNamespace(args=(p, {"until": ["\n"], "max_gen_toks": 100}))
+        for p in ("copy abc=", "rev abcd=", "copy xyzw=")
+    ]
     assert lm.generate_until(requests) == ["abc", "dcba", "xyzw"]
 
 
@@ -64,8 +66,27 @@ def test_the_eval_command_takes_lm_evals_flags_and_prints_its_table(task_dir, tm
     yaml.write_text(yaml.read_text() + 'fewshot_delimiter: " "\n')
     monkeypatch.chdir(tmp_path)  # not a git checkout: lm-eval's `git describe` fails here
     out = tmp_path / "results"
-    assert main(["eval", "--tasks", "refusion_synthetic", "--include-path", str(task_dir), "--limit", "2",
-                 "--num-fewshot", "1", "--batch-size", "2", "--output-path", str(out), "--log-samples"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--tasks",
+                "refusion_synthetic",
+                "--include-path",
+                str(task_dir),
+                "--limit",
+                "2",
+                "--num-fewshot",
+                "1",
+                "--batch-size",
+                "2",
+                "--output-path",
+                str(out),
+                "--log-samples",
+            ]
+        )
+        == 0
+    )
     captured = capfd.readouterr()
     assert "|refusion_synthetic|" in captured.out and "exact_match" in captured.out  # lm-eval's markdown table
     assert "fatal" not in captured.err and "not a git repository" not in captured.err, captured.err
@@ -78,8 +99,20 @@ def test_the_eval_command_takes_lm_evals_flags_and_prints_its_table(task_dir, tm
 def test_batch_size_auto_is_refused_rather_than_read_as_1(task_dir, capsys):
     from refusion.cli import main
 
-    assert main(["eval", "--tasks", "refusion_synthetic", "--include-path", str(task_dir), "--model-args",
-                 "batch_size=auto"]) == 2
+    assert (
+        main(
+            [
+                "eval",
+                "--tasks",
+                "refusion_synthetic",
+                "--include-path",
+                str(task_dir),
+                "--model-args",
+                "batch_size=auto",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "`batch_size` must be a positive integer" in err and "auto" in err
     assert main(["eval", "--tasks", "refusion_synthetic", "--log-samples"]) == 2
@@ -98,11 +131,41 @@ def test_apply_chat_template_wraps_the_prompts_in_the_tokenizers_template(task_d
     settings["chat_template"] = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     (checkpoint / "tokenizer_config.json").write_text(json.dumps(settings))
     record = tmp_path / "record.json"
-    assert main(["eval", "--tasks", "refusion_synthetic", "--include-path", str(task_dir), "--limit", "2",
-                 "--apply-chat-template", "--model-args", f"pretrained={checkpoint}", "--json",
-                 "--record", str(record)]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--tasks",
+                "refusion_synthetic",
+                "--include-path",
+                str(task_dir),
+                "--limit",
+                "2",
+                "--apply-chat-template",
+                "--model-args",
+                f"pretrained={checkpoint}",
+                "--json",
+                "--record",
+                str(record),
+            ]
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["refusion_synthetic"]["exact_match,none"] >= 0.5
     assert json.loads(record.read_text())["settings"]["apply_chat_template"] is True
-    assert main(["eval", "--tasks", "refusion_synthetic", "--include-path", str(task_dir), "--limit", "1",
-                 "--apply-chat-template"]) == 2  # the shipped tokenizer has no chat template
+    assert (
+        main(
+            [
+                "eval",
+                "--tasks",
+                "refusion_synthetic",
+                "--include-path",
+                str(task_dir),
+                "--limit",
+                "1",
+                "--apply-chat-template",
+            ]
+        )
+        == 2
+    )  # the shipped tokenizer has no chat template
     assert "no chat template" in capsys.readouterr().err

@@ -20,14 +20,14 @@ def test_reading_a_network_output_counts_and_host_data_does_not():
     net = Net()
     with torch.no_grad(), HostReads(net) as reads:
         out = net(torch.ones(2, 4))
-        out.sum().item()                    # arithmetic on network data, then a read: 1
-        (out.argmax(-1) + 1).tolist()      # 1
-        bool((out > 0).any())               # 1
+        out.sum().item()  # arithmetic on network data, then a read: 1
+        (out.argmax(-1) + 1).tolist()  # 1
+        bool((out > 0).any())  # 1
         plain = torch.arange(5)
-        plain.sum().item()                  # pure host data: 0
-        int(plain[2]), plain.tolist()       # 0
-        host = out.cpu()                    # the copy to the host: 1
-        host.tolist(), float(host[0, 0])    # reading the host copy: 0
+        plain.sum().item()  # pure host data: 0
+        int(plain[2]), plain.tolist()  # 0
+        host = out.cpu()  # the copy to the host: 1
+        host.tolist(), float(host[0, 0])  # reading the host copy: 0
     assert reads.by_kind == {"item": 1, "tolist": 1, "__bool__": 1, "cpu": 1}
     assert reads.total == 4
     assert reads.forwards == 1
@@ -38,14 +38,22 @@ def test_in_place_writes_and_mixed_inputs_carry_the_tag():
     with torch.no_grad(), HostReads(net) as reads:
         out = net(torch.ones(3, 4))
         buffer = torch.zeros(3)
-        buffer[1:] = out[1:, 0]            # a host buffer now holds network data
+        buffer[1:] = out[1:, 0]  # a host buffer now holds network data
         mixed = torch.cat([torch.ones(3), out[:, 1]])
         buffer.tolist(), mixed.max().item()
-        picked = torch.arange(3)[out[:, 2] > 0]   # a boolean index whose size depends on network data
+        picked = torch.arange(3)[out[:, 2] > 0]  # a boolean index whose size depends on network data
         torch.equal(out, out), 1 in out.argmax(-1), f"{out[0, 0]:.3f}", [0, 1, 2][out.argmax(-1)[0]]
         out.numpy()
-    assert reads.by_kind == {"tolist": 1, "item": 1, "bool-index": 1, "equal": 1, "__contains__": 1,
-                             "__format__": 1, "__index__": 1, "numpy": 1}
+    assert reads.by_kind == {
+        "tolist": 1,
+        "item": 1,
+        "bool-index": 1,
+        "equal": 1,
+        "__contains__": 1,
+        "__format__": 1,
+        "__index__": 1,
+        "numpy": 1,
+    }
     assert picked.dim() == 1
 
 
@@ -55,15 +63,15 @@ def test_tensors_made_on_the_device_are_placed_and_follow_the_device_they_were_g
         kept = net(torch.ones(1, 4))
     host = torch.arange(3)
     with torch.no_grad(), HostReads(net) as reads:
-        device = next(net.parameters()).device      # the weights live on the device
+        device = next(net.parameters()).device  # the weights live on the device
         out = net(torch.ones(2, 4))
         assert device == out.device != host.device
         torch.zeros(2, device=out.device).tolist()  # placed by the code: counted apart
-        ids = host.to(device)                       # an upload: ids is device data, host stays host data
+        ids = host.to(device)  # an upload: ids is device data, host stays host data
         int(ids[0]), host.tolist()
-        torch.zeros(2, device=host.device).tolist() # made beside host data: not counted
-        out.to(host.device).tolist()                # a copy of network data to the host: 1
-        kept.sum().item()                           # tagged by no context: not counted
+        torch.zeros(2, device=host.device).tolist()  # made beside host data: not counted
+        out.to(host.device).tolist()  # a copy of network data to the host: 1
+        kept.sum().item()  # tagged by no context: not counted
     assert reads.by_kind == {"cpu": 1}
     assert reads.placed == {"tolist": 1, "__int__": 1}
     assert not any(hasattr(p, reads._attr) for p in net.parameters())

@@ -21,13 +21,19 @@ def test_every_preset_decoder_survives_its_spec_as_json(name):
 
 
 @settings(max_examples=15)
-@given(temperature=st.sampled_from([0.0, 0.5, 1.3]), top_k=st.sampled_from([None, 3]), seed=st.integers(0, 2**31),
-       engine=st.sampled_from([None, "branch", "repeat"]), stop=st.sampled_from([True, False, "block"]),
-       k=st.integers(1, 4))
+@given(
+    temperature=st.sampled_from([0.0, 0.5, 1.3]),
+    top_k=st.sampled_from([None, 3]),
+    seed=st.integers(0, 2**31),
+    engine=st.sampled_from([None, "branch", "repeat"]),
+    stop=st.sampled_from([True, False, "block"]),
+    k=st.integers(1, 4),
+)
 def test_decoder_specs_round_trip(temperature, top_k, seed, engine, stop, k):
     top_k = top_k if temperature > 0 else None  # top_k without sampling is refused
-    decoder = Decoder.from_names(selector="topk", k=k, sample=Sampling(temperature, top_k), seed=seed, engine=engine,
-                                 stop_at_eos=stop)
+    decoder = Decoder.from_names(
+        selector="topk", k=k, sample=Sampling(temperature, top_k), seed=seed, engine=engine, stop_at_eos=stop
+    )
     assert Decoder.from_spec(DecoderSpec.from_dict(json.loads(json.dumps(decoder.spec.to_dict())))) == decoder
 
 
@@ -55,7 +61,13 @@ def test_the_environment_names_versions_threads_and_the_model_source():
     assert {"refusion", "torch", "transformers", "python", "device", "dtype", "torch_threads"} <= set(env)
     assert env["engine"] == "branch" and env["seeds"] == [3] and env["dtype"] == "torch.float32"
     assert env["model"]["shipped"] and len(env["model"]["sha256"]) == 64
-    assert model_source(None) == {"path": None, "shipped": False, "git_revision": None, "git_dirty": None, "sha256": None}
+    assert model_source(None) == {
+        "path": None,
+        "shipped": False,
+        "git_revision": None,
+        "git_dirty": None,
+        "sha256": None,
+    }
 
 
 @pytest.fixture
@@ -92,20 +104,38 @@ def test_reproduce_round_trips_a_bench_record_and_flags_a_changed_token(tmp_path
     assert "NOT reproduced" in report and "model: tokens of 1 example(s) differ (first: example 2)" in report
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda r: r.pop("environment"), "field `environment` is missing"),
-    (lambda r: r.update(kind="sweep"), "field `kind` must be one of 'bench', 'eval'"),
-    (lambda r: r.update(schema="other"), "field `schema` must be 'refusion-record'"),
-    (lambda r: r["settings"].pop("per_task"), "field `settings.per_task` is missing"),
-    (lambda r: r["rows"][0].update(forwards="many"), "field `rows\\[0\\].forwards` must be an integer"),
-    (lambda r: r["rows"][0].pop("decoder"), "field `rows\\[0\\].decoder` is missing"),
-    (lambda r: r.update(rows=[]), "field `rows` is empty"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda r: r.pop("environment"), "field `environment` is missing"),
+        (lambda r: r.update(kind="sweep"), "field `kind` must be one of 'bench', 'eval'"),
+        (lambda r: r.update(schema="other"), "field `schema` must be 'refusion-record'"),
+        (lambda r: r["settings"].pop("per_task"), "field `settings.per_task` is missing"),
+        (lambda r: r["rows"][0].update(forwards="many"), "field `rows\\[0\\].forwards` must be an integer"),
+        (lambda r: r["rows"][0].pop("decoder"), "field `rows\\[0\\].decoder` is missing"),
+        (lambda r: r.update(rows=[]), "field `rows` is empty"),
+    ],
+)
 def test_a_malformed_record_is_refused_naming_the_field(edit, message):
-    record = {"schema": "refusion-record", "version": 1, "kind": "bench", "environment": {},
-              "settings": {"per_task": 1, "gen_length": 32, "methods": ["model"]},
-              "rows": [{"method": "model", "examples": 6, "correct": 6, "forwards": 9, "tokens": 30, "seconds": 0.5,
-                        "outputs": [], "decoder": None}]}
+    record = {
+        "schema": "refusion-record",
+        "version": 1,
+        "kind": "bench",
+        "environment": {},
+        "settings": {"per_task": 1, "gen_length": 32, "methods": ["model"]},
+        "rows": [
+            {
+                "method": "model",
+                "examples": 6,
+                "correct": 6,
+                "forwards": 9,
+                "tokens": 30,
+                "seconds": 0.5,
+                "outputs": [],
+                "decoder": None,
+            }
+        ],
+    }
     check_record(record)
     edit(record)
     with pytest.raises(ConfigError, match=message):
@@ -127,11 +157,27 @@ def test_an_eval_record_carries_the_environment_decoder_and_settings(tmp_path, c
 
     write_task(tmp_path, monkeypatch)
     path = tmp_path / "eval.json"
-    assert main(["eval", "--tasks", "refusion_synthetic", "--include-path", str(tmp_path), "--model-args",
-                 "selector=topk,k=2", "--record", str(path)]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--tasks",
+                "refusion_synthetic",
+                "--include-path",
+                str(tmp_path),
+                "--model-args",
+                "selector=topk,k=2",
+                "--record",
+                str(path),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     record = load_record(path)
-    assert record["kind"] == "eval" and record["generations"] == 2 and record["decoder"]["selector"]["params"] == {"k": 2}
+    assert (
+        record["kind"] == "eval" and record["generations"] == 2 and record["decoder"]["selector"]["params"] == {"k": 2}
+    )
     assert record["environment"]["engine"] == "branch" and record["settings"]["torch_random_seed"] == 1234
     assert record["results"]["refusion_synthetic"]["exact_match,none"] == 1.0
 
@@ -141,10 +187,17 @@ def test_reproducing_an_eval_record_compares_every_metric_and_the_texts(monkeypa
     from refusion.measure.reproduce import reproduce
 
     env = {"refusion": "0.1.0", "torch": "2.13.0", "torch_threads": 1}
-    record = {"schema": "refusion-record", "version": 1, "kind": "eval", "environment": env, "decoder": None,
-              "settings": {"tasks": ["t"], "model_args": "k=2", "limit": None, "torch_random_seed": 7},
-              "results": {"t": {"exact_match,none": 1.0, "exact_match_stderr,none": float("nan")}},
-              "outputs_sha256": "a" * 64, "generations": 2}
+    record = {
+        "schema": "refusion-record",
+        "version": 1,
+        "kind": "eval",
+        "environment": env,
+        "decoder": None,
+        "settings": {"tasks": ["t"], "model_args": "k=2", "limit": None, "torch_random_seed": 7},
+        "results": {"t": {"exact_match,none": 1.0, "exact_match_stderr,none": float("nan")}},
+        "outputs_sha256": "a" * 64,
+        "generations": 2,
+    }
     calls = []
 
     def rerun(tasks, **kwargs):  # what the re-run gives: the same metrics, the texts changed, a newer torch
@@ -154,7 +207,9 @@ def test_reproducing_an_eval_record_compares_every_metric_and_the_texts(monkeypa
     monkeypatch.setattr(evaluation, "evaluate_with_record", rerun)
     outcome = reproduce(record)
     assert calls == [(["t"], {"model_args": "k=2", "include_path": None, "limit": None, "torch_random_seed": 7})]
-    assert not outcome.matches and outcome.differences == ("generated texts differ (sha256 aaaaaaaaaaaa -> bbbbbbbbbbbb)",)
+    assert not outcome.matches and outcome.differences == (
+        "generated texts differ (sha256 aaaaaaaaaaaa -> bbbbbbbbbbbb)",
+    )
     assert outcome.environment_changes == ("torch: 2.13.0 -> 2.14.0",)  # NaN stderr counts as equal
 
 
@@ -162,35 +217,55 @@ def test_reproducing_an_eval_record_compares_every_metric_and_the_texts(monkeypa
 
 
 def _bench_record(**settings):
-    return {"schema": "refusion-record", "version": 1, "kind": "bench", "environment": {"torch_threads": 1},
-            "settings": {"per_task": 1, "gen_length": 32, "methods": ["model"], **settings},
-            "rows": [{"method": "model", "examples": 6, "correct": 6, "forwards": 9, "tokens": 30, "seconds": 0.5,
-                      "outputs": [[1, 2]], "decoder": PRESETS["paper"].to_dict()}]}
+    return {
+        "schema": "refusion-record",
+        "version": 1,
+        "kind": "bench",
+        "environment": {"torch_threads": 1},
+        "settings": {"per_task": 1, "gen_length": 32, "methods": ["model"], **settings},
+        "rows": [
+            {
+                "method": "model",
+                "examples": 6,
+                "correct": 6,
+                "forwards": 9,
+                "tokens": 30,
+                "seconds": 0.5,
+                "outputs": [[1, 2]],
+                "decoder": PRESETS["paper"].to_dict(),
+            }
+        ],
+    }
 
 
-@pytest.mark.parametrize("edit, param", [
-    (lambda r: r["settings"].update(per_task=100_000), "settings.per_task"),  # 600,000 examples
-    (lambda r: r["settings"].update(gen_length="abc"), "settings.gen_length"),
-    (lambda r: r["settings"].update(gen_length=[32]), "settings.gen_length"),
-    (lambda r: r["settings"].update(gen_length=10**9), "settings.gen_length"),
-    (lambda r: r["settings"].update(methods="model"), "settings.methods"),
-    (lambda r: r["settings"].update(cost_model="qwen3-8b@tpu"), "settings.cost_model"),
-    (lambda r: r["settings"].update(model={"mask_token_id": [1]}), "settings.model.mask_token_id"),
-    (lambda r: r["settings"].update(model={"dtype": 16}), "settings.model.dtype"),
-    (lambda r: r["settings"].update(model={"pretrained": "x"}), "settings.model.pretrained"),
-    (lambda r: r["settings"].update(per_tasks=1), "settings.per_tasks"),
-    (lambda r: r.update(comment="hi"), "comment"),
-    (lambda r: r["environment"].update(torch_threads="many"), "environment.torch_threads"),
-    (lambda r: r["environment"].update(gpu="x"), "environment.gpu"),
-    (lambda r: r["rows"][0].update(examples=[6]), "rows[0].examples"),
-    (lambda r: r["rows"][0].update(examples=600_000), "rows[0].examples"),
-    (lambda r: r["rows"][0].update(correct=7), "rows[0].correct"),
-    (lambda r: r["rows"][0].update(seconds=float("nan")), "rows[0].seconds"),
-    (lambda r: r["rows"][0].update(outputs=[["a"]]), "rows[0].outputs[0]"),
-    (lambda r: r["rows"][0].update(forward=9), "rows[0].forward"),
-    (lambda r: r["rows"][0]["decoder"]["selector"]["params"].update(slot_treshold=0.9),
-     "rows[0].decoder.selector.params.slot_treshold"),
-])
+@pytest.mark.parametrize(
+    "edit, param",
+    [
+        (lambda r: r["settings"].update(per_task=100_000), "settings.per_task"),  # 600,000 examples
+        (lambda r: r["settings"].update(gen_length="abc"), "settings.gen_length"),
+        (lambda r: r["settings"].update(gen_length=[32]), "settings.gen_length"),
+        (lambda r: r["settings"].update(gen_length=10**9), "settings.gen_length"),
+        (lambda r: r["settings"].update(methods="model"), "settings.methods"),
+        (lambda r: r["settings"].update(cost_model="qwen3-8b@tpu"), "settings.cost_model"),
+        (lambda r: r["settings"].update(model={"mask_token_id": [1]}), "settings.model.mask_token_id"),
+        (lambda r: r["settings"].update(model={"dtype": 16}), "settings.model.dtype"),
+        (lambda r: r["settings"].update(model={"pretrained": "x"}), "settings.model.pretrained"),
+        (lambda r: r["settings"].update(per_tasks=1), "settings.per_tasks"),
+        (lambda r: r.update(comment="hi"), "comment"),
+        (lambda r: r["environment"].update(torch_threads="many"), "environment.torch_threads"),
+        (lambda r: r["environment"].update(gpu="x"), "environment.gpu"),
+        (lambda r: r["rows"][0].update(examples=[6]), "rows[0].examples"),
+        (lambda r: r["rows"][0].update(examples=600_000), "rows[0].examples"),
+        (lambda r: r["rows"][0].update(correct=7), "rows[0].correct"),
+        (lambda r: r["rows"][0].update(seconds=float("nan")), "rows[0].seconds"),
+        (lambda r: r["rows"][0].update(outputs=[["a"]]), "rows[0].outputs[0]"),
+        (lambda r: r["rows"][0].update(forward=9), "rows[0].forward"),
+        (
+            lambda r: r["rows"][0]["decoder"]["selector"]["params"].update(slot_treshold=0.9),
+            "rows[0].decoder.selector.params.slot_treshold",
+        ),
+    ],
+)
 def test_a_record_with_a_wrong_field_is_refused_naming_the_file_and_field(tmp_path, edit, param):
     record = _bench_record()
     check_record(record)
@@ -203,15 +278,25 @@ def test_a_record_with_a_wrong_field_is_refused_naming_the_file_and_field(tmp_pa
     assert err.value.param == param and str(path) in str(err.value) and named in str(err.value)
 
 
-@pytest.mark.parametrize("edit, param", [
-    (lambda r: r["settings"].update(limit=10**9), "settings.limit"),
-    (lambda r: r["settings"].update(tasks="t"), "settings.tasks"),
-    (lambda r: r["settings"].update(torch_random_seed=-1), "settings.torch_random_seed"),
-    (lambda r: r.update(outputs=[]), "outputs"),
-])
+@pytest.mark.parametrize(
+    "edit, param",
+    [
+        (lambda r: r["settings"].update(limit=10**9), "settings.limit"),
+        (lambda r: r["settings"].update(tasks="t"), "settings.tasks"),
+        (lambda r: r["settings"].update(torch_random_seed=-1), "settings.torch_random_seed"),
+        (lambda r: r.update(outputs=[]), "outputs"),
+    ],
+)
 def test_an_eval_record_with_a_wrong_field_is_refused(edit, param):
-    record = {"schema": "refusion-record", "version": 1, "kind": "eval", "environment": {}, "decoder": None,
-              "settings": {"tasks": ["t"], "model_args": "", "limit": None}, "results": {"t": {}}}
+    record = {
+        "schema": "refusion-record",
+        "version": 1,
+        "kind": "eval",
+        "environment": {},
+        "decoder": None,
+        "settings": {"tasks": ["t"], "model_args": "", "limit": None},
+        "results": {"t": {}},
+    }
     check_record(record)
     edit(record)
     with pytest.raises(ConfigError) as err:
@@ -245,11 +330,14 @@ def no_model(monkeypatch):
     return Loaded
 
 
-@pytest.mark.parametrize("decoder, field", [
-    ({**PRESETS["paper"].to_dict(), "selector": {"name": "no_such_module_xyz:Selector", "params": {}}}, "selector"),
-    ({**PRESETS["paper"].to_dict(), "engine": "no_such_module_xyz:Engine"}, "engine"),
-    ({"gen_length": 32, "params": {}, "infiller": "no_such_module_xyz:Infiller"}, "infiller"),  # earlier format
-])
+@pytest.mark.parametrize(
+    "decoder, field",
+    [
+        ({**PRESETS["paper"].to_dict(), "selector": {"name": "no_such_module_xyz:Selector", "params": {}}}, "selector"),
+        ({**PRESETS["paper"].to_dict(), "engine": "no_such_module_xyz:Engine"}, "engine"),
+        ({"gen_length": 32, "params": {}, "infiller": "no_such_module_xyz:Infiller"}, "infiller"),  # earlier format
+    ],
+)
 def test_reproduce_refuses_module_paths_unless_allowed(no_model, decoder, field):
     from refusion.measure.reproduce import reproduce
 
@@ -265,9 +353,15 @@ def test_reproduce_refuses_module_paths_unless_allowed(no_model, decoder, field)
 def test_reproduce_refuses_module_paths_in_eval_model_args(no_model, monkeypatch):
     import refusion.measure.reproduce as reproduction
 
-    record = {"schema": "refusion-record", "version": 1, "kind": "eval", "environment": {}, "decoder": None,
-              "settings": {"tasks": ["t"], "model_args": "selector=no_such_module_xyz:Selector,k=2"},
-              "results": {"t": {}}}
+    record = {
+        "schema": "refusion-record",
+        "version": 1,
+        "kind": "eval",
+        "environment": {},
+        "decoder": None,
+        "settings": {"tasks": ["t"], "model_args": "selector=no_such_module_xyz:Selector,k=2"},
+        "results": {"t": {}},
+    }
     with pytest.raises(ConfigError, match="--allow-imports") as err:
         reproduction.reproduce(record)
     assert err.value.param == "settings.model_args.selector"
@@ -287,14 +381,17 @@ def test_reproduce_on_the_command_line_takes_allow_imports(no_model, tmp_path, c
     assert main(["reproduce", str(path), "--allow-imports"]) == 0
 
 
-@pytest.mark.parametrize("argv, flag", [
-    (["bench", "--per-task", "100000"], "--per-task"),
-    (["bench", "--gen-length", "1000000000"], "--gen-length"),
-    (["bench", "--mask-token-id", "-1"], "--mask-token-id"),
-    (["bench", "--eos-token-id", "99999999999"], "--eos-token-id"),
-    (["bench", "--model-block-length", "0"], "--model-block-length"),
-    (["eval", "--tasks", "x", "--limit", "1000000000"], "--limit"),
-])
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["bench", "--per-task", "100000"], "--per-task"),
+        (["bench", "--gen-length", "1000000000"], "--gen-length"),
+        (["bench", "--mask-token-id", "-1"], "--mask-token-id"),
+        (["bench", "--eos-token-id", "99999999999"], "--eos-token-id"),
+        (["bench", "--model-block-length", "0"], "--model-block-length"),
+        (["eval", "--tasks", "x", "--limit", "1000000000"], "--limit"),
+    ],
+)
 def test_bench_and_eval_numbers_are_range_checked_before_the_model_loads(monkeypatch, capsys, argv, flag):
     import refusion.cli.measure as command
 
@@ -326,10 +423,23 @@ def test_an_eval_record_with_an_include_path_is_reproduced_only_when_imports_are
     from refusion.measure.reproduce import reproduce
 
     env = {"refusion": "0.1.0", "torch": "2.13.0", "torch_threads": 1}
-    record = {"schema": "refusion-record", "version": 1, "kind": "eval", "environment": env, "decoder": None,
-              "settings": {"tasks": ["t"], "model_args": "k=2", "limit": None, "torch_random_seed": 7,
-                           "include_path": "/somewhere/tasks"},
-              "results": {"t": {"exact_match,none": 1.0}}, "outputs_sha256": "a" * 64, "generations": 2}
+    record = {
+        "schema": "refusion-record",
+        "version": 1,
+        "kind": "eval",
+        "environment": env,
+        "decoder": None,
+        "settings": {
+            "tasks": ["t"],
+            "model_args": "k=2",
+            "limit": None,
+            "torch_random_seed": 7,
+            "include_path": "/somewhere/tasks",
+        },
+        "results": {"t": {"exact_match,none": 1.0}},
+        "outputs_sha256": "a" * 64,
+        "generations": 2,
+    }
     monkeypatch.setattr(evaluation, "evaluate_with_record", lambda tasks, **kw: ({}, record))
     with pytest.raises(ConfigError) as info:
         reproduce(record)
@@ -341,5 +451,6 @@ def test_a_part_named_by_an_object_with_a_class_path_is_seen_as_an_import():
     from refusion.config.trust import import_paths
 
     assert import_paths({"selector": {"name": "evil.module:Sel", "params": {}}, "engine": "branch"}) == {
-        "selector": "evil.module:Sel"}
+        "selector": "evil.module:Sel"
+    }
     assert import_paths({"params": {"engine": "x.y:Z"}}) == {"params.engine": "x.y:Z"}

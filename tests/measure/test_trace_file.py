@@ -14,8 +14,17 @@ from refusion.errors import ConfigError
 from refusion.measure.trace import read_trace, schema, write_trace
 from tests.support.helpers import layouts, model_setups, tiny
 
-MEASURED = ("confidence", "fed_tokens", "kv_appended", "kv_pending", "kv_encoded", "kv_invalidated",
-            "kv_copied_bytes", "kv_written_bytes", "seconds")
+MEASURED = (
+    "confidence",
+    "fed_tokens",
+    "kv_appended",
+    "kv_pending",
+    "kv_encoded",
+    "kv_invalidated",
+    "kv_copied_bytes",
+    "kv_written_bytes",
+    "seconds",
+)
 
 
 def _lines(path):
@@ -38,14 +47,26 @@ def _check_sums(result, engine_totals=True):
 
 
 @settings(max_examples=8)
-@given(setup=model_setups(), layout=layouts(), engine=st.sampled_from(["branch", "repeat"]),
-       reorderer=st.sampled_from(["commit-order", "reencode"]), thresholds=st.sampled_from([(0.9, 0.9), (0.3, 0.2)]))
-def test_trace_records_fit_the_schema_add_up_and_read_back(tmp_path_factory, setup, layout, engine, reorderer,
-                                                           thresholds):
+@given(
+    setup=model_setups(),
+    layout=layouts(),
+    engine=st.sampled_from(["branch", "repeat"]),
+    reorderer=st.sampled_from(["commit-order", "reencode"]),
+    thresholds=st.sampled_from([(0.9, 0.9), (0.3, 0.2)]),
+)
+def test_trace_records_fit_the_schema_add_up_and_read_back(
+    tmp_path_factory, setup, layout, engine, reorderer, thresholds
+):
     model, prompt = setup
     slot, blocks, gen_length = layout
-    decoder = Decoder.from_names(reorderer=reorderer, slot_size=slot, serial_num_blocks=blocks, engine=engine,
-                                 slot_threshold=thresholds[0], token_threshold=thresholds[1])
+    decoder = Decoder.from_names(
+        reorderer=reorderer,
+        slot_size=slot,
+        serial_num_blocks=blocks,
+        engine=engine,
+        slot_threshold=thresholds[0],
+        token_threshold=thresholds[1],
+    )
     session = decoder.session(model, prompt, decoder.fit_length(gen_length))
     result = session.run()
     _check_sums(result)
@@ -92,14 +113,26 @@ def test_generate_command_writes_a_trace_with_token_pieces(tmp_path):
     assert pieces.startswith("abcdefgh") and all(r["confidence"] for r in steps)
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda lines: lines[:1] + ["{not json"] + lines[1:], ":2: field `(line)`: not a JSON object"),
-    (lambda lines: [lines[0].replace('"gen_length": ', '"gen_len": ')] + lines[1:], ":1: header record, field `gen_length`: is missing"),
-    (lambda lines: lines[:1] + [lines[1].replace('"forwards": ', '"forwards": -')] + lines[2:], "step record, field `forwards`"),
-    (lambda lines: lines[1:], "before its header"),
-    (lambda lines: lines[:-1], "has no end record"),
-    (lambda lines: [lines[0].replace('"record": "header"', '"record": "head"')] + lines[1:], ":1: field `record`: must be 'header', 'step' or 'end'"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda lines: lines[:1] + ["{not json"] + lines[1:], ":2: field `(line)`: not a JSON object"),
+        (
+            lambda lines: [lines[0].replace('"gen_length": ', '"gen_len": ')] + lines[1:],
+            ":1: header record, field `gen_length`: is missing",
+        ),
+        (
+            lambda lines: lines[:1] + [lines[1].replace('"forwards": ', '"forwards": -')] + lines[2:],
+            "step record, field `forwards`",
+        ),
+        (lambda lines: lines[1:], "before its header"),
+        (lambda lines: lines[:-1], "has no end record"),
+        (
+            lambda lines: [lines[0].replace('"record": "header"', '"record": "head"')] + lines[1:],
+            ":1: field `record`: must be 'header', 'step' or 'end'",
+        ),
+    ],
+)
 def test_a_malformed_trace_is_refused_naming_the_line_and_field(tmp_path, edit, message):
     decoder = Decoder.from_names(slot_size=2, serial_num_blocks=1)
     good = write_trace(decoder.decode(tiny(vocab=16), [3, 4, 5], 4), tmp_path / "good.jsonl")

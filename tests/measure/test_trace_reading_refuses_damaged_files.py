@@ -49,19 +49,23 @@ def _write(path, lines):
 
 def change(number, edit):
     """Apply ``edit`` to the record on line ``number``."""
+
     def damage(records):
         edit(records[number - 1])
         return _lines(records)
+
     return damage
 
 
 def replace(number, old, new):
     """Replace bytes ``old`` with ``new`` on line ``number``."""
+
     def damage(records):
         lines = _lines(records)
         assert old in lines[number - 1]
         lines[number - 1] = lines[number - 1].replace(old, new, 1)
         return lines
+
     return damage
 
 
@@ -72,13 +76,27 @@ def first_committed(**fields):
 CASES = {
     # committed tokens
     "committed slot longer than the slot": (
-        change(2, first_committed(tokens=[12, 12, 12])), 2, "committed.0.tokens", "slot 1 has 2 positions"),
+        change(2, first_committed(tokens=[12, 12, 12])),
+        2,
+        "committed.0.tokens",
+        "slot 1 has 2 positions",
+    ),
     "committed slot not in the header": (change(2, first_committed(slot=9)), 2, "committed.0.slot", "4 slots"),
     "committed at the wrong position": (change(2, first_committed(start=4)), 2, "committed.0.start", "starts at"),
-    "more pieces than tokens": (change(2, first_committed(pieces=["m", "m", "m"])), 2, "committed.0.pieces", "3 pieces"),
+    "more pieces than tokens": (
+        change(2, first_committed(pieces=["m", "m", "m"])),
+        2,
+        "committed.0.pieces",
+        "3 pieces",
+    ),
     # integers out of range
     "integer of 10**30": (change(2, lambda r: r.update(forwards=10**30)), 2, "forwards", "64 bits"),
-    "integer of 2**63": (change(4, lambda r: r["cache"].update(copied_bytes=2**63)), 4, "cache.copied_bytes", "64 bits"),
+    "integer of 2**63": (
+        change(4, lambda r: r["cache"].update(copied_bytes=2**63)),
+        4,
+        "cache.copied_bytes",
+        "64 bits",
+    ),
     "negative position": (change(2, first_committed(start=-5)), 2, "committed.0.start", "must be >= 0"),
     "negative slot offset": (change(1, lambda r: r["slots"][1].update(offset=-2)), 1, "slots.1.offset", ">= 0"),
     "gen_length 10**12": (change(1, lambda r: r.update(gen_length=10**12)), 1, "gen_length", "at most"),
@@ -86,16 +104,28 @@ CASES = {
     "slot past gen_length": (change(7, lambda r: r["slots"][1].update(length=5)), 7, "slots.1.length", "past"),
     "slot index past the header's": (change(3, lambda r: r.update(selected=[7])), 3, "selected.0", "not one of"),
     "block past the header's": (change(3, lambda r: r.update(block=2)), 3, "block", "2 blocks"),
-    "slot listed in another block": (change(1, lambda r: r.update(blocks=[[0], [1, 2, 3]])), 1, "blocks.1.0",
-                                     "belongs to block 0"),
+    "slot listed in another block": (
+        change(1, lambda r: r.update(blocks=[[0], [1, 2, 3]])),
+        1,
+        "blocks.1.0",
+        "belongs to block 0",
+    ),
     "slot listed twice": (change(1, lambda r: r.update(blocks=[[0, 1, 1], [2, 3]])), 1, "blocks.0.2", "listed twice"),
     "slot not listed": (change(1, lambda r: r.update(blocks=[[0], [2, 3]])), 1, "blocks.0", "not listed"),
     # bytes and JSON that cannot be read
     "non-UTF-8 bytes": (replace(2, b'"tokens": [12, 12]', b'"tokens": [\xff\xfe]'), 2, "tokens", "not UTF-8"),
-    "deep nesting in a field": (lambda records: _lines(records[:2]) + [b'{"record": "step", "planned": ' + b"[" * 100_000],
-                                3, "planned", "nested too deep"),
-    "deep nesting, the whole line": (lambda records: _lines(records[:2]) + [b"[" * 100_000], 3, "(line)",
-                                     "nested too deep"),
+    "deep nesting in a field": (
+        lambda records: _lines(records[:2]) + [b'{"record": "step", "planned": ' + b"[" * 100_000],
+        3,
+        "planned",
+        "nested too deep",
+    ),
+    "deep nesting, the whole line": (
+        lambda records: _lines(records[:2]) + [b"[" * 100_000],
+        3,
+        "(line)",
+        "nested too deep",
+    ),
     "integer of 5000 digits": (replace(2, b'"forwards": 4', b'"forwards": 1' + b"0" * 4999), 2, "forwards", "digits"),
     "float out of range": (replace(3, b'"seconds": ', b'"seconds": 1e999, "x": '), 3, "seconds", "finite"),
     "not JSON": (replace(5, b'"block": 1', b'"block": 1,,'), 5, "block", "not a JSON object"),
@@ -103,7 +133,12 @@ CASES = {
     "string for an integer": (change(2, lambda r: r.update(forwards="4")), 2, "forwards", "must be an integer"),
     "true for an integer": (change(2, lambda r: r.update(iteration=True)), 2, "iteration", "must be an integer"),
     "float for an integer": (change(8, lambda r: r.update(planned=[0.0])), 8, "planned.0", "must be an integer"),
-    "NaN for a confidence": (change(2, lambda r: r.update(confidence=[float("nan"), 0.5])), 2, "confidence.0", "finite"),
+    "NaN for a confidence": (
+        change(2, lambda r: r.update(confidence=[float("nan"), 0.5])),
+        2,
+        "confidence.0",
+        "finite",
+    ),
     "confidence above 1": (change(2, lambda r: r.update(confidence=[0.5, 1.5])), 2, "confidence.1", "<= 1"),
     "list for an object": (change(2, lambda r: r.update(cache=[1, 2])), 2, "cache", "must be an object"),
     "a line that is a list": (lambda records: _lines(records[:1]) + [b"[1, 2]"], 2, "(line)", "not a JSON object"),
@@ -117,17 +152,33 @@ CASES = {
     "missing last step": (lambda records: _lines(records[:4] + records[5:]), 5, "iterations", "4"),
     "missing end record": (lambda records: _lines(records[:5] + records[6:]), 9, "record", "has no end record"),
     "second header": (change(7, lambda r: r.update(sequence=0)), 7, "sequence", "second header"),
-    "step after the end": (lambda records: _lines(records[:6] + records[4:5] + records[6:]), 7, "sequence",
-                           "after its end record"),
-    "totals that do not add up": (change(6, lambda r: r.update(fed_tokens=r["fed_tokens"] + 1)), 6, "fed_tokens",
-                                  "add up to"),
+    "step after the end": (
+        lambda records: _lines(records[:6] + records[4:5] + records[6:]),
+        7,
+        "sequence",
+        "after its end record",
+    ),
+    "totals that do not add up": (
+        change(6, lambda r: r.update(fed_tokens=r["fed_tokens"] + 1)),
+        6,
+        "fed_tokens",
+        "add up to",
+    ),
     "bytes that do not add up": (change(10, lambda r: r["kv_bytes"].update(new=0)), 10, "kv_bytes.new", "add up to"),
-    "answer that was not committed": (change(10, lambda r: r["tokens"].__setitem__(3, 13)), 10, "tokens.3",
-                                      "committed token"),
+    "answer that was not committed": (
+        change(10, lambda r: r["tokens"].__setitem__(3, 13)),
+        10,
+        "tokens.3",
+        "committed token",
+    ),
     "answer longer than the region": (change(10, lambda r: r["tokens"].append(1)), 10, "tokens", "4 positions"),
     # truncation
-    "truncated last line": (lambda records: _lines(records)[:-1] + [_lines(records)[-1][:60]], 10, None,
-                            "not a JSON object"),
+    "truncated last line": (
+        lambda records: _lines(records)[:-1] + [_lines(records)[-1][:60]],
+        10,
+        None,
+        "not a JSON object",
+    ),
     "cut after a whole line": (lambda records: _lines(records[:-1]), 9, "record", "cut short"),
 }
 
@@ -150,7 +201,8 @@ def test_the_valid_trace_reads_back(tmp_path, records):
     assert len(first.steps) == 4 and len(second.steps) == 2
     assert second.tokens.tolist() == records[-1]["tokens"] and second.commit_step.tolist() == [0, 0, 1, 1]
     assert "".join(second.extra["pieces"][i] for i in range(4)) == "".join(
-        p for r in records[7:9] for p in r["committed"][0]["pieces"])
+        p for r in records[7:9] for p in r["committed"][0]["pieces"]
+    )
 
 
 def test_a_huge_gen_length_is_refused_before_anything_is_allocated(tmp_path, records):
@@ -186,10 +238,14 @@ def test_an_empty_trace_is_refused(tmp_path, text):
 # -- random damage ------------------------------------------------------------------------------------------------
 
 VALUES = st.one_of(
-    st.integers(-(10**30), 10**30), st.sampled_from([-1, 0, 1, 2, 3, 9, 10**12, 2**63 - 1, 2**63, -(2**63) - 1]),
-    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=4), st.booleans(), st.none(),
-    st.lists(st.integers(-2, 20), max_size=4), st.dictionaries(st.sampled_from(["slot", "start", "tokens", "x"]),
-                                                               st.integers(-2, 20), max_size=3),
+    st.integers(-(10**30), 10**30),
+    st.sampled_from([-1, 0, 1, 2, 3, 9, 10**12, 2**63 - 1, 2**63, -(2**63) - 1]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=4),
+    st.booleans(),
+    st.none(),
+    st.lists(st.integers(-2, 20), max_size=4),
+    st.dictionaries(st.sampled_from(["slot", "start", "tokens", "x"]), st.integers(-2, 20), max_size=3),
 )
 
 

@@ -20,8 +20,14 @@ def with_keyword(network, name: str):
     forward = network.forward
 
     def renamed(input_ids=None, position_ids=None, attention_mask=None, use_cache=None, logits_to_keep=0, **kwargs):
-        return forward(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                       use_cache=use_cache, logits_to_keep=logits_to_keep, **{NATIVE: kwargs.get(name)})
+        return forward(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=attention_mask,
+            use_cache=use_cache,
+            logits_to_keep=logits_to_keep,
+            **{NATIVE: kwargs.get(name)},
+        )
 
     params = list(inspect.signature(renamed).parameters.values())
     params.insert(-1, inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None))

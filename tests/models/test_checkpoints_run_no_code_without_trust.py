@@ -30,12 +30,14 @@ def marker_module(folder: Path, name: str, marker: Path) -> None:
         f"pathlib.Path({str(marker)!r}).write_text('imported')\n"
         "from transformers import PretrainedConfig\n"
         "class EvilConfig(PretrainedConfig):\n    model_type = 'evil'\n"
-        "class Sel:\n    pass\n")
+        "class Sel:\n    pass\n"
+    )
 
 
 def run(code: str, cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, input="y\ny\ny\n", capture_output=True,
-                          text=True, timeout=240)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=cwd, input="y\ny\ny\n", capture_output=True, text=True, timeout=240
+    )
 
 
 @pytest.fixture
@@ -55,12 +57,14 @@ def tokenizer_checkpoint(tmp_path, request):
     return folder, marker
 
 
-@pytest.mark.parametrize("tokenizer_checkpoint", ["AutoModelForCausalLM", "AutoTokenizer", "AutoConfig"],
-                         indirect=True)
+@pytest.mark.parametrize("tokenizer_checkpoint", ["AutoModelForCausalLM", "AutoTokenizer", "AutoConfig"], indirect=True)
 def test_a_tokenizer_class_that_is_not_a_tokenizer_runs_no_code(tokenizer_checkpoint):
     folder, marker = tokenizer_checkpoint
-    done = run("import sys, refusion; m = refusion.load_model(sys.argv[1]); print(type(m.tokenizer).__name__)",
-               folder.parent, str(folder))
+    done = run(
+        "import sys, refusion; m = refusion.load_model(sys.argv[1]); print(type(m.tokenizer).__name__)",
+        folder.parent,
+        str(folder),
+    )
     assert PROMPT not in done.stdout + done.stderr, done.stdout + done.stderr
     assert not marker.exists(), "the checkpoint's module was imported"
     assert done.returncode == 0, done.stderr  # the vocabulary is read from tokenizer.json instead

@@ -70,8 +70,21 @@ def test_batch_invariant_forwards_run_eagerly(eager):
     assert compile_stats(compiled).calls == 0
 
 
-@pytest.mark.parametrize("value", ["fast", 1, 0, "", {"mode": "fast"}, {"fullgraph": True}, {"backend": "nope"},
-                                   {"buckets": 0}, {"dynamic": "yes"}, {"mode": "default", "backend": "eager"}])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "fast",
+        1,
+        0,
+        "",
+        {"mode": "fast"},
+        {"fullgraph": True},
+        {"backend": "nope"},
+        {"buckets": 0},
+        {"dynamic": "yes"},
+        {"mode": "default", "backend": "eager"},
+    ],
+)
 def test_bad_compile_values_are_refused_before_loading(value):
     with pytest.raises(ConfigError, match="`compile`") as info:
         load_model("/nonexistent/checkpoint", compile=value)

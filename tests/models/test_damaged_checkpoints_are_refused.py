@@ -24,6 +24,7 @@ def _weights(change):
     def damage(path):
         file = path / "model.safetensors"
         file.write_bytes(change(file.read_bytes()))
+
     return damage
 
 
@@ -31,16 +32,19 @@ def _config(**fields):
     def damage(path):
         config = json.loads((path / "config.json").read_text())
         (path / "config.json").write_text(json.dumps({**config, **fields}))
+
     return damage
 
 
 def _tensors(change):
     """Rewrite the weights file with ``change(tensors)`` (a dict of name -> tensor)."""
+
     def damage(path):
         from safetensors.torch import load_file, save_file
 
         file = path / "model.safetensors"
         save_file(change(load_file(file)), file, metadata={"format": "pt"})
+
     return damage
 
 
@@ -55,6 +59,7 @@ def _narrow_embedding(tensors):
 def _config_bytes(data):
     def damage(path):
         (path / "config.json").write_bytes(data)
+
     return damage
 
 
@@ -77,7 +82,11 @@ CASES = [
     ("architectures a string", _config(architectures="Qwen3ForCausalLM"), "`architectures` must be a list"),
     ("config not UTF-8", _config_bytes(b"\xff\xfe{}"), "not UTF-8 text"),
     ("config nested 100000 deep", _config_bytes(b"[" * 100_000), "nested too deeply"),
-    ("config with a 5000-digit number", _config_bytes(b'{"vocab_size": ' + b"9" * 5000 + b"}"), "number cannot be read"),
+    (
+        "config with a 5000-digit number",
+        _config_bytes(b'{"vocab_size": ' + b"9" * 5000 + b"}"),
+        "number cannot be read",
+    ),
     ("config a list", _config_bytes(b"[1, 2]"), "must hold a JSON object"),
     ("config not JSON", _config_bytes(b"{'vocab_size': 3}"), "not valid JSON"),
     # issue 30: weights that are not numbers, token ids beyond the vocabulary, the report quiet loading hid
@@ -85,9 +94,12 @@ CASES = [
     ("EOS id beyond the vocabulary", _config(eos_token_id=10**9), "`eos_token_id` must be a token id in [0, 48)"),
     ("an EOS list with a negative id", _config(eos_token_id=[1, -3]), "`eos_token_id` must be a token id"),
     ("mask id beyond the vocabulary", _config(mask_token_id=48), "`mask_token_id` must be a token id in [0, 48)"),
-    ("embedding of another vocabulary", _tensors(_narrow_embedding),
-     "model.embed_tokens.weight: MISMATCH (Reinit due to size mismatch - ckpt: torch.Size([40, 128]) vs "
-     "model:torch.Size([48, 128]))"),
+    (
+        "embedding of another vocabulary",
+        _tensors(_narrow_embedding),
+        "model.embed_tokens.weight: MISMATCH (Reinit due to size mismatch - ckpt: torch.Size([40, 128]) vs "
+        "model:torch.Size([48, 128]))",
+    ),
 ]
 
 

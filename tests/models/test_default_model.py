@@ -44,16 +44,28 @@ def test_lossless_decoding_answers_fixed_prompts(model, example):
 
 
 def test_parallel_decoding_needs_fewer_forwards_than_tokens(model):
-    result = refusion.generate("copy abcdefghijklmnop=", model, gen_length=32, slot_size=4, serial_num_blocks=1,
-                               slot_threshold=0.7, token_threshold=0.5)
+    result = refusion.generate(
+        "copy abcdefghijklmnop=",
+        model,
+        gen_length=32,
+        slot_size=4,
+        serial_num_blocks=1,
+        slot_threshold=0.7,
+        token_threshold=0.5,
+    )
     assert result.text == "abcdefghijklmnop"
     assert result.forwards < len(result.tokens)
 
 
 def test_cli_generates_offline_with_the_default_model():
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    out = subprocess.run([sys.executable, "-m", "refusion.cli", "generate", "rev helloworld="],
-                         capture_output=True, text=True, env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "refusion.cli", "generate", "rev helloworld="],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "dlrowolleh"
     assert "Loading weights" not in out.stderr

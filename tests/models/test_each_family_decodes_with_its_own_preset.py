@@ -66,8 +66,9 @@ def test_serve_answers_a_plain_request_on_a_llada_checkpoint():
     server = ServerProcess("--model", str(FIXTURES / "llada")).start()
     try:
         name = httpx.get(server.url + "/v1/models", timeout=30).json()["data"][0]["id"]
-        reply = httpx.post(server.url + "/v1/completions", json={"model": name, "prompt": "hello", "max_tokens": 16},
-                           timeout=120)
+        reply = httpx.post(
+            server.url + "/v1/completions", json={"model": name, "prompt": "hello", "max_tokens": 16}, timeout=120
+        )
     finally:
         server.stop()
     assert reply.status_code == 200, reply.text
@@ -76,8 +77,23 @@ def test_serve_answers_a_plain_request_on_a_llada_checkpoint():
 
 def test_serve_refuses_at_start_up_a_default_that_cannot_run():
     """A subprocess, so that a server that starts (the old behaviour) fails the test by its timeout."""
-    done = subprocess.run([sys.executable, "-m", "refusion.cli", "serve", "--model", str(FIXTURES / "llada"),
-                           "--preset", "paper", "--port", str(free_port())], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "refusion.cli",
+            "serve",
+            "--model",
+            str(FIXTURES / "llada"),
+            "--preset",
+            "paper",
+            "--port",
+            str(free_port()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert done.returncode == 2 and "a preset that runs on this model: llada" in done.stderr
     assert "Traceback" not in done.stderr

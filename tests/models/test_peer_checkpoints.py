@@ -31,8 +31,12 @@ from refusion.peers import peer_functions
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "peers"
 FAMILIES = ("llada", "dream", "sdar", "refusion")
-ADAPTERS = {"llada": "HFMaskedDiffusionLM", "dream": "HFMaskedDiffusionLM", "sdar": "HFBlockDiffusionLM",
-            "refusion": "HFCausalLM"}
+ADAPTERS = {
+    "llada": "HFMaskedDiffusionLM",
+    "dream": "HFMaskedDiffusionLM",
+    "sdar": "HFBlockDiffusionLM",
+    "refusion": "HFCausalLM",
+}
 #: calls whose tokens differ from the authors' for a stated reason (docs/models.md, "Exceptions"), with the engine
 #: they run on and the least agreement measured: (family, dtype, engine) -> (same, total)
 EXCEPTIONS = {
@@ -51,7 +55,7 @@ def golden(family: str) -> dict:
     return json.loads((FIXTURES / family / "golden.json").read_text())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def loaded(family: str, dtype: str = "float32"):
     """The fixture checkpoint loaded by refusion in ``dtype`` (shared by the tests of this module)."""
     return refusion.load_model(str(FIXTURES / family), dtype=dtype)
@@ -63,9 +67,14 @@ def models():
 
 
 def calls() -> list:
-    return [pytest.param(family, call, id=f"{family}-{call.get('dtype', 'float32')}-{i}-{call['function']}-p{call['prompt']}")
-            for family in FAMILIES for i, call in enumerate(golden(family)["calls"])
-            if (family, call.get("dtype", "float32"), None) not in EXCEPTIONS]
+    return [
+        pytest.param(
+            family, call, id=f"{family}-{call.get('dtype', 'float32')}-{i}-{call['function']}-p{call['prompt']}"
+        )
+        for family in FAMILIES
+        for i, call in enumerate(golden(family)["calls"])
+        if (family, call.get("dtype", "float32"), None) not in EXCEPTIONS
+    ]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -78,7 +87,11 @@ def test_the_family_is_recognised_from_config_json_alone(family, models):
     assert model.tokenizer is not None and model.tokenizer.decode([70, 71]) == "ab"
     caps = model.capabilities
     assert (caps.causal, caps.logit_shift, caps.block_length) == {
-        "llada": (False, 0, 0), "dream": (False, 1, 0), "sdar": (False, 0, 4), "refusion": (True, 0, 0)}[family]
+        "llada": (False, 0, 0),
+        "dream": (False, 1, 0),
+        "sdar": (False, 0, 4),
+        "refusion": (True, 0, 0),
+    }[family]
 
 
 def forward_logits(model, ids: list[int]) -> torch.Tensor:
@@ -125,7 +138,9 @@ def test_the_lazy_lm_head_projects_like_the_network(family, models):
     assert model.head is not None, "no separable LM head found"
     ids = torch.tensor([golden(family)["prompts"][1]])
     positions = torch.arange(ids.shape[1])
-    mask = model.block_mask(positions, positions, ids.shape[1]) if hasattr(model, "block_mask") else torch.ones_like(ids)
+    mask = (
+        model.block_mask(positions, positions, ids.shape[1]) if hasattr(model, "block_mask") else torch.ones_like(ids)
+    )
     with torch.no_grad():
         scores = model.scores(ids, positions[None], mask, None)
         assert torch.allclose(scores.logits, model.forward(ids, positions[None], mask, None), atol=1e-5)
@@ -217,8 +232,15 @@ def poisoned_copy(tmp_path: Path, family: str, module: str) -> tuple[Path, Path]
     return folder, marker
 
 
-@pytest.mark.parametrize("family, module", [("llada", "modeling_llada"), ("dream", "modeling_dream"),
-                                            ("sdar", "modeling_sdar"), ("refusion", "modeling_qwen3_refusion")])
+@pytest.mark.parametrize(
+    "family, module",
+    [
+        ("llada", "modeling_llada"),
+        ("dream", "modeling_dream"),
+        ("sdar", "modeling_sdar"),
+        ("refusion", "modeling_qwen3_refusion"),
+    ],
+)
 def test_no_code_from_the_checkpoint_folder_runs(tmp_path, family, module):
     folder, marker = poisoned_copy(tmp_path, family, module)
     model = refusion.load_model(str(folder), trust_remote_code=False)
@@ -232,8 +254,11 @@ FIXTURE_PRESETS = {"llada": "llada", "dream": "dream", "sdar": "sdar", "refusion
 def test_an_unknown_custom_architecture_names_the_families_and_the_flag(tmp_path):
     folder, marker = poisoned_copy(tmp_path, "refusion", "modeling_mystery")
     config = json.loads((folder / "config.json").read_text())
-    config.update(model_type="mystery", architectures=["MysteryLM"],
-                  auto_map={"AutoModelForCausalLM": "modeling_mystery.MysteryLM"})
+    config.update(
+        model_type="mystery",
+        architectures=["MysteryLM"],
+        auto_map={"AutoModelForCausalLM": "modeling_mystery.MysteryLM"},
+    )
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConfigError) as err:
         refusion.load_model(str(folder))
@@ -247,43 +272,78 @@ def test_the_cli_never_waits_on_standard_input_for_remote_code(tmp_path):
     config = json.loads((folder / "config.json").read_text())
     config.update(model_type="mystery", auto_map={"AutoModelForCausalLM": "modeling_mystery.MysteryLM"})
     (folder / "config.json").write_text(json.dumps(config))
-    done = subprocess.run([sys.executable, "-m", "refusion.cli", "generate", "--model", str(folder), "ab"],
-                          stdin=subprocess.PIPE, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "refusion.cli", "generate", "--model", str(folder), "ab"],
+        stdin=subprocess.PIPE,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and "--trust-remote-code" in done.stderr and "Traceback" not in done.stderr
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("family, preset", [("llada", "llada"), ("llada", "fast-dllm-dual"), ("dream", "dream"),
-                                            ("dream", "fast-dllm-dream"), ("sdar", "sdar"), ("refusion", "paper")])
+@pytest.mark.parametrize(
+    "family, preset",
+    [
+        ("llada", "llada"),
+        ("llada", "fast-dllm-dual"),
+        ("dream", "dream"),
+        ("dream", "fast-dllm-dream"),
+        ("sdar", "sdar"),
+        ("refusion", "paper"),
+    ],
+)
 def test_generate_from_the_shell(family, preset, capsys):
     from refusion.cli import main
 
-    assert main(["generate", "--model", str(FIXTURES / family), "--preset", preset, "--gen-length", "16", "hello",
-                 "-p", "block_length=8" if preset in ("llada", "fast-dllm-dual", "fast-dllm-dream") else "seed=0"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--model",
+                str(FIXTURES / family),
+                "--preset",
+                preset,
+                "--gen-length",
+                "16",
+                "hello",
+                "-p",
+                "block_length=8" if preset in ("llada", "fast-dllm-dual", "fast-dllm-dream") else "seed=0",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr()
     assert printed.out.strip() and " forwards" in printed.err and "Traceback" not in printed.err
 
 
-@pytest.mark.parametrize("preset, args, message", [
-    ("llada", dict(logits_eos_inf=True), "`logits_eos_inf`=True of LLaDA's generate is not supported"),
-    ("llada", dict(mask_id=5), "`mask_id`=5 of LLaDA's generate is not supported: the model's mask token is 3"),
-    ("llada", dict(attention_mask=torch.tensor([[0, 1, 1]])), "`attention_mask`"),
-    ("fast-dllm", dict(step_callback=print), "`step_callback`"),
-    ("fast-dllm", dict(threshold=0.9, remasking="random"), "`remasking`='random'"),
-])
+@pytest.mark.parametrize(
+    "preset, args, message",
+    [
+        ("llada", dict(logits_eos_inf=True), "`logits_eos_inf`=True of LLaDA's generate is not supported"),
+        ("llada", dict(mask_id=5), "`mask_id`=5 of LLaDA's generate is not supported: the model's mask token is 3"),
+        ("llada", dict(attention_mask=torch.tensor([[0, 1, 1]])), "`attention_mask`"),
+        ("fast-dllm", dict(step_callback=print), "`step_callback`"),
+        ("fast-dllm", dict(threshold=0.9, remasking="random"), "`remasking`='random'"),
+    ],
+)
 def test_peer_arguments_refusion_does_not_take_are_refused_by_name(preset, args, message, models):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         refusion.generate([70, 71, 72], models["llada"], preset=preset, gen_length=8, **args)
 
 
-@pytest.mark.parametrize("family, preset, args, message", [
-    ("dream", "dream", dict(alg_temp=0.5), "`alg_temp`=0.5"),
-    ("dream", "dream", dict(max_length=20), "`max_length`=20"),
-    ("dream", "dream", dict(alg="confidence_threshold"), "fast-dllm-dream"),
-    ("sdar", "sdar", dict(remasking_strategy="entropy_bounded"), "`remasking_strategy`='entropy_bounded'"),
-    ("sdar", "sdar", dict(block_length=8), "--model-block-length"),
-    ("sdar", "sdar", dict(stopping_criteria_idx=[7]), "`stopping_criteria_idx`"),
-])
+@pytest.mark.parametrize(
+    "family, preset, args, message",
+    [
+        ("dream", "dream", dict(alg_temp=0.5), "`alg_temp`=0.5"),
+        ("dream", "dream", dict(max_length=20), "`max_length`=20"),
+        ("dream", "dream", dict(alg="confidence_threshold"), "fast-dllm-dream"),
+        ("sdar", "sdar", dict(remasking_strategy="entropy_bounded"), "`remasking_strategy`='entropy_bounded'"),
+        ("sdar", "sdar", dict(block_length=8), "--model-block-length"),
+        ("sdar", "sdar", dict(stopping_criteria_idx=[7]), "`stopping_criteria_idx`"),
+    ],
+)
 def test_other_peer_arguments_are_refused_by_name(family, preset, args, message, models):
     with pytest.raises(ConfigError, match=message):
         refusion.generate([70, 71, 72], models[family], preset=preset, gen_length=8, **args)
@@ -300,7 +360,9 @@ def test_a_custom_tokenizer_class_is_read_without_its_code(tmp_path):
     """Dream publishes ``DreamTokenizer`` (remote code); refusion reads its vocabulary with transformers' classes."""
     folder, marker = poisoned_copy(tmp_path, "dream", "tokenization_dream")
     settings = json.loads((folder / "tokenizer_config.json").read_text())
-    settings.update(tokenizer_class="DreamTokenizer", auto_map={"AutoTokenizer": ["tokenization_dream.DreamTokenizer", None]})
+    settings.update(
+        tokenizer_class="DreamTokenizer", auto_map={"AutoTokenizer": ["tokenization_dream.DreamTokenizer", None]}
+    )
     (folder / "tokenizer_config.json").write_text(json.dumps(settings))
     model = refusion.load_model(str(folder))
     assert model.tokenizer.decode([70, 71]) == "ab" and not marker.exists()
@@ -314,15 +376,22 @@ def test_own_code_runs_only_when_trusted(tmp_path):
     """An architecture outside the families loads with its own code when the user passes trust_remote_code=True."""
     folder, marker = poisoned_copy(tmp_path, "refusion", "modeling_mystery")
     (folder / "configuration_mystery.py").write_text(
-        "from transformers import Qwen3Config\n\n\nclass MysteryConfig(Qwen3Config):\n    model_type = 'mystery'\n")
+        "from transformers import Qwen3Config\n\n\nclass MysteryConfig(Qwen3Config):\n    model_type = 'mystery'\n"
+    )
     (folder / "modeling_mystery.py").write_text(
         (folder / "modeling_mystery.py").read_text()
         + "from transformers import Qwen3ForCausalLM\nfrom .configuration_mystery import MysteryConfig\n\n\n"
-        "class MysteryLM(Qwen3ForCausalLM):\n    config_class = MysteryConfig\n")
+        "class MysteryLM(Qwen3ForCausalLM):\n    config_class = MysteryConfig\n"
+    )
     config = json.loads((folder / "config.json").read_text())
-    config.update(model_type="mystery", architectures=["MysteryLM"],
-                  auto_map={"AutoConfig": "configuration_mystery.MysteryConfig",
-                            "AutoModelForCausalLM": "modeling_mystery.MysteryLM"})
+    config.update(
+        model_type="mystery",
+        architectures=["MysteryLM"],
+        auto_map={
+            "AutoConfig": "configuration_mystery.MysteryConfig",
+            "AutoModelForCausalLM": "modeling_mystery.MysteryLM",
+        },
+    )
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConfigError, match="trust_remote_code=True"):
         refusion.load_model(str(folder))
@@ -331,8 +400,10 @@ def test_own_code_runs_only_when_trusted(tmp_path):
     assert marker.exists() and type(model.model).__name__ == "MysteryLM"
     prompt = golden("refusion")["prompts"][0]
     trusted = refusion.generate(prompt, model, gen_length=16)
-    assert trusted.tokens.tolist() == refusion.generate(prompt, refusion.load_model(str(FIXTURES / "refusion")),
-                                                        gen_length=16).tokens.tolist()
+    assert (
+        trusted.tokens.tolist()
+        == refusion.generate(prompt, refusion.load_model(str(FIXTURES / "refusion")), gen_length=16).tokens.tolist()
+    )
 
 
 #: the `ar` preset (leftmost slot, greedy verification) against transformers' cached greedy `generate`: both are
@@ -348,9 +419,15 @@ def test_the_ar_preset_keeps_its_measured_agreement_with_greedy_generate(dtype):
     for prompt in golden("refusion")["prompts"]:
         for gen in (16, 32, 64):
             ids = torch.tensor([prompt])
-            want = model.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=gen,
-                                        min_new_tokens=gen, do_sample=False, suppress_tokens=[model.mask_token_id],
-                                        pad_token_id=0)[0, len(prompt):].tolist()
+            want = model.model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=gen,
+                min_new_tokens=gen,
+                do_sample=False,
+                suppress_tokens=[model.mask_token_id],
+                pad_token_id=0,
+            )[0, len(prompt) :].tolist()
             got = refusion.generate(prompt, model, preset="ar", gen_length=gen, stop_at_eos=False).extra["all_tokens"]
             same, total = same + (got == want), total + 1
     least, expected_total = AR_AGREEMENT[dtype]

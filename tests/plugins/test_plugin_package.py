@@ -19,9 +19,22 @@ TEMPLATE = Path(__file__).resolve().parents[2] / "examples" / "plugin_template"
 def installed(tmp_path_factory):
     target = tmp_path_factory.mktemp("site")
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
-         "--target", str(target), str(TEMPLATE)],
-        check=True, capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(target),
+            str(TEMPLATE),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
     )
     return target
 

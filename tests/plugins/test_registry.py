@@ -29,8 +29,19 @@ def with_plugins(*plugins):
 
 def test_builtins_are_registered_under_their_names():
     reg = registry()
-    assert set(reg.names("selector")) == {"threshold", "leftmost", "topk", "margin", "entropy", "random", "factor",
-                                         "llada-steps", "dream-steps", "dream-blocks", "sdar-steps"}
+    assert set(reg.names("selector")) == {
+        "threshold",
+        "leftmost",
+        "topk",
+        "margin",
+        "entropy",
+        "random",
+        "factor",
+        "llada-steps",
+        "dream-steps",
+        "dream-blocks",
+        "sdar-steps",
+    }
     assert set(reg.names("infiller")) == {"parallel-ar", "greedy-verify", "draft"}
     assert set(reg.names("reorderer")) == {"commit-order", "reencode", "no-cache", "prefix-cache", "dual-cache"}
     assert reg.names("partitioner") == ("fixed", "semi-ar")
@@ -44,8 +55,9 @@ def test_unknown_name_lists_the_known_ones():
     with pytest.raises(UnknownNameError) as err:
         registry().get("selector", "best")
     assert "Unknown selector 'best'" in str(err.value)
-    assert ("dream-blocks, dream-steps, entropy, factor, leftmost, llada-steps, margin, random, sdar-steps, threshold, "
-            "topk") in str(err.value)
+    assert (
+        "dream-blocks, dream-steps, entropy, factor, leftmost, llada-steps, margin, random, sdar-steps, threshold, topk"
+    ) in str(err.value)
 
 
 def test_every_hookspec_is_wired_to_a_kind():
@@ -55,8 +67,15 @@ def test_every_hookspec_is_wired_to_a_kind():
 @pytest.mark.parametrize("kind", sorted(HOOKS))
 def test_every_hook_registers_a_part(kind):
     reg = with_plugins(sample_plugin)
-    names = {"selector": "rightmost", "partitioner": "one-block", "infiller": "lossless", "reorderer": "exact",
-             "model_adapter": "sample-adapter", "engine": "recompute", "model_family": "sample-family"}
+    names = {
+        "selector": "rightmost",
+        "partitioner": "one-block",
+        "infiller": "lossless",
+        "reorderer": "exact",
+        "model_adapter": "sample-adapter",
+        "engine": "recompute",
+        "model_family": "sample-family",
+    }
     entry = reg.entry(kind, names[kind])
     assert entry.source == "local"
     assert entry.cls.__module__ == "tests.support.plugins.sample_plugin"
@@ -144,7 +163,10 @@ def _fake_distribution(tmp_path, monkeypatch, module_source, name="refusion-fake
 
 
 def test_entry_point_plugins_are_loaded_with_their_distribution(tmp_path, monkeypatch):
-    _fake_distribution(tmp_path, monkeypatch, """
+    _fake_distribution(
+        tmp_path,
+        monkeypatch,
+        """
         from refusion.plugins import hookimpl
         from refusion.strategies.selectors.leftmost import Leftmost
 
@@ -154,7 +176,8 @@ def test_entry_point_plugins_are_loaded_with_their_distribution(tmp_path, monkey
         @hookimpl
         def register_selectors(register):
             register(First)
-    """)
+    """,
+    )
     reg = Registry(make_plugin_manager(entry_points=True))
     entry = reg.entry("selector", "first")
     assert entry.source == "refusion-fake 1.2.3"
@@ -215,8 +238,12 @@ def test_two_distributions_with_the_same_entry_point_name_are_refused(tmp_path, 
     other = tmp_path / "second"
     other.mkdir()
     (other / "refusion_other-2.0.dist-info").mkdir()
-    (other / "refusion_other-2.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: refusion-other\nVersion: 2.0\n")
-    (other / "refusion_other-2.0.dist-info" / "entry_points.txt").write_text("[refusion]\nfake = refusion_fake_plugin\n")
+    (other / "refusion_other-2.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: refusion-other\nVersion: 2.0\n"
+    )
+    (other / "refusion_other-2.0.dist-info" / "entry_points.txt").write_text(
+        "[refusion]\nfake = refusion_fake_plugin\n"
+    )
     monkeypatch.syspath_prepend(str(other))
     with pytest.raises(PluginError, match="Entry point name 'fake' .* is already taken"):
         make_plugin_manager(entry_points=True)

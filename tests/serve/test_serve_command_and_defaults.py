@@ -26,12 +26,20 @@ def test_server_defaults_apply_to_every_request_and_a_request_overrides_them():
     generator = Generator(model, decoder, gen_length=12)
     with TestClient(create_app(generator, model_name="m", defaults=defaults)) as client:
         plain = client.post("/v1/completions", json={"model": "m", "prompt": "rev hello="}).json()
-        assert plain["refusion"]["tokens"] == refusion.generate("rev hello=", model, selector="topk", k=2,
-                                                                gen_length=12).tokens.tolist()
-        own = client.post("/v1/completions", json={"model": "m", "prompt": "rev hello=", "params": {"k": 1},
-                                                    "seed": 5, "temperature": 0.7}).json()
-        assert own["refusion"]["tokens"] == refusion.generate("rev hello=", model, selector="topk", k=1, seed=5,
-                                                              temperature=0.7, gen_length=12).tokens.tolist()
+        assert (
+            plain["refusion"]["tokens"]
+            == refusion.generate("rev hello=", model, selector="topk", k=2, gen_length=12).tokens.tolist()
+        )
+        own = client.post(
+            "/v1/completions",
+            json={"model": "m", "prompt": "rev hello=", "params": {"k": 1}, "seed": 5, "temperature": 0.7},
+        ).json()
+        assert (
+            own["refusion"]["tokens"]
+            == refusion.generate(
+                "rev hello=", model, selector="topk", k=1, seed=5, temperature=0.7, gen_length=12
+            ).tokens.tolist()
+        )
 
 
 def test_serve_takes_its_default_preset_from_a_preset_file(tmp_path, monkeypatch):

@@ -20,8 +20,13 @@ from tests.support.serving import free_port, metric, one_torch_thread  # noqa: F
 
 MODEL = "refusion-default"
 # (openai's keyword arguments, the keywords of refusion.generate that decode the same tokens)
-CASES = [({}, {}), ({"temperature": 0.9, "top_p": 0.95, "seed": 7, "max_tokens": 16},
-                    {"temperature": 0.9, "top_p": 0.95, "seed": 7, "gen_length": 16})]
+CASES = [
+    ({}, {}),
+    (
+        {"temperature": 0.9, "top_p": 0.95, "seed": 7, "max_tokens": 16},
+        {"temperature": 0.9, "top_p": 0.95, "seed": 7, "gen_length": 16},
+    ),
+]
 PROMPTS = ["rev hello=", "copy abc=", "add 12+34="]
 
 
@@ -58,16 +63,19 @@ def run_cli(capsys, *argv):
     return status, capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv, flag", [
-    (["--replicas", "2"], "`--replicas` needs `--ray`"),
-    (["--max-replicas", "3"], "`--max-replicas` needs `--ray`"),
-    (["--ray", "--replicas", "2", "--max-replicas", "3"], "exclude each other"),
-    (["--ray", "--min-replicas", "2"], "`--min-replicas` needs `--max-replicas`"),
-    (["--ray", "--replicas", "0"], "`--replicas` must be an integer >= 1"),
-    (["--ray", "--min-replicas", "3", "--max-replicas", "2"], "`--max-replicas` must be an integer >= 3"),
-    (["--ray", "--cpus-per-replica", "-1"], "`--cpus-per-replica` must be a finite number >= 0"),
-    (["--ray", "--port", "0"], "`--port` must be an integer in [1, 65535]"),
-])
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["--replicas", "2"], "`--replicas` needs `--ray`"),
+        (["--max-replicas", "3"], "`--max-replicas` needs `--ray`"),
+        (["--ray", "--replicas", "2", "--max-replicas", "3"], "exclude each other"),
+        (["--ray", "--min-replicas", "2"], "`--min-replicas` needs `--max-replicas`"),
+        (["--ray", "--replicas", "0"], "`--replicas` must be an integer >= 1"),
+        (["--ray", "--min-replicas", "3", "--max-replicas", "2"], "`--max-replicas` must be an integer >= 3"),
+        (["--ray", "--cpus-per-replica", "-1"], "`--cpus-per-replica` must be a finite number >= 0"),
+        (["--ray", "--port", "0"], "`--port` must be an integer in [1, 65535]"),
+    ],
+)
 def test_ray_flags_are_checked_before_anything_starts(capsys, monkeypatch, argv, flag):
     monkeypatch.setattr(ray_app, "serve_on_ray", lambda *a, **k: pytest.fail("started despite a bad flag"))
     status, err = run_cli(capsys, *argv)
@@ -79,8 +87,28 @@ def test_the_command_hands_deploy_the_flags(capsys, monkeypatch):
 
     seen = {}
     monkeypatch.setattr(ray_app, "serve_on_ray", lambda model, **options: seen.update(options, model=model))
-    assert run_cli(capsys, "--ray", "--replicas", "2", "--port", "8123", "--threads", "1", "--max-rows", "4",
-                   "--allow-imports", "--selector", "topk", "-p", "k=2", "--served-model-name", "m")[0] == 0
+    assert (
+        run_cli(
+            capsys,
+            "--ray",
+            "--replicas",
+            "2",
+            "--port",
+            "8123",
+            "--threads",
+            "1",
+            "--max-rows",
+            "4",
+            "--allow-imports",
+            "--selector",
+            "topk",
+            "-p",
+            "k=2",
+            "--served-model-name",
+            "m",
+        )[0]
+        == 0
+    )
     assert seen["address"] == "local" and seen["replicas"] == 2 and seen["port"] == 8123 and seen["max_rows"] == 4
     assert seen["torch_threads"] == 1 and seen["policy"].allow_imports and seen["model_name"] == "m"
     assert seen["defaults"].parts == {"selector": "topk"} and seen["defaults"].params == {"k": 2}
@@ -143,16 +171,30 @@ def test_an_address_nothing_answers_on_is_one_line(capsys):
     assert status == 2 and err.count("\n") == 1 and "Cannot connect to Ray at '127.0.0.1:" in err, err
 
 
-
 def test_the_deployment_holds_a_full_batch_and_queue_per_replica():
     pytest.importorskip("ray.serve")
-    fixed = ray_app.deployment(replicas=2, max_rows=4, max_queue=8, shutdown_timeout=1.5, log_level="trace",
-                               cpus_per_replica=1, gpus_per_replica=0.5)
+    fixed = ray_app.deployment(
+        replicas=2,
+        max_rows=4,
+        max_queue=8,
+        shutdown_timeout=1.5,
+        log_level="trace",
+        cpus_per_replica=1,
+        gpus_per_replica=0.5,
+    )
     assert fixed.num_replicas == 2 and fixed.max_ongoing_requests == 12
     assert fixed.ray_actor_options == {"num_cpus": 1, "num_gpus": 0.5}
-    scaled = ray_app.deployment(replicas=(0, 3), max_rows=16, max_queue=None, shutdown_timeout=30.0,
-                                log_level="info", cpus_per_replica=1, gpus_per_replica=0)  # Ray checks the bounds
+    scaled = ray_app.deployment(
+        replicas=(0, 3),
+        max_rows=16,
+        max_queue=None,
+        shutdown_timeout=30.0,
+        log_level="info",
+        cpus_per_replica=1,
+        gpus_per_replica=0,
+    )  # Ray checks the bounds
     assert scaled.max_ongoing_requests == 16 + ray_app.UNBOUNDED_QUEUE
+
 
 # last in the module: the Ray the fixture starts stays up until the module ends
 @pytest.mark.usefixtures("one_torch_thread")

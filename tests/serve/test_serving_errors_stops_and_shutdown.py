@@ -50,8 +50,12 @@ def test_a_closing_server_refuses_new_requests_and_reports_it_on_health(model):
     generator = Generator(model)
     generator.close()
     client = TestClient(create_app(generator, manage_generator=False))
-    assert client.post("/v1/chat/completions", json={"model": "refusion", "messages": [
-        {"role": "user", "content": "rev abc="}]}).status_code == 503
+    assert (
+        client.post(
+            "/v1/chat/completions", json={"model": "refusion", "messages": [{"role": "user", "content": "rev abc="}]}
+        ).status_code
+        == 503
+    )
     health = client.get("/health")
     assert health.status_code == 503 and health.json()["status"] == "closing"
 
@@ -66,8 +70,11 @@ def test_a_decode_failure_is_a_500_plain_and_an_error_event_streamed(model):
     with TestClient(create_app(generator)) as client:
         response = client.post("/v1/completions", json=BODY)
         assert response.status_code == 500 and "device lost" in response.json()["error"]["message"]
-        events = [line for line in client.post("/v1/completions", json={**BODY, "stream": True}).text.splitlines()
-                  if line.startswith("data: ")]
+        events = [
+            line
+            for line in client.post("/v1/completions", json={**BODY, "stream": True}).text.splitlines()
+            if line.startswith("data: ")
+        ]
         assert "device lost" in json.loads(events[0][6:])["error"]["message"] and events[-1] == "data: [DONE]"
         assert client.get("/health").json()["live_rows"] == 0
 
@@ -81,16 +88,21 @@ def test_unknown_routes_and_methods_get_openai_error_bodies(model):
 
 
 @settings(max_examples=40)
-@given(tokens=st.lists(st.integers(0, 47), max_size=30), cuts=st.lists(st.integers(1, 5), min_size=1),
-       stops=st.lists(st.text("abcde=", min_size=1, max_size=3), max_size=2), max_tokens=st.integers(1, 40))
-def test_streamed_deltas_add_up_to_the_answer_cut_at_eos_max_tokens_and_the_first_stop(model, tokens, cuts, stops,
-                                                                                      max_tokens):
+@given(
+    tokens=st.lists(st.integers(0, 47), max_size=30),
+    cuts=st.lists(st.integers(1, 5), min_size=1),
+    stops=st.lists(st.text("abcde=", min_size=1, max_size=3), max_size=2),
+    max_tokens=st.integers(1, 40),
+)
+def test_streamed_deltas_add_up_to_the_answer_cut_at_eos_max_tokens_and_the_first_stop(
+    model, tokens, cuts, stops, max_tokens
+):
     tokenizer, eos = model.tokenizer, model.eos_token_ids
     text = StreamText(tokenizer, eos, max_tokens=max_tokens, stops=tuple(stops))
     shown, i, k = [], 0, 0
     while i < len(tokens) and not text.done:
         step = cuts[k % len(cuts)]
-        shown.append(text.feed(tokens[i:i + step]))
+        shown.append(text.feed(tokens[i : i + step]))
         i, k = i + step, k + 1
     shown.append(text.finish())
     answer = []
@@ -109,15 +121,25 @@ def test_shutdown_lets_a_live_stream_finish(model):
 
     generator = Generator(model)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(generator), host="127.0.0.1", port=port, log_level="warning",
-                                           timeout_graceful_shutdown=30))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(generator), host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=30
+        )
+    )
     thread = threading.Thread(target=server.run)
     thread.start()
     url = f"http://127.0.0.1:{port}"
     while not server.started:
         time.sleep(0.05)
-    body = {**BODY, "stream": True, "prompt": "copy abcdefghijabcdefghij=", "max_tokens": 64, "selector": "leftmost",
-            "infiller": "greedy-verify", "params": {"stop_at_eos": False}}
+    body = {
+        **BODY,
+        "stream": True,
+        "prompt": "copy abcdefghijabcdefghij=",
+        "max_tokens": 64,
+        "selector": "leftmost",
+        "infiller": "greedy-verify",
+        "params": {"stop_at_eos": False},
+    }
     lines = []
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as response:
         for line in response.iter_lines():

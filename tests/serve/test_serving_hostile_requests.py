@@ -50,23 +50,28 @@ def error_of(response, status=None):
 
 # -- nothing is imported from the network ---------------------------------------------------------------------------
 
+
 @pytest.fixture
 def recorder(tmp_path, monkeypatch):
     """The name of a module on sys.path that records being imported (and is removed from sys.modules after)."""
     name = f"refusion_test_recorder_{tmp_path.name.replace('-', '_')}"
-    (tmp_path / f"{name}.py").write_text(f"import pathlib\npathlib.Path({str(tmp_path / 'imported')!r}).touch()\n"
-                                         "class Part:\n    pass\n")
+    (tmp_path / f"{name}.py").write_text(
+        f"import pathlib\npathlib.Path({str(tmp_path / 'imported')!r}).touch()\nclass Part:\n    pass\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     yield name
     sys.modules.pop(name, None)
 
 
-@pytest.mark.parametrize("fields, param", [
-    ({"selector": "{name}:Part"}, "selector"),
-    ({"params": {"engine": "{name}:Part"}}, "params.engine"),
-    ({"params": ["engine={name}:Part"]}, "params.engine"),
-    ({"params": {"selector": "{name}:Part"}}, "params.selector"),
-])
+@pytest.mark.parametrize(
+    "fields, param",
+    [
+        ({"selector": "{name}:Part"}, "selector"),
+        ({"params": {"engine": "{name}:Part"}}, "params.engine"),
+        ({"params": ["engine={name}:Part"]}, "params.engine"),
+        ({"params": {"selector": "{name}:Part"}}, "params.selector"),
+    ],
+)
 def test_a_part_named_by_module_path_is_refused_and_never_imported(model, recorder, tmp_path, fields, param):
     fields = json.loads(json.dumps(fields).replace("{name}", recorder))
     with TestClient(create_app(Generator(model))) as client:
@@ -83,6 +88,7 @@ def test_allow_imports_lets_a_trusted_deployment_name_module_paths(model, record
 
 
 # -- hostile bodies are 4xx with an OpenAI error, never 500 ---------------------------------------------------------
+
 
 def raw(text):
     return text.encode() if isinstance(text, str) else text
@@ -161,19 +167,28 @@ def test_the_prompt_bound_is_checked_before_tokenising_and_names_the_limit(model
         monkeypatch.setattr(type(tokenizer), "__call__", lambda *a, **k: pytest.fail("tokenised"))
         error = error_of(client.post("/v1/completions", json={**BODY, "prompt": "rev abcdefghij="}), 400)
         assert error["param"] == "prompt" and "at most 12" in error["message"]
-        error = error_of(client.post("/v1/chat/completions", json={**CHAT, "messages": [
-            {"role": "system", "content": "copy"}, {"role": "user", "content": "rev abcdefghij="}]}), 400)
+        error = error_of(
+            client.post(
+                "/v1/chat/completions",
+                json={
+                    **CHAT,
+                    "messages": [{"role": "system", "content": "copy"}, {"role": "user", "content": "rev abcdefghij="}],
+                },
+            ),
+            400,
+        )
         assert error["param"] == "messages" and "19 characters" in error["message"]
 
 
 # -- bounded bodies ------------------------------------------------------------------------------------------------
+
 
 def test_a_body_over_the_limit_is_413_naming_it_declared_or_streamed(model):
     with TestClient(create_app(Generator(model), policy=ServePolicy(max_body_bytes=1000))) as client:
         big = json.dumps({**BODY, "prompt": "x" * 2000}).encode()
         error = error_of(client.post("/v1/completions", content=big), 413)
         assert error["code"] == "request_too_large" and "1000 bytes" in error["message"]
-        chunks = (big[i:i + 300] for i in range(0, len(big), 300))  # no Content-Length: counted as it streams
+        chunks = (big[i : i + 300] for i in range(0, len(big), 300))  # no Content-Length: counted as it streams
         assert error_of(client.post("/v1/completions", content=chunks), 413)["code"] == "request_too_large"
         assert client.post("/v1/completions", json=BODY).status_code == 200  # the server goes on
 
@@ -246,7 +261,7 @@ def slowly(data, size=2**16):
     """``data`` in chunks, a little at a time (a chunked upload of about a second for 10 MB)."""
     for i in range(0, len(data), size):
         time.sleep(0.005)
-        yield data[i:i + size]
+        yield data[i : i + size]
 
 
 def test_a_10mb_body_is_refused_while_health_keeps_answering_and_memory_stays_flat(serve_process):
@@ -277,6 +292,7 @@ def test_a_10mb_body_is_refused_while_health_keeps_answering_and_memory_stays_fl
 
 # -- special-token text ---------------------------------------------------------------------------------------------
 
+
 def test_allow_special_tokens_lets_prompts_name_special_tokens(model):
     with TestClient(create_app(Generator(model), policy=ServePolicy(allow_special_tokens=True))) as client:
         answer = client.post("/v1/completions", json={**BODY, "prompt": "rev <|endoftext|>=", "max_tokens": 4})
@@ -289,8 +305,12 @@ def test_the_chat_template_keeps_its_own_special_tokens_while_message_text_may_n
     tokenizer = copy.deepcopy(model.tokenizer)
     tokenizer.chat_template = "{% for m in messages %}<|pad|>{{ m['content'] }}<|endoftext|>{% endfor %}"
     real = Generator(model)
-    generator = types.SimpleNamespace(model=types.SimpleNamespace(tokenizer=tokenizer, max_positions=128),
-                                      decoder=real.decoder, engine=real.engine, gen_length=8)
+    generator = types.SimpleNamespace(
+        model=types.SimpleNamespace(tokenizer=tokenizer, max_positions=128),
+        decoder=real.decoder,
+        engine=real.engine,
+        gen_length=8,
+    )
     plan = plan_request(ChatCompletionRequest(**CHAT), generator, ServeDefaults())
     pad, eos = tokenizer.convert_tokens_to_ids(["<|pad|>", "<|endoftext|>"])
     assert plan.prompt_ids[0] == pad and plan.prompt_ids[-1] == eos
@@ -298,30 +318,35 @@ def test_the_chat_template_keeps_its_own_special_tokens_while_message_text_may_n
     with pytest.raises(APIError) as refused:
         plan_request(ChatCompletionRequest(**hostile), generator, ServeDefaults())
     assert refused.value.status == 400 and refused.value.param == "messages[1].content"
-    allowed = plan_request(ChatCompletionRequest(**hostile), generator, ServeDefaults(),
-                           ServePolicy(allow_special_tokens=True))
+    allowed = plan_request(
+        ChatCompletionRequest(**hostile), generator, ServeDefaults(), ServePolicy(allow_special_tokens=True)
+    )
     assert allowed.prompt_ids.count(pad) == 3
 
 
 # -- `refusion serve` options are checked before anything starts ---------------------------------------------------
 
-@pytest.mark.parametrize("argv, named", [
-    (["--threads", "0"], "--threads"),
-    (["--retry-after", "-5"], "--retry-after"),
-    (["--shutdown-timeout", "nan"], "--shutdown-timeout"),
-    (["--shutdown-timeout", "inf"], "--shutdown-timeout"),
-    (["--port", "99999"], "--port"),
-    (["--port", "0"], "--port"),
-    (["--host", "256.1.1.1"], "256.1.1.1"),
-    (["--host", "bad host"], "bad host"),
-    (["--max-body-bytes", "0"], "--max-body-bytes"),
-    (["--max-body-bytes", "-1"], "--max-body-bytes"),
-    (["--max-prompt-chars", "0"], "--max-prompt-chars"),
-    (["--max-rows", "0"], "--max-rows"),
-    (["--max-batch-tokens", "0"], "--max-batch-tokens"),
-    (["--max-queue", "-1"], "--max-queue"),
-    (["--log-level", "loud"], "--log-level"),
-])
+
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        (["--threads", "0"], "--threads"),
+        (["--retry-after", "-5"], "--retry-after"),
+        (["--shutdown-timeout", "nan"], "--shutdown-timeout"),
+        (["--shutdown-timeout", "inf"], "--shutdown-timeout"),
+        (["--port", "99999"], "--port"),
+        (["--port", "0"], "--port"),
+        (["--host", "256.1.1.1"], "256.1.1.1"),
+        (["--host", "bad host"], "bad host"),
+        (["--max-body-bytes", "0"], "--max-body-bytes"),
+        (["--max-body-bytes", "-1"], "--max-body-bytes"),
+        (["--max-prompt-chars", "0"], "--max-prompt-chars"),
+        (["--max-rows", "0"], "--max-rows"),
+        (["--max-batch-tokens", "0"], "--max-batch-tokens"),
+        (["--max-queue", "-1"], "--max-queue"),
+        (["--log-level", "loud"], "--log-level"),
+    ],
+)
 def test_bad_serve_options_are_one_line_errors_naming_the_option(capsys, argv, named):
     assert main(["serve", *argv]) == 2
     err = capsys.readouterr().err

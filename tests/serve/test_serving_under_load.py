@@ -98,8 +98,9 @@ def test_waves_of_concurrent_streams_complete_exactly_and_free_every_row(server)
     after = httpx.get(server.url + "/metrics").text
 
     def count(outcome):
-        return (metric(after, "refusion_requests_total", endpoint="completions", outcome=outcome)
-                - metric(before, "refusion_requests_total", endpoint="completions", outcome=outcome))
+        return metric(after, "refusion_requests_total", endpoint="completions", outcome=outcome) - metric(
+            before, "refusion_requests_total", endpoint="completions", outcome=outcome
+        )
 
     assert count("cancelled") >= 1  # at least one abandoned stream was still decoding
     assert count("stop") + count("length") + count("cancelled") == 3 * 64 and count("error") == 0

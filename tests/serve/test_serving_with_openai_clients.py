@@ -18,10 +18,14 @@ MODEL = "refusion-default"
 CASES = [
     ({}, {}),
     ({"max_tokens": 12, "selector": "topk", "params": {"k": 2}}, {"gen_length": 12, "selector": "topk", "k": 2}),
-    ({"temperature": 0.9, "top_p": 0.95, "seed": 7, "max_tokens": 16},
-     {"temperature": 0.9, "top_p": 0.95, "seed": 7, "gen_length": 16}),
-    ({"preset": "fast-dllm", "max_tokens": 24, "params": ["slot_threshold=0.5"]},
-     {"preset": "fast-dllm", "gen_length": 24, "slot_threshold": 0.5}),
+    (
+        {"temperature": 0.9, "top_p": 0.95, "seed": 7, "max_tokens": 16},
+        {"temperature": 0.9, "top_p": 0.95, "seed": 7, "gen_length": 16},
+    ),
+    (
+        {"preset": "fast-dllm", "max_tokens": 24, "params": ["slot_threshold=0.5"]},
+        {"preset": "fast-dllm", "gen_length": 24, "slot_threshold": 0.5},
+    ),
 ]
 PROMPTS = ["rev helloworld=", "copy abcdefghij=", "add 591+925=", "sort wdw="]
 
@@ -44,8 +48,9 @@ def client(server):
 def offline(model, prompt, options):
     result = refusion.generate(prompt, model, **options)
     length = options.get("gen_length", 32)
-    return result.tokens.tolist()[:length], model.tokenizer.decode(result.tokens.tolist()[:length],
-                                                                   skip_special_tokens=True)
+    return result.tokens.tolist()[:length], model.tokenizer.decode(
+        result.tokens.tolist()[:length], skip_special_tokens=True
+    )
 
 
 def split(fields):
@@ -79,8 +84,14 @@ def test_chat_completions_equal_offline_decoding_plain_and_streamed(client, mode
         messages = [{"role": "user", "content": prompt}]
         whole = client.chat.completions.create(model=MODEL, messages=messages, extra_body=extra, **kwargs)
         assert whole.choices[0].message.content == text and whole.refusion["tokens"] == tokens
-        stream = client.chat.completions.create(model=MODEL, messages=messages, stream=True, extra_body=extra,
-                                                stream_options={"include_usage": True}, **kwargs)
+        stream = client.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            stream=True,
+            extra_body=extra,
+            stream_options={"include_usage": True},
+            **kwargs,
+        )
         chunks = list(stream)
         assert chunks[0].choices[0].delta.role == "assistant"
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
@@ -97,8 +108,15 @@ def test_a_stop_string_cuts_the_text_and_ends_the_request(client, model):
 
 
 def test_stream_steps_report_every_committed_slot_and_the_prefix(server, model):
-    body = {"model": MODEL, "prompt": "rev helloworld=", "stream": True, "stream_steps": True, "max_tokens": 16,
-            "selector": "topk", "params": {"k": 1}}
+    body = {
+        "model": MODEL,
+        "prompt": "rev helloworld=",
+        "stream": True,
+        "stream_steps": True,
+        "max_tokens": 16,
+        "selector": "topk",
+        "params": {"k": 1},
+    }
     events = []
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
@@ -118,27 +136,37 @@ def test_models_health_and_metrics(server, client):
     assert [m.id for m in client.models.list()] == [MODEL]
     assert httpx.get(server.url + "/health").json()["status"] == "ok"
     text = httpx.get(server.url + "/metrics").text
-    for name in ("refusion_requests_total", "refusion_queue_depth", "refusion_live_rows", "refusion_forwards_total",
-                 "refusion_tokens_per_forward", "refusion_request_latency_seconds_bucket",
-                 "refusion_time_to_first_token_seconds_bucket", "process_resident_memory_bytes"):
+    for name in (
+        "refusion_requests_total",
+        "refusion_queue_depth",
+        "refusion_live_rows",
+        "refusion_forwards_total",
+        "refusion_tokens_per_forward",
+        "refusion_request_latency_seconds_bucket",
+        "refusion_time_to_first_token_seconds_bucket",
+        "process_resident_memory_bytes",
+    ):
         assert name in text, name
     assert metric(text, "refusion_generated_tokens_total") > 0 and metric(text, "refusion_forwards_total") > 0
 
 
-@pytest.mark.parametrize("body, status, param", [
-    ({"prompt": "x", "selector": "nope"}, 400, "selector"),
-    ({"prompt": "x", "params": {"bogus": 1}}, 400, "params.bogus"),
-    ({"prompt": "x", "params": {"slot_threshold": 2.0}}, 400, "params.slot_threshold"),
-    ({"prompt": "x", "max_tokens": "ten"}, 400, "max_tokens"),
-    ({"prompt": "x", "max_tokens": 1000}, 400, "max_tokens"),
-    ({"prompt": "x" * 200}, 400, "prompt"),
-    ({"prompt": [5, 99999]}, 400, "prompt"),
-    ({"prompt": "x", "temperature": -1}, 400, "temperature"),
-    ({"prompt": "x", "n": 2}, 400, "n"),
-    ({"prompt": "x", "logprobs": 3}, 400, "logprobs"),
-    ({}, 400, "prompt"),
-    ({"prompt": "x", "model": "gpt-4"}, 404, "model"),
-])
+@pytest.mark.parametrize(
+    "body, status, param",
+    [
+        ({"prompt": "x", "selector": "nope"}, 400, "selector"),
+        ({"prompt": "x", "params": {"bogus": 1}}, 400, "params.bogus"),
+        ({"prompt": "x", "params": {"slot_threshold": 2.0}}, 400, "params.slot_threshold"),
+        ({"prompt": "x", "max_tokens": "ten"}, 400, "max_tokens"),
+        ({"prompt": "x", "max_tokens": 1000}, 400, "max_tokens"),
+        ({"prompt": "x" * 200}, 400, "prompt"),
+        ({"prompt": [5, 99999]}, 400, "prompt"),
+        ({"prompt": "x", "temperature": -1}, 400, "temperature"),
+        ({"prompt": "x", "n": 2}, 400, "n"),
+        ({"prompt": "x", "logprobs": 3}, 400, "logprobs"),
+        ({}, 400, "prompt"),
+        ({"prompt": "x", "model": "gpt-4"}, 404, "model"),
+    ],
+)
 def test_bad_requests_get_an_openai_error_naming_the_field(server, body, status, param):
     response = httpx.post(server.url + "/v1/completions", json={"model": MODEL, **body}, timeout=30)
     assert response.status_code == status, response.text

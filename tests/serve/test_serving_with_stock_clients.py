@@ -58,8 +58,11 @@ def test_lm_eval_local_completions_with_its_defaults(server, tmp_path, monkeypat
 
     write_task(tmp_path, monkeypatch)
     results = lm_eval.simple_evaluate(
-        model="local-completions", model_args=f"model={MODEL},base_url={server.url}/v1/completions",
-        tasks=["refusion_synthetic"], task_manager=lm_eval.tasks.TaskManager(include_path=str(tmp_path)),
-        limit=2)
+        model="local-completions",
+        model_args=f"model={MODEL},base_url={server.url}/v1/completions",
+        tasks=["refusion_synthetic"],
+        task_manager=lm_eval.tasks.TaskManager(include_path=str(tmp_path)),
+        limit=2,
+    )
     assert results["results"]["refusion_synthetic"]["exact_match,none"] >= 0.0
     assert results["n-samples"]["refusion_synthetic"]["effective"] == 2

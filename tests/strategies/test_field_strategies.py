@@ -100,13 +100,17 @@ def test_fast_dllm_caches_feed_less_after_each_block_start(reorderer):
         return scores(input_ids, *args, **kwargs)
 
     model.scores = recording
-    decoder = Decoder.from_names(partitioner="semi-ar", selector="topk", infiller="draft", reorderer=reorderer,
-                                 block_length=4)
+    decoder = Decoder.from_names(
+        partitioner="semi-ar", selector="topk", infiller="draft", reorderer=reorderer, block_length=4
+    )
     result = decoder.decode(model, [1, 3, 5], 12)
     check_result(result, model)
     # canvas of 3 + 12 = 15 positions; blocks start at 3, 7, 11
-    expected = {"commit-order": [15] * 12, "prefix-cache": [15, 12, 12, 12, 15, 8, 8, 8, 15, 4, 4, 4],
-                "dual-cache": [15, 4, 4, 4] * 3}[reorderer]
+    expected = {
+        "commit-order": [15] * 12,
+        "prefix-cache": [15, 12, 12, 12, 15, 8, 8, 8, 15, 4, 4, 4],
+        "dual-cache": [15, 4, 4, 4] * 3,
+    }[reorderer]
     assert lengths == expected
 
 
@@ -141,8 +145,13 @@ class NoCacheNetwork(torch.nn.Module):
 
 class PastKeyValuesNetwork(NoCacheNetwork):
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=None):
-        return self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          cache=past_key_values, use_cache=use_cache)
+        return self.inner(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=past_key_values,
+            use_cache=use_cache,
+        )
 
 
 def test_fast_dllm_caches_need_a_network_that_takes_a_cache():

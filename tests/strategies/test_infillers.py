@@ -68,7 +68,8 @@ def test_parallel_branches_are_independent_of_each_other():
     drafts = {1: 3, 2: 4, 3: 5, 4: 6, 5: 7, 6: 8}
     probs = {1: 0.3, 2: 0.3, 3: 0.3, 4: 0.3, 5: 0.95}  # slot 1 completes in round 1
     model = scripted(
-        lambda seen, p: (drafts[p], 0.95 if p in (1, 4) else 0.5), lambda p, t: (drafts.get(p + 1, 0), probs.get(p, 0.3))
+        lambda seen, p: (drafts[p], 0.95 if p in (1, 4) else 0.5),
+        lambda p, t: (drafts.get(p + 1, 0), probs.get(p, 0.3)),
     )
     result = paper(slot_size=3).decode(model, [0], 6)
     first = result.steps[0]
@@ -120,8 +121,9 @@ def test_eos_truncates_the_slot_and_drops_later_slots():
 
 def test_leftmost_plans_draft_only_the_slot_it_can_pick():
     model = scripted(lambda seen, p: (DRAFT.get(p, 1), 0.6), lambda p, t: (DRAFT.get(p + 1, 5), 0.8))
-    decoder = Decoder.from_names(selector="leftmost", infiller="greedy-verify", slot_size=2, serial_num_blocks=1,
-                                 adaptive=False)
+    decoder = Decoder.from_names(
+        selector="leftmost", infiller="greedy-verify", slot_size=2, serial_num_blocks=1, adaptive=False
+    )
     decoder.decode(model, [0], 4)
     plans = [call for call in model.calls if all(t == MASK for _, tokens in call for t in tokens)]
     assert plans and all(len(positions) == 2 for call in plans for positions, _ in call)  # one slot of 2, not 2 slots
@@ -131,8 +133,9 @@ def test_adaptive_greedy_verify_falls_back_to_ar_steps_and_skips_unread_plans():
     # Drafts are always wrong: after the first slot the infiller feeds no drafts, so the plans are skipped.
     model = scripted(lambda seen, p: (9, 0.6), lambda p, t: (ar_next(p, t), 0.8))
     adaptive = Decoder.from_names(selector="leftmost", infiller="greedy-verify", slot_size=4, serial_num_blocks=1)
-    jacobi = Decoder.from_names(selector="leftmost", infiller="greedy-verify", slot_size=4, serial_num_blocks=1,
-                                adaptive=False)
+    jacobi = Decoder.from_names(
+        selector="leftmost", infiller="greedy-verify", slot_size=4, serial_num_blocks=1, adaptive=False
+    )
     fast, plain = adaptive.decode(model, [0], 16), jacobi.decode(model, [0], 16)
     expected, token = [], 0
     for position in range(16):

@@ -19,10 +19,18 @@ def tied_plan(n=4, vocab=2):
     return Plan.from_logits(slots, torch.arange(n) + 3, torch.zeros(n, vocab, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("selector, count", [
-    (TopKConfidence(k=2), 2), (TopKMargin(k=2), 2), (LowestEntropy(k=3), 3), (ConfidenceThreshold(0.9), 1),
-    (FactorThreshold(factor=1.0), 1), (LLaDASteps(steps=2), 2), (DreamSteps(steps=2, eps=0.5), 1),
-])
+@pytest.mark.parametrize(
+    "selector, count",
+    [
+        (TopKConfidence(k=2), 2),
+        (TopKMargin(k=2), 2),
+        (LowestEntropy(k=3), 3),
+        (ConfidenceThreshold(0.9), 1),
+        (FactorThreshold(factor=1.0), 1),
+        (LLaDASteps(steps=2), 2),
+        (DreamSteps(steps=2, eps=0.5), 1),
+    ],
+)
 def test_ties_go_to_the_lowest_position(selector, count):
     assert sorted(selector.select(tied_plan())) == list(range(count))
 

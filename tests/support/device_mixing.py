@@ -24,16 +24,59 @@ import torch
 from refusion.measure.host_reads import HostReads, call_site
 
 #: calls that move or copy data between devices, or read only shapes: never a device mix
-_CROSSING = frozenset({
-    "to", "copy_", "cpu", "cuda", "numpy", "tolist", "item", "type_as", "expand_as", "view_as", "reshape_as",
-    "new_tensor", "new_zeros", "new_ones", "new_full", "new_empty", "__format__", "__repr__", "__str__", "size",
-    "dim", "numel", "__len__", "__get__", "__bool__", "__int__", "__float__", "__index__", "__contains__",
-})
+_CROSSING = frozenset(
+    {
+        "to",
+        "copy_",
+        "cpu",
+        "cuda",
+        "numpy",
+        "tolist",
+        "item",
+        "type_as",
+        "expand_as",
+        "view_as",
+        "reshape_as",
+        "new_tensor",
+        "new_zeros",
+        "new_ones",
+        "new_full",
+        "new_empty",
+        "__format__",
+        "__repr__",
+        "__str__",
+        "size",
+        "dim",
+        "numel",
+        "__len__",
+        "__get__",
+        "__bool__",
+        "__int__",
+        "__float__",
+        "__index__",
+        "__contains__",
+    }
+)
 
 
 #: factory functions: without ``device=`` they make host tensors, also inside a network call
-_FACTORIES = frozenset({"zeros", "ones", "full", "empty", "arange", "tensor", "as_tensor", "randn", "rand", "randint",
-                        "eye", "linspace", "randperm"})
+_FACTORIES = frozenset(
+    {
+        "zeros",
+        "ones",
+        "full",
+        "empty",
+        "arange",
+        "tensor",
+        "as_tensor",
+        "randn",
+        "rand",
+        "randint",
+        "eye",
+        "linspace",
+        "randperm",
+    }
+)
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
@@ -74,8 +117,12 @@ class DeviceMixing(HostReads):
                     return self._host_array(args[2]) and not _basic(index)  # host values through an advanced index
                 return False  # host indices into a device tensor: CUDA copies them
             return any(self._on_device(t) for t in indices) or (
-                name == "__setitem__" and len(args) > 2 and isinstance(args[2], torch.Tensor)
-                and self._on_device(args[2]) and not _basic(index))
+                name == "__setitem__"
+                and len(args) > 2
+                and isinstance(args[2], torch.Tensor)
+                and self._on_device(args[2])
+                and not _basic(index)
+            )
         tensors = [t for value in (*args, *kwargs.values()) for t in _tensors(value)]
         return any(self._on_device(t) for t in tensors) and any(self._host_array(t) for t in tensors)
 

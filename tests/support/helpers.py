@@ -27,7 +27,7 @@ def hf_greedy(adapter: HFCausalLM, prompt, max_new_tokens):
         pad_token_id=adapter.mask_token_id,
         suppress_tokens=[adapter.mask_token_id],
     )
-    gen = out[0, len(prompt):].tolist()
+    gen = out[0, len(prompt) :].tolist()
     if eos:
         for i, t in enumerate(gen):
             if t in eos:

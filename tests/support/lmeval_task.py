@@ -31,7 +31,10 @@ def write_task(folder, monkeypatch, tasks=("copy", "reverse"), per_task=1):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_CACHE", str(folder / "cache"))
     data = folder / "synthetic.jsonl"
-    data.write_text("".join(json.dumps({"prompt": e.prompt, "answer": e.answer}) + "\n"
-                            for e in held_out(per_task) if e.task in tasks))
+    data.write_text(
+        "".join(
+            json.dumps({"prompt": e.prompt, "answer": e.answer}) + "\n" for e in held_out(per_task) if e.task in tasks
+        )
+    )
     (folder / "refusion_synthetic.yaml").write_text(TASK.format(data=data))
     return folder

@@ -36,8 +36,19 @@ def gumbel(logits, temperature, generator):
     return logits.exp() / (-torch.log(u)) ** temperature
 
 
-def llada(net, prompt, *, steps, gen_length, block_length, mask_id, temperature=0.0, cfg_scale=0.0,
-          remasking="low_confidence", generator=None):
+def llada(
+    net,
+    prompt,
+    *,
+    steps,
+    gen_length,
+    block_length,
+    mask_id,
+    temperature=0.0,
+    cfg_scale=0.0,
+    remasking="low_confidence",
+    generator=None,
+):
     """LLaDA's sampler: blocks left to right, ``steps // blocks`` steps each, top confidence (or random) per step."""
     x = torch.full((1, len(prompt) + gen_length), mask_id, dtype=torch.long)
     x[0, : len(prompt)] = torch.tensor(prompt)
@@ -69,7 +80,7 @@ def llada(net, prompt, *, steps, gen_length, block_length, mask_id, temperature=
             if counts[i]:
                 chosen = _top(confidence[0], counts[i])
                 x[0, chosen] = x0[0, chosen]
-    return x[0, len(prompt):].tolist()
+    return x[0, len(prompt) :].tolist()
 
 
 def _top(values: torch.Tensor, k: int) -> torch.Tensor:
@@ -111,7 +122,7 @@ def dream(net, prompt, *, steps, gen_length, mask_id, eps=1e-3, alg="maskgit_plu
             proposal = torch.full_like(x, mask_id)
             proposal[mask_index] = x0
             x[0, chosen] = proposal[0, chosen]
-    return x[0, len(prompt):].tolist()
+    return x[0, len(prompt) :].tolist()
 
 
 def fast_dllm(net, prompt, *, gen_length, block_length, mask_id, threshold, dual_cache=False):
@@ -134,13 +145,23 @@ def fast_dllm(net, prompt, *, gen_length, block_length, mask_id, threshold, dual
                 cache = DynamicCache() if dual_cache else None
                 logits = net(input_ids=x, cache=cache, use_cache=dual_cache).logits[0, lo:hi]
                 if dual_cache:
-                    kept = [(torch.cat([layer.keys[:, :, :lo], layer.keys[:, :, hi:]], 2),
-                             torch.cat([layer.values[:, :, :lo], layer.values[:, :, hi:]], 2)) for layer in cache.layers]
+                    kept = [
+                        (
+                            torch.cat([layer.keys[:, :, :lo], layer.keys[:, :, hi:]], 2),
+                            torch.cat([layer.values[:, :, :lo], layer.values[:, :, hi:]], 2),
+                        )
+                        for layer in cache.layers
+                    ]
             else:
                 cache = DynamicCache(list(kept))
                 ones = torch.ones(1, x.shape[1], dtype=torch.long)
-                logits = net(input_ids=x[:, lo:hi], position_ids=torch.arange(lo, hi)[None], attention_mask=ones,
-                             cache=cache, use_cache=True).logits[0]
+                logits = net(
+                    input_ids=x[:, lo:hi],
+                    position_ids=torch.arange(lo, hi)[None],
+                    attention_mask=ones,
+                    cache=cache,
+                    use_cache=True,
+                ).logits[0]
             x0 = logits.argmax(-1)
             p = F.softmax(logits.to(torch.float64), dim=-1).gather(-1, x0[:, None])[:, 0]
             masked = x[0, lo:hi] == mask_id
@@ -148,7 +169,7 @@ def fast_dllm(net, prompt, *, gen_length, block_length, mask_id, threshold, dual
             order = _top(confidence, int(masked.sum()))
             take = [int(order[0])] + [int(j) for j in order[1:] if confidence[j] >= threshold]
             x[0, lo + torch.tensor(take)] = x0[torch.tensor(take)]
-    return x[0, len(prompt):].tolist()
+    return x[0, len(prompt) :].tolist()
 
 
 def cut_at_eos(tokens: list[int], eos: int) -> list[int]:

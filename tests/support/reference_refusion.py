@@ -35,8 +35,19 @@ def _shifted_probs(logits, tokens):
 
 
 @torch.no_grad()
-def reference_refusion(model, prompt, gen_length, *, mask_id, eos_id, slot_size, serial_num_blocks,
-                       slot_threshold, token_threshold, eos_bug=False):
+def reference_refusion(
+    model,
+    prompt,
+    gen_length,
+    *,
+    mask_id,
+    eos_id,
+    slot_size,
+    serial_num_blocks,
+    slot_threshold,
+    token_threshold,
+    eos_bug=False,
+):
     """Return the generated tokens (position order, up to and including EOS when committed) as a list."""
     S = slot_size
     G = -(-gen_length // S) * S
@@ -53,8 +64,12 @@ def reference_refusion(model, prompt, gen_length, *, mask_id, eos_id, slot_size,
             masks = torch.full_like(pos, mask_id)
             if cache is None:
                 cache = DynamicCache(config=model.config)
-                logits = _forward(model, torch.cat([torch.tensor([cur_x]), masks], 1),
-                                  torch.cat([torch.tensor([cur_pos]), pos], 1), cache)[:, P:]
+                logits = _forward(
+                    model,
+                    torch.cat([torch.tensor([cur_x]), masks], 1),
+                    torch.cat([torch.tensor([cur_pos]), pos], 1),
+                    cache,
+                )[:, P:]
             else:
                 logits = _forward(model, masks, pos, cache)
             _crop_to(cache, len(cur_x))

@@ -44,9 +44,25 @@ class ServerProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         env.pop("TRITON_INTERPRET", None)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "refusion.cli", "serve", "--port", str(self.port), "--log-level", "warning",
-             "--threads", "1", *self.args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True)
+            [
+                sys.executable,
+                "-m",
+                "refusion.cli",
+                "serve",
+                "--port",
+                str(self.port),
+                "--log-level",
+                "warning",
+                "--threads",
+                "1",
+                *self.args,
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

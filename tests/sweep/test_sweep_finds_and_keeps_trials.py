@@ -39,9 +39,15 @@ def test_grid_sweep_evaluates_every_point_once_and_writes_csv_png_preset(model, 
     result = sweep(SPACE, tasks, model=model, out=tmp_path / "out", progress=False)
     assert result.mode == "grid" and result.new_trials == 4
     points = {point_key(r.point) for r in result.records}
-    assert points == {point_key(p) for p in ({"selector": "threshold", "slot_threshold": 0.5},
-                                             {"selector": "threshold", "slot_threshold": 0.9},
-                                             {"selector": "topk", "k": 1}, {"selector": "topk", "k": 2})}
+    assert points == {
+        point_key(p)
+        for p in (
+            {"selector": "threshold", "slot_threshold": 0.5},
+            {"selector": "threshold", "slot_threshold": 0.9},
+            {"selector": "topk", "k": 1},
+            {"selector": "topk", "k": 2},
+        )
+    }
     assert result.ar["examples"] == 3 and result.ar["accuracy"] == 1.0
     for r in result.records:
         assert r["examples"] == 3 and r["forward_ratio"] == pytest.approx(result.ar["forwards"] / r["forwards"])
@@ -118,7 +124,8 @@ def test_a_sweep_on_a_local_lm_eval_task_scores_with_the_task_metric(model, tmp_
         f"task: pairs_task\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n"
         'output_type: generate_until\ndoc_to_text: "{{prompt}}"\ndoc_to_target: "{{answer}}"\n'
         'generation_kwargs:\n  until: ["\\n"]\n  max_gen_toks: 32\n'
-        "metric_list:\n  - metric: exact_match\n    aggregation: mean\n    higher_is_better: true\n")
+        "metric_list:\n  - metric: exact_match\n    aggregation: mean\n    higher_is_better: true\n"
+    )
     tasks = HarnessTasks(("pairs_task",), include_path=str(tmp_path), metric="exact_match")
     result = sweep(["slot_threshold=0.5,0.9"], tasks, model=model, out=tmp_path / "out", progress=False, plot=False)
     assert result.ar["examples"] == 3 and result.ar["accuracy"] == 1.0 and result.ar["tokens"] > 0
@@ -129,8 +136,9 @@ def test_a_sweep_on_a_local_lm_eval_task_scores_with_the_task_metric(model, tmp_
 
 def test_bench_measures_a_preset_file_next_to_ar(tmp_path, capsys):
     path = tmp_path / "preset.json"
-    path.write_text(json.dumps({"gen_length": 32, "selector": "topk", "params": {"slot_size": 4, "k": 2,
-                                                                                  "serial_num_blocks": 1}}))
+    path.write_text(
+        json.dumps({"gen_length": 32, "selector": "topk", "params": {"slot_size": 4, "k": 2, "serial_num_blocks": 1}})
+    )
     assert main(["bench", "--per-task", "1", "--preset-file", str(path), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]  # bench --json prints a record
     assert [r["method"] for r in rows] == ["AR: transformers generate", f"file {path}"]

@@ -16,18 +16,21 @@ from refusion.sweep.tasks import load_tasks
 BASE = preset("paper")
 
 
-@pytest.mark.parametrize("spec, words", [
-    (["selector=threshold,nosuch"], ["`selector`", "'nosuch'", "topk"]),
-    (["slicer=fixed"], ["`slicer`", "parameters are"]),
-    (["slot_threshold=0.9:0.5"], ["`slot_threshold`", "empty"]),
-    (["slot_threshold=0.5:0.9:0"], ["`slot_threshold`", "step"]),
-    (["selector="], ["`selector`", "empty"]),
-    (["slot_threshold=a:b"], ["`slot_threshold`", "numbers"]),
-    (["k=1,2"], ["`k`", "no part the space can choose"]),
-    (["selector.nosuch=1"], ["`selector.nosuch`"]),
-    (["slot_size=4", "slot_size=8"], ["slot_size", "more than once"]),
-    (["slot_threshold"], ["NAME=VALUES"]),
-])
+@pytest.mark.parametrize(
+    "spec, words",
+    [
+        (["selector=threshold,nosuch"], ["`selector`", "'nosuch'", "topk"]),
+        (["slicer=fixed"], ["`slicer`", "parameters are"]),
+        (["slot_threshold=0.9:0.5"], ["`slot_threshold`", "empty"]),
+        (["slot_threshold=0.5:0.9:0"], ["`slot_threshold`", "step"]),
+        (["selector="], ["`selector`", "empty"]),
+        (["slot_threshold=a:b"], ["`slot_threshold`", "numbers"]),
+        (["k=1,2"], ["`k`", "no part the space can choose"]),
+        (["selector.nosuch=1"], ["`selector.nosuch`"]),
+        (["slot_size=4", "slot_size=8"], ["slot_size", "more than once"]),
+        (["slot_threshold"], ["NAME=VALUES"]),
+    ],
+)
 def test_a_bad_space_names_the_field(spec, words):
     with pytest.raises(ConfigError) as info:
         build_space(BASE, spec)
@@ -84,14 +87,17 @@ def test_resuming_a_study_with_another_space_is_refused(tmp_path):
     open_study(tmp_path / "s.db", "other", {"space": ["slot_size=4"], "tasks": "held-out"})  # another name is fine
 
 
-@pytest.mark.parametrize("text, suffix, words", [
-    ("space:\n  selector: [threshold\n", ".yaml", ["not valid YAML", "line"]),
-    ("space = 3\n", ".toml", ["`space` must be a non-empty table"]),
-    ("space:\n  slot_threshold: {low: 0.9, high: 0.5}\n", ".yaml", ["`space.slot_threshold`", "empty"]),
-    ("space:\n  slot_size: [4]\nrounds: 3\n", ".yaml", ["unknown field(s) rounds"]),
-    ("space:\n  slot_size: [4]\ngen_length: -1\n", ".yaml", ["`gen_length`"]),
-    ("[space]\nslot_size = [4]\n", ".json", ["must end in .yaml"]),
-])
+@pytest.mark.parametrize(
+    "text, suffix, words",
+    [
+        ("space:\n  selector: [threshold\n", ".yaml", ["not valid YAML", "line"]),
+        ("space = 3\n", ".toml", ["`space` must be a non-empty table"]),
+        ("space:\n  slot_threshold: {low: 0.9, high: 0.5}\n", ".yaml", ["`space.slot_threshold`", "empty"]),
+        ("space:\n  slot_size: [4]\nrounds: 3\n", ".yaml", ["unknown field(s) rounds"]),
+        ("space:\n  slot_size: [4]\ngen_length: -1\n", ".yaml", ["`gen_length`"]),
+        ("[space]\nslot_size = [4]\n", ".json", ["must end in .yaml"]),
+    ],
+)
 def test_a_bad_space_file_names_the_file_and_field(tmp_path, text, suffix, words):
     path = tmp_path / f"space{suffix}"
     path.write_text(text)
@@ -103,21 +109,26 @@ def test_a_bad_space_file_names_the_file_and_field(tmp_path, text, suffix, words
 
 def test_a_toml_space_file_reads_ranges_lists_and_tables(tmp_path):
     path = tmp_path / "space.toml"
-    path.write_text('preset = "paper"\ngen_length = 32\n[space]\nselector = ["threshold", "topk"]\n'
-                    'slot_threshold = "0.5:0.9:0.2"\nk = { values = [1, 2] }\n'
-                    'token_threshold = { low = 0.1, high = 0.3, step = 0.1 }\n')
+    path.write_text(
+        'preset = "paper"\ngen_length = 32\n[space]\nselector = ["threshold", "topk"]\n'
+        'slot_threshold = "0.5:0.9:0.2"\nk = { values = [1, 2] }\n'
+        "token_threshold = { low = 0.1, high = 0.3, step = 0.1 }\n"
+    )
     file = load_space_file(path)
     assert file.preset == "paper" and file.gen_length == 32
     space = build_space(BASE, file.dimensions)
     assert [d.grid() for d in space.dimensions] == [("threshold", "topk"), (0.5, 0.7, 0.9), (1, 2), (0.1, 0.2, 0.3)]
 
 
-@pytest.mark.parametrize("data, field", [
-    ({"params": {}}, "gen_length"),
-    ({"gen_length": 32, "params": [1]}, "params"),
-    ({"gen_length": 32, "selector": 3}, "selector"),
-    ({"gen_length": 32, "slots": 3}, "slots"),
-])
+@pytest.mark.parametrize(
+    "data, field",
+    [
+        ({"params": {}}, "gen_length"),
+        ({"gen_length": 32, "params": [1]}, "params"),
+        ({"gen_length": 32, "selector": 3}, "selector"),
+        ({"gen_length": 32, "slots": 3}, "slots"),
+    ],
+)
 def test_a_bad_preset_file_names_the_field(tmp_path, data, field):
     path = tmp_path / "preset.json"
     path.write_text(json.dumps(data))
@@ -153,25 +164,28 @@ def no_model(monkeypatch):
     monkeypatch.setattr(refusion.cli.sweep, "load", load_model)
 
 
-@pytest.mark.parametrize("options, param", [
-    ({"gen_length": 0}, "gen_length"),
-    ({"gen_length": 10**9}, "gen_length"),
-    ({"max_accuracy_drop": float("nan")}, "max_accuracy_drop"),
-    ({"max_accuracy_drop": -0.1}, "max_accuracy_drop"),
-    ({"trials": 0}, "trials"),
-    ({"trials": 10**9}, "trials"),
-    ({"minutes": float("inf")}, "minutes"),
-    ({"seed": -1}, "seed"),
-    ({"warmup": -1}, "warmup"),
-    ({"tasks": "held-out:100000000"}, "tasks"),
-    ({"tasks": "held-out:" + "9" * 5000}, "tasks"),
-    ({"space": ["slot_threshold=nan,0.5"]}, "slot_threshold"),
-    ({"space": ["slot_threshold=0:inf:0.1"]}, "slot_threshold"),
-    ({"space": ["slot_size=1:1000000000:1"], "mode": "grid"}, "slot_size"),
-    ({"space": ["slot_threshold=0.1:0.9:1e-12"]}, "slot_threshold"),
-    ({"out": "{file}"}, "out"),  # an existing file: a raw FileExistsError before (issue 30)
-    ({"mode_of_search": "grid"}, "mode_of_search"),  # not an option of a sweep
-])
+@pytest.mark.parametrize(
+    "options, param",
+    [
+        ({"gen_length": 0}, "gen_length"),
+        ({"gen_length": 10**9}, "gen_length"),
+        ({"max_accuracy_drop": float("nan")}, "max_accuracy_drop"),
+        ({"max_accuracy_drop": -0.1}, "max_accuracy_drop"),
+        ({"trials": 0}, "trials"),
+        ({"trials": 10**9}, "trials"),
+        ({"minutes": float("inf")}, "minutes"),
+        ({"seed": -1}, "seed"),
+        ({"warmup": -1}, "warmup"),
+        ({"tasks": "held-out:100000000"}, "tasks"),
+        ({"tasks": "held-out:" + "9" * 5000}, "tasks"),
+        ({"space": ["slot_threshold=nan,0.5"]}, "slot_threshold"),
+        ({"space": ["slot_threshold=0:inf:0.1"]}, "slot_threshold"),
+        ({"space": ["slot_size=1:1000000000:1"], "mode": "grid"}, "slot_size"),
+        ({"space": ["slot_threshold=0.1:0.9:1e-12"]}, "slot_threshold"),
+        ({"out": "{file}"}, "out"),  # an existing file: a raw FileExistsError before (issue 30)
+        ({"mode_of_search": "grid"}, "mode_of_search"),  # not an option of a sweep
+    ],
+)
 def test_a_bad_sweep_option_is_refused_before_the_model_loads(no_model, tmp_path, options, param):
     from refusion.sweep import run_sweep as sweep
 
@@ -184,16 +198,19 @@ def test_a_bad_sweep_option_is_refused_before_the_model_loads(no_model, tmp_path
     assert not (tmp_path / "sweep.db").exists()  # no study was created
 
 
-@pytest.mark.parametrize("spec, param, words", [
-    (["slot_threshold=nan,0.5"], "slot_threshold", ["finite"]),
-    (["slot_threshold=0.5,2"], "slot_threshold", ["value 2", "[0, 1]"]),
-    (["slot_size=0:4:1"], "slot_size", ["value 0", ">= 1"]),
-    (["selector=topk", "k=0,2"], "k", ["value 0"]),
-    (["temperature=-1,0.5"], "temperature", ["value -1"]),
-    (["seed=-1,3"], "seed", ["value -1"]),
-    (["engine=branch,nosuch"], "engine", ["'nosuch'", "Known engines"]),
-    (["sampler=gumbel,nosuch"], "sampler", ["'nosuch'"]),
-])
+@pytest.mark.parametrize(
+    "spec, param, words",
+    [
+        (["slot_threshold=nan,0.5"], "slot_threshold", ["finite"]),
+        (["slot_threshold=0.5,2"], "slot_threshold", ["value 2", "[0, 1]"]),
+        (["slot_size=0:4:1"], "slot_size", ["value 0", ">= 1"]),
+        (["selector=topk", "k=0,2"], "k", ["value 0"]),
+        (["temperature=-1,0.5"], "temperature", ["value -1"]),
+        (["seed=-1,3"], "seed", ["value -1"]),
+        (["engine=branch,nosuch"], "engine", ["'nosuch'", "Known engines"]),
+        (["sampler=gumbel,nosuch"], "sampler", ["'nosuch'"]),
+    ],
+)
 def test_a_value_no_point_could_use_is_refused_not_dropped(spec, param, words):
     """Was: every point with the value failed its trial and was left out of the results without a word."""
     with pytest.raises(ConfigError) as info:
@@ -203,10 +220,20 @@ def test_a_value_no_point_could_use_is_refused_not_dropped(spec, param, words):
         assert word in str(info.value)
 
 
-@pytest.mark.parametrize("spec", [{"low": float("nan"), "high": 1.0}, {"low": 0.0, "high": float("inf"), "step": 0.1},
-                                  {"low": 0.0, "high": 1.0, "step": float("nan")}, [0.5, float("nan")],
-                                  {"low": "a", "high": 1}, {"values": "abc"}, {"values": [1], "low": 0},
-                                  [[0.5, 0.6]], {"low": 0, "high": 10**30}])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"low": float("nan"), "high": 1.0},
+        {"low": 0.0, "high": float("inf"), "step": 0.1},
+        {"low": 0.0, "high": 1.0, "step": float("nan")},
+        [0.5, float("nan")],
+        {"low": "a", "high": 1},
+        {"values": "abc"},
+        {"values": [1], "low": 0},
+        [[0.5, 0.6]],
+        {"low": 0, "high": 10**30},
+    ],
+)
 def test_nan_and_malformed_values_from_python_are_refused(spec):
     from refusion.sweep.space import dimension
 
@@ -222,8 +249,16 @@ def test_a_huge_grid_is_counted_not_listed():
         huge.grid()
     assert info.value.param == "space"
     # many small dimensions multiply: 10**10 points, each dimension fine alone
-    product = build_space(BASE, ["slot_threshold=0.01:1:0.01", "token_threshold=0.01:1:0.01",
-                                 "serial_num_blocks=1:100:1", "slot_size=1:100:1", "seed=1:100:1"])
+    product = build_space(
+        BASE,
+        [
+            "slot_threshold=0.01:1:0.01",
+            "token_threshold=0.01:1:0.01",
+            "serial_num_blocks=1:100:1",
+            "slot_size=1:100:1",
+            "seed=1:100:1",
+        ],
+    )
     assert product.grid_size() == 10**10
     with pytest.raises(ConfigError, match="grid points"):
         product.grid()
@@ -246,19 +281,27 @@ def test_lm_eval_limits_are_range_checked():
         assert info.value.param == "limit"
 
 
-@pytest.mark.parametrize("text, suffix, param", [
-    ("space:\n  slot_threshold: [.nan, 0.5]\n", ".yaml", "slot_threshold"),
-    ("[space]\nslot_threshold = [nan, 0.5]\n", ".toml", "slot_threshold"),
-    ("space:\n  slot_threshold: {low: 0.1, high: 0.9, stepp: 0.1}\n", ".yaml", "slot_threshold"),
-    ("space:\n  k: {values: [1], low: 0}\n", ".yaml", "k"),
-    ("space:\n  slot_size: [4]\ngen_length: 1000000000\n", ".yaml", "gen_length"),
-    ("space:\n  k: [" + "9" * 5000 + "]\n", ".yaml", "space_file"),
-    ("[space]\nk = [" + "9" * 5000 + "]\n", ".toml", "space_file"),
-    ("space:\n  k: " + "[" * 200 + "]" * 200 + "\n", ".yaml", "space_file"),
-    ("[space]\nk = " + "[" * 5000 + "]" * 5000 + "\n", ".toml", "space_file"),
-    ("a: &a [1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(f"{c}: &{c} [{', '.join(['*' + p] * 8)}]\n" for p, c in
-                                                   zip("abcdefgh", "bcdefghi")) + "space:\n  k: [*i]\n", ".yaml", "a"),
-])
+@pytest.mark.parametrize(
+    "text, suffix, param",
+    [
+        ("space:\n  slot_threshold: [.nan, 0.5]\n", ".yaml", "slot_threshold"),
+        ("[space]\nslot_threshold = [nan, 0.5]\n", ".toml", "slot_threshold"),
+        ("space:\n  slot_threshold: {low: 0.1, high: 0.9, stepp: 0.1}\n", ".yaml", "slot_threshold"),
+        ("space:\n  k: {values: [1], low: 0}\n", ".yaml", "k"),
+        ("space:\n  slot_size: [4]\ngen_length: 1000000000\n", ".yaml", "gen_length"),
+        ("space:\n  k: [" + "9" * 5000 + "]\n", ".yaml", "space_file"),
+        ("[space]\nk = [" + "9" * 5000 + "]\n", ".toml", "space_file"),
+        ("space:\n  k: " + "[" * 200 + "]" * 200 + "\n", ".yaml", "space_file"),
+        ("[space]\nk = " + "[" * 5000 + "]" * 5000 + "\n", ".toml", "space_file"),
+        (
+            "a: &a [1, 1, 1, 1, 1, 1, 1, 1]\n"
+            + "".join(f"{c}: &{c} [{', '.join(['*' + p] * 8)}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+            + "space:\n  k: [*i]\n",
+            ".yaml",
+            "a",
+        ),
+    ],
+)
 def test_a_bad_space_file_value_is_refused_with_the_file_and_field(tmp_path, text, suffix, param):
     path = tmp_path / f"space{suffix}"
     path.write_text(text)
@@ -287,8 +330,12 @@ def test_a_task_file_the_tokenizer_cannot_read_is_refused_before_any_trial(shipp
     from refusion.sweep import run_sweep as sweep
 
     path = tmp_path / "tasks.jsonl"
-    path.write_text(json.dumps({"prompt": "rev ab=", "answer": "ba"}) + "\n"
-                    + json.dumps({"prompt": "rev \u00e9t\u00e9=", "answer": "\u00e9t\u00e9"}) + "\n")
+    path.write_text(
+        json.dumps({"prompt": "rev ab=", "answer": "ba"})
+        + "\n"
+        + json.dumps({"prompt": "rev \u00e9t\u00e9=", "answer": "\u00e9t\u00e9"})
+        + "\n"
+    )
     with pytest.raises(ConfigError, match=r"line 2: field `prompt` has characters .* does not know: '\u00e9'") as info:
         sweep(["slot_threshold=0.5,0.9"], str(path), model=shipped, out=tmp_path / "out", progress=False)
     assert info.value.param == "tasks" and not (tmp_path / "out" / "sweep.db").exists()
@@ -298,11 +345,14 @@ def test_a_prompt_with_no_room_for_the_generation_is_refused_before_any_trial(sh
     from refusion.sweep import run_sweep as sweep
 
     path = tmp_path / "tasks.jsonl"
-    path.write_text(json.dumps({"prompt": "rev ab=", "answer": "ba"}) + "\n"
-                    + json.dumps({"prompt": "copy " + "ab" * 60 + "=", "answer": "ab"}) + "\n")
+    path.write_text(
+        json.dumps({"prompt": "rev ab=", "answer": "ba"})
+        + "\n"
+        + json.dumps({"prompt": "copy " + "ab" * 60 + "=", "answer": "ab"})
+        + "\n"
+    )
     with pytest.raises(ConfigError, match=r"line 2 \(\d+ tokens\) exceeds the model's 128 positions") as info:
-        sweep(["slot_threshold=0.5,0.9"], str(path), model=shipped, out=tmp_path / "out", progress=False,
-              gen_length=32)
+        sweep(["slot_threshold=0.5,0.9"], str(path), model=shipped, out=tmp_path / "out", progress=False, gen_length=32)
     assert info.value.param == "gen_length" and not (tmp_path / "out" / "sweep.db").exists()
 
 
@@ -311,7 +361,9 @@ def test_a_bad_value_in_a_space_file_names_the_file(shipped, tmp_path):
     path.write_text("space:\n  slot_threshold: [0.5, 2]\n")
     from refusion.sweep import run_sweep as sweep
 
-    with pytest.raises(ConfigError, match=r"`space file` '.*space.yaml', field `space.slot_threshold`.*value 2") as info:
+    with pytest.raises(
+        ConfigError, match=r"`space file` '.*space.yaml', field `space.slot_threshold`.*value 2"
+    ) as info:
         sweep(space_file=path, model=shipped, out=tmp_path / "out", progress=False)
     assert info.value.param == "slot_threshold"
 

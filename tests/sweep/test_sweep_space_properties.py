@@ -22,10 +22,13 @@ def test_a_stepped_range_covers_low_to_high_in_steps(low, width, step):
 
 
 @settings(max_examples=20)
-@given(selectors=st.lists(st.sampled_from(["threshold", "topk", "leftmost", "margin"]), min_size=1, max_size=4,
-                          unique=True),
-       ks=st.lists(st.integers(1, 4), min_size=1, max_size=3, unique=True),
-       thresholds=st.lists(st.sampled_from([0.3, 0.5, 0.7, 0.9]), min_size=1, max_size=3, unique=True))
+@given(
+    selectors=st.lists(
+        st.sampled_from(["threshold", "topk", "leftmost", "margin"]), min_size=1, max_size=4, unique=True
+    ),
+    ks=st.lists(st.integers(1, 4), min_size=1, max_size=3, unique=True),
+    thresholds=st.lists(st.sampled_from([0.3, 0.5, 0.7, 0.9]), min_size=1, max_size=3, unique=True),
+)
 def test_grid_points_are_distinct_and_only_carry_parameters_their_parts_take(selectors, ks, thresholds):
     specs = ["selector=" + ",".join(selectors)]
     if "threshold" in selectors:
@@ -41,8 +44,9 @@ def test_grid_points_are_distinct_and_only_carry_parameters_their_parts_take(sel
         built = space.preset(p)
         assert built.selector.name == p["selector"]
         assert all(built.selector.params[k] == v for k, v in p.items() if k != "selector")
-    expected = sum((len(thresholds) if s == "threshold" else len(ks) if s in ("topk", "margin") else 1)
-                   for s in selectors)
+    expected = sum(
+        (len(thresholds) if s == "threshold" else len(ks) if s in ("topk", "margin") else 1) for s in selectors
+    )
     assert len(points) == expected
 
 
@@ -57,8 +61,11 @@ def test_the_front_is_exactly_the_undominated_points(rows):
     on = {r.number for r in front}
 
     def beats(o, r):
-        return o["accuracy"] >= r["accuracy"] and o["forwards"] <= r["forwards"] and (
-            o["accuracy"] > r["accuracy"] or o["forwards"] < r["forwards"])
+        return (
+            o["accuracy"] >= r["accuracy"]
+            and o["forwards"] <= r["forwards"]
+            and (o["accuracy"] > r["accuracy"] or o["forwards"] < r["forwards"])
+        )
 
     for r in recs:
         assert (r.number in on) == (not any(beats(o, r) for o in recs))

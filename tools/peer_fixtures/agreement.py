@@ -12,6 +12,7 @@ call's dtype and decoded by the preset that takes the peer function's arguments;
 golden tokens as ``tests/models/test_peer_checkpoints.py`` compares them. Prints a table of ``same/total`` and,
 with ``--show``, the first differing position of every call that differs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -81,14 +82,23 @@ def main(argv=None) -> int:
             table[key][1] += 1
             table[key][0] += where is None
             if where is not None and a.show:
-                print(f"  differs: {family} {call['function']} {dtype} prompt {call['prompt']} {call['args']} "
-                      f"at {where}:\n    got  {got}\n    want {call['tokens']}")
+                print(
+                    f"  differs: {family} {call['function']} {dtype} prompt {call['prompt']} {call['args']} "
+                    f"at {where}:\n    got  {got}\n    want {call['tokens']}"
+                )
     print(f"{'family':<9} {'function':<38} {'dtype':<9} same/total")
     for (family, function, dtype), (same, total) in sorted(table.items()):
         print(f"{family:<9} {function:<38} {dtype:<9} {same}/{total}")
     if a.json:
-        Path(a.json).write_text(json.dumps([{"family": f, "function": fn, "dtype": d, "same": s, "total": t}
-                                            for (f, fn, d), (s, t) in sorted(table.items())], indent=1))
+        Path(a.json).write_text(
+            json.dumps(
+                [
+                    {"family": f, "function": fn, "dtype": d, "same": s, "total": t}
+                    for (f, fn, d), (s, t) in sorted(table.items())
+                ],
+                indent=1,
+            )
+        )
     return 0
 
 

@@ -9,6 +9,7 @@ Run with a transformers-4 interpreter (the peers need transformers 4.52.x); it n
 Each family is made in its own worker process (1 torch thread, offline, deterministic). See
 tests/fixtures/peers/README.md for what is made and why.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,32 +29,58 @@ FAMILY_NAMES = ["llada", "dream", "sdar", "refusion"]
 MAX_WEIGHT_SEEDS = 32
 MAX_SAMPLING_SEEDS = 64
 LOGITS_ATOL = 1e-6
-WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-              "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-              "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error", "PYTHONHASHSEED": "0",
-              "CUDA_VISIBLE_DEVICES": "", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
+WORKER_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "PYTHONHASHSEED": "0",
+    "CUDA_VISIBLE_DEVICES": "",
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+}
 
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--llada", required=True, help="checkout of ML-GSAI/LLaDA (generate.py)")
-    ap.add_argument("--fast-dllm", required=True, dest="fast_dllm",
-                    help="checkout of NVlabs/Fast-dLLM (llada/generate.py, llada/model/, dream/model/)")
-    ap.add_argument("--sdar", required=True, help="checkout of JetAstra/SDAR (generate.py, training/model/SDAR-8B-Chat/)")
+    ap.add_argument(
+        "--fast-dllm",
+        required=True,
+        dest="fast_dllm",
+        help="checkout of NVlabs/Fast-dLLM (llada/generate.py, llada/model/, dream/model/)",
+    )
+    ap.add_argument(
+        "--sdar", required=True, help="checkout of JetAstra/SDAR (generate.py, training/model/SDAR-8B-Chat/)"
+    )
     ap.add_argument("--refusion", required=True, help="checkout of ML-GSAI/ReFusion (generate.py, qwen3/)")
     ap.add_argument("--out", required=True, help="fixture root, e.g. tests/fixtures/peers")
-    ap.add_argument("--check", action="store_true",
-                    help="regenerate into a temporary folder and compare with --out (exit 1 on any difference)")
-    ap.add_argument("--only", default=",".join(FAMILY_NAMES), help="comma-separated subset of " + ",".join(FAMILY_NAMES))
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="regenerate into a temporary folder and compare with --out (exit 1 on any difference)",
+    )
+    ap.add_argument(
+        "--only", default=",".join(FAMILY_NAMES), help="comma-separated subset of " + ",".join(FAMILY_NAMES)
+    )
     ap.add_argument("--keep-temp", action="store_true", help="with --check: keep the regenerated folder")
-    ap.add_argument("--head-scale", default=None,
-                    help="opt-in: multiply the output head by this factor before the mask/EOS rows are zeroed, e.g. "
-                         "'4' or 'llada=4,dream=32,sdar=32,refusion=32' (default 1 = the class's own init; recorded "
-                         "in golden.json; --check reuses the committed value unless this is given)")
-    ap.add_argument("--eos-scale", default=None,
-                    help="opt-in: multiply the output-head rows of the family's EOS ids by this factor (after "
-                         "--head-scale), so that some answers hold an EOS, e.g. 'dream=1.5,sdar=1.5' (default 1; "
-                         "recorded in golden.json as eos_scale; --check reuses the committed value)")
+    ap.add_argument(
+        "--head-scale",
+        default=None,
+        help="opt-in: multiply the output head by this factor before the mask/EOS rows are zeroed, e.g. "
+        "'4' or 'llada=4,dream=32,sdar=32,refusion=32' (default 1 = the class's own init; recorded "
+        "in golden.json; --check reuses the committed value unless this is given)",
+    )
+    ap.add_argument(
+        "--eos-scale",
+        default=None,
+        help="opt-in: multiply the output-head rows of the family's EOS ids by this factor (after "
+        "--head-scale), so that some answers hold an EOS, e.g. 'dream=1.5,sdar=1.5' (default 1; "
+        "recorded in golden.json as eos_scale; --check reuses the committed value)",
+    )
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
     ap.add_argument("--worker-head-scale", type=float, default=1.0, help=argparse.SUPPRESS)
@@ -92,12 +119,15 @@ def per_family(ap, option, text) -> dict:
 # =========================================================================== worker (one family per process)
 def worker(a) -> int:
     import torch
+
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     torch.set_default_dtype(torch.float32)
     import warnings
+
     warnings.filterwarnings("ignore")
     import transformers
+
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
     import pf_common as C
@@ -107,8 +137,9 @@ def worker(a) -> int:
     peers = {"llada": a.llada, "fast_dllm": a.fast_dllm, "sdar": a.sdar, "refusion": a.refusion}
     fam = F.FAMILIES[a.worker](peers)
     import io
+
     chatter = io.StringIO()
-    with contextlib.redirect_stdout(chatter):   # transformers' import-time auto_docstring notices on peer classes
+    with contextlib.redirect_stdout(chatter):  # transformers' import-time auto_docstring notices on peer classes
         fam.load()
     for line in chatter.getvalue().splitlines():
         if line.strip() and "\U0001f6a8" not in line:
@@ -132,7 +163,7 @@ def worker(a) -> int:
             raise C.FixtureError("weights reloaded with from_pretrained differ from the saved model")
         del built
         guards = {"float32": C.MaskGuard(model, F.MASK, fam.forbidden, fam.shift)}
-        for dtype in fam.dtypes[1:]:   # the same files loaded as the authors load them in half precision
+        for dtype in fam.dtypes[1:]:  # the same files loaded as the authors load them in half precision
             guards[dtype] = C.MaskGuard(fam.reload(out, dtype), F.MASK, fam.forbidden, fam.shift)
         try:
             records, skipped = run_calls(fam, guards, calls, prompt_ids, log)
@@ -156,9 +187,15 @@ def worker(a) -> int:
             logits, how = fam.logits(model, ids)
             key = f"logits.{i}"
             tensors[key] = logits.detach().to(torch.float32).contiguous().clone()
-            cases.append({"key": key, "input_ids": ids[0].tolist(), "shape": list(tensors[key].shape),
-                          "note": f"prompt {i} followed by {F.LOGIT_MASKS} masks; {how}"})
-            for dtype in fam.dtypes[1:]:   # the same forward of the model loaded in half precision, in its dtype
+            cases.append(
+                {
+                    "key": key,
+                    "input_ids": ids[0].tolist(),
+                    "shape": list(tensors[key].shape),
+                    "note": f"prompt {i} followed by {F.LOGIT_MASKS} masks; {how}",
+                }
+            )
+            for dtype in fam.dtypes[1:]:  # the same forward of the model loaded in half precision, in its dtype
                 half, _ = fam.logits(guards[dtype].model, ids)
                 tensors[f"{key}.{dtype}"] = half.detach().contiguous().clone()
                 cases[-1].setdefault("dtypes", {})[dtype] = f"{key}.{dtype}"
@@ -172,7 +209,8 @@ def worker(a) -> int:
         "made_with": C.versions(),
         "peer_files": fam.records,
         "mask_token_id": F.MASK,
-        "eos_token_ids": fam.generation_config["eos_token_id"] if isinstance(fam.generation_config["eos_token_id"], list)
+        "eos_token_ids": fam.generation_config["eos_token_id"]
+        if isinstance(fam.generation_config["eos_token_id"], list)
         else [fam.generation_config["eos_token_id"]],
         "head_scale": a.worker_head_scale,
         "eos_scale": a.worker_eos_scale,
@@ -195,8 +233,6 @@ def worker(a) -> int:
 
 
 def run_calls(fam, guards, calls, prompt_ids, log):
-    import torch
-
     import pf_common as C
     import pf_families as F
     import torch
@@ -228,8 +264,16 @@ def run_calls(fam, guards, calls, prompt_ids, log):
                 else:
                     msg = f"{type(e).__name__}: {e}"
                     log(f"SKIPPED {call.function} prompt {call.prompt} {call.args}: {msg}")
-                    skipped.append({"function": call.function, "prompt": call.prompt, "args": call.args,
-                                    "seed": s, "reason": "the peer function raised", "error": msg[:1000]})
+                    skipped.append(
+                        {
+                            "function": call.function,
+                            "prompt": call.prompt,
+                            "args": call.args,
+                            "seed": s,
+                            "reason": "the peer function raised",
+                            "error": msg[:1000],
+                        }
+                    )
                     break
             if guard.violations:
                 what = f"{call.function} prompt {call.prompt} {call.args} seed {s}: {guard.violations[0]}"
@@ -240,8 +284,9 @@ def run_calls(fam, guards, calls, prompt_ids, log):
             result = (s, x, extra)
             break
         else:
-            raise C.MaskWins(f"{call.function} prompt {call.prompt} {call.args}: no clean sampling seed in "
-                             f"{seeds[0]}..{seeds[-1]}")
+            raise C.MaskWins(
+                f"{call.function} prompt {call.prompt} {call.args}: no clean sampling seed in {seeds[0]}..{seeds[-1]}"
+            )
         if result is None:
             continue
         s, x, extra = result
@@ -251,16 +296,28 @@ def run_calls(fam, guards, calls, prompt_ids, log):
         stopped = bool(stops) and any(t in stops for t in tokens)
         if left and not stopped:
             raise C.FixtureError(f"{call.function} prompt {call.prompt} {call.args}: {left} masks left in the output")
-        rec = {"function": call.function, "prompt": call.prompt, "dtype": call.dtype, "args": call.args, "seed": s,
-               "tokens": tokens, "nfe": extra.pop("nfe", None), "model_forwards": guard.forwards}
+        rec = {
+            "function": call.function,
+            "prompt": call.prompt,
+            "dtype": call.dtype,
+            "args": call.args,
+            "seed": s,
+            "tokens": tokens,
+            "nfe": extra.pop("nfe", None),
+            "model_forwards": guard.forwards,
+        }
         rec.update(extra)
         if rejected:
             rec["seeds_rejected"] = rejected
         if stops:
             rec["stopped_early"] = stopped
             rec["masks_left"] = left
-        rec["check"] = "sampled draws at masked rows never the mask id" if call.sampling else \
-            "argmax at masked positions never " + ("the mask or EOS id" if len(fam.forbidden) > 1 else "the mask id")
+        rec["check"] = (
+            "sampled draws at masked rows never the mask id"
+            if call.sampling
+            else "argmax at masked positions never "
+            + ("the mask or EOS id" if len(fam.forbidden) > 1 else "the mask id")
+        )
         rec["note"] = call.note
         records.append(rec)
     log(f"{len(records)} calls ok")
@@ -271,7 +328,7 @@ def run_calls(fam, guards, calls, prompt_ids, log):
 def scale_for(a, family, given, key) -> float:
     if family in given:
         return given[family]
-    if a.check:   # reproduce what is committed
+    if a.check:  # reproduce what is committed
         path = os.path.join(a.out, family, "golden.json")
         if os.path.isfile(path):
             with open(path, encoding="utf-8") as fh:
@@ -280,11 +337,28 @@ def scale_for(a, family, given, key) -> float:
 
 
 def spawn(a, family, dest) -> int:
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", family, "--worker-out", dest,
-           "--worker-head-scale", repr(scale_for(a, family, a.scales, "head_scale")),
-           "--worker-eos-scale", repr(scale_for(a, family, a.eos_scales, "eos_scale")),
-           "--llada", a.llada, "--fast-dllm", a.fast_dllm, "--sdar", a.sdar, "--refusion", a.refusion,
-           "--out", a.out]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--worker",
+        family,
+        "--worker-out",
+        dest,
+        "--worker-head-scale",
+        repr(scale_for(a, family, a.scales, "head_scale")),
+        "--worker-eos-scale",
+        repr(scale_for(a, family, a.eos_scales, "eos_scale")),
+        "--llada",
+        a.llada,
+        "--fast-dllm",
+        a.fast_dllm,
+        "--sdar",
+        a.sdar,
+        "--refusion",
+        a.refusion,
+        "--out",
+        a.out,
+    ]
     env = dict(os.environ)
     env.update(WORKER_ENV)
     return subprocess.run(cmd, env=env, cwd=HERE).returncode
@@ -317,6 +391,7 @@ def main(argv=None) -> int:
                 print(f"CHECK FAILED: could not regenerate {failed}")
                 return 1
             import pf_compare
+
             problems, warnings = pf_compare.compare_tree(os.path.join(a.out), tmp, a.only, LOGITS_ATOL)
             for w in warnings:
                 print("warning:", w)
@@ -325,8 +400,10 @@ def main(argv=None) -> int:
                 for p in problems:
                     print("  -", p)
                 return 1
-            print(f"CHECK OK: {', '.join(a.only)} match a fresh regeneration "
-                  f"(weights bitwise, logits within {LOGITS_ATOL:g}, all golden tokens identical)")
+            print(
+                f"CHECK OK: {', '.join(a.only)} match a fresh regeneration "
+                f"(weights bitwise, logits within {LOGITS_ATOL:g}, all golden tokens identical)"
+            )
             return 0
         finally:
             if a.keep_temp:

@@ -1,4 +1,5 @@
 """Shared helpers for make.py: importing peer files by path, provenance, mask guards, JSON layout."""
+
 from __future__ import annotations
 
 import contextlib
@@ -14,7 +15,7 @@ import sys
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-STUBS = os.path.join(HERE, "stubs")                       # flash_attn CPU stand-in (SDAR worker only)
+STUBS = os.path.join(HERE, "stubs")  # flash_attn CPU stand-in (SDAR worker only)
 IMPORT_ONLY = os.path.join(HERE, "stubs", "import_only")  # triton import-only stand-in (one import only)
 
 
@@ -66,8 +67,10 @@ def triton_import_only():
     (and cached as False) before the stand-in becomes visible."""
     import torch._dynamo  # noqa: F401
     import torch.utils._triton as torch_triton
+
     torch_triton.has_triton_package()
     import transformers.modeling_utils  # noqa: F401
+
     if any(k == "triton" or k.startswith("triton.") for k in sys.modules):
         raise FixtureError("a real `triton` is already imported; the import-only stand-in would shadow nothing")
     sys.path.insert(0, IMPORT_ONLY)
@@ -92,8 +95,9 @@ def sha256_file(path: str) -> str:
 def git_head(folder: str):
     """HEAD commit if `folder` itself is the top of a git work tree, else None (read-only git calls)."""
     try:
-        top = subprocess.run(["git", "-C", folder, "rev-parse", "--show-toplevel"], capture_output=True,
-                             text=True, timeout=30)
+        top = subprocess.run(
+            ["git", "-C", folder, "rev-parse", "--show-toplevel"], capture_output=True, text=True, timeout=30
+        )
         if top.returncode != 0 or os.path.realpath(top.stdout.strip()) != os.path.realpath(folder):
             return None
         head = subprocess.run(["git", "-C", folder, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30)
@@ -106,8 +110,13 @@ def file_record(checkout: str, relpath: str, repo: str, option: str) -> dict:
     path = os.path.join(checkout, relpath)
     if not os.path.isfile(path):
         raise FixtureError(f"peer file not found: {path}")
-    return {"repo": repo, "checkout_option": option, "path": relpath, "sha256": sha256_file(path),
-            "commit": git_head(checkout)}
+    return {
+        "repo": repo,
+        "checkout_option": option,
+        "path": relpath,
+        "sha256": sha256_file(path),
+        "commit": git_head(checkout),
+    }
 
 
 def versions() -> dict:
@@ -116,9 +125,15 @@ def versions() -> dict:
     import safetensors
     import tokenizers
     import transformers
-    return {"script": "tools/peer_fixtures/make.py", "python": platform.python_version(),
-            "torch": torch.__version__, "transformers": transformers.__version__,
-            "tokenizers": tokenizers.__version__, "safetensors": safetensors.__version__}
+
+    return {
+        "script": "tools/peer_fixtures/make.py",
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "tokenizers": tokenizers.__version__,
+        "safetensors": safetensors.__version__,
+    }
 
 
 # --------------------------------------------------------------------------- guards
@@ -168,8 +183,10 @@ class MaskGuard:
             logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
         bad = self._bad(logits.argmax(-1), ids)
         if bad.any():
-            self.violations.append(f"forward {self.forwards}: argmax in {self.forbidden.tolist()} at masked "
-                                   f"positions {bad.nonzero().tolist()} (input length {ids.shape[-1]})")
+            self.violations.append(
+                f"forward {self.forwards}: argmax in {self.forbidden.tolist()} at masked "
+                f"positions {bad.nonzero().tolist()} (input length {ids.shape[-1]})"
+            )
         return None
 
     def check_decision(self, scores) -> None:
@@ -181,8 +198,10 @@ class MaskGuard:
             raise FixtureError(f"guard: scores {tuple(scores.shape)} do not match the last input {tuple(ids.shape)}")
         bad = self._bad(scores.argmax(-1), ids)
         if bad.any():
-            self.violations.append(f"after forward {self.forwards}: decision argmax in {self.forbidden.tolist()} "
-                                   f"at masked positions {bad.nonzero().tolist()}")
+            self.violations.append(
+                f"after forward {self.forwards}: decision argmax in {self.forbidden.tolist()} "
+                f"at masked positions {bad.nonzero().tolist()}"
+            )
 
     def check_draws(self, tokens) -> None:
         ids = self.last_input
@@ -193,8 +212,10 @@ class MaskGuard:
             raise FixtureError(f"guard: {tokens.shape[0]} draws for an input of {flat.shape[0]} positions")
         bad = self._bad(tokens[:, 0], flat)
         if bad.any():
-            self.violations.append(f"after forward {self.forwards}: sampled {tokens[:, 0][bad].tolist()} at masked "
-                                   f"rows {bad.nonzero().flatten().tolist()}")
+            self.violations.append(
+                f"after forward {self.forwards}: sampled {tokens[:, 0][bad].tolist()} at masked "
+                f"rows {bad.nonzero().flatten().tolist()}"
+            )
 
 
 @contextlib.contextmanager
@@ -220,8 +241,10 @@ def dumps(obj, indent: int = 0) -> str:
         if not obj:
             return "{}"
         flat = json.dumps(obj, ensure_ascii=False)
-        if all(_scalar(v) or (isinstance(v, list) and all(_scalar(i) for i in v)) for v in obj.values()) \
-                and len(flat) + indent <= 118:
+        if (
+            all(_scalar(v) or (isinstance(v, list) and all(_scalar(i) for i in v)) for v in obj.values())
+            and len(flat) + indent <= 118
+        ):
             return flat
         items = [f"{inner}{json.dumps(str(k))}: {dumps(v, indent + 2)}" for k, v in obj.items()]
         return "{\n" + ",\n".join(items) + "\n" + pad + "}"

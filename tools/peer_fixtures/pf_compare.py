@@ -1,4 +1,5 @@
 """--check: compare a fresh regeneration with the committed fixtures."""
+
 from __future__ import annotations
 
 import json
@@ -7,6 +8,7 @@ import os
 
 def _load_st(path):
     from safetensors.torch import load_file
+
     return load_file(path)
 
 
@@ -26,8 +28,12 @@ def _diff_json(a, b, where, out, limit=20):
                 out.append(f"{where}.{k}: missing from the regeneration")
             else:
                 _diff_json(a[k], b[k], f"{where}.{k}", out, limit)
-    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and not all(
-            isinstance(x, (int, float, str, bool)) or x is None for x in a + b):
+    elif (
+        isinstance(a, list)
+        and isinstance(b, list)
+        and len(a) == len(b)
+        and not all(isinstance(x, (int, float, str, bool)) or x is None for x in a + b)
+    ):
         for i, (x, y) in enumerate(zip(a, b)):
             _diff_json(x, y, f"{where}[{i}]", out, limit)
     elif a != b:
@@ -35,14 +41,17 @@ def _diff_json(a, b, where, out, limit=20):
 
 
 def _call_label(c):
-    return (f"{c.get('function')} prompt {c.get('prompt')} {c.get('dtype', 'float32')} "
-            f"args {json.dumps(c.get('args'), sort_keys=True)}")
+    return (
+        f"{c.get('function')} prompt {c.get('prompt')} {c.get('dtype', 'float32')} "
+        f"args {json.dumps(c.get('args'), sort_keys=True)}"
+    )
 
 
 def compare_golden(old, new, fam, atol, problems, warnings):
     if old.get("made_with") != new.get("made_with"):
-        warnings.append(f"{fam}/golden.json made_with differs: committed {old.get('made_with')} "
-                        f"vs now {new.get('made_with')}")
+        warnings.append(
+            f"{fam}/golden.json made_with differs: committed {old.get('made_with')} vs now {new.get('made_with')}"
+        )
     oc, nc = old.get("calls", []), new.get("calls", [])
     if len(oc) != len(nc):
         problems.append(f"{fam}/golden.json: {len(oc)} committed calls vs {len(nc)} regenerated")
@@ -54,23 +63,31 @@ def compare_golden(old, new, fam, atol, problems, warnings):
             continue
         a, b = ol[label], nl[label]
         if a.get("tokens") != b.get("tokens"):
-            problems.append(f"{fam}: TOKENS differ for {label}:\n      committed   {a.get('tokens')}\n"
-                            f"      regenerated {b.get('tokens')}")
+            problems.append(
+                f"{fam}: TOKENS differ for {label}:\n      committed   {a.get('tokens')}\n"
+                f"      regenerated {b.get('tokens')}"
+            )
         rest = []
-        _diff_json({k: v for k, v in a.items() if k != "tokens"}, {k: v for k, v in b.items() if k != "tokens"},
-                   "", rest)
+        _diff_json(
+            {k: v for k, v in a.items() if k != "tokens"}, {k: v for k, v in b.items() if k != "tokens"}, "", rest
+        )
         problems.extend(f"{fam}: {label}: {r}" for r in rest)
     for label in nl:
         if label not in ol:
             problems.append(f"{fam}: call only in the regeneration: {label}")
     rest = []
-    _diff_json({k: v for k, v in old.items() if k not in ("calls", "made_with")},
-               {k: v for k, v in new.items() if k not in ("calls", "made_with")}, "golden", rest)
+    _diff_json(
+        {k: v for k, v in old.items() if k not in ("calls", "made_with")},
+        {k: v for k, v in new.items() if k not in ("calls", "made_with")},
+        "golden",
+        rest,
+    )
     problems.extend(f"{fam}: {r}" for r in rest)
 
 
 def compare_family(old_dir, new_dir, fam, atol):
     import torch
+
     problems, warnings = [], []
     if not os.path.isdir(old_dir):
         return [f"{fam}: committed folder {old_dir} does not exist"], warnings
@@ -91,13 +108,15 @@ def compare_family(old_dir, new_dir, fam, atol):
                     problems.append(f"{fam}/{f}:{k}: {a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)}")
                 elif f == "logits.safetensors":
                     d = (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
-                    if a.dtype != torch.float32:   # half-precision logits: bitwise
+                    if a.dtype != torch.float32:  # half-precision logits: bitwise
                         if not torch.equal(a, b):
                             problems.append(f"{fam}/{f}:{k}: {a.dtype} logits differ (max |diff| {d:.3g})")
                     elif not d <= atol:
                         problems.append(f"{fam}/{f}:{k}: max |diff| {d:.3g} > {atol:g}")
-                elif not torch.equal(a.view(-1).view(torch.uint8) if a.dtype.is_floating_point else a,
-                                     b.view(-1).view(torch.uint8) if b.dtype.is_floating_point else b):
+                elif not torch.equal(
+                    a.view(-1).view(torch.uint8) if a.dtype.is_floating_point else a,
+                    b.view(-1).view(torch.uint8) if b.dtype.is_floating_point else b,
+                ):
                     d = (a.double() - b.double()).abs().max().item()
                     problems.append(f"{fam}/{f}:{k}: weights not bitwise equal (max |diff| {d:.3g})")
         elif f == "golden.json":

@@ -2,6 +2,7 @@
 
 Every model is built by the peer's own class, in float32, from `torch.manual_seed(weight_seed)`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -43,8 +44,8 @@ class Call:
 class Family:
     name = ""
     class_name = ""
-    shard_size = None          # e.g. "150KB" -> sharded save
-    shift = False              # Dream's logits are shifted by one
+    shard_size = None  # e.g. "150KB" -> sharded save
+    shift = False  # Dream's logits are shifted by one
     forbidden = (MASK,)
     #: dtypes every call is made in (the published checkpoints ship in bfloat16; SDAR's script defaults to float16)
     dtypes = ("float32", "bfloat16")
@@ -61,9 +62,9 @@ class Family:
         model = self.construct()
         with torch.no_grad():
             head = self.head(model)
-            if head_scale != 1.0:           # opt-in only (--head-scale); the committed fixtures use 1.0
+            if head_scale != 1.0:  # opt-in only (--head-scale); the committed fixtures use 1.0
                 head.weight.mul_(head_scale)
-            if eos_scale != 1.0:            # opt-in only (--eos-scale): EOS wins at some positions
+            if eos_scale != 1.0:  # opt-in only (--eos-scale): EOS wins at some positions
                 for tid in self.eos_rows:
                     head.weight[tid].mul_(eos_scale)
             for tid in self.forbidden:
@@ -74,6 +75,7 @@ class Family:
 
     def save(self, model, directory: str) -> None:
         from transformers import GenerationConfig
+
         kw = {"safe_serialization": True}
         if self.shard_size:
             kw["max_shard_size"] = self.shard_size
@@ -111,9 +113,13 @@ class Family:
 # =========================================================================== LLaDA
 class LLaDA(Family):
     name, class_name = "llada", "LLaDAModelLM"
-    published_extras = {"auto_map": {"AutoConfig": "configuration_llada.LLaDAConfig",
-                                     "AutoModel": "modeling_llada.LLaDAModelLM",
-                                     "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM"}}
+    published_extras = {
+        "auto_map": {
+            "AutoConfig": "configuration_llada.LLaDAConfig",
+            "AutoModel": "modeling_llada.LLaDAModelLM",
+            "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM",
+        }
+    }
     generation_config = {"bos_token_id": BOS, "eos_token_id": EOS}
 
     def load(self):
@@ -138,16 +144,47 @@ class LLaDA(Family):
 
     def construct(self):
         cfg = self.cfg_mod.LLaDAConfig(
-            d_model=HIDDEN, n_heads=HEADS, n_kv_heads=KV_HEADS, n_layers=LAYERS, mlp_hidden_size=INTER,
-            mlp_ratio=4, max_sequence_length=MAXPOS, vocab_size=VOCAB, embedding_size=VOCAB,
-            block_type="llama", block_group_size=1, activation_type="silu", layer_norm_type="rms",
-            layer_norm_with_affine=True, rms_norm_eps=1e-5, rope=True, rope_theta=500000.0, rope_full_precision=True,
-            alibi=False, alibi_bias_max=8.0, weight_tying=False, include_bias=False, include_qkv_bias=False,
-            bias_for_layer_norm=False, attention_layer_norm=False, attention_layer_norm_with_affine=True,
-            input_emb_norm=False, scale_logits=False, multi_query_attention=None, flash_attention=False,
-            attention_dropout=0.0, residual_dropout=0.0, embedding_dropout=0.0,
-            init_device="meta", init_fn="mitchell", init_std=0.02, init_cutoff_factor=None, precision="amp_bf16",
-            mask_token_id=MASK, eos_token_id=EOS, pad_token_id=EOS,
+            d_model=HIDDEN,
+            n_heads=HEADS,
+            n_kv_heads=KV_HEADS,
+            n_layers=LAYERS,
+            mlp_hidden_size=INTER,
+            mlp_ratio=4,
+            max_sequence_length=MAXPOS,
+            vocab_size=VOCAB,
+            embedding_size=VOCAB,
+            block_type="llama",
+            block_group_size=1,
+            activation_type="silu",
+            layer_norm_type="rms",
+            layer_norm_with_affine=True,
+            rms_norm_eps=1e-5,
+            rope=True,
+            rope_theta=500000.0,
+            rope_full_precision=True,
+            alibi=False,
+            alibi_bias_max=8.0,
+            weight_tying=False,
+            include_bias=False,
+            include_qkv_bias=False,
+            bias_for_layer_norm=False,
+            attention_layer_norm=False,
+            attention_layer_norm_with_affine=True,
+            input_emb_norm=False,
+            scale_logits=False,
+            multi_query_attention=None,
+            flash_attention=False,
+            attention_dropout=0.0,
+            residual_dropout=0.0,
+            embedding_dropout=0.0,
+            init_device="meta",
+            init_fn="mitchell",
+            init_std=0.02,
+            init_cutoff_factor=None,
+            precision="amp_bf16",
+            mask_token_id=MASK,
+            eos_token_id=EOS,
+            pad_token_id=EOS,
         )
         return self.mod.LLaDAModelLM(cfg, init_params=True)
 
@@ -166,7 +203,9 @@ class LLaDA(Family):
                 out = orig(logits, temperature)
                 guard.check_decision(out)
                 return out
+
             return wrapped
+
         return [(self.orig, "add_gumbel_noise", make), (self.fast, "add_gumbel_noise", make)]
 
     def calls(self):
@@ -176,13 +215,28 @@ class LLaDA(Family):
             ("a", dict(steps=16, gen_length=16, block_length=8), None, False, "2 blocks of 8, 1 token per step"),
             ("b", dict(steps=12, gen_length=24, block_length=8), None, False, "3 blocks of 8, 2 tokens per step"),
             ("c", dict(steps=32, gen_length=32, block_length=32), None, False, "one block of 32, 1 token per step"),
-            ("d", dict(steps=16, gen_length=16, block_length=8, remasking="random"), 0, False,
-             "random remasking (torch.rand order), greedy tokens"),
-            ("e", dict(steps=16, gen_length=16, block_length=8, cfg_scale=1.0, attention_mask="ones_like(prompt)"),
-             None, False, "classifier-free guidance; attention_mask=torch.ones_like(prompt) because the peer raises "
-                          "UnboundLocalError (attention_mask_) without one"),
-            ("f", dict(steps=16, gen_length=16, block_length=8, temperature=0.5), 0, True,
-             "Gumbel-max sampling (float64 noise from torch.rand_like)"),
+            (
+                "d",
+                dict(steps=16, gen_length=16, block_length=8, remasking="random"),
+                0,
+                False,
+                "random remasking (torch.rand order), greedy tokens",
+            ),
+            (
+                "e",
+                dict(steps=16, gen_length=16, block_length=8, cfg_scale=1.0, attention_mask="ones_like(prompt)"),
+                None,
+                False,
+                "classifier-free guidance; attention_mask=torch.ones_like(prompt) because the peer raises "
+                "UnboundLocalError (attention_mask_) without one",
+            ),
+            (
+                "f",
+                dict(steps=16, gen_length=16, block_length=8, temperature=0.5),
+                0,
+                True,
+                "Gumbel-max sampling (float64 noise from torch.rand_like)",
+            ),
         ]
         for p in range(3):
             for tag, kw, seed, sampling, note in specs:
@@ -191,11 +245,15 @@ class LLaDA(Family):
                 out.append(Call("llada.generate", p, args, seed, sampling, f"({tag}) {note}"))
         for fn in ("generate", "generate_with_prefix_cache", "generate_with_dual_cache"):
             for p in range(3):
-                common = dict(steps=16, gen_length=16, block_length=8, temperature=0.0, remasking="low_confidence",
-                              mask_id=MASK)
-                for extra, note in ((dict(threshold=0.9), "threshold 0.9"), (dict(threshold=0.5), "threshold 0.5"),
-                                    (dict(threshold=None), "threshold None: fixed 1 token per step (steps=16)"),
-                                    (dict(threshold=None, factor=1.0), "factor 1.0 (get_transfer_index_dynamic)")):
+                common = dict(
+                    steps=16, gen_length=16, block_length=8, temperature=0.0, remasking="low_confidence", mask_id=MASK
+                )
+                for extra, note in (
+                    (dict(threshold=0.9), "threshold 0.9"),
+                    (dict(threshold=0.5), "threshold 0.5"),
+                    (dict(threshold=None), "threshold None: fixed 1 token per step (steps=16)"),
+                    (dict(threshold=None, factor=1.0), "factor 1.0 (get_transfer_index_dynamic)"),
+                ):
                     if "factor" in extra and "factor" not in inspect.signature(getattr(self.fast, fn)).parameters:
                         continue
                     args = dict(common)
@@ -218,9 +276,10 @@ class LLaDA(Family):
 class Dream(Family):
     name, class_name, shift = "dream", "DreamModel", True
     eos_rows = (EOS,)
-    published_extras = {"auto_map": {"AutoConfig": "configuration_dream.DreamConfig",
-                                     "AutoModel": "modeling_dream.DreamModel"},
-                        "use_mrope": False}
+    published_extras = {
+        "auto_map": {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
+        "use_mrope": False,
+    }
     generation_config = {"bos_token_id": BOS, "eos_token_id": EOS, "pad_token_id": EOS}
 
     def load(self):
@@ -232,19 +291,37 @@ class Dream(Family):
         self.gu = __import__("pf_dream.model.generation_utils", fromlist=["x"])
         self.gub = __import__("pf_dream.model.generation_utils_block", fromlist=["x"])
         rec = lambda rel: C.file_record(fd, rel, "NVlabs/Fast-dLLM", "--fast-dllm")  # noqa: E731
-        self.records = {"config": rec("dream/model/configuration_dream.py"),
-                        "model": rec("dream/model/modeling_dream.py"),
-                        "generation_utils": rec("dream/model/generation_utils.py"),
-                        "generation_utils_block": rec("dream/model/generation_utils_block.py")}
+        self.records = {
+            "config": rec("dream/model/configuration_dream.py"),
+            "model": rec("dream/model/modeling_dream.py"),
+            "generation_utils": rec("dream/model/generation_utils.py"),
+            "generation_utils_block": rec("dream/model/generation_utils_block.py"),
+        }
 
     def construct(self):
         cfg = self.cfg_mod.DreamConfig(
-            vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=LAYERS,
-            num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=MAXPOS,
-            rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, hidden_act="silu",
-            initializer_range=0.02, attention_dropout=0.0, use_cache=True, use_sliding_window=False,
-            sliding_window=None, max_window_layers=LAYERS, rope_scaling=None,
-            mask_token_id=MASK, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=EOS,
+            vocab_size=VOCAB,
+            hidden_size=HIDDEN,
+            intermediate_size=INTER,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=HEADS,
+            num_key_value_heads=KV_HEADS,
+            max_position_embeddings=MAXPOS,
+            rope_theta=1000000.0,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=False,
+            hidden_act="silu",
+            initializer_range=0.02,
+            attention_dropout=0.0,
+            use_cache=True,
+            use_sliding_window=False,
+            sliding_window=None,
+            max_window_layers=LAYERS,
+            rope_scaling=None,
+            mask_token_id=MASK,
+            bos_token_id=BOS,
+            eos_token_id=EOS,
+            pad_token_id=EOS,
         )
         return self.mod.DreamModel(cfg)
 
@@ -252,9 +329,11 @@ class Dream(Family):
         return self.mod.DreamModel.from_pretrained(directory, torch_dtype=self.torch_dtype(dtype)).eval()
 
     def logits(self, model, ids):
-        return (model(ids, attention_mask="full").logits[0],
-                "model(input_ids, attention_mask='full').logits[0]: bidirectional forward as diffusion_generate "
-                "calls it; raw logits, NOT shifted (the decoders use cat(logits[:, :1], logits[:, :-1]))")
+        return (
+            model(ids, attention_mask="full").logits[0],
+            "model(input_ids, attention_mask='full').logits[0]: bidirectional forward as diffusion_generate "
+            "calls it; raw logits, NOT shifted (the decoders use cat(logits[:, :1], logits[:, :-1]))",
+        )
 
     def guard_wrappers(self, guard):
         return []
@@ -263,27 +342,76 @@ class Dream(Family):
         out = []
         for p in range(3):
             for alg in ("entropy", "maskgit_plus", "topk_margin"):
-                out.append(Call("dream.diffusion_generate", p,
-                                dict(max_new_tokens=16, steps=16, alg=alg, temperature=0.0,
-                                     return_dict_in_generate=True), None, False, "1 token per step"))
-            out.append(Call("dream.diffusion_generate", p,
-                            dict(max_new_tokens=16, steps=16, alg="origin", temperature=0.0,
-                                 return_dict_in_generate=True), 0, False,
-                            "origin: which masks are revealed is random (torch.rand < 1 - s/t), tokens are argmax"))
-            out.append(Call("dream.diffusion_generate", p,
-                            dict(max_new_tokens=16, steps=8, alg="entropy", temperature=0.0,
-                                 return_dict_in_generate=True), None, False, "2 tokens per step"))
+                out.append(
+                    Call(
+                        "dream.diffusion_generate",
+                        p,
+                        dict(max_new_tokens=16, steps=16, alg=alg, temperature=0.0, return_dict_in_generate=True),
+                        None,
+                        False,
+                        "1 token per step",
+                    )
+                )
+            out.append(
+                Call(
+                    "dream.diffusion_generate",
+                    p,
+                    dict(max_new_tokens=16, steps=16, alg="origin", temperature=0.0, return_dict_in_generate=True),
+                    0,
+                    False,
+                    "origin: which masks are revealed is random (torch.rand < 1 - s/t), tokens are argmax",
+                )
+            )
+            out.append(
+                Call(
+                    "dream.diffusion_generate",
+                    p,
+                    dict(max_new_tokens=16, steps=8, alg="entropy", temperature=0.0, return_dict_in_generate=True),
+                    None,
+                    False,
+                    "2 tokens per step",
+                )
+            )
         for p in range(3):
             for dual in (False, True):
-                out.append(Call("fast_dllm.dream_block_generate", p,
-                                dict(max_new_tokens=16, steps=16, alg="confidence_threshold", threshold=0.9,
-                                     block_length=8, dual_cache=dual, temperature=0.0, return_dict_in_generate=True),
-                                None, False, "confidence_threshold path (always KV-cached)"))
+                out.append(
+                    Call(
+                        "fast_dllm.dream_block_generate",
+                        p,
+                        dict(
+                            max_new_tokens=16,
+                            steps=16,
+                            alg="confidence_threshold",
+                            threshold=0.9,
+                            block_length=8,
+                            dual_cache=dual,
+                            temperature=0.0,
+                            return_dict_in_generate=True,
+                        ),
+                        None,
+                        False,
+                        "confidence_threshold path (always KV-cached)",
+                    )
+                )
             for dual in (False, True):
-                out.append(Call("fast_dllm.dream_block_generate", p,
-                                dict(max_new_tokens=16, steps=8, alg="entropy", block_length=8, dual_cache=dual,
-                                     temperature=0.0, return_dict_in_generate=True),
-                                None, False, "non-threshold (entropy) path, 4 steps per block (always KV-cached)"))
+                out.append(
+                    Call(
+                        "fast_dllm.dream_block_generate",
+                        p,
+                        dict(
+                            max_new_tokens=16,
+                            steps=8,
+                            alg="entropy",
+                            block_length=8,
+                            dual_cache=dual,
+                            temperature=0.0,
+                            return_dict_in_generate=True,
+                        ),
+                        None,
+                        False,
+                        "non-threshold (entropy) path, 4 steps per block (always KV-cached)",
+                    )
+                )
         for c in out:
             c.note += "; mask_token_id (3) not passed: diffusion_generate takes it from model.config"
         return out
@@ -308,25 +436,32 @@ class Dream(Family):
     def family_notes(self):
         sig = lambda f: list(inspect.signature(f).parameters)  # noqa: E731
         src = inspect.getsource(self.gub.DreamGenerationMixin._sample)
-        return {"fast_dllm.dream_block_generate": {
-            "use_cache_is_an_argument": "use_cache" in sig(self.gub.DreamGenerationMixin.diffusion_generate)
-            or "use_cache" in sig(self.gub.DreamGenerationMixin._sample),
-            "model_calls_pass_use_cache_True": src.count("use_cache=True"),
-            "note": "generation_utils_block.diffusion_generate/_sample take no use_cache argument: every model "
-                    "call passes use_cache=True (prefix cache, or dual cache with replace_position when dual_cache=True)"}}
+        return {
+            "fast_dllm.dream_block_generate": {
+                "use_cache_is_an_argument": "use_cache" in sig(self.gub.DreamGenerationMixin.diffusion_generate)
+                or "use_cache" in sig(self.gub.DreamGenerationMixin._sample),
+                "model_calls_pass_use_cache_True": src.count("use_cache=True"),
+                "note": "generation_utils_block.diffusion_generate/_sample take no use_cache argument: every model "
+                "call passes use_cache=True (prefix cache, or dual cache with replace_position when dual_cache=True)",
+            }
+        }
 
 
 # =========================================================================== SDAR
 class SDAR(Family):
     name, class_name, shard_size = "sdar", "SDARForCausalLM", "150KB"
-    dtypes = ("float32", "bfloat16", "float16")   # SDAR's generate.py loads float16 unless told otherwise
+    dtypes = ("float32", "bfloat16", "float16")  # SDAR's generate.py loads float16 unless told otherwise
     eos_rows = (EOT, EOS)
-    published_extras = {"auto_map": {"AutoConfig": "configuration_sdar.SDARConfig",
-                                     "AutoModel": "modeling_sdar.SDARModel",
-                                     "AutoModelForCausalLM": "modeling_sdar.SDARForCausalLM"},
-                        # published SDAR-*-Chat configs carry it; SDARModel never calls _update_causal_mask in eval,
-                        # and transformers 4.52 still resolves the loaded model to sdpa, so it changes nothing here
-                        "attn_implementation": "flex_attention"}
+    published_extras = {
+        "auto_map": {
+            "AutoConfig": "configuration_sdar.SDARConfig",
+            "AutoModel": "modeling_sdar.SDARModel",
+            "AutoModelForCausalLM": "modeling_sdar.SDARForCausalLM",
+        },
+        # published SDAR-*-Chat configs carry it; SDARModel never calls _update_causal_mask in eval,
+        # and transformers 4.52 still resolves the loaded model to sdpa, so it changes nothing here
+        "attn_implementation": "flex_attention",
+    }
     drop_keys = ("mask_token_id", "block_size")
     generation_config = {"eos_token_id": [EOT, EOS], "pad_token_id": EOS}
     MODEL_DIR = os.path.join("training", "model", "SDAR-8B-Chat")
@@ -335,7 +470,7 @@ class SDAR(Family):
         sd = self.peers["sdar"]
         mdir = os.path.join(sd, self.MODEL_DIR)
         if C.STUBS not in sys.path:
-            sys.path.insert(0, C.STUBS)           # flash_attn CPU stand-in (this worker process only)
+            sys.path.insert(0, C.STUBS)  # flash_attn CPU stand-in (this worker process only)
         C.synth_package("pf_sdar_model", mdir)
         with C.triton_import_only():
             __import__("pf_sdar_model.fused_linear_diffusion_cross_entropy")
@@ -346,23 +481,48 @@ class SDAR(Family):
         self.gen = C.load_file("pf_sdar_generate", os.path.join(sd, "generate.py"))
         rec = lambda rel: C.file_record(sd, rel, "JetAstra/SDAR", "--sdar")  # noqa: E731
         m = self.MODEL_DIR.replace(os.sep, "/")
-        self.records = {"config": rec(f"{m}/configuration_sdar.py"), "model": rec(f"{m}/modeling_sdar.py"),
-                        "fused_loss": rec(f"{m}/fused_linear_diffusion_cross_entropy.py"),
-                        "generate": rec("generate.py")}
+        self.records = {
+            "config": rec(f"{m}/configuration_sdar.py"),
+            "model": rec(f"{m}/modeling_sdar.py"),
+            "fused_loss": rec(f"{m}/fused_linear_diffusion_cross_entropy.py"),
+            "generate": rec("generate.py"),
+        }
         stubs = []
         for root, _, files in os.walk(C.STUBS):
-            stubs += [os.path.relpath(os.path.join(root, f), C.HERE).replace(os.sep, "/") for f in files if f.endswith(".py")]
+            stubs += [
+                os.path.relpath(os.path.join(root, f), C.HERE).replace(os.sep, "/") for f in files if f.endswith(".py")
+            ]
         self.stand_ins = {p: C.sha256_file(os.path.join(C.HERE, p)) for p in sorted(stubs)}
 
     def construct(self):
         cfg = self.cfg_mod.SDARConfig(
-            vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=LAYERS,
-            num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=16, hidden_act="silu",
-            max_position_embeddings=MAXPOS, initializer_range=0.02, rms_norm_eps=1e-6, use_cache=False,
-            tie_word_embeddings=False, rope_theta=1000000, rope_scaling=None, attention_bias=False,
-            use_sliding_window=False, sliding_window=None, max_window_layers=LAYERS, attention_dropout=0.0,
-            bos_token_id=BOS, eos_token_id=EOS,
-            fuse_cross_entropy=True, debug=False, ep_size=1, micro_forward=False, skip_checkpoint=False,
+            vocab_size=VOCAB,
+            hidden_size=HIDDEN,
+            intermediate_size=INTER,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=HEADS,
+            num_key_value_heads=KV_HEADS,
+            head_dim=16,
+            hidden_act="silu",
+            max_position_embeddings=MAXPOS,
+            initializer_range=0.02,
+            rms_norm_eps=1e-6,
+            use_cache=False,
+            tie_word_embeddings=False,
+            rope_theta=1000000,
+            rope_scaling=None,
+            attention_bias=False,
+            use_sliding_window=False,
+            sliding_window=None,
+            max_window_layers=LAYERS,
+            attention_dropout=0.0,
+            bos_token_id=BOS,
+            eos_token_id=EOS,
+            fuse_cross_entropy=True,
+            debug=False,
+            ep_size=1,
+            micro_forward=False,
+            skip_checkpoint=False,
             use_deepep=False,
         )
         for k in self.drop_keys:
@@ -381,12 +541,15 @@ class SDAR(Family):
 
     def logits(self, model, ids):
         L = ids.shape[1]
-        out = model(ids, attention_mask=self.block_mask(L), position_ids=torch.arange(L).unsqueeze(0),
-                    use_cache=False).logits[0]
-        return out, ("model(input_ids, attention_mask=M, position_ids=arange(L)[None], use_cache=False).logits[0] "
-                     "with M = tril(ones(nb, nb)).repeat_interleave(4, 0).repeat_interleave(4, 1)[:L, :L][None] "
-                     "(float 0/1, nb = ceil(L/4)): block-causal over 0-based blocks of 4 as block_diffusion_generate "
-                     "builds it; no cache; raw logits (not shifted)")
+        out = model(
+            ids, attention_mask=self.block_mask(L), position_ids=torch.arange(L).unsqueeze(0), use_cache=False
+        ).logits[0]
+        return out, (
+            "model(input_ids, attention_mask=M, position_ids=arange(L)[None], use_cache=False).logits[0] "
+            "with M = tril(ones(nb, nb)).repeat_interleave(4, 0).repeat_interleave(4, 1)[:L, :L][None] "
+            "(float 0/1, nb = ceil(L/4)): block-causal over 0-based blocks of 4 as block_diffusion_generate "
+            "builds it; no cache; raw logits (not shifted)"
+        )
 
     def guard_wrappers(self, guard):
         def make(orig):
@@ -394,7 +557,9 @@ class SDAR(Family):
                 out = orig(*a, **k)
                 guard.check_draws(out)
                 return out
+
             return wrapped
+
         return [(torch, "multinomial", make)]
 
     def calls(self):
@@ -410,21 +575,55 @@ class SDAR(Family):
         ]
         for p in range(3):
             for extra, _note in strategies:
-                args = dict(mask_id=MASK, gen_length=gens[p], block_length=4, denoising_steps=4, temperature=1.0,
-                            top_k=0, top_p=1.0, confidence_threshold=0.85, stopping_criteria_idx=None)
+                args = dict(
+                    mask_id=MASK,
+                    gen_length=gens[p],
+                    block_length=4,
+                    denoising_steps=4,
+                    temperature=1.0,
+                    top_k=0,
+                    top_p=1.0,
+                    confidence_threshold=0.85,
+                    stopping_criteria_idx=None,
+                )
                 args.update(extra)
-                out.append(Call("sdar.block_diffusion_generate", p, args, 0, True,
-                                "always samples (torch.multinomial); prompt passed as {'input_ids': prompt}"))
+                out.append(
+                    Call(
+                        "sdar.block_diffusion_generate",
+                        p,
+                        args,
+                        0,
+                        True,
+                        "always samples (torch.multinomial); prompt passed as {'input_ids': prompt}",
+                    )
+                )
         # prompt + gen_length off the block grid: SDAR pads the last block with masks and returns it whole
         off_grid = {0: 16, 1: 13, 2: 16}
         for p in range(3):
             for extra in strategies[:2] + strategies[-1:]:
-                args = dict(mask_id=MASK, gen_length=off_grid[p], block_length=4, denoising_steps=4, temperature=1.0,
-                            top_k=0, top_p=1.0, confidence_threshold=0.85, stopping_criteria_idx=None)
+                args = dict(
+                    mask_id=MASK,
+                    gen_length=off_grid[p],
+                    block_length=4,
+                    denoising_steps=4,
+                    temperature=1.0,
+                    top_k=0,
+                    top_p=1.0,
+                    confidence_threshold=0.85,
+                    stopping_criteria_idx=None,
+                )
                 args.update(extra[0])
-                out.append(Call("sdar.block_diffusion_generate", p, args, 0, True,
-                                f"prompt + gen_length = {len(prompts()[p]) + off_grid[p]}, off the block grid: the "
-                                "returned sequence is padded to the next block boundary"))
+                out.append(
+                    Call(
+                        "sdar.block_diffusion_generate",
+                        p,
+                        args,
+                        0,
+                        True,
+                        f"prompt + gen_length = {len(prompts()[p]) + off_grid[p]}, off the block grid: the "
+                        "returned sequence is padded to the next block boundary",
+                    )
+                )
         return out
 
     def run(self, model, call, prompt):
@@ -438,25 +637,37 @@ class SDAR(Family):
     def skipped(self):
         src = inspect.getsource(self.gen.block_diffusion_generate)
         branch = src.split('remasking_strategy == "entropy_bounded"', 1)
-        broken = len(branch) == 2 and "transfer_index =" not in branch[1].split("else:", 1)[0] \
+        broken = (
+            len(branch) == 2
+            and "transfer_index =" not in branch[1].split("else:", 1)[0]
             and "transfer_index[j" in branch[1]
+        )
         if not broken:
             return []
-        return [{"function": "sdar.block_diffusion_generate", "args": {"remasking_strategy": "entropy_bounded"},
-                 "reason": "not run: in the entropy_bounded branch `transfer_index` is indexed "
-                           "(transfer_index[j, selected_token_indices] = True) but never assigned, so the first step "
-                           "raises UnboundLocalError (found by reading the function source; the peer file is not "
-                           "patched here)",
-                 "error": "UnboundLocalError: cannot access local variable 'transfer_index' where it is not "
-                          "associated with a value (expected; not executed)"}]
+        return [
+            {
+                "function": "sdar.block_diffusion_generate",
+                "args": {"remasking_strategy": "entropy_bounded"},
+                "reason": "not run: in the entropy_bounded branch `transfer_index` is indexed "
+                "(transfer_index[j, selected_token_indices] = True) but never assigned, so the first step "
+                "raises UnboundLocalError (found by reading the function source; the peer file is not "
+                "patched here)",
+                "error": "UnboundLocalError: cannot access local variable 'transfer_index' where it is not "
+                "associated with a value (expected; not executed)",
+            }
+        ]
 
 
 # =========================================================================== ReFusion
 class ReFusion(Family):
     name, class_name = "refusion", "Qwen3ForCausalLM"
     forbidden = (MASK, EOS)
-    published_extras = {"auto_map": {"AutoConfig": "configuration_qwen3.Qwen3Config",
-                                     "AutoModelForCausalLM": "modeling_qwen3_refusion.Qwen3ForCausalLM"}}
+    published_extras = {
+        "auto_map": {
+            "AutoConfig": "configuration_qwen3.Qwen3Config",
+            "AutoModelForCausalLM": "modeling_qwen3_refusion.Qwen3ForCausalLM",
+        }
+    }
     generation_config = {"bos_token_id": BOS, "eos_token_id": EOS}
 
     def load(self):
@@ -468,17 +679,38 @@ class ReFusion(Family):
         self.mod = __import__("qwen3.modeling_qwen3_refusion", fromlist=["x"])
         self.gen = C.load_file("pf_refusion_generate", os.path.join(rf, "generate.py"))
         rec = lambda rel: C.file_record(rf, rel, "ML-GSAI/ReFusion", "--refusion")  # noqa: E731
-        self.records = {"config": rec("qwen3/configuration_qwen3.py"), "model": rec("qwen3/modeling_qwen3_refusion.py"),
-                        "cache": rec("qwen3/diffusion_cache_utils.py"), "generate": rec("generate.py")}
+        self.records = {
+            "config": rec("qwen3/configuration_qwen3.py"),
+            "model": rec("qwen3/modeling_qwen3_refusion.py"),
+            "cache": rec("qwen3/diffusion_cache_utils.py"),
+            "generate": rec("generate.py"),
+        }
 
     def construct(self):
         cfg = self.cfg_mod.Qwen3Config(
-            vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=LAYERS,
-            num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=16, hidden_act="silu",
-            max_position_embeddings=MAXPOS, initializer_range=0.02, rms_norm_eps=1e-6, use_cache=True,
-            tie_word_embeddings=False, rope_theta=1000000.0, rope_scaling=None, attention_bias=False,
-            use_sliding_window=False, sliding_window=None, max_window_layers=LAYERS, attention_dropout=0.0,
-            bos_token_id=BOS, eos_token_id=EOS, mask_token_id=MASK,
+            vocab_size=VOCAB,
+            hidden_size=HIDDEN,
+            intermediate_size=INTER,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=HEADS,
+            num_key_value_heads=KV_HEADS,
+            head_dim=16,
+            hidden_act="silu",
+            max_position_embeddings=MAXPOS,
+            initializer_range=0.02,
+            rms_norm_eps=1e-6,
+            use_cache=True,
+            tie_word_embeddings=False,
+            rope_theta=1000000.0,
+            rope_scaling=None,
+            attention_bias=False,
+            use_sliding_window=False,
+            sliding_window=None,
+            max_window_layers=LAYERS,
+            attention_dropout=0.0,
+            bos_token_id=BOS,
+            eos_token_id=EOS,
+            mask_token_id=MASK,
         )
         return self.mod.Qwen3ForCausalLM(cfg)
 
@@ -486,24 +718,42 @@ class ReFusion(Family):
         return self.mod.Qwen3ForCausalLM.from_pretrained(directory, torch_dtype=self.torch_dtype(dtype)).eval()
 
     def logits(self, model, ids):
-        return (model(ids).logits[0], "model(input_ids).logits[0]: plain causal forward (default sdpa, no cache "
-                                      "reuse), raw logits (not shifted)")
+        return (
+            model(ids).logits[0],
+            "model(input_ids).logits[0]: plain causal forward (default sdpa, no cache reuse), raw logits (not shifted)",
+        )
 
     def guard_wrappers(self, guard):
         return []
 
     def calls(self):
         out = []
-        specs = [dict(slot_size=4, serial_num_blocks=2, slot_threshold=0.9, token_threshold=0.9, gen_length=16),
-                 dict(slot_size=8, serial_num_blocks=1, slot_threshold=0.7, token_threshold=0.5, gen_length=32),
-                 dict(slot_size=4, serial_num_blocks=4, slot_threshold=0.8, token_threshold=0.3, gen_length=32)]
+        specs = [
+            dict(slot_size=4, serial_num_blocks=2, slot_threshold=0.9, token_threshold=0.9, gen_length=16),
+            dict(slot_size=8, serial_num_blocks=1, slot_threshold=0.7, token_threshold=0.5, gen_length=32),
+            dict(slot_size=4, serial_num_blocks=4, slot_threshold=0.8, token_threshold=0.3, gen_length=32),
+        ]
         for p in range(3):
             for s in specs:
-                args = dict(gen_length=s["gen_length"], temperature=0.0, mask_id=MASK, slot_size=s["slot_size"],
-                            serial_num_blocks=s["serial_num_blocks"], slot_threshold=s["slot_threshold"],
-                            token_threshold=s["token_threshold"])
-                out.append(Call("refusion.generate_refusion", p, args, None, False,
-                                "called as generate_refusion(model, SimpleNamespace(eos_token_id=1), prompt, **args)"))
+                args = dict(
+                    gen_length=s["gen_length"],
+                    temperature=0.0,
+                    mask_id=MASK,
+                    slot_size=s["slot_size"],
+                    serial_num_blocks=s["serial_num_blocks"],
+                    slot_threshold=s["slot_threshold"],
+                    token_threshold=s["token_threshold"],
+                )
+                out.append(
+                    Call(
+                        "refusion.generate_refusion",
+                        p,
+                        args,
+                        None,
+                        False,
+                        "called as generate_refusion(model, SimpleNamespace(eos_token_id=1), prompt, **args)",
+                    )
+                )
         return out
 
     def extra_calls(self):
@@ -513,10 +763,26 @@ class ReFusion(Family):
         for dtype in self.dtypes:
             for slot_t, token_t in ((1.0, 0.0), (0.9, 0.9)):
                 for p in (0, 2):
-                    args = dict(gen_length=256, temperature=0.0, mask_id=MASK, slot_size=8, serial_num_blocks=8,
-                                slot_threshold=slot_t, token_threshold=token_t)
-                    out.append(Call("refusion.generate_refusion", p, args, None, False,
-                                    "gen 256: long decode, many top-1 choices between slots", dtype))
+                    args = dict(
+                        gen_length=256,
+                        temperature=0.0,
+                        mask_id=MASK,
+                        slot_size=8,
+                        serial_num_blocks=8,
+                        slot_threshold=slot_t,
+                        token_threshold=token_t,
+                    )
+                    out.append(
+                        Call(
+                            "refusion.generate_refusion",
+                            p,
+                            args,
+                            None,
+                            False,
+                            "gen 256: long decode, many top-1 choices between slots",
+                            dtype,
+                        )
+                    )
         return out
 
     def run(self, model, call, prompt):

@@ -3,6 +3,7 @@
 ids: 0 <|pad|>, 1 <|endoftext|> (EOS), 2 end-of-turn, 3 mask, 4 bos, 5..99 the printable ASCII characters
 32..126 in order, 100..127 <|extra_0|>..<|extra_27|>. Characters outside 32..126 have no id (encoding one raises).
 """
+
 from __future__ import annotations
 
 PAD, EOS, EOT, MASK, BOS = 0, 1, 2, 3, 4
@@ -54,14 +55,20 @@ def save_tokenizer(family: str, directory: str) -> None:
     tok.add_special_tokens([AddedToken(toks[i], special=True, normalized=False) for i in special_ids()])
     eot, mask, bos = SPELLINGS[family]
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=bos, eos_token="<|endoftext|>", pad_token="<|pad|>", mask_token=mask,
-        model_max_length=MODEL_MAX_LENGTH, clean_up_tokenization_spaces=False,
+        tokenizer_object=tok,
+        bos_token=bos,
+        eos_token="<|endoftext|>",
+        pad_token="<|pad|>",
+        mask_token=mask,
+        model_max_length=MODEL_MAX_LENGTH,
+        clean_up_tokenization_spaces=False,
     )
     fast.save_pretrained(directory)
     # transformers 4 writes the class name without its "Fast" suffix; published checkpoints (e.g. LLaDA) spell it
     # "PreTrainedTokenizerFast". Rewrite that one field, keeping the key order and layout transformers wrote.
     import json
     import os
+
     path = os.path.join(directory, "tokenizer_config.json")
     with open(path, encoding="utf-8") as fh:
         cfg = json.load(fh)

@@ -87,6 +87,7 @@ class ModelFamily(ABC):
         Must leave float32 results as they are (up to the last bit) and
         change the network's modules only, never its class.
         """
+        return None
 
     def key_mapping(self, config: Mapping[str, Any]) -> dict[str, str] | None:
         """Published parameter-name patterns -> the maintained class's names (``None``: names already match)."""
@@ -97,8 +98,17 @@ class ModelFamily(ABC):
         """Wrap the loaded network; ``options`` are the caller's :attr:`adapter_options`."""
 
     # -- loading -----------------------------------------------------------------
-    def load(self, path: str, config: Mapping[str, Any], *, tokenizer: Any = None, dtype: Any = "auto",
-             device: str | None = None, attn_implementation: str = "sdpa", **kwargs: Any) -> ModelAdapter:
+    def load(
+        self,
+        path: str,
+        config: Mapping[str, Any],
+        *,
+        tokenizer: Any = None,
+        dtype: Any = "auto",
+        device: str | None = None,
+        attn_implementation: str = "sdpa",
+        **kwargs: Any,
+    ) -> ModelAdapter:
         """Load the checkpoint at ``path`` (whose parsed ``config.json`` is ``config``).
 
         ``kwargs`` may hold :attr:`adapter_options` and keywords of
@@ -106,11 +116,21 @@ class ModelFamily(ABC):
         """
         options = {k: kwargs.pop(k) for k in list(kwargs) if k in self.adapter_options}
         if "trust_remote_code" in kwargs:
-            raise ConfigError("`trust_remote_code` is not used for a supported model family: refusion runs its "
-                              f"{self.name!r} checkpoints with transformers' own classes, never the checkpoint's code.", param='trust_remote_code')
+            raise ConfigError(
+                "`trust_remote_code` is not used for a supported model family: refusion runs its "
+                f"{self.name!r} checkpoints with transformers' own classes, never the checkpoint's code.",
+                param="trust_remote_code",
+            )
         stock = self.stock_config(config)
-        model = from_pretrained(self.model_class(), path, stock, self.key_mapping(config), dtype=dtype,
-                                attn_implementation=attn_implementation, **kwargs)
+        model = from_pretrained(
+            self.model_class(),
+            path,
+            stock,
+            self.key_mapping(config),
+            dtype=dtype,
+            attn_implementation=attn_implementation,
+            **kwargs,
+        )
         self.numerics(model, config)
         if device is not None:
             model = model.to(device)
@@ -129,12 +149,17 @@ class ModelFamily(ABC):
         try:
             return load_tokenizer(path, fallback=self.tokenizer_class)
         except (OSError, ValueError) as exc:
-            warnings.warn(f"`model` {path!r}: its tokenizer could not be loaded without running its code ({exc}); "
-                          "prompts must be token ids, or pass `tokenizer=`.", RefusionWarning, stacklevel=4)
+            warnings.warn(
+                f"`model` {path!r}: its tokenizer could not be loaded without running its code ({exc}); "
+                "prompts must be token ids, or pass `tokenizer=`.",
+                RefusionWarning,
+                stacklevel=4,
+            )
             return None
 
     def eos_ids(self, model: Any, tokenizer: Any, given: Any = None) -> Any:
-        """EOS ids: ``given`` if set, else the checkpoint's (generation config, config, tokenizer) plus :attr:`end_of_turn`."""
+        """EOS ids: ``given`` if set, else the checkpoint's (generation config, config, tokenizer) plus
+        :attr:`end_of_turn`."""
         from refusion.models.hf import find_eos_token_ids
 
         if given is not None:
@@ -146,17 +171,30 @@ class ModelFamily(ABC):
 
 
 class MaskedDiffusionFamily(ModelFamily):
-    """A family of bidirectional masked diffusion LMs, run by the ``hf-mdm`` adapter with the family's ``logit_shift``."""
+    """A family of bidirectional masked diffusion LMs, run by the ``hf-mdm`` adapter with the family's
+    ``logit_shift``."""
 
     #: 0 when the logits at a mask predict that position (LLaDA), 1 when they predict the next one (Dream)
     logit_shift: ClassVar[int] = 0
 
-    def adapter(self, model: Any, tokenizer: Any, config: Mapping[str, Any], *, mask_token_id: Any = None,
-                eos_token_id: Any = None) -> ModelAdapter:
+    def adapter(  # type: ignore[override]  # the keywords are the family's adapter_options
+        self,
+        model: Any,
+        tokenizer: Any,
+        config: Mapping[str, Any],
+        *,
+        mask_token_id: Any = None,
+        eos_token_id: Any = None,
+    ) -> ModelAdapter:
         from refusion.models.mdm import HFMaskedDiffusionLM
 
-        return HFMaskedDiffusionLM(model, tokenizer, logit_shift=self.logit_shift, mask_token_id=mask_token_id,
-                                   eos_token_id=self.eos_ids(model, tokenizer, eos_token_id))
+        return HFMaskedDiffusionLM(
+            model,
+            tokenizer,
+            logit_shift=self.logit_shift,
+            mask_token_id=mask_token_id,
+            eos_token_id=self.eos_ids(model, tokenizer, eos_token_id),
+        )
 
 
 def auto_map_targets(config: Mapping[str, Any]) -> list[str]:
@@ -179,7 +217,9 @@ def plain_fields(config: Mapping[str, Any], drop: Iterable[str] = ()) -> dict[st
     if "rope_scaling" in fields:
         scaling = dict(fields.pop("rope_scaling") or {})
         kind = scaling.pop("rope_type", scaling.pop("type", "default"))
-        fields.setdefault("rope_parameters", {"rope_type": kind, **scaling, "rope_theta": fields.pop("rope_theta", 10000.0)})
+        fields.setdefault(
+            "rope_parameters", {"rope_type": kind, **scaling, "rope_theta": fields.pop("rope_theta", 10000.0)}
+        )
     return fields
 
 
@@ -200,19 +240,31 @@ def refuse_fields(family: str, config: Mapping[str, Any], expected: Mapping[str,
             )
 
 
-def from_pretrained(cls: type, path: str, config: Any, key_mapping: dict[str, str] | None, **kwargs: Any) -> Any:
+def from_pretrained(cls: Any, path: str, config: Any, key_mapping: dict[str, str] | None, **kwargs: Any) -> Any:
     """``cls.from_pretrained`` with ``config`` given (so no remote code is looked at), quietly, checking the weights.
 
     Every parameter of the network must come from the checkpoint and every
     tensor of the checkpoint must be used; otherwise the error names them.
     """
-    model, info = quietly(cls.from_pretrained, path, config=config, key_mapping=key_mapping, trust_remote_code=False,
-                          output_loading_info=True, **kwargs)
+    model, info = quietly(
+        cls.from_pretrained,
+        path,
+        config=config,
+        key_mapping=key_mapping,
+        trust_remote_code=False,
+        output_loading_info=True,
+        **kwargs,
+    )
     problems = {k: sorted(info.get(k) or ()) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
     problems = {k: v for k, v in problems.items() if v}
     if problems:
-        listing = "; ".join(f"{k.replace('_', ' ')}: {', '.join(map(str, v[:6]))}{' ...' if len(v) > 6 else ''}"
-                            for k, v in problems.items())
-        raise ConfigError(f"`model` {path!r}: the weights do not fit a {cls.__name__} built from its config.json "
-                          f"({listing}). Is the checkpoint complete and of the family its config names?", param='model')
+        listing = "; ".join(
+            f"{k.replace('_', ' ')}: {', '.join(map(str, v[:6]))}{' ...' if len(v) > 6 else ''}"
+            for k, v in problems.items()
+        )
+        raise ConfigError(
+            f"`model` {path!r}: the weights do not fit a {cls.__name__} built from its config.json "
+            f"({listing}). Is the checkpoint complete and of the family its config names?",
+            param="model",
+        )
     return model.eval()

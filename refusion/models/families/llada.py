@@ -23,17 +23,20 @@ KEY_MAPPING = {
     r"^model\.transformer\.wte\.": "model.embed_tokens.",
     r"^model\.transformer\.ln_f\.": "model.norm.",
     r"^model\.transformer\.ff_out\.": "lm_head.",
-    **{rf"^model\.transformer\.blocks\.(\d+)\.{old}\.": rf"model.layers.\1.{new}." for old, new in (
-        ("attn_norm", "input_layernorm"),
-        ("q_proj", "self_attn.q_proj"),
-        ("k_proj", "self_attn.k_proj"),
-        ("v_proj", "self_attn.v_proj"),
-        ("attn_out", "self_attn.o_proj"),
-        ("ff_norm", "post_attention_layernorm"),
-        ("ff_proj", "mlp.gate_proj"),
-        ("up_proj", "mlp.up_proj"),
-        ("ff_out", "mlp.down_proj"),
-    )},
+    **{
+        rf"^model\.transformer\.blocks\.(\d+)\.{old}\.": rf"model.layers.\1.{new}."
+        for old, new in (
+            ("attn_norm", "input_layernorm"),
+            ("q_proj", "self_attn.q_proj"),
+            ("k_proj", "self_attn.k_proj"),
+            ("v_proj", "self_attn.v_proj"),
+            ("attn_out", "self_attn.o_proj"),
+            ("ff_norm", "post_attention_layernorm"),
+            ("ff_proj", "mlp.gate_proj"),
+            ("up_proj", "mlp.up_proj"),
+            ("ff_out", "mlp.down_proj"),
+        )
+    },
 }
 
 #: LLaDA config fields the LLaMA translation reproduces only at these values (those of the published models)
@@ -80,7 +83,9 @@ class LLaDA(MaskedDiffusionFamily):
         try:
             d_model, heads, layers = int(config["d_model"]), int(config["n_heads"]), int(config["n_layers"])
         except KeyError as exc:
-            raise ConfigError(f"This LLaDA config.json has no `{exc.args[0]}`: it is not a LLaDAModelLM config.") from None
+            raise ConfigError(
+                f"This LLaDA config.json has no `{exc.args[0]}`: it is not a LLaDAModelLM config."
+            ) from None
         kv_heads = config.get("n_kv_heads") or (1 if config.get("multi_query_attention") else heads)
         hidden = config.get("mlp_hidden_size") or int(config.get("mlp_ratio", 4)) * d_model
         stock = LlamaConfig(

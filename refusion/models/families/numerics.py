@@ -36,8 +36,9 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def rotary_in_float32(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                      unsqueeze_dim: int = 1, **_: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_in_float32(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1, **_: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``q`` and ``k`` rotated in float32 by float32 ``cos``/``sin``, each rounded once to its own dtype.
 
     LLaDA's ``RotaryEmbedding.forward`` with ``rope_full_precision``:
@@ -65,9 +66,11 @@ def with_globals(function: Any, **replaced: Any) -> types.FunctionType:
     inner = _stock_function(function)
     missing = [name for name in replaced if name not in inner.__code__.co_names]
     if missing:
-        raise ConfigError(f"{inner.__qualname__} of this transformers version does not call {', '.join(missing)}; "
-                          "the authors' numerics cannot be installed on it (load the model with `dtype='float32'`, "
-                          "or with its own code: `adapter=...`, `trust_remote_code=True`).")
+        raise ConfigError(
+            f"{inner.__qualname__} of this transformers version does not call {', '.join(missing)}; "
+            "the authors' numerics cannot be installed on it (load the model with `dtype='float32'`, "
+            "or with its own code: `adapter=...`, `trust_remote_code=True`)."
+        )
     scope = dict(inner.__globals__)
     scope.update(replaced)
     copy = types.FunctionType(inner.__code__, scope, inner.__name__, inner.__defaults__, inner.__closure__)
@@ -121,8 +124,11 @@ def rms_norm_rounded_once(self: torch.nn.Module, hidden_states: torch.Tensor) ->
 def round_once_rms_norm(model: torch.nn.Module) -> int:
     """Every RMSNorm of ``model`` (modules with a ``weight`` and a ``variance_epsilon``) rounds once, after the
     weight multiply (:func:`rms_norm_rounded_once`). Returns the number of norms changed."""
-    norms = [m for m in model.modules() if hasattr(m, "variance_epsilon") and isinstance(
-        getattr(m, "weight", None), torch.nn.Parameter)]
+    norms = [
+        m
+        for m in model.modules()
+        if hasattr(m, "variance_epsilon") and isinstance(getattr(m, "weight", None), torch.nn.Parameter)
+    ]
     if not norms:
         raise ConfigError(f"{type(model).__name__} has no RMSNorm modules to change.")
     for norm in norms:

@@ -43,12 +43,20 @@ class ReFusion(ModelFamily):
 
         return Qwen3ForCausalLM
 
-    def adapter(self, model: Any, tokenizer: Any, config: Mapping[str, Any], *, mask_token_id: Any = None,
-                eos_token_id: Any = None):
+    def adapter(  # type: ignore[override]  # the keywords are the family's adapter_options
+        self,
+        model: Any,
+        tokenizer: Any,
+        config: Mapping[str, Any],
+        *,
+        mask_token_id: Any = None,
+        eos_token_id: Any = None,
+    ):
         from refusion.models.hf import HFCausalLM
 
-        return HFCausalLM(model, tokenizer, mask_token_id=mask_token_id,
-                          eos_token_id=self.eos_ids(model, tokenizer, eos_token_id))
+        return HFCausalLM(
+            model, tokenizer, mask_token_id=mask_token_id, eos_token_id=self.eos_ids(model, tokenizer, eos_token_id)
+        )
 
 
 @hookimpl

@@ -24,8 +24,16 @@ from refusion.plugins import hookimpl
 DEFAULT_BLOCK_LENGTH = 4
 
 #: SDAR config fields for its training and inference kernels, meaningless to the network's maths
-KERNEL_FIELDS = ("fuse_cross_entropy", "debug", "ep_size", "micro_forward", "skip_checkpoint", "use_deepep",
-                 "attn_implementation", "_attn_implementation")
+KERNEL_FIELDS = (
+    "fuse_cross_entropy",
+    "debug",
+    "ep_size",
+    "micro_forward",
+    "skip_checkpoint",
+    "use_deepep",
+    "attn_implementation",
+    "_attn_implementation",
+)
 
 
 class SDAR(ModelFamily):
@@ -45,8 +53,11 @@ class SDAR(ModelFamily):
     def stock_config(self, config: Mapping[str, Any]) -> Any:
         from transformers import Qwen3Config
 
-        fields = plain_fields(config, drop=KERNEL_FIELDS + ("block_size", "use_sliding_window", "sliding_window",
-                                                            "max_window_layers", "layer_types"))
+        fields = plain_fields(
+            config,
+            drop=KERNEL_FIELDS
+            + ("block_size", "use_sliding_window", "sliding_window", "max_window_layers", "layer_types"),
+        )
         return Qwen3Config(**fields, use_sliding_window=False)
 
     def model_class(self) -> type:
@@ -60,13 +71,27 @@ class SDAR(ModelFamily):
 
         round_once_rms_norm(model)
 
-    def adapter(self, model: Any, tokenizer: Any, config: Mapping[str, Any], *, mask_token_id: Any = None,
-                eos_token_id: Any = None, block_length: Any = None):
+    def adapter(  # type: ignore[override]  # the keywords are the family's adapter_options
+        self,
+        model: Any,
+        tokenizer: Any,
+        config: Mapping[str, Any],
+        *,
+        mask_token_id: Any = None,
+        eos_token_id: Any = None,
+        block_length: Any = None,
+    ):
         from refusion.models.block import HFBlockDiffusionLM
 
         length = block_length if block_length is not None else config.get("block_size", DEFAULT_BLOCK_LENGTH)
-        return HFBlockDiffusionLM(model, tokenizer, block_length=length, layout="absolute",
-                                  mask_token_id=mask_token_id, eos_token_id=self.eos_ids(model, tokenizer, eos_token_id))
+        return HFBlockDiffusionLM(
+            model,
+            tokenizer,
+            block_length=length,
+            layout="absolute",
+            mask_token_id=mask_token_id,
+            eos_token_id=self.eos_ids(model, tokenizer, eos_token_id),
+        )
 
 
 @hookimpl

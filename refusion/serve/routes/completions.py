@@ -57,8 +57,13 @@ def prepare(server: ServerState, raw: bytes, schema: Any) -> tuple[Any, Plan]:
     except ValidationError as exc:
         raise validation_error(exc) from None
     if body.model != server.model_name:
-        raise APIError(404, f"`model` {body.model!r} is not served here; this server serves {server.model_name!r}.",
-                       type="not_found_error", param="model", code="model_not_found")
+        raise APIError(
+            404,
+            f"`model` {body.model!r} is not served here; this server serves {server.model_name!r}.",
+            type="not_found_error",
+            param="model",
+            code="model_not_found",
+        )
     if server.generator.closing:
         raise server.unavailable("The server is shutting down; it takes no new requests.", "shutting_down")
     with server.planning:
@@ -72,8 +77,12 @@ def check_content_type(request: Request) -> None:
         return
     kind = declared.split(";")[0].strip().lower()
     if kind != "application/json" and not (kind.startswith("application/") and kind.endswith("+json")):
-        raise APIError(415, f"The body must be JSON, sent with `Content-Type: application/json`; got "
-                       f"{declared[:100]!r}.", param=None, code="unsupported_media_type")
+        raise APIError(
+            415,
+            f"The body must be JSON, sent with `Content-Type: application/json`; got {declared[:100]!r}.",
+            param=None,
+            code="unsupported_media_type",
+        )
 
 
 async def answer(request: Request, schema: Any, endpoint: str) -> Any:
@@ -97,8 +106,11 @@ async def answer(request: Request, schema: Any, endpoint: str) -> Any:
         raise plan.config_error(exc) from None
     server.metrics.prompt_tokens.inc(len(plan.prompt_ids))
     if body.stream:
-        return StreamingResponse(stream(server, live, body, endpoint), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return StreamingResponse(
+            stream(server, live, body, endpoint),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
     return await whole(server, live, request, endpoint)
 
 
@@ -119,9 +131,18 @@ async def whole(server: ServerState, live: LiveRequest, request: Request, endpoi
         raise server.unavailable("The request was cancelled (the server is shutting down).", "cancelled")
     if last.error is not None:
         raise APIError(500, f"Decoding failed: {last.error}", type="server_error", code="decode_failed")
-    return JSONResponse(responses.completion(responses.new_id(chat), server.model_name, chat, "".join(text),
-                                             last.finish_reason, len(live.plan.prompt_ids), last.tokens,
-                                             last.forwards))
+    return JSONResponse(
+        responses.completion(
+            responses.new_id(chat),
+            server.model_name,
+            chat,
+            "".join(text),
+            last.finish_reason,
+            len(live.plan.prompt_ids),
+            last.tokens,
+            last.forwards,
+        )
+    )
 
 
 async def stream(server: ServerState, live: LiveRequest, body: Any, endpoint: str):
@@ -134,11 +155,15 @@ async def stream(server: ServerState, live: LiveRequest, body: Any, endpoint: st
         async for piece in pieces(live):
             if piece.error is not None:
                 reason = "error"
-                yield responses.sse(APIError(500, f"Decoding failed: {piece.error}", type="server_error",
-                                             code="decode_failed").body())
+                yield responses.sse(
+                    APIError(500, f"Decoding failed: {piece.error}", type="server_error", code="decode_failed").body()
+                )
                 break
-            steps = {"refusion": {"step": piece.step, "commits": list(piece.commits),
-                                  "prefix_length": piece.prefix_length}} if body.stream_steps else None
+            steps = (
+                {"refusion": {"step": piece.step, "commits": list(piece.commits), "prefix_length": piece.prefix_length}}
+                if body.stream_steps
+                else None
+            )
             if piece.text and not sent_text:
                 sent_text = True
                 metrics.first_token.labels(endpoint).observe(time.perf_counter() - live.started)
@@ -152,8 +177,9 @@ async def stream(server: ServerState, live: LiveRequest, body: Any, endpoint: st
             final = {"refusion": responses.refusion_info(piece.tokens, piece.forwards)}
             yield responses.sse(responses.chunk(ident, name, chat, None, reason, extra=final))
             if body.stream_options is not None and body.stream_options.include_usage:
-                yield responses.sse(responses.usage_chunk(ident, name, chat, len(live.plan.prompt_ids),
-                                                          len(piece.tokens)))
+                yield responses.sse(
+                    responses.usage_chunk(ident, name, chat, len(live.plan.prompt_ids), len(piece.tokens))
+                )
         yield responses.sse("[DONE]")
     finally:
         live.cancel()

@@ -16,8 +16,11 @@ router = APIRouter()
 async def health(request: Request) -> JSONResponse:
     """200 while the generator runs, 503 (``closing``) once it stops taking requests; its rows and queue."""
     generator = server_of(request).generator
-    body = {"status": "closing" if generator.closing else "ok", "live_rows": generator.live_rows,
-            "waiting": generator.waiting}
+    body = {
+        "status": "closing" if generator.closing else "ok",
+        "live_rows": generator.live_rows,
+        "waiting": generator.waiting,
+    }
     return JSONResponse(body, status_code=503 if generator.closing or not generator.running else 200)
 
 

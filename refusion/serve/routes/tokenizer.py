@@ -48,15 +48,24 @@ class DetokenizeRequest(BaseModel):
 def _tokenizer(server: ServerState) -> Any:
     tokenizer = server.generator.model.tokenizer
     if tokenizer is None:
-        raise APIError(404, "This server's model has no tokenizer; prompts must be token ids.", code="no_tokenizer",
-                       type="not_found_error")
+        raise APIError(
+            404,
+            "This server's model has no tokenizer; prompts must be token ids.",
+            code="no_tokenizer",
+            type="not_found_error",
+        )
     return tokenizer
 
 
 def _check_model(server: ServerState, name: str | None) -> None:
     if name is not None and name != server.model_name:
-        raise APIError(404, f"`model` {name!r} is not served here; this server serves {server.model_name!r}.",
-                       type="not_found_error", param="model", code="model_not_found")
+        raise APIError(
+            404,
+            f"`model` {name!r} is not served here; this server serves {server.model_name!r}.",
+            type="not_found_error",
+            param="model",
+            code="model_not_found",
+        )
 
 
 async def _read(request: Request, schema: Any) -> tuple[ServerState, Any, Any] | None:
@@ -82,10 +91,14 @@ async def tokenizer_info(request: Request) -> dict[str, Any]:
     """The tokenizer's special tokens, chat template and the model's positions (vLLM's fields)."""
     server = server_of(request)
     tokenizer = _tokenizer(server)
-    return {"tokenizer_class": type(tokenizer).__name__, "eos_token": tokenizer.eos_token,
-            "bos_token": tokenizer.bos_token, "pad_token": tokenizer.pad_token,
-            "chat_template": getattr(tokenizer, "chat_template", None),
-            "model_max_length": server.generator.model.max_positions}
+    return {
+        "tokenizer_class": type(tokenizer).__name__,
+        "eos_token": tokenizer.eos_token,
+        "bos_token": tokenizer.bos_token,
+        "pad_token": tokenizer.pad_token,
+        "chat_template": getattr(tokenizer, "chat_template", None),
+        "model_max_length": server.generator.model.max_positions,
+    }
 
 
 @router.post("/tokenize")
@@ -97,8 +110,13 @@ async def tokenize(request: Request) -> Any:
     server, body, tokenizer = read
     bound = server.policy.prompt_chars(server.generator.model)
     if bound is not None and len(body.prompt) > bound:
-        raise APIError(400, f"`prompt` holds {len(body.prompt)} characters of text; this server takes at most {bound} "
-                       "(`--max-prompt-chars`).", param="prompt", code="context_length_exceeded")
+        raise APIError(
+            400,
+            f"`prompt` holds {len(body.prompt)} characters of text; this server takes at most {bound} "
+            "(`--max-prompt-chars`).",
+            param="prompt",
+            code="context_length_exceeded",
+        )
 
     def encode() -> list[int]:
         with server.planning:
@@ -118,6 +136,7 @@ async def detokenize(request: Request) -> Any:
     vocab = server.generator.model.vocab_size
     bad = [t for t in body.tokens if not 0 <= t < vocab]
     if bad:
-        raise APIError(400, f"`tokens` must be token ids in [0, {vocab}); got {bad[:5]}.", param="tokens",
-                       code="invalid_value")
+        raise APIError(
+            400, f"`tokens` must be token ids in [0, {vocab}); got {bad[:5]}.", param="tokens", code="invalid_value"
+        )
     return {"prompt": tokenizer.decode(body.tokens)}

@@ -122,8 +122,9 @@ class GreedyVerify(Infiller):
                 fed_to = min(s.length, s.accepted + spec) if s.accepted < s.length else s.length
                 windows.append((fed_from, fed_to))
                 reads = slice(s.accepted - 1 - fed_from, None) if s.accepted < s.length else slice(-1, None)
-                extends.append(ctx.extend(s.tokens[fed_from:fed_to], s.positions[fed_from:fed_to], s.branch,
-                                          reads=reads))
+                extends.append(
+                    ctx.extend(s.tokens[fed_from:fed_to], s.positions[fed_from:fed_to], s.branch, reads=reads)
+                )
             outs = yield ModelCall(extends)  # type: ignore[arg-type]  # the core's attrs converter (tuple) is untyped for mypy
             still, cutoff, fed_spec, agreed_spec, from_plan = [], None, 0, 0, False
             for s, o, (fed_from, fed_to) in zip(active, outs, windows):
@@ -153,8 +154,9 @@ class GreedyVerify(Infiller):
                     else:
                         s.accepted = s.length
                 eos = ctx.is_eos(s.tokens[: s.accepted]).nonzero()
-                finished = len(eos) or (s.accepted == s.length and (len(s.branch) == s.length
-                                                                     or not self._refeed(spec, skippable)))
+                finished = len(eos) or (
+                    s.accepted == s.length and (len(s.branch) == s.length or not self._refeed(spec, skippable))
+                )
                 if finished:
                     stop = int(eos[0]) + 1 if len(eos) else s.length
                     kv = s.branch.kv[: min(stop, len(s.branch))] if s.branch.kv is not None else None

@@ -109,7 +109,9 @@ class ParallelAR(Infiller):
             if start >= cut:
                 break
             stop = min(start + length, cut)
-            commits.append(Commit(plan.slots[i], tokens[start:stop], positions[start:stop], out.kv[start:stop], chain=0))
+            commits.append(
+                Commit(plan.slots[i], tokens[start:stop], positions[start:stop], out.kv[start:stop], chain=0)
+            )
             start += length
         return InfillResult(commits, next_logits=out.scores[cut - 1])  # type: ignore[arg-type]  # the core's attrs converter (tuple) is untyped for mypy
 
@@ -120,15 +122,25 @@ class ParallelAR(Infiller):
         while active:
             drafting = [b for b in active if b.accepted < b.length]
             if drafting:
-                outs = yield ModelCall(ctx.extend(self._masked(ctx, b), b.positions[b.kv_len :], b.branch,
-                                                  reads=slice(b.accepted - b.kv_len, None) if fused else None)
-                                       for b in drafting)
+                outs = yield ModelCall(
+                    ctx.extend(
+                        self._masked(ctx, b),
+                        b.positions[b.kv_len :],
+                        b.branch,
+                        reads=slice(b.accepted - b.kv_len, None) if fused else None,
+                    )
+                    for b in drafting
+                )
                 for b, o in zip(drafting, outs):
                     proposal, _ = ctx.sample(o.scores[b.accepted - b.kv_len :])
                     b.tokens[b.accepted :] = proposal.cpu()
 
-            outs = yield ModelCall(ctx.extend(b.tokens[b.kv_len :], b.positions[b.kv_len :], b.branch,
-                                              reads=slice(None) if fused else None) for b in active)
+            outs = yield ModelCall(
+                ctx.extend(
+                    b.tokens[b.kv_len :], b.positions[b.kv_len :], b.branch, reads=slice(None) if fused else None
+                )
+                for b in active
+            )
             cutoff, still_active = None, []
             for b, o in zip(active, outs):
                 if cutoff is not None:
@@ -164,8 +176,9 @@ class ParallelAR(Infiller):
         if nxt < b.length:
             window = b.tokens[b.kv_len :]
             # token at index j (>= nxt) is scored by the logits one step earlier.
-            p = token_probability(out.scores[nxt - 1 - b.kv_len : b.length - 1 - b.kv_len], window[nxt - b.kv_len :],
-                                  self.precision)
+            p = token_probability(
+                out.scores[nxt - 1 - b.kv_len : b.length - 1 - b.kv_len], window[nxt - b.kv_len :], self.precision
+            )
             nxt += int((p > self.token_threshold).long().cumprod(0).sum())
         b.accepted = nxt
 

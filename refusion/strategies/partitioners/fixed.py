@@ -18,8 +18,10 @@ def check_gen_length(gen_length: object) -> None:
 
 def slots_of(offset: int, length: int, slot_size: int, first_index: int, block: int) -> list[Slot]:
     """``length`` tokens from ``offset`` cut into slots of ``slot_size``; the last one may be shorter."""
-    return [Slot(first_index + i, offset + start, min(slot_size, length - start), block)
-            for i, start in enumerate(range(0, length, slot_size))]
+    return [
+        Slot(first_index + i, offset + start, min(slot_size, length - start), block)
+        for i, start in enumerate(range(0, length, slot_size))
+    ]
 
 
 @attrs.frozen
@@ -58,7 +60,8 @@ class FixedSlots(SlotPartitioner):
             raise ConfigError(
                 f"`gen_length` {gen_length} gives {num_slots} slots of `slot_size` {size}, which `serial_num_blocks` "
                 f"{blocks} does not divide. Nearest allowed `gen_length`: {nearest}; or `serial_num_blocks` in: "
-                f"{', '.join(map(str, allowed))}.", param='gen_length'
+                f"{', '.join(map(str, allowed))}.",
+                param="gen_length",
             )
         per_block = num_slots // blocks
         slots = tuple(Slot(i, i * size, min(size, gen_length - i * size), i // per_block) for i in range(num_slots))

@@ -49,13 +49,15 @@ class SemiAutoregressive(SlotPartitioner):
             from refusion.errors import ConfigError
 
             raise ConfigError(
-                f"`block_length` ({self.block_length}) must be a multiple of `slot_size` ({self.slot_size}).", param='block_length'
+                f"`block_length` ({self.block_length}) must be a multiple of `slot_size` ({self.slot_size}).",
+                param="block_length",
             )
         if self.pad and self.align != "absolute":
             from refusion.errors import ConfigError
 
-            raise ConfigError("`pad`=True pads the answer to the model's block grid: it needs `align`='absolute'.",
-                              param="pad")
+            raise ConfigError(
+                "`pad`=True pads the answer to the model's block grid: it needs `align`='absolute'.", param="pad"
+            )
 
     def nearest_lengths(self, gen_length: int) -> tuple[int | None, int | None]:
         """Every length is accepted (the last block may be shorter)."""

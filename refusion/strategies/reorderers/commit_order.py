@@ -34,8 +34,14 @@ class CommitOrder(CacheReorderer):
                 tokens = torch.cat([c.tokens for c in group])
                 positions = torch.cat([c.positions for c in group])
                 kv = KVSegment.cat([c.kv for c in group])
-            cache.append(tokens, positions, kv, anchor=anchor, continues=commit.chain == previous_chain,
-                         last_logits=result.next_logits if i == len(groups) - 1 else None)
+            cache.append(
+                tokens,
+                positions,
+                kv,
+                anchor=anchor,
+                continues=commit.chain == previous_chain,
+                last_logits=result.next_logits if i == len(groups) - 1 else None,
+            )
             previous_chain = commit.chain
 
 
@@ -45,8 +51,13 @@ def _chains(commits) -> list[list]:
     for commit in commits:
         full = commit.kv is not None and len(commit.kv) == len(commit.tokens)
         last = groups[-1][-1] if groups else None
-        if last is not None and last.chain == commit.chain and full and last.kv is not None \
-                and len(last.kv) == len(last.tokens):
+        if (
+            last is not None
+            and last.chain == commit.chain
+            and full
+            and last.kv is not None
+            and len(last.kv) == len(last.tokens)
+        ):
             groups[-1].append(commit)
         else:
             groups.append([commit])

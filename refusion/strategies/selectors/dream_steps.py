@@ -7,18 +7,19 @@ from collections.abc import Sequence
 import attrs
 import torch
 
+from refusion.decoding.sampling import PRECISIONS, filtered, probabilities
 from refusion.decoding.types import Plan
 from refusion.plugins import hookimpl
 from refusion.strategies.base import SlotSelector
-from refusion.decoding.sampling import PRECISIONS, filtered, probabilities
 from refusion.strategies.selectors.scored import TIES, note_block, ranked
 from refusion.validators import one_of, open_unit_interval, optional, positive_int, probability
 
 ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 
 
-def dream_scores(plan: Plan, alg: str, precision: str = "float32", top_k: int | None = None,
-                 top_p: float | None = None) -> torch.Tensor:
+def dream_scores(
+    plan: Plan, alg: str, precision: str = "float32", top_k: int | None = None, top_p: float | None = None
+) -> torch.Tensor:
     """Dream's confidence per slot: top probability, top-2 margin, or negative entropy ``sum p log(p + 1e-10)``.
 
     With ``precision`` ``"float32"`` the margin and entropy come from the

@@ -13,7 +13,6 @@ from refusion.strategies.base import SlotSelector
 from refusion.strategies.selectors.scored import TIES, note_block, ranked
 from refusion.validators import one_of, positive_number
 
-
 RULES = ("paper", "fast-dllm")
 
 
@@ -51,8 +50,9 @@ class FactorThreshold(SlotSelector):
             failed = (best_first < 1 - self.factor / (n + 1)).nonzero().flatten().tolist()
             first = next((i for i in failed if i > 0), None)  # rank 0 always passes
             count = len(best_first) if first is None or first == len(best_first) - 1 else first
-        return order[:count].tolist() if self.ties == "lowest" else \
-            ranked(plan, plan.first_confidence, count, self.ties)
+        return (
+            order[:count].tolist() if self.ties == "lowest" else ranked(plan, plan.first_confidence, count, self.ties)
+        )
 
 
 @hookimpl

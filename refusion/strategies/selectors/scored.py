@@ -39,8 +39,16 @@ def top_k(scores: torch.Tensor, k: int) -> list[int]:
 
 #: how a selector breaks ties between equal scores (:func:`ranked`): towards the lowest position, or as
 #: ``torch.topk`` breaks them on the row a peer ranks (which it does not do by position)
-TIES = ("lowest", "slots", "canvas", "suffix", "serial-block", "canvas-then-suffix", "canvas-then-serial-block",
-        "model-block")
+TIES = (
+    "lowest",
+    "slots",
+    "canvas",
+    "suffix",
+    "serial-block",
+    "canvas-then-suffix",
+    "canvas-then-serial-block",
+    "model-block",
+)
 
 
 def note_block(plan: Plan) -> None:
@@ -58,8 +66,9 @@ def note_block(plan: Plan) -> None:
     seen[2] += 1
 
 
-def ranked(plan: Plan, scores: torch.Tensor, k: int, ties: str = "lowest", block_length: int = 0,
-           among: int | None = None) -> list[int]:
+def ranked(
+    plan: Plan, scores: torch.Tensor, k: int, ties: str = "lowest", block_length: int = 0, among: int | None = None
+) -> list[int]:
     """Indices of the ``k`` highest ``scores`` (one per slot of ``plan``), ties broken as ``ties`` says.
 
     ``"lowest"``: towards the lowest position (:func:`top_k`). The others
@@ -92,7 +101,7 @@ def ranked(plan: Plan, scores: torch.Tensor, k: int, ties: str = "lowest", block
         bounds = plan.memory.get(("ties", plan.slots[0].block))
         layout = ties
         if ties.startswith("canvas-then-"):
-            layout = "canvas" if bounds is None or bounds[2] <= 1 else ties[len("canvas-then-"):]
+            layout = "canvas" if bounds is None or bounds[2] <= 1 else ties[len("canvas-then-") :]
         if layout == "canvas":
             start, length = 0, plan.canvas_length or int(firsts.max()) + 1
         else:

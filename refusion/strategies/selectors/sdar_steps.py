@@ -41,8 +41,8 @@ class SDARSteps(SlotSelector):
     position, or as ``torch.topk`` breaks them on SDAR's block row (``ties``
     ``"model-block"``, see :func:`~refusion.strategies.selectors.scored.ranked`).
     Use it with one-token slots in the model's blocks (partitioner
-    ``semi-ar``, ``align="absolute"``), as the ``sdar`` preset does. SDAR's ``entropy_bounded`` strategy is not offered: its published
-    code never sets the tokens it chooses.
+    ``semi-ar``, ``align="absolute"``), as the ``sdar`` preset does. SDAR's ``entropy_bounded``
+    strategy is not offered: its published code never sets the tokens it chooses.
     """
 
     name = "sdar-steps"

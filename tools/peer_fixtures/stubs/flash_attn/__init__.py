@@ -3,6 +3,7 @@
 Semantics follow flash-attn 2.x: tensors are (batch, seqlen, heads, head_dim); K/V may have fewer heads (GQA);
 a causal mask is aligned to the bottom-right corner when seqlen_q != seqlen_k.
 """
+
 import math
 
 import torch
@@ -39,24 +40,61 @@ def _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, 
     return out.transpose(1, 2).contiguous()
 
 
-def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                    softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+def flash_attn_func(
+    q,
+    k,
+    v,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
     if return_attn_probs:
         raise NotImplementedError("flash_attn CPU stand-in: return_attn_probs is not supported")
     return _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes)
 
 
-def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
-                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                           alibi_slopes=None, deterministic=False, return_attn_probs=False, block_table=None):
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    block_table=None,
+):
     if return_attn_probs or block_table is not None:
         raise NotImplementedError("flash_attn CPU stand-in: return_attn_probs / block_table are not supported")
     pieces = []
     for i in range(cu_seqlens_q.numel() - 1):
         qs, qe = int(cu_seqlens_q[i]), int(cu_seqlens_q[i + 1])
         ks, ke = int(cu_seqlens_k[i]), int(cu_seqlens_k[i + 1])
-        pieces.append(_attention(q[None, qs:qe], k[None, ks:ke], v[None, ks:ke], dropout_p, softmax_scale,
-                                 causal, window_size, softcap, alibi_slopes)[0])
+        pieces.append(
+            _attention(
+                q[None, qs:qe],
+                k[None, ks:ke],
+                v[None, ks:ke],
+                dropout_p,
+                softmax_scale,
+                causal,
+                window_size,
+                softcap,
+                alibi_slopes,
+            )[0]
+        )
     return torch.cat(pieces, dim=0)
 
 

@@ -1,4 +1,5 @@
 """CPU stand-in for flash_attn.bert_padding (plain torch)."""
+
 import torch
 import torch.nn.functional as F
 
@@ -19,7 +20,6 @@ def unpad_input(hidden_states, attention_mask, unused_mask=None):
 
 
 def pad_input(hidden_states, indices, batch, seqlen):
-    out = torch.zeros(batch * seqlen, *hidden_states.shape[1:], dtype=hidden_states.dtype,
-                      device=hidden_states.device)
+    out = torch.zeros(batch * seqlen, *hidden_states.shape[1:], dtype=hidden_states.dtype, device=hidden_states.device)
     out[indices] = hidden_states
     return out.reshape(batch, seqlen, *hidden_states.shape[1:])

@@ -3,6 +3,7 @@
 Only for importing SDAR's training-only fused loss module; never leave this on sys.path (torch would take it
 for a real Triton install).
 """
+
 __version__ = "0.0.0+peer-fixtures-import-only"
 
 from . import language  # noqa: F401
@@ -16,6 +17,7 @@ class _Kernel:
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
             raise RuntimeError(f"import-only triton stand-in: cannot launch {self.__name__}")
+
         return launch
 
     def __call__(self, *args, **kwargs):

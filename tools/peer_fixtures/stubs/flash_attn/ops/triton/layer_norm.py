@@ -6,12 +6,28 @@ float32, and stores `y` once in the output dtype (the input's). So a bfloat16/fl
 once, after the weight multiply (transformers' `Qwen3RMSNorm` rounds before it). This stand-in computes the same
 expression in the same order in plain torch.
 """
+
 import torch
 
 
-def rms_norm_fn(x, weight, bias, residual=None, x1=None, weight1=None, bias1=None, eps=1e-6, dropout_p=0.0,
-                rowscale=None, prenorm=False, residual_in_fp32=False, is_rms_norm=True,
-                return_dropout_mask=False, out_dtype=None, **kwargs):
+def rms_norm_fn(
+    x,
+    weight,
+    bias,
+    residual=None,
+    x1=None,
+    weight1=None,
+    bias1=None,
+    eps=1e-6,
+    dropout_p=0.0,
+    rowscale=None,
+    prenorm=False,
+    residual_in_fp32=False,
+    is_rms_norm=True,
+    return_dropout_mask=False,
+    out_dtype=None,
+    **kwargs,
+):
     if x1 is not None or weight1 is not None or rowscale is not None or dropout_p != 0.0:
         raise NotImplementedError("rms_norm_fn CPU stand-in: x1 / weight1 / rowscale / dropout are not supported")
     xf = x.float()

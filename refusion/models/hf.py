@@ -129,7 +129,8 @@ class HFCausalLM(ModelAdapter):
 
         The checkpoint's own code (``auto_map``) runs only with
         ``trust_remote_code=True``; transformers is told either way, so it never
-        asks on standard input.
+        asks on standard input. Hub kernels (code transformers would fetch from
+        ``kernels-community`` on a GPU) are never loaded.
         """
         import inspect
 
@@ -140,7 +141,12 @@ class HFCausalLM(ModelAdapter):
         own = [n for n, p in inspect.signature(cls.__init__).parameters.items() if p.kind is p.KEYWORD_ONLY]
         adapter_kwargs = {k: kwargs.pop(k) for k in own if k in kwargs}
         model = quietly(
-            AutoModelForCausalLM.from_pretrained, path, dtype=dtype, trust_remote_code=trust_remote_code, **kwargs
+            AutoModelForCausalLM.from_pretrained,
+            path,
+            dtype=dtype,
+            trust_remote_code=trust_remote_code,
+            use_kernels=False,
+            **kwargs,
         )
         if device is not None:
             model = model.to(device)

@@ -119,3 +119,25 @@ def test_trust_remote_code_lets_the_checkpoint_name_its_own_parts(preset_checkpo
     folder, marker = preset_checkpoint
     run(CLI, folder, "generate", "rev ab=", "--model", ".", "--trust-remote-code")
     assert marker.exists()  # trusted: the preset's part was imported (it is not a real selector, so decoding fails)
+
+
+@pytest.mark.parametrize("family", ["llada", "refusion"])
+def test_no_hub_kernels_are_fetched_on_any_load_path(family, monkeypatch):
+    """transformers 5.x fetches and runs hub kernels (``kernels-community/rotary``) on a GPU unless told not to: the
+    stock-class path and the family path both tell it (a lent H200 refused them: "could not verify publisher trust")."""
+    import transformers
+
+    import refusion
+
+    seen = []
+    for cls in (transformers.LlamaForCausalLM, transformers.Qwen3ForCausalLM, transformers.AutoModelForCausalLM):
+        original = cls.from_pretrained.__func__
+
+        def spy(klass, *args, _original=original, **kwargs):
+            seen.append(kwargs.get("use_kernels"))
+            return _original(klass, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "from_pretrained", classmethod(spy))
+    path = FIXTURES / family if family == "llada" else default_model_path()
+    refusion.load_model(str(path))
+    assert seen and all(flag is False for flag in seen), seen

@@ -252,6 +252,7 @@ def from_pretrained(cls: Any, path: str, config: Any, key_mapping: dict[str, str
         config=config,
         key_mapping=key_mapping,
         trust_remote_code=False,
+        use_kernels=False,  # transformers would fetch and run hub kernels (kernels-community/*) on a GPU
         output_loading_info=True,
         **kwargs,
     )

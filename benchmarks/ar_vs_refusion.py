@@ -74,7 +74,7 @@ def main(argv=None) -> int:
 
         def run():
             results = [decoder.decode(adapter, p, GEN_LENGTH, engine=engine) for p in prompts]
-            return scored([r.tokens.tolist() for r in results], fed=sum(r.extra["fed_tokens"] for r in results))
+            return scored([r.tokens.tolist() for r in results], fed=sum(r.fed_tokens for r in results))
 
         return run
 

@@ -323,7 +323,7 @@ def header() -> str:
 
 def refusion_counts(results: list[Any]) -> dict[str, Any]:
     """Counts of one ``decode_batch``: tokens, network forwards, fed tokens, KV bytes (engine totals)."""
-    totals = results[0].extra["engine_counters"]
+    totals = results[0].engine_totals
     return {
         "tokens": sum(len(r.tokens) for r in results),
         "forwards": totals["forwards"],

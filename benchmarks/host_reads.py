@@ -92,7 +92,7 @@ def measure(adapter, decoder, engine: str, prompts: list[list[int]], gen_length:
     with HostReads(adapter) as reads:
         results = decoder.decode_batch(adapter, prompts, gen_length, engine=engine)
     summary = reads.summary(sites=1000)
-    summary["engine_forwards"] = results[0].extra["engine_counters"]["forwards"]
+    summary["engine_forwards"] = results[0].engine_totals["forwards"]
     summary["tokens"] = sum(len(r.tokens) for r in results)
     summary["mean_sequences_per_step"] = (
         sum(s.sequences for s in reads.steps) / len(reads.steps) if reads.steps else 0.0

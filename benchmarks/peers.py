@@ -446,7 +446,7 @@ def refusion_case(models: dict, case, prompts: list[list[int]]) -> list[dict]:
                 "wall": wall,
                 "forwards": int(result.forwards),
                 "network_cpu": clock.network_seconds,
-                "tokens": [int(t) for t in result.extra["all_tokens"]],
+                "tokens": [int(t) for t in result.region_tokens],
                 "stopped_at_eos": bool(getattr(result, "stopped_at_eos", False)),
             }
         )

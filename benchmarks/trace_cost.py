@@ -79,7 +79,7 @@ def main() -> int:
 
     def decode():
         results = [decoder.decode(adapter, p, gen_length, tokenizer=tok) for p in prompts]
-        return {"iterations": sum(len(r.steps) for r in results), "results": results}
+        return {"iterations": sum(r.num_iterations for r in results), "results": results}
 
     def decode_write():
         counts = decode()

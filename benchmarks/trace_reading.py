@@ -43,7 +43,8 @@ cpu, wall = time.process_time(), time.perf_counter()
 results = read_trace(sys.argv[2])
 cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
 import refusion.measure.trace as module
-print(json.dumps({"cpu": cpu, "wall": wall, "steps": sum(len(r.steps) for r in results), "module": module.__file__}))
+steps = sum(r.num_iterations for r in results)
+print(json.dumps({"cpu": cpu, "wall": wall, "steps": steps, "module": module.__file__}))
 """
 
 
@@ -157,7 +158,7 @@ def main() -> int:
         write_trace(result, big, tokenizer=Letters())
         write_trace(synthetic_result(20, seed=1), small, tokenizer=Letters())
         (back,) = read_trace(big)
-        assert back.steps == result.steps and back.tokens.tolist() == result.tokens.tolist()
+        assert back.iterations == result.iterations and back.tokens.tolist() == result.tokens.tolist()
         size, lines = big.stat().st_size, sum(1 for _ in big.open("rb"))
         times = {side: {"cpu": [], "wall": []} for side in sides}
         ratios = []

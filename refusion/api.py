@@ -64,6 +64,7 @@ def generate(
     reorderer: Any = None,
     seeds: Any = None,
     trace: Any = None,
+    record: bool = False,
     allow_special: bool = False,
     **params: Any,
 ) -> Any:
@@ -82,7 +83,9 @@ def generate(
     announced with a :class:`~refusion.errors.RefusionWarning`. Returns
     :class:`~refusion.decoding.types.DecodeResult` (s) with ``text`` when a tokenizer is
     known. ``trace`` (a path) also writes the standard JSON Lines trace of the
-    decode(s) there (:mod:`refusion.measure.trace`, ``docs/trace.md``).
+    decode(s) there (:mod:`refusion.measure.trace`, ``docs/trace.md``);
+    ``record=True`` keeps each iteration's record in ``result.iterations``
+    (a trace implies it; a plain decode builds none).
     Prompt text naming a special token (``"<|endoftext|>"``) is refused
     unless ``allow_special=True``.
     """
@@ -111,8 +114,11 @@ def generate(
     if gen_length is None:
         gen_length = fit_default_length(decoder, adapter, ids, default_length or DEFAULT_GEN_LENGTH)
     length = gen_length
+    record = bool(record) or trace is not None
     results = (
-        decoder.decode_batch(adapter, ids, length, seeds=seeds) if batch else decoder.decode(adapter, ids[0], length)
+        decoder.decode_batch(adapter, ids, length, seeds=seeds, record=record)
+        if batch
+        else decoder.decode(adapter, ids[0], length, record=record)
     )
     if trace is not None:
         from refusion.measure.trace import write_trace

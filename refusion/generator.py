@@ -40,7 +40,7 @@ import attrs
 
 from refusion.decoding.decoder import Decoder, Prepared, with_text
 from refusion.decoding.session import DecodeSession
-from refusion.decoding.types import DecodeResult, StepRecord
+from refusion.decoding.types import DecodeResult, IterationRecord
 from refusion.engines import Runner, engine_class, open_engine
 from refusion.engines.choose import check_invariance
 from refusion.errors import CallbackError, ConfigError, QueueFull, StalledError
@@ -59,20 +59,23 @@ class CommittedSlot:
 class Progress:
     """What one request gained in one step of the generator.
 
-    ``step`` is the decoder iteration that finished (``None`` when the
-    request only finished or was cancelled); ``commits`` the slots it
-    committed; ``prefix_tokens`` the tokens that extend the contiguous
-    committed prefix of the answer, which is now ``prefix_length`` long.
+    ``iteration`` is the index of the decoder iteration that finished
+    (``None`` when the request only finished or was cancelled) and ``step``
+    its :class:`~refusion.decoding.types.IterationRecord` when the request
+    was submitted with ``record=True``; ``commits`` the slots it committed;
+    ``prefix_tokens`` the tokens that extend the contiguous committed prefix
+    of the answer, which is now ``prefix_length`` long.
     The last event of a request has ``finished=True`` and carries its
     ``result`` (``None`` if it was cancelled, then ``cancelled=True``, or if
     it failed, then ``error`` holds the exception, e.g. a plugin's).
     """
 
     request: Request
-    step: StepRecord | None
+    step: IterationRecord | None
     commits: tuple[CommittedSlot, ...]
     prefix_tokens: tuple[int, ...]
     prefix_length: int
+    iteration: int | None = None
     finished: bool = False
     cancelled: bool = False
     result: DecodeResult | None = None
@@ -95,12 +98,15 @@ class Request:
         decoder: Decoder,
         prepared: Prepared,
         on_event: Callable[[Progress], None] | None,
+        *,
+        record: bool = False,
     ):
         self.generator = generator
         self.id = index
         self.decoder = decoder
         self.prepared = prepared
         self.on_event = on_event
+        self.record = record
         self.status = "waiting"
         self.result: DecodeResult | None = None
         self.error: BaseException | None = None
@@ -267,6 +273,7 @@ class Generator:
         on_event: Callable[[Progress], None] | None = None,
         preset: str | None = None,
         allow_special: bool = False,
+        record: bool = False,
         **params: Any,
     ) -> Request:
         """Check ``prompt`` (text or token ids) and queue it; returns its :class:`Request`.
@@ -278,7 +285,9 @@ class Generator:
         ``on_event`` is called with each :class:`Progress` from the thread
         that steps the generator. Bad input raises
         :class:`~refusion.errors.ConfigError` here (prompt text naming a
-        special token too, unless ``allow_special``).
+        special token too, unless ``allow_special``). ``record``: its events'
+        ``step`` and its result's ``iterations`` carry the iteration records
+        (without it events carry the commits only).
         """
         from refusion.api import build_decoder
         from refusion.prompts import encode_prompt
@@ -303,7 +312,7 @@ class Generator:
                 f"The request needs {need} positions (prompt plus generation), more than `max_tokens` "
                 f"({self.max_tokens}); use a shorter prompt or gen_length."
             )
-        request = Request(self, next(self._ids), decoder, prepared, on_event)
+        request = Request(self, next(self._ids), decoder, prepared, on_event, record=bool(record))
         with self._lock:
             if self.max_queue is not None and len(self._waiting) >= self.max_queue:
                 raise QueueFull(f"The queue holds `max_queue` ({self.max_queue}) waiting requests; retry later.")
@@ -429,7 +438,7 @@ class Generator:
                 self._end_cancelled(request, events)
                 continue
             try:
-                session = request.decoder.start(self.model, self.engine, request.prepared)
+                session = request.decoder.start(self.model, self.engine, request.prepared, record=request.record)
             except Exception as error:  # e.g. no room for its cache: this request alone fails
                 request.status, request.error = "failed", error
                 events.append(self._final_failure(request, error))
@@ -467,11 +476,11 @@ class Generator:
     def _report(self, request: Request, events: list[Progress], result: DecodeResult | None) -> None:
         """Events for the iterations ``request`` finished since the last report, and its end."""
         session = request.session
-        new_steps = session.steps[request._seen_steps :]
-        request._seen_steps = len(session.steps)
+        seen, request._seen_steps = request._seen_steps, len(session.committed)
+        new_steps = session.committed[seen:]
         if result is not None:
             result = with_text([result], self.model.tokenizer)[0]
-        for i, step in enumerate(new_steps):
+        for i, committed in enumerate(new_steps):
             commits = tuple(
                 CommittedSlot(
                     slot,
@@ -482,10 +491,11 @@ class Generator:
                         ].tolist()
                     ),
                 )
-                for slot, n in step.committed
+                for slot, n in committed
             )
             prefix = self._advance_prefix(request, session, result if i == len(new_steps) - 1 else None)
-            event = Progress(request, step, commits, prefix, request.prefix)
+            record = session.records[seen + i] if session.record else None
+            event = Progress(request, record, commits, prefix, request.prefix, iteration=seen + i)
             events.append(event)
             request._emit(event)
         if result is not None:

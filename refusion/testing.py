@@ -157,21 +157,22 @@ def check_part(part: Any, *, trials: int = 6, seed: int = 0) -> None:
             partition = decoder.partitioner.partition(gen_length)
         except ValueError:
             continue
-        result = decoder.decode(model, prompt, gen_length)
+        result = decoder.decode(model, prompt, gen_length, record=True)
         check_result(result, model)
-        assert len(result.steps) <= len(partition.slots), "more iterations than slots"
+        assert result.num_iterations <= len(partition.slots), "more iterations than slots"
 
 
 def check_result(result: Any, model: ModelAdapter) -> None:
-    """Completeness invariants of a :class:`~refusion.decoding.types.DecodeResult`."""
+    """Completeness invariants of a :class:`~refusion.decoding.types.DecodeResult` (decoded with ``record=True``)."""
     tokens = result.tokens
     g = result.partition.gen_length
     assert 1 <= len(tokens) <= g, f"{len(tokens)} tokens for a region of {g}"
     assert not bool((tokens == model.mask_token_id).any()), "a mask token was left in the output"
     assert bool((result.commit_step[: len(tokens)] >= 0).all()), "a position before the end was never committed"
-    committed = sum(n for step in result.steps for _, n in step.committed)
+    assert len(result.iterations) == result.num_iterations, "decode with record=True to check a result"
+    committed = sum(n for step in result.iterations for _, n in step.committed)
     assert committed >= len(tokens), "fewer tokens committed than returned"
-    slots = [s for step in result.steps for s, _ in step.committed]
+    slots = [s for step in result.iterations for s, _ in step.committed]
     assert len(slots) == len(set(slots)), "a slot was committed twice"
     assert not any(int(t) in model.eos_token_ids for t in tokens[:-1]), "tokens after an EOS were returned"
     if len(tokens) < g:

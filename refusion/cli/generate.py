@@ -27,11 +27,11 @@ def result_json(result: Any) -> dict:
         "tokens": result.tokens.tolist(),
         "forwards": result.forwards,
         "tokens_per_forward": result.tokens_per_forward,
-        "iterations": len(result.steps),
+        "iterations": result.num_iterations,
         "commit_step": result.commit_step.tolist(),
         "steps": [
             {"block": s.block, "selected": s.selected, "committed": s.committed, "forwards": s.forwards}
-            for s in result.steps
+            for s in result.iterations
         ],
     }
 
@@ -40,12 +40,12 @@ def run_generate(args: argparse.Namespace) -> int:
     texts = prompts(args)
     check_decoding(args)  # a bad part, parameter or length before the model loads
     model = load(args)
-    for result in decode(args, texts, model):
+    for result in decode(args, texts, model, record=args.json):
         if args.json:
             print(json.dumps(result_json(result)))
         else:
             print(result.text if result.text is not None else " ".join(map(str, result.tokens.tolist())))
-            iterations = len(result.steps)
+            iterations = result.num_iterations
             print(
                 f"[{len(result.tokens)} tokens, {result.forwards} forwards, {result.tokens_per_forward:.2f} "
                 f"tokens/forward, {iterations} iteration{'s' if iterations != 1 else ''}]",
@@ -82,7 +82,7 @@ def run_visualize(args: argparse.Namespace) -> int:
         check_decoding(args)
         model = load(args)
         args.prompt = [args.prompt]
-        (result,) = decode(args, prompts(args), model)
+        (result,) = decode(args, prompts(args), model, record=True)
         tokenizer = model.tokenizer
     written = [str(render_png(result, out, tokenizer=tokenizer))] if out else []
     if args.gif:
@@ -92,7 +92,9 @@ def run_visualize(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"files": written, **result_json(result)}))
     else:
-        print(f"{result.text!r}: {len(result.steps)} iterations, {result.forwards} forwards -> {', '.join(written)}")
+        print(
+            f"{result.text!r}: {result.num_iterations} iterations, {result.forwards} forwards -> {', '.join(written)}"
+        )
     return 0
 
 

@@ -299,8 +299,8 @@ def model_path(args: argparse.Namespace) -> str:
     return args.model if getattr(args, "model", None) is not None else str(default_model_path())
 
 
-def decode(args: argparse.Namespace, texts: list[Any], model: Any) -> list[Any]:
-    """Decode ``texts`` with the decoder the decoding flags describe."""
+def decode(args: argparse.Namespace, texts: list[Any], model: Any, *, record: bool = False) -> list[Any]:
+    """Decode ``texts`` with the decoder the decoding flags describe (``record``: keep the iteration records)."""
     from refusion.api import generate
 
     params = decoding_params(args)
@@ -312,6 +312,7 @@ def decode(args: argparse.Namespace, texts: list[Any], model: Any) -> list[Any]:
         preset=chosen_preset(args),
         chat=args.chat,
         trace=getattr(args, "trace", None),
+        record=record,
         allow_special=getattr(args, "allow_special_tokens", False),
         **parts,
         **params,

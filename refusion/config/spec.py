@@ -26,12 +26,11 @@ from typing import Any, cast
 import attrs
 
 from refusion.config.build import PART_KINDS, build_part, class_path, part_parameters
+from refusion.config.options import BY_NAME, DECODER_OPTIONS, spec_option
 from refusion.errors import ConfigError, UnknownNameError
 from refusion.limits import MAX_GEN_LENGTH
 from refusion.validators import is_number, shown
 
-#: the decoder's own options, besides its parts and sampler (``Decoder`` fields of the same names)
-DECODER_OPTIONS = ("engine", "seed", "stop_at_eos", "cfg_scale", "calls_per_token", "batch_invariant")
 #: the sampler's parameters a flat parameter may set (on whichever sampler the spec has)
 SAMPLING_PARAMS = ("temperature", "top_k", "top_p")
 #: how drafts' probabilities are computed (:class:`~refusion.decoding.sampling.Greedy`): the sampler's when it
@@ -193,12 +192,12 @@ class DecoderSpec:
     infiller: PartSpec = attrs.field(factory=lambda: PartSpec("parallel-ar"))
     reorderer: PartSpec = attrs.field(factory=lambda: PartSpec("commit-order"))
     sampler: SamplerSpec = attrs.field(factory=SamplerSpec)
-    engine: Any = attrs.field(default=None, converter=_engine)
-    seed: int = 0
-    stop_at_eos: bool | str = True
-    cfg_scale: float = 0.0
-    calls_per_token: int = 4
-    batch_invariant: bool = False
+    engine: Any = spec_option("engine", converter=_engine)
+    seed: int = spec_option("seed")
+    stop_at_eos: bool | str = spec_option("stop_at_eos")
+    cfg_scale: float = spec_option("cfg_scale")
+    calls_per_token: int = spec_option("calls_per_token")
+    batch_invariant: bool = spec_option("batch_invariant")
     gen_length: int | None = None
     description: str = ""
     peer: str | None = None
@@ -586,12 +585,7 @@ def _checked_fields(spec: DecoderSpec, where: str) -> DecoderSpec:
         ("gen_length", (int, type(None))),
         ("description", str),
         ("peer", (str, type(None))),
-        ("seed", int),
-        ("stop_at_eos", (bool, str)),
-        ("cfg_scale", (int, float)),
-        ("calls_per_token", int),
-        ("engine", (str, type(None))),
-        ("batch_invariant", bool),
+        *((o.name, o.types) for o in BY_NAME.values()),
     )
     for name, kinds in checks:
         value = getattr(spec, name)

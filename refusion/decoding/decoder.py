@@ -23,6 +23,7 @@ from typing import Any, cast
 import attrs
 import torch
 
+from refusion.config.options import BY_NAME, decoder_option
 from refusion.config.spec import DecoderSpec, SamplerSpec
 from refusion.decoding.checks import (
     call_part,
@@ -38,7 +39,7 @@ from refusion.decoding.types import DecodeResult, Partition
 from refusion.errors import ConfigError
 from refusion.models.base import ModelAdapter
 from refusion.strategies.base import CacheReorderer, Infiller, SlotPartitioner, SlotSelector
-from refusion.validators import boolean, check_integer, is_integer, is_number, positive_int
+from refusion.validators import check_integer, is_integer
 
 
 def _part(kind: type):
@@ -92,12 +93,12 @@ class Decoder:
     infiller: Infiller = _part(Infiller)
     reorderer: CacheReorderer = _part(CacheReorderer)
     sample: Sampler = cast(Sampler, greedy)
-    calls_per_token: int = attrs.field(default=4, validator=positive_int)
-    engine: Any = attrs.field(default=None, validator=lambda i, a, v: _check_engine(v))
-    stop_at_eos: bool | str = attrs.field(default=True, validator=lambda i, a, v: _check_stop(v))
-    seed: int = attrs.field(default=0, validator=lambda i, a, v: _check_seed(v))
-    cfg_scale: float = attrs.field(default=0.0, validator=lambda i, a, v: _check_cfg_scale(v))
-    batch_invariant: bool = attrs.field(default=False, validator=boolean)
+    calls_per_token: int = decoder_option("calls_per_token")
+    engine: Any = decoder_option("engine")
+    stop_at_eos: bool | str = decoder_option("stop_at_eos")
+    seed: int = decoder_option("seed")
+    cfg_scale: float = decoder_option("cfg_scale")
+    batch_invariant: bool = decoder_option("batch_invariant")
 
     @classmethod
     def from_names(
@@ -188,7 +189,7 @@ class Decoder:
         """Check one prompt against the model and partition its generation region, once, before any work."""
         check_integer("gen_length", gen_length, 1)
         if seed is not None:
-            _check_seed(seed)
+            BY_NAME["seed"].check(seed)
         prompt = check_prompt(prompt_ids, model)
         self.check_model(model)
         check_length(model, prompt.shape[0], gen_length, self)  # before any slot is built
@@ -198,9 +199,9 @@ class Decoder:
         return Prepared(prompt, partition, self.seed if seed is None else seed)
 
     # -- running -------------------------------------------------------------
-    def start(self, model: ModelAdapter, engine: Any, prepared: Prepared) -> DecodeSession:
+    def start(self, model: ModelAdapter, engine: Any, prepared: Prepared, *, record: bool = False) -> DecodeSession:
         """Admit a prepared prompt into ``engine`` (a live :class:`~refusion.engines.base.Engine`) and set up its
-        session."""
+        session (``record``: keep an iteration record per iteration)."""
         if self.batch_invariant:
             from refusion.engines.choose import check_invariance
 
@@ -208,27 +209,42 @@ class Decoder:
         state = engine.admit(prepared.prompt, prepared.partition.gen_length)
         if self.cfg_scale > 0:
             engine.guide(state, self.cfg_scale)
-        return DecodeSession(self, model, state, prepared.partition, prepared.seed, engine=engine)
+        return DecodeSession(self, model, state, prepared.partition, prepared.seed, engine=engine, record=record)
 
     def session(
-        self, model: ModelAdapter, prompt_ids: Any, gen_length: int, *, engine: Any = None, seed: int | None = None
+        self,
+        model: ModelAdapter,
+        prompt_ids: Any,
+        gen_length: int,
+        *,
+        engine: Any = None,
+        seed: int | None = None,
+        record: bool = False,
     ) -> DecodeSession:
         """Validate the input and set up the decode of one prompt on its own engine (not started yet).
 
         ``engine``: an engine name, class or live instance (default: the
         decoder's ``engine``, else the best for the model); ``seed`` seeds the
-        sampling generator (default: the decoder's ``seed``).
+        sampling generator (default: the decoder's ``seed``); ``record`` keeps
+        an iteration record per iteration.
         """
         from refusion.engines import open_engine
 
         prepared = self.prepare(model, prompt_ids, gen_length, seed=seed)
-        return self.start(model, open_engine(model, self, engine), prepared)
+        return self.start(model, open_engine(model, self, engine), prepared, record=record)
 
     def decode(
-        self, model: ModelAdapter, prompt_ids: Any, gen_length: int, *, tokenizer: Any = None, engine: Any = None
+        self,
+        model: ModelAdapter,
+        prompt_ids: Any,
+        gen_length: int,
+        *,
+        tokenizer: Any = None,
+        engine: Any = None,
+        record: bool = False,
     ) -> DecodeResult:
         """Decode one prompt (token ids, shape ``(prompt_len,)`` or ``(1, prompt_len)``)."""
-        return self.decode_batch(model, [prompt_ids], gen_length, tokenizer=tokenizer, engine=engine)[0]
+        return self.decode_batch(model, [prompt_ids], gen_length, tokenizer=tokenizer, engine=engine, record=record)[0]
 
     def decode_batch(
         self,
@@ -239,6 +255,7 @@ class Decoder:
         tokenizer: Any = None,
         seeds: Sequence[int] | None = None,
         engine: Any = None,
+        record: bool = False,
     ) -> list[DecodeResult]:
         """Decode several prompts (of any lengths) together; results come back in prompt order.
 
@@ -248,7 +265,8 @@ class Decoder:
         last-bit rounding; in bf16/fp16 the batch's layout can shift rounding
         and flip a close call; with ``batch_invariant=True`` exactly, in every
         dtype: docs/batching.md).
-        ``engine`` (name, class or live instance) overrides the decoder's.
+        ``engine`` (name, class or live instance) overrides the decoder's;
+        ``record`` keeps each result's iteration records (``DecodeResult.iterations``).
         """
         from refusion.engines import drive, open_engine
 
@@ -264,7 +282,7 @@ class Decoder:
             self.prepare(model, p, gen_length, seed=None if seeds is None else seeds[i]) for i, p in enumerate(prompts)
         ]
         live = open_engine(model, self, engine)
-        results = drive(live, [self.start(model, live, p) for p in prepared])
+        results = drive(live, [self.start(model, live, p, record=record) for p in prepared])
         return with_text(results, tokenizer if tokenizer is not None else getattr(model, "tokenizer", None))
 
 
@@ -296,28 +314,3 @@ def with_text(results: list[DecodeResult], tokenizer: Any) -> list[DecodeResult]
     if tokenizer is None:
         return results
     return [attrs.evolve(r, text=tokenizer.decode(r.tokens.tolist(), skip_special_tokens=True)) for r in results]
-
-
-def _check_stop(value: Any) -> None:
-    if not isinstance(value, bool) and value != "block":
-        raise ConfigError(f"`stop_at_eos` must be True, False or 'block'; got {value!r}.", param="stop_at_eos")
-
-
-def _check_seed(value: Any) -> None:
-    if not is_integer(value) or not 0 <= value < 2**64:
-        raise ConfigError(f"`seed` must be an integer in [0, 2**64); got {value!r}.", param="seed")
-
-
-def _check_cfg_scale(value: Any) -> None:
-    if not is_number(value) or not value >= 0:
-        raise ConfigError(
-            f"`cfg_scale` must be a finite number >= 0 (0 = no guidance); got {value!r}.", param="cfg_scale"
-        )
-
-
-def _check_engine(value: Any) -> None:
-    if value is None:
-        return
-    from refusion.engines import engine_class
-
-    engine_class(value)

@@ -22,7 +22,16 @@ from refusion.cache.sequence import CacheEditor
 from refusion.decoding.checks import bounded, call_part, checked_result, checked_selection, checks_answers, plugin_error
 from refusion.decoding.protocol import ROOT, BlockReuse, Extend, ModelCall, Projection
 from refusion.decoding.sampling import apply_sampler, is_greedy
-from refusion.decoding.types import Commit, DecodeResult, Drafts, InfillResult, Partition, Plan, StepRecord
+from refusion.decoding.types import (
+    Commit,
+    DecodeResult,
+    Drafts,
+    InfillResult,
+    IterationRecord,
+    KVBytes,
+    Partition,
+    Plan,
+)
 from refusion.models.base import ModelAdapter
 from refusion.strategies.base import InfillContext
 
@@ -34,11 +43,21 @@ class DecodeSession:
     executes it on the session's engine. ``decoder`` is the
     :class:`~refusion.decoding.decoder.Decoder` whose parts and options it uses. ``state`` is what the engine keeps
     for the sequence; ``cache`` (its committed context) stays inspectable
-    afterwards.
+    afterwards. ``record``: keep an :class:`IterationRecord` per iteration
+    (for traces, observers, benchmarks); without it only the slots each
+    iteration committed are kept.
     """
 
     def __init__(
-        self, decoder: Any, model: ModelAdapter, state: Any, partition: Partition, seed: int = 0, *, engine: Any = None
+        self,
+        decoder: Any,
+        model: ModelAdapter,
+        state: Any,
+        partition: Partition,
+        seed: int = 0,
+        *,
+        engine: Any = None,
+        record: bool = False,
     ):
         self.decoder = decoder
         self.model = model
@@ -51,7 +70,11 @@ class DecodeSession:
         self.commit_step = torch.full((g,), -1, dtype=torch.long)
         self.open = [True] * len(partition.slots)  # not yet committed nor dropped
         self.eos_offset: int | None = None
-        self.steps: list[StepRecord] = []
+        self.record = record
+        #: per finished iteration, ``(slot index, tokens kept)`` of each commit (what streaming reports)
+        self.committed: list[tuple[tuple[int, int], ...]] = []
+        #: per finished iteration, its record (only when ``record``)
+        self.records: list[IterationRecord] = []
         self.generator = torch.Generator().manual_seed(seed)
         #: the infiller's memory for this sequence across iterations (InfillContext.memory)
         self.memory: dict = {}
@@ -95,7 +118,7 @@ class DecodeSession:
                 remaining = [i for i in block if self.open[i]]
                 if not remaining:
                     break
-                before = self._snapshot()
+                before = self._snapshot() if self.record else None
                 width = call_part(d.selector, d.selector.candidates, len(remaining))
                 if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= len(remaining):
                     raise plugin_error(
@@ -144,9 +167,11 @@ class DecodeSession:
                 result = self._apply_eos(result)
                 encoded = self.cache.encoded
                 editor = self._reorder(result)
-                self.steps.append(
-                    self._step_record(block_index, remaining, plan, chosen, result, before, encoded, editor)
-                )
+                if before is not None:
+                    self.records.append(
+                        self._record(block_index, remaining, plan, chosen, result, before, encoded, editor)
+                    )
+                self.committed.append(tuple((m.slot.index, m.tokens.shape[0]) for m in result.commits))
             if d.stop_at_eos == "block" and self.eos_offset is not None:  # the block with the EOS is finished: stop
                 self.open = [False] * len(self.open)
                 break
@@ -244,7 +269,7 @@ class DecodeSession:
         c = self.state.counters
         return (time.perf_counter(), c.forwards, len(c.fed_log), c.kv_context_bytes, c.kv_new_bytes, self.cache.encoded)
 
-    def _step_record(
+    def _record(
         self,
         block: int,
         remaining: list,
@@ -254,13 +279,13 @@ class DecodeSession:
         before: tuple,
         encoded: int,
         editor: CacheEditor,
-    ) -> StepRecord:
-        """The iteration's :class:`StepRecord`: its decisions and what it cost since ``before`` (:meth:`_snapshot`)."""
+    ) -> IterationRecord:
+        """The iteration's record: its decisions and what it cost since ``before`` (:meth:`_snapshot`)."""
         start, forwards, logged, copied, written, encoded_before = before
         c = self.state.counters
         scored = plan.drafted and self.decoder.selector.reads_scores
-        return StepRecord(
-            iteration=len(self.steps),
+        return IterationRecord(
+            iteration=len(self.committed),
             block=block,
             planned=tuple(remaining),
             selected=tuple(plan.slots[i].index for i in chosen),
@@ -297,7 +322,7 @@ class DecodeSession:
         for c in result.commits:
             offset = c.slot.offset
             self.tokens[offset : offset + c.tokens.shape[0]] = c.tokens.cpu()
-            self.commit_step[offset : offset + c.tokens.shape[0]] = len(self.steps)
+            self.commit_step[offset : offset + c.tokens.shape[0]] = len(self.committed)
             self.open[c.slot.index] = False
         return editor
 
@@ -308,20 +333,18 @@ class DecodeSession:
         end = self.partition.gen_length if self.eos_offset is None else self.eos_offset + 1
         if bool((self.commit_step[:end] < 0).any()):  # pragma: no cover - guarded by the checks above
             raise RuntimeError("internal error: a position before the end of the answer was never committed")
+        counters = self.state.counters
         return DecodeResult(
             tokens=self.tokens[:end].clone(),
             prompt_length=self.prompt_len,
             partition=self.partition,
             commit_step=self.commit_step,
             forwards=self.forwards,
-            steps=tuple(self.steps),
             stopped_at_eos=self.eos_offset is not None,
-            extra={
-                "all_tokens": [
-                    int(t) if s >= 0 else -1 for t, s in zip(self.tokens.tolist(), self.commit_step.tolist())
-                ],
-                "engine": getattr(self.engine, "name", None),
-                "fed_tokens": self.state.counters.fed_tokens,
-                "kv_bytes": self.state.counters.kv_bytes,
-            },
+            num_iterations=len(self.committed),
+            iterations=tuple(self.records),
+            region_tokens=[int(t) if s >= 0 else -1 for t, s in zip(self.tokens.tolist(), self.commit_step.tolist())],
+            engine=getattr(self.engine, "name", None),
+            fed_tokens=counters.fed_tokens,
+            kv_bytes=KVBytes(counters.kv_context_bytes, counters.kv_new_bytes),
         )

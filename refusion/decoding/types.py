@@ -217,19 +217,10 @@ class Plan:
         rows = torch.cat([torch.arange(self.offsets[i], self.offsets[i + 1]) for i in indices])
         return self._table().rows(rows)[0]
 
-    def slot_confidence(self, i: int) -> torch.Tensor:
-        """Confidences of slot ``i``'s draft tokens (computing only its rows)."""
-        return self._table().rows(self.rows(i))[1]
-
     @functools.cached_property
     def first_rows(self) -> torch.Tensor:
         """Row of each slot's first token, shape ``(k,)``."""
         return torch.as_tensor(self.offsets[:-1], dtype=torch.long)
-
-    @functools.cached_property
-    def first_tokens(self) -> torch.Tensor:
-        """Draft of each slot's first token, shape ``(k,)``."""
-        return self._table().rows(self.first_rows)[0]
 
     @functools.cached_property
     def first_confidence(self) -> torch.Tensor:
@@ -300,8 +291,11 @@ def _measured(default: Any) -> Any:
 
 
 @attrs.frozen
-class StepRecord:
+class IterationRecord:
     """One decoder iteration: which slots were planned, selected and committed, and what it cost.
+
+    Built only when asked for (``record=True``, a trace, a benchmark): a plain
+    decode keeps none (:attr:`DecodeResult.num_iterations` still counts them).
 
     ``planned`` are the open slots of the block, ``drafted`` those the plan
     drafted (the selector's candidates; empty when no plan forward ran),
@@ -340,6 +334,18 @@ class StepRecord:
     seconds: float = _measured(0.0)
 
 
+#: the former name of :class:`IterationRecord` (an iteration is not a forward "step")
+StepRecord = IterationRecord
+
+
+@attrs.frozen
+class KVBytes:
+    """Bytes of keys/values one sequence's decode moved: ``context`` copied again, ``new`` written once."""
+
+    context: int = 0
+    new: int = 0
+
+
 @attrs.frozen(eq=False)
 class DecodeResult:
     """The outcome of decoding one prompt.
@@ -349,6 +355,17 @@ class DecodeResult:
     region, the iteration that committed it (-1 if never, e.g. after EOS).
     ``forwards``: model forwards run, prompt prefill included.
     ``tokens_per_forward``: ``len(tokens) / forwards``.
+
+    ``num_iterations``: decoder iterations run; ``iterations``: their
+    :class:`IterationRecord` s, only when the decode was asked to record them
+    (``record=True`` or a trace), else empty. ``region_tokens``: every
+    position of the generation region, -1 where nothing was committed (after
+    an EOS). ``engine``: the engine's name; ``fed_tokens`` and ``kv_bytes``:
+    what this sequence fed the network and the keys/values it moved;
+    ``engine_totals``: the engine's counters for the whole run (every sequence
+    decoded with it). A result read back from a trace also has ``decoder``
+    (the trace header's decoder spec) and ``pieces`` (position -> token
+    text). ``extra``: anything a plugin or tool adds.
     """
 
     tokens: torch.Tensor
@@ -356,11 +373,31 @@ class DecodeResult:
     partition: Partition
     commit_step: torch.Tensor
     forwards: int
-    steps: tuple[StepRecord, ...]
     stopped_at_eos: bool
+    num_iterations: int = 0
+    iterations: tuple[IterationRecord, ...] = ()
+    region_tokens: list[int] = attrs.field(factory=list)
+    engine: str | None = None
+    fed_tokens: int = 0
+    kv_bytes: KVBytes = attrs.field(factory=KVBytes)
+    engine_totals: dict[str, Any] | None = None
+    decoder: dict[str, Any] | None = None
+    pieces: dict[int, str] | None = None
     text: str | None = None
     extra: dict[str, Any] = attrs.field(factory=dict)
+
+    def region(self) -> list[int]:
+        """Every position of the generation region: its token, -1 where nothing was committed."""
+        if self.region_tokens:
+            return self.region_tokens
+        tokens = self.tokens.tolist()
+        return tokens + [-1] * (self.partition.gen_length - len(tokens))
 
     @property
     def tokens_per_forward(self) -> float:
         return len(self.tokens) / max(self.forwards, 1)
+
+    @property
+    def steps(self) -> tuple[IterationRecord, ...]:
+        """The former name of :attr:`iterations`."""
+        return self.iterations

@@ -151,7 +151,7 @@ class Engine(ABC):
         state.released = True
 
     # -- counting ----------------------------------------------------------------
-    def scores(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: Any, cache: Any) -> Any:
+    def run_network(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: Any, cache: Any) -> Any:
         """One network forward (:meth:`ModelAdapter.scores <refusion.models.base.ModelAdapter.scores>`) while holding
         the model's lock (:func:`refusion.models.base.exclusive`); hold that lock yourself around any change to
         the network's state that the forward needs."""

@@ -123,7 +123,7 @@ class BlockEngine(Engine):
             state.kv = self.model.new_cache()
         mask = self.model.block_mask(positions, torch.arange(0, stop), state.prompt_length)
         device = self.device
-        scores = self.scores(window[None].to(device), positions[None].to(device), mask, state.kv)[0]
+        scores = self.run_network(window[None].to(device), positions[None].to(device), mask, state.kv)[0]
         n = stop - first
         self.served({state: n}, pairs=n * stop, keys=first)
         state.kv.crop(-(stop - keep))  # the current block changes: keep what precedes it only

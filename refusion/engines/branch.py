@@ -256,7 +256,7 @@ class BranchEngine(Engine):
             )
         network = self.model.model
         with exclusive(self.model), switched(network.config):  # no other forward may see the switched config
-            scores = self.scores(
+            scores = self.run_network(
                 ids[None].to(device),
                 pos[None].to(device),
                 {"full_attention": layout, "sliding_attention": layout},
@@ -321,7 +321,7 @@ class BranchEngine(Engine):
                     m[a:b, p0 : p0 + len(e.parent)] = True
 
         scratch = _ScratchCache(buf.data[:, :, first:], n_rows, query_at, q_max)
-        scores = self.scores(ids.to(device), pos.to(device), self._mask_for_model(mask.to(device)), scratch)
+        scores = self.run_network(ids.to(device), pos.to(device), self._mask_for_model(mask.to(device)), scratch)
         fed: dict[SequenceState, int] = {row.state: row.n for row in rows}
         self.served(
             fed,

@@ -145,7 +145,7 @@ class CanvasEngine(Engine):
         ids = torch.stack((canvas, unconditional)).to(self.device)
         positions = torch.arange(canvas.shape[0], device=self.device).expand(2, -1)
         mask = torch.ones(2, canvas.shape[0], dtype=torch.long, device=self.device)
-        both = self.scores(ids, positions, mask, None)
+        both = self.run_network(ids, positions, mask, None)
         n = canvas.shape[0]
         self.served({state: 2 * n}, pairs=2 * n * n)
         cond, un = both.logits[0], both.logits[1]
@@ -158,7 +158,7 @@ class CanvasEngine(Engine):
         device = self.device
         past = cache_obj.get_seq_length() if cache_obj is not None else 0
         mask = torch.ones(1, past + ids.shape[0], dtype=torch.long, device=device)
-        scores = self.scores(ids[None].to(device), positions[None].to(device), mask, cache_obj)[0]
+        scores = self.run_network(ids[None].to(device), positions[None].to(device), mask, cache_obj)[0]
         n = ids.shape[0]
         self.served({state: n}, pairs=n * (past + n), keys=past)  # bidirectional: every query sees every key
         return scores

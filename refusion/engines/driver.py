@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import attrs
 import torch
 
 from refusion.decoding.protocol import ModelCall, Projection
@@ -108,8 +109,7 @@ class Runner:
 
     def _finish(self, session: Any, result: DecodeResult) -> DecodeResult:
         self.engine.release(session.state)
-        result.extra["engine_counters"] = self.engine.counters.as_dict()
-        return result
+        return attrs.evolve(result, engine_totals=self.engine.counters.as_dict())
 
     def _abort_all(self) -> None:
         """A program raised: stop every live program and free every sequence, then let the error out."""
@@ -139,7 +139,7 @@ def _reads(outputs: dict) -> list[tuple]:
 def drive(engine: Engine, sessions: Iterable[Any]) -> list[DecodeResult]:
     """Run ``sessions`` together on ``engine`` to the end; results in the sessions' order.
 
-    Every result's ``extra["engine_counters"]`` holds the engine's totals for the whole run.
+    Every result's ``engine_totals`` holds the engine's counters for the whole run.
     """
     sessions = list(sessions)
     runner = Runner(engine)
@@ -159,9 +159,7 @@ def drive(engine: Engine, sessions: Iterable[Any]) -> list[DecodeResult]:
         runner._abort_all()
         raise
     totals = engine.counters.as_dict()
-    for result in results.values():
-        result.extra["engine_counters"] = totals
-    return [results[i] for i in range(len(sessions))]
+    return [attrs.evolve(results[i], engine_totals=totals) for i in range(len(sessions))]
 
 
 def _raise_failure(runner: Runner) -> None:

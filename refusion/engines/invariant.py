@@ -3,7 +3,7 @@
 An engine opened with ``batch_invariant=True`` (the decoder option
 :attr:`Decoder.batch_invariant <refusion.decoding.decoder.Decoder>`) keeps an
 :class:`Invariance` and runs every forward under it
-(:meth:`Engine.scores <refusion.engines.base.Engine.scores>`). Three parts of
+(:meth:`Engine.run_network <refusion.engines.base.Engine.run_network>`). Three parts of
 a forward then stop depending on the other sequences:
 
 * **attention** of packed forwards (the branch engine,

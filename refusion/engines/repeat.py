@@ -78,7 +78,7 @@ class RepeatEngine(Engine):
         pos = cache.positions[cache.encoded :].to(device)
         mask = torch.ones(1, len(cache), dtype=torch.long, device=device)
         fed = cache.pending
-        scores = self.scores(ids[None], pos[None], mask, cache.store.cache)
+        scores = self.run_network(ids[None], pos[None], mask, cache.store.cache)
         self.served({state: fed}, pairs=fed * len(cache), keys=cache.encoded)
         self._copied(state, cache.encoded, fed)
         cache.mark_encoded(scores[0, -1])
@@ -93,7 +93,7 @@ class RepeatEngine(Engine):
         pos = torch.cat((cache.positions[cache.encoded :].to(device), extend.positions.to(device)))
         start = cache.encoded + pending
         mask = torch.ones(1, start + q, dtype=torch.long, device=device)
-        scores = self.scores(ids[None], pos[None], mask, dynamic)[0]
+        scores = self.run_network(ids[None], pos[None], mask, dynamic)[0]
         self.served({state: pending + q}, pairs=(pending + q) * (start + q), keys=cache.encoded)
         self._copied(state, cache.encoded, pending + q)  # DynamicCache.update concatenates: all of it is copied
         layers = [(layer.keys, layer.values) for layer in dynamic.layers]
@@ -138,7 +138,7 @@ class RepeatEngine(Engine):
                 keys, values = keys.contiguous(), values.contiguous()
             layers.append((keys, values))
         batch_cache = DynamicCache(layers)
-        scores = self.scores(ids, pos, mask, batch_cache)
+        scores = self.run_network(ids, pos, mask, batch_cache)
         self.served(
             {state: sum(query_lens)},
             padded=k * width_q - sum(query_lens),

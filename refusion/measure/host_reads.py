@@ -14,8 +14,8 @@ tensors would live:
 
 * *network data* (:attr:`HostReads.by_kind`): the hooked network's
   parameters and buffers, every tensor created during a network call (inside
-  :meth:`Engine.scores <refusion.engines.base.Engine.scores>` or a hooked
-  module's forward), what ``Engine.scores`` returns, and every tensor a torch
+  :meth:`Engine.run_network <refusion.engines.base.Engine.run_network>` or a hooked
+  module's forward), what ``Engine.run_network`` returns, and every tensor a torch
   function or method computes from those (outputs, and the target of an
   in-place op or ``__setitem__``);
 * *placed* tensors (:attr:`HostReads.placed`, with ``placed=True``): made by
@@ -32,7 +32,7 @@ gives the same tokens measured or not).
 Reads are attributed to engine steps (:meth:`Runner.step
 <refusion.engines.driver.Runner.step>`) and to call sites (the first frame in
 refusion, plus the innermost frame when that is elsewhere, e.g. transformers).
-Only the thread that entered the context is observed; ``Engine.scores`` and
+Only the thread that entered the context is observed; ``Engine.run_network`` and
 ``Runner.step`` are wrapped on their classes for the context's duration.
 Limits: reads inside C++ that never reach Python (a tensor passed where a
 Python number is expected) are not seen; a device given as a string other
@@ -150,7 +150,7 @@ class HostReads(PerStep, TorchFunctionMode):
     """``with HostReads(model) as reads:`` count host reads of device data (see the module docstring).
 
     ``model``: an adapter (its ``model`` network is hooked), a ``torch.nn.Module``,
-    or ``None`` (then only ``Engine.scores`` marks network outputs, and CUDA
+    or ``None`` (then only ``Engine.run_network`` marks network outputs, and CUDA
     tensors count by their device). Afterwards: :attr:`total` and
     :attr:`by_kind` (reads of network data), :attr:`placed` (reads of tensors
     the code placed on the device itself, by kind), :attr:`steps` (one
@@ -365,7 +365,7 @@ class HostReads(PerStep, TorchFunctionMode):
 
         self._thread = threading.get_ident()
         probe = self
-        original_scores, original_step = Engine.scores, Runner.step
+        original_scores, original_step = Engine.run_network, Runner.step
 
         def scores(engine, *args, **kwargs):
             if threading.get_ident() != probe._thread:
@@ -384,11 +384,11 @@ class HostReads(PerStep, TorchFunctionMode):
                 probe._in_step = False
                 probe.steps.append(StepReads(live, probe._step_reads, probe._step_placed, probe._step_forwards))
 
-        setattr(Engine, "scores", scores)  # noqa: B010 - patched for the probe's lifetime, put back by _undo
+        setattr(Engine, "run_network", scores)  # noqa: B010 - patched for the probe's lifetime, put back by _undo
         setattr(Runner, "step", step)  # noqa: B010
 
         def restore() -> None:
-            setattr(Engine, "scores", original_scores)  # noqa: B010
+            setattr(Engine, "run_network", original_scores)  # noqa: B010
             setattr(Runner, "step", original_step)  # noqa: B010
 
         self._undo.append(restore)

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from refusion.decoding.types import DecodeResult, Partition, Slot, StepRecord
+from refusion.decoding.types import DecodeResult, IterationRecord, KVBytes, Partition, Slot
 from refusion.errors import ConfigError
 
 SCHEMA_NAME = "refusion-trace"
@@ -44,22 +44,21 @@ def schema() -> dict:
     return json.loads(text)
 
 
-def _all_tokens(result: DecodeResult) -> list[int]:
-    known = result.extra.get("all_tokens")
-    if known is not None:
-        return list(known)
-    tokens = result.tokens.tolist()
-    return tokens + [-1] * (result.partition.gen_length - len(tokens))
-
-
 def records(result: DecodeResult, *, sequence: int = 0, tokenizer: Any = None, decoder: Any = None) -> list[dict]:
     """The trace records of one result: header, one step per iteration, end.
 
     ``tokenizer`` (optional) adds each committed token's text (``pieces``);
     ``decoder`` (optional) adds its :class:`~refusion.config.spec.DecoderSpec` (``to_dict()``).
-    Reads ``result``; changes nothing.
+    Reads ``result``; changes nothing. A result decoded without
+    ``record=True`` has no iteration records and is refused.
     """
     from refusion.version import __version__
+
+    if result.num_iterations and not result.iterations:
+        raise ConfigError(
+            "This result has no iteration records to trace: decode it with `record=True` (or `trace=`).",
+            param="record",
+        )
 
     start = result.prompt_length
     spec = None if decoder is None else decoder.spec.to_dict()
@@ -77,13 +76,13 @@ def records(result: DecodeResult, *, sequence: int = 0, tokenizer: Any = None, d
                 for s in result.partition.slots
             ],
             "blocks": [list(b) for b in result.partition.blocks],
-            "engine": result.extra.get("engine"),
+            "engine": result.engine,
             "decoder": spec,
         }
     ]
-    every = _all_tokens(result)
+    every = result.region()
     slots = result.partition.slots
-    for step in result.steps:
+    for step in result.iterations:
         committed = []
         for index, kept in step.committed:
             slot = slots[index]
@@ -116,10 +115,6 @@ def records(result: DecodeResult, *, sequence: int = 0, tokenizer: Any = None, d
                 "seconds": step.seconds,
             }
         )
-    kv = result.extra.get("kv_bytes") or {
-        "context": sum(s.kv_copied_bytes for s in result.steps),
-        "new": sum(s.kv_written_bytes for s in result.steps),
-    }
     out.append(
         {
             "record": "end",
@@ -127,11 +122,11 @@ def records(result: DecodeResult, *, sequence: int = 0, tokenizer: Any = None, d
             "tokens": result.tokens.tolist(),
             "text": result.text,
             "forwards": result.forwards,
-            "fed_tokens": result.extra.get("fed_tokens", sum(sum(s.fed_tokens) for s in result.steps)),
-            "kv_bytes": {"context": kv["context"], "new": kv["new"]},
+            "fed_tokens": result.fed_tokens,
+            "kv_bytes": {"context": result.kv_bytes.context, "new": result.kv_bytes.new},
             "stopped_at_eos": result.stopped_at_eos,
-            "iterations": len(result.steps),
-            "engine_counters": result.extra.get("engine_counters"),
+            "iterations": len(result.iterations),
+            "engine_counters": result.engine_totals,
         }
     )
     return out
@@ -476,7 +471,7 @@ class _Sequence:
         g = self.partition.gen_length
         self.tokens, self.commit = [-1] * g, [-1] * g
         self.pieces: dict[int, str] = {}
-        self.steps: list[StepRecord] = []
+        self.steps: list[IterationRecord] = []
         self.totals = [0, 0, 0, 0]  # forwards, query tokens, key/value bytes copied, written
 
     def step(self, r: dict) -> None:
@@ -528,7 +523,7 @@ class _Sequence:
         totals[2] += cache["copied_bytes"]
         totals[3] += cache["written_bytes"]
         self.steps.append(
-            StepRecord(
+            IterationRecord(
                 iteration=n,
                 block=r["block"],
                 planned=tuple(r["planned"]),
@@ -575,26 +570,23 @@ class _Sequence:
         header, end = self.header, self.end
         if end is None:
             raise _Bad("is missing: the trace has no end record for this sequence", "end")
-        extra = {
-            "all_tokens": self.tokens,
-            "engine": header.get("engine"),
-            "fed_tokens": end["fed_tokens"],
-            "kv_bytes": dict(end["kv_bytes"]),
-            "engine_counters": end.get("engine_counters"),
-            "decoder": header.get("decoder"),
-        }
-        if self.pieces:
-            extra["pieces"] = self.pieces
         return DecodeResult(
             tokens=torch.tensor(end["tokens"], dtype=torch.long),
             prompt_length=header["prompt_length"],
             partition=self.partition,
             commit_step=torch.tensor(self.commit, dtype=torch.long),
             forwards=end["forwards"],
-            steps=tuple(self.steps),
             stopped_at_eos=end["stopped_at_eos"],
+            num_iterations=len(self.steps),
+            iterations=tuple(self.steps),
+            region_tokens=list(self.tokens),
+            engine=header.get("engine"),
+            fed_tokens=end["fed_tokens"],
+            kv_bytes=KVBytes(end["kv_bytes"]["context"], end["kv_bytes"]["new"]),
+            engine_totals=end.get("engine_counters"),
+            decoder=header.get("decoder"),
+            pieces=self.pieces or None,
             text=end.get("text"),
-            extra=extra,
         )
 
 
@@ -608,8 +600,8 @@ def read_trace(path: str | Path) -> list[DecodeResult]:
     the header's slots and blocks, committed tokens within their slot, the end
     record's answer and totals equal to what the steps committed and add up
     to. Anything else is a :class:`~refusion.errors.ConfigError` naming the
-    file, the line and the field (``param``). ``extra`` holds ``engine``,
-    ``fed_tokens``, ``kv_bytes``, ``engine_counters``, ``all_tokens``, the
+    file, the line and the field (``param``). The results carry ``engine``,
+    ``fed_tokens``, ``kv_bytes``, ``engine_totals``, ``region_tokens``, the
     header's ``decoder`` spec and, when the trace has them, ``pieces``
     (position -> token text).
     """

@@ -63,7 +63,7 @@ class ServeDefaults:
 
 
 @attrs.frozen
-class Plan:
+class RequestPlan:
     """A checked request: prompt ids, the decoder (``None``: the generator's own), length, seed and stop strings."""
 
     prompt_ids: list[int]
@@ -232,14 +232,14 @@ def plan_request(
     generator: Any,
     defaults: ServeDefaults,
     policy: ServePolicy | None = None,
-) -> Plan:
+) -> RequestPlan:
     """Check ``body``'s parts, parameters and prompt; raises :class:`APIError` (400) naming the field.
 
     Under ``policy`` (default :class:`ServePolicy`): module paths are refused
     before anything is merged or built, prompt text is bounded before it is
     tokenised, special-token text is refused. The generator's ``submit``
     makes the remaining checks (length against the model, seed); map its
-    :class:`ConfigError` with :meth:`Plan.config_error`.
+    :class:`ConfigError` with :meth:`RequestPlan.config_error`.
     """
     policy = policy or ServePolicy()
     refuse_unhonoured(body)
@@ -283,4 +283,4 @@ def plan_request(
     offline = dict(options, gen_length=length)
     if body.seed is not None:
         offline["seed"] = body.seed
-    return Plan(ids, decoder, length, body.seed, body.stops, offline, prompt_field, frozenset(own))
+    return RequestPlan(ids, decoder, length, body.seed, body.stops, offline, prompt_field, frozenset(own))

@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 
 from refusion.generator import Generator, Progress, Request
-from refusion.serve.options import Plan
+from refusion.serve.options import RequestPlan
 from refusion.serve.text import StreamText
 
 
@@ -40,7 +40,7 @@ class Piece:
 class LiveRequest:
     """A submitted request and the asyncio queue its events arrive on; ``started`` is the submit time."""
 
-    def __init__(self, generator: Generator, plan: Plan, loop: asyncio.AbstractEventLoop):
+    def __init__(self, generator: Generator, plan: RequestPlan, loop: asyncio.AbstractEventLoop):
         self.queue: asyncio.Queue[Progress] = asyncio.Queue()
         self.started = time.perf_counter()
         self.plan = plan
@@ -115,13 +115,13 @@ async def pieces(live: LiveRequest, *, poll: float = 0.5, disconnected: Any = No
                 yield Piece(
                     delta,
                     commits,
-                    event.step.iteration if event.step else None,
+                    event.iteration,
                     event.prefix_length,
                     text.finish_reason,
                     tokens=tuple(text.tokens),
                     forwards=forwards,
                 )
                 return
-            yield Piece(delta, commits, event.step.iteration if event.step else None, event.prefix_length)
+            yield Piece(delta, commits, event.iteration, event.prefix_length)
     finally:
         live.cancel()

@@ -32,7 +32,7 @@ def _colour(step: int, steps: int) -> str:
 
 
 def _grid(result: DecodeResult, labels: list[str]) -> str:
-    steps = max(len(result.steps), 1)
+    steps = max(result.num_iterations, 1)
     commit_step = result.commit_step.tolist()
     out = []
     for slot in result.partition.slots:
@@ -56,7 +56,7 @@ def _grid(result: DecodeResult, labels: list[str]) -> str:
 def _table(result: DecodeResult, labels: list[str]) -> str:
     rows = []
     slots = result.partition.slots
-    for s in result.steps:
+    for s in result.iterations:
         conf = dict(zip(s.drafted, s.confidence))
         drafted = ", ".join(f"{i}" + (f" ({conf[i]:.2f})" if i in conf else "") for i in s.drafted) or "-"
         committed = "; ".join(
@@ -119,7 +119,7 @@ def render_html(result: DecodeResult, path: str | Path, *, tokenizer: Any = None
     """Write the self-contained HTML view of ``result`` to ``path``; return the path. Reads ``result`` only."""
     out, _ = checked_output(result, path, "path", HTML_FORMATS)
     labels = token_labels(result, tokenizer)
-    steps = len(result.steps)
+    steps = result.num_iterations
     heading = title or (
         f"{len(result.partition.slots)} slots, {steps} iterations, {result.forwards} forwards, "
         f"{result.tokens_per_forward:.2f} tokens/forward"

@@ -13,7 +13,6 @@ the iterations and the per-iteration trace. A result read from a trace file
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +23,11 @@ from refusion.errors import ConfigError
 def token_labels(result: DecodeResult, tokenizer: Any) -> list[str]:
     """Each position's label: its token's text (``tokenizer``, else the trace's ``pieces``, else the id), "" where
     nothing was committed; one pass over the generation region."""
-    pieces = result.extra.get("pieces") or {}
+    pieces = result.pieces or {}
     eos = int(result.tokens[-1]) if result.stopped_at_eos and len(result.tokens) else None
     tokenizer_eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
     labels = []
-    for i, (step, token) in enumerate(zip(result.commit_step.tolist(), _all_tokens(result))):
+    for i, (step, token) in enumerate(zip(result.commit_step.tolist(), result.region())):
         if step < 0:
             labels.append("")
             continue
@@ -38,15 +37,6 @@ def token_labels(result: DecodeResult, tokenizer: Any) -> list[str]:
             text = "EOS" if token == eos else pieces.get(i, str(token))
         labels.append({" ": "␣", "": "∅"}.get(text, text)[:4])
     return labels
-
-
-def _all_tokens(result: DecodeResult) -> Sequence[int]:
-    """Every position's token id (-1 where none was committed), from ``extra["all_tokens"]`` when a decode kept it."""
-    known = result.extra.get("all_tokens")
-    if known is not None:
-        return known
-    tokens = result.tokens.tolist()
-    return tokens + [-1] * (result.partition.gen_length - len(tokens))
 
 
 def _figure(result: DecodeResult, tokenizer: Any, upto: int | None, title: str | None):
@@ -62,7 +52,7 @@ def _figure(result: DecodeResult, tokenizer: Any, upto: int | None, title: str |
     width = max(s.length for s in slots)
     per_row = max(1, min(len(slots), 64 // width))
     rows = -(-len(slots) // per_row)
-    steps = max(len(result.steps), 1)
+    steps = max(result.num_iterations, 1)
     cmap = colormaps["viridis"]
     norm = Normalize(vmin=0, vmax=max(steps - 1, 1))
     labels = token_labels(result, tokenizer)
@@ -166,7 +156,7 @@ def render_gif(result: DecodeResult, path: str | Path, *, tokenizer: Any = None,
 
     out, _ = checked_output(result, path, "path", GIF_FORMATS)
     frames = []
-    for step in range(max(len(result.steps), 1)):
+    for step in range(max(result.num_iterations, 1)):
         buf = io.BytesIO()
         _figure(result, tokenizer, step, None).savefig(buf, format="png")
         frames.append(Image.open(io.BytesIO(buf.getvalue())).convert("P", palette=Image.Palette.ADAPTIVE))

@@ -76,9 +76,9 @@ def test_cli_accepts_generic_parameters(checkpoint, capsys):
 
 
 def test_python_api_with_preset_and_overrides(checkpoint):
-    result = refusion.generate([1, 2, 3], checkpoint, preset="ar", gen_length=8, slot_size=2)
+    result = refusion.generate([1, 2, 3], checkpoint, preset="ar", gen_length=8, slot_size=2, record=True)
     assert len(result.tokens) == 8
-    assert [s.selected for s in result.steps] == [(0,), (1,), (2,), (3,)]  # leftmost: left to right
+    assert [s.selected for s in result.iterations] == [(0,), (1,), (2,), (3,)]  # leftmost: left to right
 
 
 def test_presets_hold_the_reference_settings():
@@ -105,20 +105,20 @@ def test_every_preset_builds_and_decodes(name, checkpoint):
         model = tiny_bidirectional(vocab_size=24, max_positions=1024, logit_shift=int(name == "fast-dllm-dream"))
     else:
         model = HFCausalLM(tiny_qwen3(vocab_size=24, max_positions=1024, logit_scale=6.0))
-    result = generate([1, 2], model, preset=name)
+    result = generate([1, 2], model, preset=name, record=True)
     padded = -(-(2 + preset.gen_length) // 4) * 4 - 2 if name == "sdar" else preset.gen_length  # SDAR's whole blocks
     assert len(result.tokens) == result.partition.gen_length == padded
 
 
 def test_overriding_a_part_drops_the_presets_parameters_for_it(checkpoint):
     # The paper preset sets slot_threshold for the threshold selector; topk does not take it.
-    result = generate([1, 2], checkpoint, selector="topk", k=2, gen_length=32)
-    assert len(result.steps[0].selected) == 2
+    result = generate([1, 2], checkpoint, selector="topk", k=2, gen_length=32, record=True)
+    assert len(result.iterations[0].selected) == 2
 
 
 def test_unknown_preset(checkpoint):
     with pytest.raises(refusion.errors.UnknownNameError, match="Unknown preset 'gsm9k'"):
-        generate([1], checkpoint, preset="gsm9k")
+        generate([1], checkpoint, preset="gsm9k", record=True)
 
 
 @pytest.mark.parametrize(
@@ -136,14 +136,14 @@ def test_cli_input_errors_are_explained(checkpoint, capsys, argv, message):
 def test_a_checkpoint_without_tokenizer_files_has_no_tokenizer(checkpoint):
     assert refusion.load_model(checkpoint).tokenizer is None
     with pytest.raises(refusion.errors.ConfigError, match="`prompt` is text but the model has no tokenizer"):
-        generate("hello", checkpoint)
+        generate("hello", checkpoint, record=True)
 
 
 def test_several_prompts_are_decoded_as_a_batch(checkpoint, capsys):
     assert main(["generate", "1,2", "3,4,5,6", "--ids", "--model", checkpoint, "--gen-length", "16", "--json"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
     assert len(lines) == 2 and all(len(line["tokens"]) == 16 for line in lines)
-    batch = generate([[1, 2], [3, 4, 5, 6]], checkpoint, gen_length=16)
+    batch = generate([[1, 2], [3, 4, 5, 6]], checkpoint, gen_length=16, record=True)
     assert [r.tokens.tolist() for r in batch] == [line["tokens"] for line in lines]
 
 
@@ -154,7 +154,7 @@ def test_cli_train_writes_a_loadable_model(tmp_path, capsys):
     assert summary["parameters"] > 0
     model = refusion.load_model(str(out))
     assert model.preset.gen_length == 32 and model.tokenizer is not None
-    assert len(generate("copy ab=", model).tokens) >= 1
+    assert len(generate("copy ab=", model, record=True).tokens) >= 1
 
 
 def test_cli_parameters_may_name_parts_and_lengths(capsys):

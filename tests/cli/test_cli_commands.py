@@ -13,7 +13,7 @@ from refusion.viz.plot import render_gif, render_png
 def test_render_png_and_gif_of_a_trace(tmp_path):
     model = refusion.load_model(None)
     result = refusion.generate("sort qwertyuiop=", model, slot_size=2, slot_threshold=0.999, token_threshold=0.999)
-    assert len(result.steps) >= 2
+    assert result.num_iterations >= 2
     png = render_png(result, tmp_path / "t.png", tokenizer=model.tokenizer)
     gif = render_gif(result, tmp_path / "t.gif", tokenizer=model.tokenizer)
     with Image.open(png) as image:
@@ -21,7 +21,7 @@ def test_render_png_and_gif_of_a_trace(tmp_path):
         colours = image.convert("RGB").getcolors(maxcolors=100000)
         assert len(colours) > 20  # cells in several iteration colours plus text, not a blank canvas
     with Image.open(gif) as image:
-        assert image.format == "GIF" and image.n_frames == len(result.steps)
+        assert image.format == "GIF" and image.n_frames == result.num_iterations
 
 
 def test_visualize_command(tmp_path, capsys):

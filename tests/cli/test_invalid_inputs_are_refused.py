@@ -225,7 +225,7 @@ def test_a_length_the_user_asks_for_is_decoded_exactly(shipped):
         result = refusion.generate(
             "rev hello=", shipped, preset=None if preset == "model" else preset, gen_length=6, stop_at_eos=False
         )
-        assert result.partition.gen_length == 6 and len(result.extra["all_tokens"]) == 6
+        assert result.partition.gen_length == 6 and len(result.region_tokens) == 6
 
 
 def test_a_preset_length_that_does_not_fit_the_shipped_model_is_fitted_with_a_note(shipped, capsys):

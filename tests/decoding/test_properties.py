@@ -81,11 +81,11 @@ def test_terminates_and_completes(causal, combo, setup, layout, data):
     adapter, prompt = _model(causal, setup, data)
     slot, blocks, gen_length = layout
     partitioner = data.draw(st.sampled_from(["fixed", "semi-ar"]))
-    session = _decoder(combo, slot, blocks, data, partitioner).session(adapter, prompt, gen_length)
+    session = _decoder(combo, slot, blocks, data, partitioner).session(adapter, prompt, gen_length, record=True)
     result = session.run()
     check_result(result, adapter)
-    assert len(result.steps) <= len(result.partition.slots)
-    assert all(sum(n for _, n in s.committed) >= 1 for s in result.steps)
+    assert result.num_iterations <= len(result.partition.slots)
+    assert all(sum(n for _, n in s.committed) >= 1 for s in result.iterations)
     cached = session.cache.positions[len(prompt) :]
     assert len(set(cached.tolist())) == len(cached), "a position was cached twice"
     region = set(range(len(prompt), len(prompt) + len(result.tokens)))

@@ -24,7 +24,7 @@ def test_paper_configuration_matches_reference(setup, layout, slot_t, token_t):
     decoder = Decoder.from_names(
         slot_size=slot, serial_num_blocks=blocks, slot_threshold=slot_t, token_threshold=token_t
     )
-    ours = decoder.decode(adapter, prompt, gen_length).tokens.tolist()
+    ours = decoder.decode(adapter, prompt, gen_length, record=True).tokens.tolist()
     eos = next(iter(adapter.eos_token_ids), None)
     ref = reference_refusion(
         adapter.model,
@@ -82,7 +82,7 @@ class _AsTransformersModel:
 
 def _decode_both(eos_bug):
     decoder = Decoder.from_names(slot_size=2, serial_num_blocks=1, slot_threshold=0.9, token_threshold=0.9)
-    ours = decoder.decode(_scripted(), [0], 8)
+    ours = decoder.decode(_scripted(), [0], 8, record=True)
     ref = reference_refusion(
         _AsTransformersModel(_scripted()),
         [0],
@@ -100,7 +100,7 @@ def _decode_both(eos_bug):
 
 def test_eos_in_parallel_path_drops_only_later_slots():
     ours, ref = _decode_both(eos_bug=False)
-    first = ours.steps[0]
+    first = ours.iterations[0]
     assert first.selected == (2, 3)
     assert [s for s, _ in first.committed] == [2, 3]
     assert ours.stopped_at_eos

@@ -60,13 +60,13 @@ def test_cached_blocks_equal_recomputing_everything(seed, prompt, block_length, 
     extra = {"steps": blocks * max(1, block_length - 1)} if steps else {}
     decoder = attrs.evolve(block_decoder(selector, block_length, **extra), stop_at_eos=stop_at_eos)
     cached, full = recording(BlockEngine(model)), recording(BlockRecomputeEngine(model))
-    a = decoder.decode(model, prompt, block_length * blocks, engine=cached)
-    b = decoder.decode(model, prompt, block_length * blocks, engine=full)
+    a = decoder.decode(model, prompt, block_length * blocks, engine=cached, record=True)
+    b = decoder.decode(model, prompt, block_length * blocks, engine=full, record=True)
     assert a.tokens.tolist() == b.tokens.tolist()
-    assert [s.committed for s in a.steps] == [s.committed for s in b.steps]
+    assert [s.committed for s in a.iterations] == [s.committed for s in b.iterations]
     assert len(cached.seen) == len(full.seen)
     assert max(float((x - y).abs().max()) for x, y in zip(cached.seen, full.seen)) < 1e-9
-    assert a.extra["fed_tokens"] <= b.extra["fed_tokens"]
+    assert a.fed_tokens <= b.fed_tokens
 
 
 def test_finished_blocks_are_fed_once():
@@ -74,8 +74,8 @@ def test_finished_blocks_are_fed_once():
     fed = []
     scores = model.scores
     model.scores = lambda ids, *a: fed.append(ids.shape[1]) or scores(ids, *a)
-    result = block_decoder("topk", 4).decode(model, [1, 2, 3], 12)  # 3 blocks of 4, 2 tokens per step
-    assert result.extra["engine"] == "block"
+    result = block_decoder("topk", 4).decode(model, [1, 2, 3], 12, record=True)  # 3 blocks of 4, 2 tokens per step
+    assert result.engine == "block"
     # first call: prompt + block; later calls of a block: the block; first call of the next: previous block + block
     assert fed == [3 + 4, 4, 4 + 4, 4, 4 + 4, 4]
 
@@ -88,9 +88,9 @@ def test_finished_blocks_are_fed_once():
 def test_batch_equals_single_with_ragged_prompts(seed, prompts):
     model = tiny_block_diffusion(block_length=3, vocab_size=16, seed=seed, logit_scale=4.0, eos_token_id=2)
     decoder = block_decoder("threshold", 3)
-    batched = decoder.decode_batch(model, prompts, 9)
+    batched = decoder.decode_batch(model, prompts, 9, record=True)
     for prompt, result in zip(prompts, batched):
-        assert result.tokens.tolist() == decoder.decode(model, prompt, 9).tokens.tolist()
+        assert result.tokens.tolist() == decoder.decode(model, prompt, 9, record=True).tokens.tolist()
 
 
 def test_attention_is_bidirectional_inside_a_block_and_causal_across_blocks():
@@ -116,12 +116,12 @@ def test_attention_is_bidirectional_inside_a_block_and_causal_across_blocks():
 def test_parts_and_engines_the_block_model_cannot_serve_are_refused_with_the_reason():
     model = tiny_block_diffusion(block_length=4, vocab_size=16)
     with pytest.raises(ConfigError, match="infiller 'parallel-ar' needs a model with `causal=True`"):
-        Decoder.from_names(partitioner="semi-ar", block_length=4).decode(model, [1], 8)
+        Decoder.from_names(partitioner="semi-ar", block_length=4).decode(model, [1], 8, record=True)
     with pytest.raises(ConfigError, match="exact cache of finished blocks; the reorderer's 'prefix'"):
-        block_decoder("topk", 4, reorderer="prefix-cache").decode(model, [1], 8)
+        block_decoder("topk", 4, reorderer="prefix-cache").decode(model, [1], 8, record=True)
     with pytest.raises(ConfigError, match="not one of the model's blocks of `block_length` 4"):
-        block_decoder("topk", 8).decode(model, [1], 8)
+        block_decoder("topk", 8).decode(model, [1], 8, record=True)
     with pytest.raises(ConfigError, match="engine 'block' has none"):
-        block_decoder("topk", 4, cfg_scale=1.0).decode(model, [1], 8)
+        block_decoder("topk", 4, cfg_scale=1.0).decode(model, [1], 8, record=True)
     with pytest.raises(ConfigError, match="block-diffusion models use the 'block' engine"):
-        block_decoder("topk", 4, engine="canvas").decode(model, [1], 8)
+        block_decoder("topk", 4, engine="canvas").decode(model, [1], 8, record=True)

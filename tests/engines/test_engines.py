@@ -49,25 +49,25 @@ def test_batch_equals_single_and_repeat(settings, seed, eos, prompts, blocks_of)
     adapter = tiny(vocab=16, seed=seed, scale=8.0, eos=eos)
     decoder = decoder_from(settings)
     gen_length = settings["slot_size"] * settings["serial_num_blocks"] * blocks_of
-    batched = decoder.decode_batch(adapter, prompts, gen_length)
-    alone = [decoder.decode(adapter, p, gen_length) for p in prompts]
+    batched = decoder.decode_batch(adapter, prompts, gen_length, record=True)
+    alone = [decoder.decode(adapter, p, gen_length, record=True) for p in prompts]
     repeat = attrs.evolve(decoder, engine="repeat")
-    reference = [repeat.decode(adapter, p, gen_length) for p in prompts]
+    reference = [repeat.decode(adapter, p, gen_length, record=True) for p in prompts]
     for b, a, r in zip(batched, alone, reference):
         assert b.tokens.tolist() == a.tokens.tolist() == r.tokens.tolist()
-        assert [s.committed for s in b.steps] == [s.committed for s in r.steps]
+        assert [s.committed for s in b.iterations] == [s.committed for s in r.iterations]
         assert b.forwards <= r.forwards  # the branch engine folds pending re-encodes into the next call
-    assert batched[0].extra["engine_counters"]["forwards"] == max(r.forwards for r in batched)
+    assert batched[0].engine_totals["forwards"] == max(r.forwards for r in batched)
 
 
 def test_sequences_finish_at_different_times():
     adapter = tiny(vocab=16, seed=11, scale=10.0, eos=2)
     decoder = Decoder.from_names(slot_size=2, serial_num_blocks=1, slot_threshold=0.5, token_threshold=0.5)
     prompts = [[1], [3, 4, 5, 6, 7, 8, 9], [5, 5], [7, 1, 3]]
-    results = decoder.decode_batch(adapter, prompts, 12)
+    results = decoder.decode_batch(adapter, prompts, 12, record=True)
     assert len({r.forwards for r in results}) > 1, "pick prompts that finish at different times"
     for p, r in zip(prompts, results):
-        assert r.tokens.tolist() == decoder.decode(adapter, p, 12).tokens.tolist()
+        assert r.tokens.tolist() == decoder.decode(adapter, p, 12, record=True).tokens.tolist()
 
 
 def test_engine_is_validated():
@@ -95,7 +95,7 @@ def test_attention_without_custom_masks_gets_the_repeat_engine_and_a_named_branc
     model.model.config._attn_implementation = "flash_attention_2"
     assert choose_engine(model) is RepeatEngine
     with pytest.raises(ConfigError, match="'flash_attention_2' cannot apply custom 4-D masks"):
-        Decoder.from_names(engine="branch").decode(model, [1, 2], 16)
+        Decoder.from_names(engine="branch").decode(model, [1, 2], 16, record=True)
 
 
 def test_every_engine_reports_the_same_result_keys_and_counts_forwards_alike():
@@ -105,38 +105,37 @@ def test_every_engine_reports_the_same_result_keys_and_counts_forwards_alike():
     paper = Decoder.from_names(slot_size=2, serial_num_blocks=1)
     mdm = Decoder.from_names(partitioner="semi-ar", selector="topk", infiller="draft", block_length=4)
     results = {
-        "branch": paper.decode_batch(causal, [[1, 2], [3]], 8, engine="branch"),
-        "repeat": paper.decode_batch(causal, [[1, 2], [3]], 8, engine="repeat"),
-        "canvas": mdm.decode_batch(bidirectional, [[1, 2], [3]], 8),
+        "branch": paper.decode_batch(causal, [[1, 2], [3]], 8, engine="branch", record=True),
+        "repeat": paper.decode_batch(causal, [[1, 2], [3]], 8, engine="repeat", record=True),
+        "canvas": mdm.decode_batch(bidirectional, [[1, 2], [3]], 8, record=True),
     }
-    keys = {name: {frozenset(r.extra) for r in rs} for name, rs in results.items()}
-    assert len({k for ks in keys.values() for k in ks}) == 1, keys
+    assert all(not r.extra for rs in results.values() for r in rs)  # every engine reports in the typed fields
     for name, rs in results.items():
-        totals = rs[0].extra["engine_counters"]
-        assert all(r.extra["engine"] == name for r in rs)
+        totals = rs[0].engine_totals
+        assert all(r.engine == name for r in rs)
         assert set(totals) == {"forwards", "fed_tokens", "padded_tokens", "kv_bytes"}
-        assert sum(r.extra["fed_tokens"] for r in rs) == totals["fed_tokens"]
-        assert sum(r.extra["kv_bytes"]["new"] for r in rs) <= totals["kv_bytes"]["new"]
+        assert sum(r.fed_tokens for r in rs) == totals["fed_tokens"]
+        assert sum(r.kv_bytes.new for r in rs) <= totals["kv_bytes"]["new"]
         assert max(r.forwards for r in rs) <= totals["forwards"] <= sum(r.forwards for r in rs)
-        assert all(r.forwards == sum(s.forwards for s in r.steps) for r in rs)
-    assert results["branch"][0].extra["engine_counters"]["forwards"] == max(r.forwards for r in results["branch"])
+        assert all(r.forwards == sum(s.forwards for s in r.iterations) for r in rs)
+    assert results["branch"][0].engine_totals["forwards"] == max(r.forwards for r in results["branch"])
 
 
 def test_a_live_engine_can_be_passed_and_reused():
     model = tiny(vocab=16, seed=4)
     decoder = Decoder.from_names(slot_size=2, serial_num_blocks=1)
     engine = open_engine(model, decoder)
-    first = decoder.decode_batch(model, [[1, 2]], 8, engine=engine)
-    second = decoder.decode_batch(model, [[1, 2]], 8, engine=engine)
+    first = decoder.decode_batch(model, [[1, 2]], 8, engine=engine, record=True)
+    second = decoder.decode_batch(model, [[1, 2]], 8, engine=engine, record=True)
     assert first[0].tokens.tolist() == second[0].tokens.tolist()
     assert engine.counters.forwards == first[0].forwards + second[0].forwards
     with pytest.raises(ConfigError, match="opened for another model"):
-        decoder.decode(tiny(vocab=16, seed=5), [1, 2], 8, engine=engine)
+        decoder.decode(tiny(vocab=16, seed=5), [1, 2], 8, engine=engine, record=True)
 
 
 def test_prompts_must_be_a_list():
     with pytest.raises(ConfigError, match="`prompts` must be a non-empty list"):
-        Decoder.from_names().decode_batch(tiny(), [], 8)
+        Decoder.from_names().decode_batch(tiny(), [], 8, record=True)
 
 
 @pytest.mark.parametrize("engine", ["repeat", "branch"])
@@ -166,10 +165,10 @@ def test_a_plugin_engine_runs_the_same_decodes(settings, seed, eos, prompts):
     decoder = decoder_from(settings)
     gen_length = settings["slot_size"] * settings["serial_num_blocks"]
     assert choose_engine(adapter) is BranchEngine  # a plugin of low priority is used only when named
-    recomputed = decoder.decode_batch(adapter, prompts, gen_length, engine="recompute")
-    branch = decoder.decode_batch(adapter, prompts, gen_length)
+    recomputed = decoder.decode_batch(adapter, prompts, gen_length, engine="recompute", record=True)
+    branch = decoder.decode_batch(adapter, prompts, gen_length, record=True)
     assert [r.tokens.tolist() for r in recomputed] == [r.tokens.tolist() for r in branch]
-    assert recomputed[0].extra["engine"] == "recompute"
+    assert recomputed[0].engine == "recompute"
 
 
 @given(
@@ -184,10 +183,10 @@ def test_packed_and_padded_forwards_give_the_same_decodes(settings, seed, eos, p
     gen_length = settings["slot_size"] * settings["serial_num_blocks"] * 2
     packed, padded = BranchEngine(adapter), BranchEngine(adapter, packed=False)
     assert packed.packed and not padded.packed
-    a = decoder.decode_batch(adapter, prompts, gen_length, engine=packed)
-    b = decoder.decode_batch(adapter, prompts, gen_length, engine=padded)
+    a = decoder.decode_batch(adapter, prompts, gen_length, engine=packed, record=True)
+    b = decoder.decode_batch(adapter, prompts, gen_length, engine=padded, record=True)
     assert [r.tokens.tolist() for r in a] == [r.tokens.tolist() for r in b]
-    assert a[0].extra["engine_counters"]["padded_tokens"] == 0
+    assert a[0].engine_totals["padded_tokens"] == 0
     # each row's scratch follows its own context: the buffer holds what the contexts need
     need = max(len(p) for p in prompts) + a[0].partition.gen_length
     assert packed.buffer.capacity <= need + 1

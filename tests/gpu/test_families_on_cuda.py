@@ -37,9 +37,7 @@ def decode(model, family: str, call: dict) -> list[int]:
         args["attention_mask"] = args["attention_mask"].to(model.device)
     if call.get("seed") is not None:
         args["seed"] = call["seed"]
-    return refusion.generate(prompt, model, preset=peer_functions()[call["function"]].preset, **args).extra[
-        "all_tokens"
-    ]
+    return refusion.generate(prompt, model, preset=peer_functions()[call["function"]].preset, **args).region_tokens
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -73,8 +73,8 @@ def test_engines_record_one_shape_per_forward_and_every_head_pass(engine):
         results = decoder.decode_batch(model, [[1, 2], [3, 4, 5]], 8, engine=live)
         shapes, heads = list(counters.shapes), list(counters.head_rows)
         estimated = counted_seconds(counters, QWEN8B, H100)
-    assert len(shapes) == results[0].extra["engine_counters"]["forwards"]
-    assert sum(f.tokens for f in shapes) >= sum(r.extra["fed_tokens"] for r in results)
+    assert len(shapes) == results[0].engine_totals["forwards"]
+    assert sum(f.tokens for f in shapes) >= sum(r.fed_tokens for r in results)
     assert heads and all(rows >= 1 for rows in heads)
     assert estimated > len(shapes) * 5e-3
     assert live.counters.shapes is None and live.model.head[1].counters is None

@@ -99,7 +99,7 @@ def test_a_decode_is_attributed_to_engine_steps():
     with HostReads(adapter) as reads:
         results = decoder.decode_batch(adapter, prompts, 12, engine="branch")
     assert [r.tokens.tolist() for r in results] == [r.tokens.tolist() for r in alone]  # measuring changes nothing
-    engine_forwards = results[0].extra["engine_counters"]["forwards"]
+    engine_forwards = results[0].engine_totals["forwards"]
     assert reads.forwards == adapter.forwards - before == engine_forwards
     assert len(reads.steps) == engine_forwards == sum(s.forwards for s in reads.steps)
     assert all(s.sequences in (1, 2) for s in reads.steps)

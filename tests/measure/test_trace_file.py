@@ -32,18 +32,18 @@ def _lines(path):
 
 
 def _check_sums(result, engine_totals=True):
-    steps = result.steps
+    steps = result.iterations
     assert sum(s.forwards for s in steps) == result.forwards
     assert all(len(s.fed_tokens) == s.forwards for s in steps)
-    assert sum(sum(s.fed_tokens) for s in steps) == result.extra["fed_tokens"]
-    assert sum(s.kv_copied_bytes for s in steps) == result.extra["kv_bytes"]["context"]
-    assert sum(s.kv_written_bytes for s in steps) == result.extra["kv_bytes"]["new"]
+    assert sum(sum(s.fed_tokens) for s in steps) == result.fed_tokens
+    assert sum(s.kv_copied_bytes for s in steps) == result.kv_bytes.context
+    assert sum(s.kv_written_bytes for s in steps) == result.kv_bytes.new
     committed = sum(n for s in steps for _, n in s.committed)
     assert sum(s.kv_appended + s.kv_pending for s in steps) == committed
     if engine_totals:  # one sequence on its own engine: its counters are the engine's totals
-        totals = result.extra["engine_counters"]
-        assert totals["forwards"] == result.forwards and totals["fed_tokens"] == result.extra["fed_tokens"]
-        assert totals["kv_bytes"] == result.extra["kv_bytes"]
+        totals = result.engine_totals
+        assert totals["forwards"] == result.forwards and totals["fed_tokens"] == result.fed_tokens
+        assert totals["kv_bytes"] == {"context": result.kv_bytes.context, "new": result.kv_bytes.new}
 
 
 @settings(max_examples=8)
@@ -67,40 +67,42 @@ def test_trace_records_fit_the_schema_add_up_and_read_back(
         slot_threshold=thresholds[0],
         token_threshold=thresholds[1],
     )
-    session = decoder.session(model, prompt, decoder.fit_length(gen_length))
+    session = decoder.session(model, prompt, decoder.fit_length(gen_length), record=True)
     result = session.run()
     _check_sums(result)
     # every pending entry is encoded by a later forward, except those still pending at the end
-    encoded = sum(s.kv_encoded for s in result.steps)
-    assert encoded == len(prompt) + sum(s.kv_pending + s.kv_invalidated for s in result.steps) - session.cache.pending
+    encoded = sum(s.kv_encoded for s in result.iterations)
+    assert (
+        encoded == len(prompt) + sum(s.kv_pending + s.kv_invalidated for s in result.iterations) - session.cache.pending
+    )
 
     path = write_trace(result, tmp_path_factory.mktemp("t") / "trace.jsonl", decoder=decoder)
     validator = jsonschema.Draft202012Validator(schema())
     records = _lines(path)
     for record in records:
         validator.validate(record)
-    assert [r["record"] for r in records] == ["header"] + ["step"] * len(result.steps) + ["end"]
+    assert [r["record"] for r in records] == ["header"] + ["step"] * result.num_iterations + ["end"]
     (back,) = read_trace(path)
-    assert back.steps == result.steps and back.forwards == result.forwards
-    for ours, theirs in zip(result.steps, back.steps):
+    assert back.iterations == result.iterations and back.forwards == result.forwards
+    for ours, theirs in zip(result.iterations, back.iterations):
         assert all(getattr(ours, f) == pytest.approx(getattr(theirs, f)) for f in MEASURED)
     assert back.tokens.tolist() == result.tokens.tolist()
     assert back.commit_step.tolist() == result.commit_step.tolist()
-    assert back.extra["all_tokens"] == result.extra["all_tokens"]
+    assert back.region_tokens == result.region_tokens
     assert back.partition == result.partition and back.stopped_at_eos == result.stopped_at_eos
-    assert back.extra["decoder"]["reorderer"]["name"] == reorderer
+    assert back.decoder["reorderer"]["name"] == reorderer
 
 
 def test_a_batch_trace_keeps_each_sequence_and_the_engine_totals(tmp_path):
     model = refusion.load_model(None)
     path = tmp_path / "batch.jsonl"
-    results = refusion.generate(["rev helloworld=", "copy abc=", "sort dcba="], model, trace=str(path))
+    results = refusion.generate(["rev helloworld=", "copy abc=", "sort dcba="], model, trace=str(path), record=True)
     back = read_trace(path)
     assert [r.text for r in back] == [r.text for r in results] == ["dlrowolleh", "abc", "abcd"]
     for result in back:
         _check_sums(result, engine_totals=False)
-    totals = results[0].extra["engine_counters"]
-    assert sum(r.extra["fed_tokens"] for r in back) == totals["fed_tokens"]
+    totals = results[0].engine_totals
+    assert sum(r.fed_tokens for r in back) == totals["fed_tokens"]
     assert max(r.forwards for r in back) <= totals["forwards"] <= sum(r.forwards for r in back)
 
 
@@ -135,7 +137,7 @@ def test_generate_command_writes_a_trace_with_token_pieces(tmp_path):
 )
 def test_a_malformed_trace_is_refused_naming_the_line_and_field(tmp_path, edit, message):
     decoder = Decoder.from_names(slot_size=2, serial_num_blocks=1)
-    good = write_trace(decoder.decode(tiny(vocab=16), [3, 4, 5], 4), tmp_path / "good.jsonl")
+    good = write_trace(decoder.decode(tiny(vocab=16), [3, 4, 5], 4, record=True), tmp_path / "good.jsonl")
     bad = tmp_path / "bad.jsonl"
     bad.write_text("\n".join(edit(good.read_text().splitlines())) + "\n")
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -178,8 +180,10 @@ def test_canvas_decodes_of_bidirectional_models_add_up_too(tmp_path, preset):
 
     chosen = PRESETS[preset]
     decoder = Decoder.from_spec(chosen.with_params({"block_length": 8}))
-    result = decoder.decode(tiny_bidirectional(vocab_size=16, seed=1), [3, 4, 5], 16)
-    assert result.extra["engine"] == "canvas"
+    result = decoder.decode(tiny_bidirectional(vocab_size=16, seed=1), [3, 4, 5], 16, record=True)
+    assert result.engine == "canvas"
     _check_sums(result)
     (back,) = read_trace(write_trace(result, tmp_path / "canvas.jsonl"))
-    assert back.steps == result.steps and [s.fed_tokens for s in back.steps] == [s.fed_tokens for s in result.steps]
+    assert back.iterations == result.iterations and [s.fed_tokens for s in back.iterations] == [
+        s.fed_tokens for s in result.iterations
+    ]

@@ -198,9 +198,9 @@ def test_each_kind_of_damage_is_refused_naming_the_line_and_field(tmp_path, reco
 
 def test_the_valid_trace_reads_back(tmp_path, records):
     first, second = read_trace(_write(tmp_path / "good.jsonl", _lines(records)))
-    assert len(first.steps) == 4 and len(second.steps) == 2
+    assert first.num_iterations == 4 and second.num_iterations == 2
     assert second.tokens.tolist() == records[-1]["tokens"] and second.commit_step.tolist() == [0, 0, 1, 1]
-    assert "".join(second.extra["pieces"][i] for i in range(4)) == "".join(
+    assert "".join(second.pieces[i] for i in range(4)) == "".join(
         p for r in records[7:9] for p in r["committed"][0]["pieces"]
     )
 
@@ -303,7 +303,7 @@ def test_any_damage_is_read_or_refused_with_a_config_error(tmp_path, records, da
     else:
         for result in results:
             assert result.commit_step.shape[0] == result.partition.gen_length
-            assert result.tokens.tolist() == result.extra["all_tokens"][: len(result.tokens)]
+            assert result.tokens.tolist() == result.region_tokens[: len(result.tokens)]
 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -165,7 +165,7 @@ def peer_tokens(family: str, call: dict, engine: str | None = None) -> tuple[lis
     if engine is not None:
         args["engine"] = engine
     result = refusion.generate(prompt, loaded(family, call.get("dtype", "float32")), preset=preset, **args)
-    got, want = list(result.extra["all_tokens"]), list(call["tokens"])
+    got, want = list(result.region_tokens), list(call["tokens"])
     if result.stopped_at_eos and len(got) == len(want) and min(got) < 0:
         want = [w if g >= 0 else g for g, w in zip(got, want)]
     return got, want
@@ -428,7 +428,7 @@ def test_the_ar_preset_keeps_its_measured_agreement_with_greedy_generate(dtype):
                 suppress_tokens=[model.mask_token_id],
                 pad_token_id=0,
             )[0, len(prompt) :].tolist()
-            got = refusion.generate(prompt, model, preset="ar", gen_length=gen, stop_at_eos=False).extra["all_tokens"]
+            got = refusion.generate(prompt, model, preset="ar", gen_length=gen, stop_at_eos=False).region_tokens
             same, total = same + (got == want), total + 1
     least, expected_total = AR_AGREEMENT[dtype]
     assert total == expected_total and same >= least, f"{dtype}: {same}/{total}"
@@ -447,5 +447,5 @@ def test_the_reference_at_gen_256_whichever_lm_head_path_runs(dtype):
         fused, want = peer_tokens("refusion", call, engine)
         prompt = golden("refusion")["prompts"][call["prompt"]]
         args = dict(peer_arguments(call, prompt), **({"engine": engine} if engine else {}))
-        own = refusion.generate(prompt, plain, preset="paper", **args).extra["all_tokens"]
+        own = refusion.generate(prompt, plain, preset="paper", **args).region_tokens
         assert fused == want == own, call["args"]

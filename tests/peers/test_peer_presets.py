@@ -14,7 +14,7 @@ prompts = st.lists(st.integers(0, MASK - 1), min_size=1, max_size=5)
 
 def decoded(result):
     """Every position of the region (the presets decode them all), and the answer cut at the first EOS."""
-    return result.extra["all_tokens"], result.tokens.tolist()
+    return result.region_tokens, result.tokens.tolist()
 
 
 def check(result, reference):
@@ -35,19 +35,25 @@ def check(result, reference):
 def test_llada_preset_equals_llada_with_uneven_step_schedules(seed, prompt, block, blocks, per_block, eos_bias):
     model = peer_model(seed, eos_bias=eos_bias)
     gen, steps = block * blocks, per_block * blocks
-    result = refusion.generate(prompt, model, preset="llada", gen_length=gen, block_length=block, steps=steps)
+    result = refusion.generate(
+        prompt, model, preset="llada", gen_length=gen, block_length=block, steps=steps, record=True
+    )
     check(result, peer.llada(model.model, prompt, steps=steps, gen_length=gen, block_length=block, mask_id=MASK))
-    assert result.forwards == len(result.steps)  # one full-canvas forward per step, steps that unmask nothing skipped
+    assert (
+        result.forwards == result.num_iterations
+    )  # one full-canvas forward per step, steps that unmask nothing skipped
     schedule = [n for n in peer.llada_schedule(block, per_block) if n] * blocks
-    assert [sum(n for _, n in s.committed) for s in result.steps] == schedule
+    assert [sum(n for _, n in s.committed) for s in result.iterations] == schedule
 
 
 def test_llada_schedule_block_16_over_7_steps():
     from refusion.strategies.selectors.llada_steps import even_schedule
 
     assert even_schedule(16, 7) == [3, 3, 2, 2, 2, 2, 2] == peer.llada_schedule(16, 7)
-    result = refusion.generate([1, 2], peer_model(3), preset="llada", gen_length=16, block_length=16, steps=7)
-    assert [sum(n for _, n in s.committed) for s in result.steps] == [3, 3, 2, 2, 2, 2, 2]
+    result = refusion.generate(
+        [1, 2], peer_model(3), preset="llada", gen_length=16, block_length=16, steps=7, record=True
+    )
+    assert [sum(n for _, n in s.committed) for s in result.iterations] == [3, 3, 2, 2, 2, 2, 2]
 
 
 def test_llada_preset_decodes_past_an_early_eos_and_cuts_afterwards():
@@ -55,10 +61,12 @@ def test_llada_preset_decodes_past_an_early_eos_and_cuts_afterwards():
     prompt, gen = [4, 7], 12
     reference = peer.llada(model.model, prompt, steps=12, gen_length=gen, block_length=4, mask_id=MASK)
     assert EOS in reference[:-4]  # an early EOS, with positions decoded after it
-    result = refusion.generate(prompt, model, preset="llada", gen_length=gen, block_length=4, steps=12)
+    result = refusion.generate(prompt, model, preset="llada", gen_length=gen, block_length=4, steps=12, record=True)
     check(result, reference)
-    early = refusion.generate(prompt, model, preset="llada", gen_length=gen, block_length=4, steps=12, stop_at_eos=True)
-    assert len(early.steps) < len(result.steps)  # the early stop stays an option
+    early = refusion.generate(
+        prompt, model, preset="llada", gen_length=gen, block_length=4, steps=12, stop_at_eos=True, record=True
+    )
+    assert early.num_iterations < result.num_iterations  # the early stop stays an option
 
 
 @settings(max_examples=5)
@@ -84,6 +92,7 @@ def test_llada_preset_matches_cfg_and_seeded_gumbel_sampling_draw_for_draw(
         remasking=remasking,
         seed=draw_seed,
         **kwargs,
+        record=True,
     )
     reference = peer.llada(
         model.model,
@@ -110,7 +119,7 @@ def test_llada_preset_matches_cfg_and_seeded_gumbel_sampling_draw_for_draw(
 def test_dream_preset_equals_dream_for_every_alg(seed, prompt, alg, steps, eps, draw_seed):
     model = peer_model(seed, shift=1, eos_bias=1.0)
     result = refusion.generate(
-        prompt, model, preset="dream", gen_length=10, steps=steps, eps=eps, alg=alg, seed=draw_seed
+        prompt, model, preset="dream", gen_length=10, steps=steps, eps=eps, alg=alg, seed=draw_seed, record=True
     )
     reference = peer.dream(
         model.model,
@@ -135,7 +144,9 @@ def test_dream_preset_equals_dream_for_every_alg(seed, prompt, alg, steps, eps, 
 )
 def test_fast_dllm_presets_equal_fast_dllm(seed, prompt, threshold, preset, eos_bias):
     model = peer_model(seed, eos_bias=eos_bias)
-    result = refusion.generate(prompt, model, preset=preset, gen_length=8, block_length=4, threshold=threshold)
+    result = refusion.generate(
+        prompt, model, preset=preset, gen_length=8, block_length=4, threshold=threshold, record=True
+    )
     reference = peer.fast_dllm(
         model.model,
         prompt,

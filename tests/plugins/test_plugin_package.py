@@ -48,8 +48,8 @@ def test_installed_plugin_is_found_and_decodes_by_name(installed, monkeypatch):
     assert entry.source.replace("_", "-") == "refusion-window-selector 0.1.0"
     assert entry.parameters() == {"width": 2, "threshold": 0.9}
     decoder = Decoder.from_names(selector="window", width=1, threshold=0.5, slot_size=2, serial_num_blocks=1)
-    result = decoder.decode(tiny(vocab=16, seed=3), [1, 2], 8)
-    assert [s.selected for s in result.steps] == [(0,), (1,), (2,), (3,)]  # a window of one slot is left to right
+    result = decoder.decode(tiny(vocab=16, seed=3), [1, 2], 8, record=True)
+    assert [s.selected for s in result.iterations] == [(0,), (1,), (2,), (3,)]  # a window of one slot is left to right
     check_part(registry.build("selector", "window"), trials=2)
 
 

@@ -91,8 +91,8 @@ def test_every_hook_is_documented_with_its_signature():
 def test_a_plugin_part_decodes_by_name():
     with_plugins(sample_plugin)
     decoder = Decoder.from_names(selector="rightmost", infiller="lossless", reorderer="exact", slot_size=2)
-    result = decoder.decode(tiny(), [1, 2, 3], 8)
-    assert [s.selected for s in result.steps][:2] == [(1,), (0,)]  # rightmost slot of each block first
+    result = decoder.decode(tiny(), [1, 2, 3], 8, record=True)
+    assert [s.selected for s in result.iterations][:2] == [(1,), (0,)]  # rightmost slot of each block first
 
 
 def test_duplicate_names_are_refused():

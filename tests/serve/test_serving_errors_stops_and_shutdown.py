@@ -156,11 +156,11 @@ def test_shutdown_lets_a_live_stream_finish(model):
 def test_a_client_gone_before_its_answer_cancels_the_request_and_frees_its_row(model):
     import asyncio
 
-    from refusion.serve.options import Plan
+    from refusion.serve.options import RequestPlan
     from refusion.serve.session import LiveRequest, pieces
 
     generator = Generator(model, max_rows=1)
-    plan = Plan(model.tokenizer("rev abc=", add_special_tokens=False)["input_ids"], None, 32, None, (), {})
+    plan = RequestPlan(model.tokenizer("rev abc=", add_special_tokens=False)["input_ids"], None, 32, None, (), {})
 
     async def abandoned():
         live = LiveRequest(generator, plan, asyncio.get_running_loop())

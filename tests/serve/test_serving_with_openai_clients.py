@@ -46,7 +46,7 @@ def client(server):
 
 
 def offline(model, prompt, options):
-    result = refusion.generate(prompt, model, **options)
+    result = refusion.generate(prompt, model, **options, record=True)
     length = options.get("gen_length", 32)
     return result.tokens.tolist()[:length], model.tokenizer.decode(
         result.tokens.tolist()[:length], skip_special_tokens=True
@@ -127,8 +127,10 @@ def test_stream_steps_report_every_committed_slot_and_the_prefix(server, model):
     chunks = [json.loads(e) for e in events[:-1]]
     steps = [c["refusion"] for c in chunks if "step" in c.get("refusion", {})]
     assert [s["step"] for s in steps] == list(range(len(steps)))
-    result = refusion.generate("rev helloworld=", model, gen_length=16, selector="topk", k=1)
-    assert [[c["slot"] for c in s["commits"]] for s in steps] == [[i for i, _ in s.committed] for s in result.steps]
+    result = refusion.generate("rev helloworld=", model, gen_length=16, selector="topk", k=1, record=True)
+    assert [[c["slot"] for c in s["commits"]] for s in steps] == [
+        [i for i, _ in s.committed] for s in result.iterations
+    ]
     assert [s["prefix_length"] for s in steps] == sorted(s["prefix_length"] for s in steps)
 
 

@@ -25,7 +25,7 @@ def bidirectional(conf=CONF, token=TOKEN, shift=0, predicts_next=None):
 
 
 def steps(result):
-    return [sorted(s for s, _ in step.committed) for step in result.steps]
+    return [sorted(s for s, _ in step.committed) for step in result.iterations]
 
 
 def mdm(selector, **params):
@@ -33,7 +33,7 @@ def mdm(selector, **params):
 
 
 def test_llada_low_confidence_unmasks_the_k_most_confident_per_step_block_by_block():
-    result = mdm("topk", k=2).decode(bidirectional(), [0], 8)
+    result = mdm("topk", k=2).decode(bidirectional(), [0], 8, record=True)
     # slot index = position - 1; block 0 = positions 1-4, block 1 = positions 5-8
     assert steps(result) == [[1, 2], [0, 3], [4, 6], [5, 7]]
     assert result.tokens.tolist() == [TOKEN[p] for p in range(1, 9)]
@@ -41,7 +41,7 @@ def test_llada_low_confidence_unmasks_the_k_most_confident_per_step_block_by_blo
 
 
 def test_llada_random_remasking_is_seeded_and_respects_blocks():
-    runs = [steps(mdm("random", k=2, seed=s).decode(bidirectional(), [0], 8)) for s in (0, 0, 1, 2, 3)]
+    runs = [steps(mdm("random", k=2, seed=s).decode(bidirectional(), [0], 8, record=True)) for s in (0, 0, 1, 2, 3)]
     assert runs[0] == runs[1]
     assert len({str(r) for r in runs[1:]}) > 1
     for run in runs:
@@ -50,42 +50,42 @@ def test_llada_random_remasking_is_seeded_and_respects_blocks():
 
 
 def test_fast_dllm_threshold_unmasks_everything_above_it_else_the_best():
-    result = mdm("threshold", slot_threshold=0.75).decode(bidirectional(), [0], 8)
+    result = mdm("threshold", slot_threshold=0.75).decode(bidirectional(), [0], 8, record=True)
     assert steps(result) == [[1], [2], [3], [0], [4, 6], [5], [7]]
 
 
 def test_fast_dllm_factor_rule():
     # block 0 confidences .9 .7 .6 .5: (n+1)(1-c_n) = .2, .9, 1.6, 2.5 < 1 for n <= 2
-    result = mdm("factor", factor=1.0).decode(bidirectional(), [0], 8)
+    result = mdm("factor", factor=1.0).decode(bidirectional(), [0], 8, record=True)
     assert steps(result) == [[1, 2], [3], [0], [4, 6], [5], [7]]
 
 
 def test_margin_and_entropy_on_a_full_decode():
     expected_first = max((p for p in range(1, 5)), key=lambda p: CONF[p]) - 1
     for selector in ("margin", "entropy"):
-        result = mdm(selector, k=1).decode(bidirectional(), [0], 8)
+        result = mdm(selector, k=1).decode(bidirectional(), [0], 8, record=True)
         assert steps(result)[0] == [expected_first]  # with one-hot-like rows both rank like confidence
-        assert len(result.steps) == 8
+        assert result.num_iterations == 8
 
 
 def test_early_stop_at_eos_and_without_it():
     conf = {p: 0.5 for p in range(1, 9)} | {3: 0.99}
     token = dict(TOKEN) | {3: EOS}
-    stop = mdm("topk", k=1).decode(bidirectional(conf, token), [0], 8)
+    stop = mdm("topk", k=1).decode(bidirectional(conf, token), [0], 8, record=True)
     assert stop.tokens.tolist() == [TOKEN[1], TOKEN[2], EOS] and stop.stopped_at_eos
-    assert len(stop.steps) == 3  # positions 4-8 were dropped, not decoded
+    assert stop.num_iterations == 3  # positions 4-8 were dropped, not decoded
     import attrs
 
-    full = attrs.evolve(mdm("topk", k=1), stop_at_eos=False).decode(bidirectional(conf, token), [0], 8)
+    full = attrs.evolve(mdm("topk", k=1), stop_at_eos=False).decode(bidirectional(conf, token), [0], 8, record=True)
     assert full.tokens.tolist() == stop.tokens.tolist()
-    assert len(full.steps) == 8
+    assert full.num_iterations == 8
 
 
 def test_dream_style_shift_reads_the_previous_positions_logits():
     # the model's output at position p predicts p + 1 (shift 1): tokens must land where they were predicted
-    result = mdm("topk", k=4).decode(bidirectional(shift=1), [0], 8)
+    result = mdm("topk", k=4).decode(bidirectional(shift=1), [0], 8, record=True)
     assert result.tokens.tolist() == [TOKEN[p] for p in range(1, 9)]
-    misread = mdm("topk", k=4).decode(bidirectional(shift=0, predicts_next=True), [0], 8)
+    misread = mdm("topk", k=4).decode(bidirectional(shift=0, predicts_next=True), [0], 8, record=True)
     assert misread.tokens.tolist() == [TOKEN[p + 1] for p in range(1, 9)]  # what ignoring the shift would give
 
 
@@ -103,7 +103,7 @@ def test_fast_dllm_caches_feed_less_after_each_block_start(reorderer):
     decoder = Decoder.from_names(
         partitioner="semi-ar", selector="topk", infiller="draft", reorderer=reorderer, block_length=4
     )
-    result = decoder.decode(model, [1, 3, 5], 12)
+    result = decoder.decode(model, [1, 3, 5], 12, record=True)
     check_result(result, model)
     # canvas of 3 + 12 = 15 positions; blocks start at 3, 7, 11
     expected = {
@@ -116,11 +116,11 @@ def test_fast_dllm_caches_feed_less_after_each_block_start(reorderer):
 
 def test_causal_only_and_bidirectional_only_parts_are_refused_with_a_reason():
     with pytest.raises(ConfigError, match="infiller 'parallel-ar' needs a model with `causal=True`"):
-        Decoder.from_names().decode(tiny_bidirectional(vocab_size=16), [1], 16)
+        Decoder.from_names().decode(tiny_bidirectional(vocab_size=16), [1], 16, record=True)
     from tests.support.helpers import tiny
 
     with pytest.raises(ConfigError, match="reorderer 'dual-cache' needs a model with `causal=False`"):
-        Decoder.from_names(reorderer="dual-cache").decode(tiny(), [1], 16)
+        Decoder.from_names(reorderer="dual-cache").decode(tiny(), [1], 16, record=True)
 
 
 def test_mdm_strategies_also_run_on_the_causal_refusion_model():
@@ -128,7 +128,7 @@ def test_mdm_strategies_also_run_on_the_causal_refusion_model():
 
     model = tiny(vocab=16, seed=4, scale=6.0, eos=2)
     for selector in ("topk", "threshold", "factor", "random"):
-        result = mdm(selector).decode(model, [1, 2], 8)
+        result = mdm(selector).decode(model, [1, 2], 8, record=True)
         check_result(result, model)
 
 
@@ -164,12 +164,12 @@ def test_fast_dllm_caches_need_a_network_that_takes_a_cache():
     assert not plain.capabilities.kv_cache
     decoder = Decoder.from_names(partitioner="semi-ar", infiller="draft", reorderer="prefix-cache", block_length=4)
     with pytest.raises(ConfigError, match="reorderer 'prefix-cache' needs a model with `kv_cache=True`"):
-        decoder.decode(plain, [1, 2], 8)
+        decoder.decode(plain, [1, 2], 8, record=True)
     legacy = HFMaskedDiffusionLM(PastKeyValuesNetwork(inner))
     assert legacy.capabilities.kv_cache
-    assert len(decoder.decode(legacy, [1, 2], 8).tokens) == 8
+    assert len(decoder.decode(legacy, [1, 2], 8, record=True).tokens) == 8
     no_cache = Decoder.from_names(partitioner="semi-ar", infiller="draft", block_length=4)
-    assert len(no_cache.decode(plain, [1, 2], 8).tokens) == 8
+    assert len(no_cache.decode(plain, [1, 2], 8, record=True).tokens) == 8
 
 
 def test_a_dream_style_checkpoint_loads_with_its_shift(tmp_path):
@@ -183,4 +183,4 @@ def test_a_dream_style_checkpoint_loads_with_its_shift(tmp_path):
     assert loaded.capabilities.logit_shift == 1 and not loaded.capabilities.causal
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert len(refusion.generate([1, 2], loaded, preset="llada", gen_length=32).tokens) == 32
+        assert len(refusion.generate([1, 2], loaded, preset="llada", gen_length=32, record=True).tokens) == 32

@@ -30,9 +30,9 @@ def paper(**kw):
 
 def test_global_verification_commits_all_chosen_slots_in_one_pass():
     model = scripted(lambda seen, p: (DRAFT[p], 0.95), lambda p, t: (DRAFT.get(p + 1, 0), 0.99))
-    result = paper().decode(model, [0], 4)
+    result = paper().decode(model, [0], 4, record=True)
     assert result.tokens.tolist() == [3, 4, 5, 6]
-    (step,) = result.steps
+    (step,) = result.iterations
     assert step.selected == (0, 1)
     assert step.committed == ((0, 2), (1, 2))
     assert step.forwards == 2  # the plan (with the prompt prefill) and the global verification
@@ -43,9 +43,9 @@ def test_global_verification_commits_only_whole_verified_slots():
         return DRAFT.get(p + 1, 0), 0.3 if p + 1 == 4 else 0.99
 
     model = scripted(lambda seen, p: (DRAFT[p], 0.95), low_at_4)
-    result = paper().decode(model, [0], 4)
+    result = paper().decode(model, [0], 4, record=True)
     assert result.tokens.tolist() == [3, 4, 5, 6]
-    first, second = result.steps
+    first, second = result.iterations
     assert first.committed == ((0, 2),)  # slot 1 was verified only up to its forced first token
     assert second.selected == (1,)
     assert second.committed == ((1, 2),)
@@ -55,9 +55,9 @@ def test_global_verification_commits_only_whole_verified_slots():
 def test_parallel_round_accepts_forced_token_plus_confident_run():
     probs = {1: 0.3, 2: 0.95, 3: 0.3}  # AR confidence of the token after position p
     model = scripted(lambda seen, p: (DRAFT[p], 0.95), lambda p, t: (DRAFT.get(p + 1, 0), probs.get(p, 0.3)))
-    result = paper(slot_size=4).decode(model, [0], 4)
+    result = paper(slot_size=4).decode(model, [0], 4, record=True)
     assert result.tokens.tolist() == [3, 4, 5, 6]
-    (step,) = result.steps
+    (step,) = result.iterations
     assert step.forwards == 6  # plan, global verification, 2 rounds of draft + verify
     positions, tokens = model.calls[-1][0]
     assert (positions[:2], tokens[:2]) == ([3, 4], [5, 6])  # round 1 accepted positions 1-3; only 3..4 are fed again
@@ -71,8 +71,8 @@ def test_parallel_branches_are_independent_of_each_other():
         lambda seen, p: (drafts[p], 0.95 if p in (1, 4) else 0.5),
         lambda p, t: (drafts.get(p + 1, 0), probs.get(p, 0.3)),
     )
-    result = paper(slot_size=3).decode(model, [0], 6)
-    first = result.steps[0]
+    result = paper(slot_size=3).decode(model, [0], 6, record=True)
+    first = result.iterations[0]
     assert first.selected == (0, 1)
     assert [c for c, _ in first.committed] == [0, 1]
     fed = [sorted(p for positions, _ in call for p in positions) for call in model.calls]
@@ -89,7 +89,7 @@ def ar_next(position, token):
 def test_greedy_verify_equals_ar_under_wrong_drafts():
     model = scripted(lambda seen, p: ((p * 7) % 10, 0.6), lambda p, t: (ar_next(p, t), 0.8))
     result = Decoder.from_names(selector="leftmost", infiller="greedy-verify", slot_size=4, serial_num_blocks=1).decode(
-        model, [0], 8
+        model, [0], 8, record=True
     )
     expected, token = [], 0
     for position in range(0, 8):
@@ -103,17 +103,17 @@ def test_greedy_verify_keeps_only_matching_drafts():
     seq = {1: 1, 2: 2, 3: 3, 4: 4}
     model = scripted(lambda seen, p: (seq[p], 0.6), lambda p, t: (seq.get(p + 1, 5), 0.8))
     result = Decoder.from_names(selector="leftmost", infiller="greedy-verify", slot_size=4, serial_num_blocks=1).decode(
-        model, [0], 4
+        model, [0], 4, record=True
     )
     assert result.tokens.tolist() == [1, 2, 3, 4]
-    assert result.steps[0].forwards == 2  # plan + one verification
+    assert result.iterations[0].forwards == 2  # plan + one verification
 
 
 def test_eos_truncates_the_slot_and_drops_later_slots():
     eos = 2
     drafts = {1: 3, 2: eos, 3: 5, 4: 6}
     model = scripted(lambda seen, p: (drafts[p], 0.95), lambda p, t: (drafts.get(p + 1, 0), 0.99), eos=eos)
-    result = paper(slot_size=4, serial_num_blocks=1).decode(model, [0], 4)
+    result = paper(slot_size=4, serial_num_blocks=1).decode(model, [0], 4, record=True)
     assert result.tokens.tolist() == [3, eos]
     assert result.stopped_at_eos
     assert result.commit_step.tolist() == [0, 0, -1, -1]
@@ -124,7 +124,7 @@ def test_leftmost_plans_draft_only_the_slot_it_can_pick():
     decoder = Decoder.from_names(
         selector="leftmost", infiller="greedy-verify", slot_size=2, serial_num_blocks=1, adaptive=False
     )
-    decoder.decode(model, [0], 4)
+    decoder.decode(model, [0], 4, record=True)
     plans = [call for call in model.calls if all(t == MASK for _, tokens in call for t in tokens)]
     assert plans and all(len(positions) == 2 for call in plans for positions, _ in call)  # one slot of 2, not 2 slots
 
@@ -136,12 +136,12 @@ def test_adaptive_greedy_verify_falls_back_to_ar_steps_and_skips_unread_plans():
     jacobi = Decoder.from_names(
         selector="leftmost", infiller="greedy-verify", slot_size=4, serial_num_blocks=1, adaptive=False
     )
-    fast, plain = adaptive.decode(model, [0], 16), jacobi.decode(model, [0], 16)
+    fast, plain = adaptive.decode(model, [0], 16, record=True), jacobi.decode(model, [0], 16, record=True)
     expected, token = [], 0
     for position in range(16):
         token = ar_next(position, token)
         expected.append(token)
     assert fast.tokens.tolist() == plain.tokens.tolist() == expected  # lossless either way
-    assert fast.extra["fed_tokens"] < plain.extra["fed_tokens"]
+    assert fast.fed_tokens < plain.fed_tokens
     assert fast.forwards <= 16 + 2  # about one AR step per token, plus the first slot's plan and probe
     assert fast.forwards <= plain.forwards + 2  # the same steps, without re-feeding wrong drafts

@@ -13,7 +13,7 @@ def test_visualize_writes_a_trace_and_draws_it_back_as_png_and_html(tmp_path, ca
     args = ["sort qwertyuiop=", "--slot-size", "2", "--slot-threshold", "0.999", "--token-threshold", "0.999"]
     assert main(["visualize", *args, "--trace", str(trace), "--html", str(fresh)]) == 0
     (result,) = read_trace(trace)
-    assert len(result.steps) >= 2
+    assert result.num_iterations >= 2
     png, page = tmp_path / "back.png", tmp_path / "back.html"
     assert main(["visualize", "--from-trace", str(trace), "--out", str(png), "--html", str(page)]) == 0
     assert "eiopqrtuwy" in capsys.readouterr().out
@@ -23,8 +23,8 @@ def test_visualize_writes_a_trace_and_draws_it_back_as_png_and_html(tmp_path, ca
     assert not re.search(r"(src|href)=|https?://", text)  # self-contained: nothing to fetch
     committed = int((result.commit_step >= 0).sum())
     assert text.count('class="cell" data-step=') == committed == len(result.tokens)
-    assert text.count("<tr>") == len(result.steps) + 1  # header row + one per iteration
-    assert ">EOS</span>" in text and f'max="{len(result.steps) - 1}"' in text
+    assert text.count("<tr>") == result.num_iterations + 1  # header row + one per iteration
+    assert ">EOS</span>" in text and f'max="{result.num_iterations - 1}"' in text
     assert fresh.read_text().count('class="cell" data-step=') == committed
 
 

@@ -24,7 +24,7 @@ from starlette.requests import ClientDisconnect
 from refusion.errors import APIError, ConfigError, InvalidJSON, QueueFull
 from refusion.serve import responses
 from refusion.serve.errors import invalid_json, validation_error
-from refusion.serve.options import Plan, plan_request
+from refusion.serve.options import RequestPlan, plan_request
 from refusion.serve.schema import ChatCompletionRequest, CompletionRequest, parse_body
 from refusion.serve.session import LiveRequest, pieces
 from refusion.serve.state import ServerState, server_of
@@ -48,7 +48,7 @@ async def chat_completions(request: Request) -> Any:
     return await answer(request, ChatCompletionRequest, "chat")
 
 
-def prepare(server: ServerState, raw: bytes, schema: Any) -> tuple[Any, Plan]:
+def prepare(server: ServerState, raw: bytes, schema: Any) -> tuple[Any, RequestPlan]:
     """The request as ``schema`` and its plan; raises :class:`APIError`. Runs in a worker thread."""
     try:
         body = parse_body(raw, schema)

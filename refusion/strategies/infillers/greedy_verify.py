@@ -133,7 +133,8 @@ class GreedyVerify(Infiller):
                     s.branch = s.branch.extended(o, fed_to - fed_from)
                     last = o.scores[fed_to - 1 - fed_from]
                 else:
-                    guess = ctx.sample(o.scores[lo:])[0].cpu()  # guess[j] predicts token s.accepted + j
+                    # guess[j] predicts token s.accepted + j (on the drafts' device: one comparison, no mixing)
+                    guess = ctx.sample(o.scores[lo:])[0].to(s.tokens.device)
                     drafts = s.tokens[s.accepted : fed_to]
                     match = drafts == guess[: len(drafts)]
                     agreed = int(match.long().cumprod(0).sum())

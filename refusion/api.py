@@ -22,6 +22,7 @@ def decoder_spec(
     selector: Any = None,
     infiller: Any = None,
     reorderer: Any = None,
+    reviser: Any = None,
     **params: Any,
 ) -> DecoderSpec:
     """The :class:`~refusion.config.spec.DecoderSpec` :func:`generate` would use.
@@ -40,7 +41,7 @@ def decoder_spec(
         chosen = get_preset(preset)
     else:
         chosen = getattr(adapter, "preset", None) or get_preset("paper")
-    parts = dict(partitioner=partitioner, selector=selector, infiller=infiller, reorderer=reorderer)
+    parts = dict(partitioner=partitioner, selector=selector, infiller=infiller, reorderer=reorderer, reviser=reviser)
     return chosen.merged(parts, params, model=adapter)
 
 
@@ -62,6 +63,7 @@ def generate(
     selector: Any = None,
     infiller: Any = None,
     reorderer: Any = None,
+    reviser: Any = None,
     seeds: Any = None,
     trace: Any = None,
     record: bool = False,
@@ -103,6 +105,7 @@ def generate(
         selector=selector,
         infiller=infiller,
         reorderer=reorderer,
+        reviser=reviser,
         **params,
     )
     batch = is_batch(prompt)

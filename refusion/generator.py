@@ -509,7 +509,7 @@ class Generator:
         if result is not None:  # the answer is known: the prefix is all of it
             stop = len(result.tokens)
         else:
-            missing = (session.commit_step[start:] < 0).nonzero()
+            missing = (~session.sealed[start:]).nonzero()  # only sealed tokens are final (a reviser may revise)
             stop = start + (int(missing[0]) if len(missing) else session.partition.gen_length - start)
         new = session.tokens[start:stop].tolist()
         eos = self.model.eos_token_ids

@@ -7,7 +7,7 @@ from typing import Any
 
 from refusion.errors import ConfigError
 
-PART_KINDS = ("partitioner", "selector", "infiller", "reorderer")
+PART_KINDS = ("partitioner", "selector", "infiller", "reorderer", "reviser")
 
 
 def class_path(cls: Any) -> str:

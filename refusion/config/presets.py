@@ -78,6 +78,28 @@ DEFINITIONS: dict[str, dict] = {
         reorderer="no-cache",
         peer="llada.generate",
     ),
+    "wino": dict(
+        description="WINO (arXiv 2507.18578, Feng-Hong/WINO-DLLM decoding_wino): semi-AR blocks of `block_length` 32; "
+        "each step accepts every masked position whose draft probability is > `threshold` (wide in, at most "
+        "0.7 of the block's masks, 5 to 20) and masks again earlier tokens whose leave-one-out probability is < "
+        "`threshold_back` (narrow out); Gumbel-max `temperature`; for models with logit shift 0 (LLaDA)",
+        gen_length=128,
+        params=dict(
+            block_length=32,
+            slot_size=1,
+            threshold=0.6,
+            threshold_back=0.9,
+            sampler="gumbel",
+            stop_at_eos=False,
+            precision="float64",
+        ),
+        partitioner="semi-ar",
+        selector="wino",
+        infiller="draft",
+        reorderer="no-cache",
+        reviser="wino",
+        peer="wino.decoding_wino",
+    ),
     "dream": dict(
         description="Dream (arXiv 2508.15487, diffusion_generate): one block over the answer, `steps` 128 on the "
         "timesteps linspace(1, `eps` 1e-3), `alg` entropy (origin / maskgit_plus / topk_margin / entropy), "

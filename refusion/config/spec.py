@@ -191,6 +191,7 @@ class DecoderSpec:
     selector: PartSpec = attrs.field(factory=lambda: PartSpec("threshold"))
     infiller: PartSpec = attrs.field(factory=lambda: PartSpec("parallel-ar"))
     reorderer: PartSpec = attrs.field(factory=lambda: PartSpec("commit-order"))
+    reviser: PartSpec = attrs.field(factory=lambda: PartSpec("none"))
     sampler: SamplerSpec = attrs.field(factory=SamplerSpec)
     engine: Any = spec_option("engine", converter=_engine)
     seed: int = spec_option("seed")
@@ -210,10 +211,13 @@ class DecoderSpec:
         selector: Any = "threshold",
         infiller: Any = "parallel-ar",
         reorderer: Any = "commit-order",
+        reviser: Any = "none",
         **fields: Any,
     ) -> DecoderSpec:
         """A spec from part names, classes or instances (parameters then go through :meth:`with_params`)."""
-        parts = dict(partitioner=partitioner, selector=selector, infiller=infiller, reorderer=reorderer)
+        parts = dict(
+            partitioner=partitioner, selector=selector, infiller=infiller, reorderer=reorderer, reviser=reviser
+        )
         specs: dict[str, Any] = {kind: PartSpec.of(kind, part) for kind, part in parts.items()}
         return cls(**specs, **fields)
 

@@ -38,18 +38,19 @@ from refusion.decoding.session import DecodeSession
 from refusion.decoding.types import DecodeResult, Partition
 from refusion.errors import ConfigError
 from refusion.models.base import ModelAdapter
-from refusion.strategies.base import CacheReorderer, Infiller, SlotPartitioner, SlotSelector
+from refusion.strategies.base import CacheReorderer, Infiller, Reviser, SlotPartitioner, SlotSelector
+from refusion.strategies.revisers.none import NoReviser
 from refusion.validators import check_integer, is_integer
 
 
-def _part(kind: type):
+def _part(kind: type, **kwargs: Any):
     def check(instance, attribute, value):
         if not isinstance(value, kind):
             raise ConfigError(
                 f"`{attribute.name}` must be a {kind.__name__} instance; got {value!r}.", param=attribute.name
             )
 
-    return attrs.field(validator=check)
+    return attrs.field(validator=check, **kwargs)
 
 
 @attrs.frozen
@@ -92,6 +93,7 @@ class Decoder:
     selector: SlotSelector = _part(SlotSelector)
     infiller: Infiller = _part(Infiller)
     reorderer: CacheReorderer = _part(CacheReorderer)
+    reviser: Reviser = _part(Reviser, factory=NoReviser)
     sample: Sampler = cast(Sampler, greedy)
     calls_per_token: int = decoder_option("calls_per_token")
     engine: Any = decoder_option("engine")
@@ -107,6 +109,7 @@ class Decoder:
         selector: Any = "threshold",
         infiller: Any = "parallel-ar",
         reorderer: Any = "commit-order",
+        reviser: Any = "none",
         **params: Any,
     ) -> Decoder:
         """Build parts from names, classes, ``"module:Class"`` strings or instances.
@@ -118,7 +121,7 @@ class Decoder:
         ``top_k``, ``top_p`` to the decoder (see :class:`~refusion.config.spec.DecoderSpec`,
         which this builds; ``sample=`` takes a ready-made sampler).
         """
-        spec = DecoderSpec.of_parts(partitioner, selector, infiller, reorderer)
+        spec = DecoderSpec.of_parts(partitioner, selector, infiller, reorderer, reviser)
         sample = params.pop("sample", None)
         if sample is not None:
             if any(k in params for k in ("sampler", "temperature", "top_k", "top_p")):
@@ -176,7 +179,14 @@ class Decoder:
     def check_model(self, model: ModelAdapter) -> None:
         """Refuse a model that lacks a capability one of the parts requires."""
         caps = model.capabilities
-        for part in (self.partitioner, self.selector, self.infiller, self.reorderer):
+        if self.reviser.revises and caps.causal:
+            raise ConfigError(
+                f"reviser {self.reviser.name!r} revises accepted tokens before they are cached, which needs a "
+                f"bidirectional model (a masked diffusion or block-diffusion one); {type(model).__name__} is causal: "
+                "use reviser 'none' (ReFusion seals every commit at once).",
+                param="reviser",
+            )
+        for part in (self.partitioner, self.selector, self.infiller, self.reorderer, self.reviser):
             for field, wanted in getattr(part, "requires", {}).items():
                 if getattr(caps, field) != wanted:
                     raise ConfigError(

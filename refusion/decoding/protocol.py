@@ -127,12 +127,19 @@ class Extend:
     ``scores.probability(...)``); they are then projected to the vocabulary
     together with the other sequences' rows in one LM-head pass. Rows not
     named are still available, computed on demand.
+
+    ``verify`` (bidirectional models on the ``canvas`` engine only) also
+    runs a *leave-one-out* row per fed position, in the same forward: a mask
+    token at that position that sees the whole canvas except the token at its
+    twin position (WINO's verification block). The output then has ``2q``
+    rows: the fed positions', then their leave-one-out rows.
     """
 
     parent: Branch
     tokens: torch.Tensor = attrs.field(converter=lambda v: _as_long_1d("tokens", v))
     positions: torch.Tensor = attrs.field(converter=lambda v: _as_long_1d("positions", v))
     reads: slice | torch.Tensor | None = None
+    verify: bool = False
 
     def __attrs_post_init__(self):
         if self.tokens.shape != self.positions.shape:

@@ -33,7 +33,7 @@ from refusion.decoding.types import (
     Plan,
 )
 from refusion.models.base import ModelAdapter
-from refusion.strategies.base import InfillContext
+from refusion.strategies.base import InfillContext, Revision, RevisionView
 
 
 class DecodeSession:
@@ -81,7 +81,25 @@ class DecodeSession:
         #: drafts are argmaxes: a plan's rows are projected only when read
         self.greedy = is_greedy(decoder.sample)
         #: whose answers are checked on every call (parts from outside refusion; see checks.check_builtins)
-        self._checked = {kind: checks_answers(getattr(decoder, kind)) for kind in ("selector", "infiller", "reorderer")}
+        self._checked = {
+            kind: checks_answers(getattr(decoder, kind)) for kind in ("selector", "infiller", "reorderer", "reviser")
+        }
+        #: a reviser may revise accepted tokens: a block's tokens are sealed (cached) only when it is finished
+        self.revising = bool(decoder.reviser.revises)
+        #: the plan's forward also runs leave-one-out rows over the open block (the reviser reads them)
+        self.verifying = self.revising and bool(decoder.reviser.verifies)
+        #: positions accepted in the open block but not sealed yet (revisable)
+        self.accepted = torch.zeros(g, dtype=torch.bool)
+        #: positions sealed into the context (final)
+        self.sealed = torch.zeros(g, dtype=torch.bool)
+        #: the reviser's scratch space for the open block
+        self.block_memory: dict = {}
+        #: this iteration's leave-one-out rows over the open block: (region offsets, Scores) (verifying only)
+        self._verification: tuple[torch.Tensor, Any] | None = None
+        #: slot indices the reviser re-masked in the current iteration (for its record)
+        self._revised: tuple[int, ...] = ()
+        #: positions of leave-one-out rows after the canvas (the open block's length when verifying)
+        self._shadow = 0
 
     @property
     def cache(self):
@@ -114,10 +132,23 @@ class DecodeSession:
                 if reuse is not None and not isinstance(reuse, BlockReuse):
                     raise plugin_error(d.reorderer, f"start_block returned {reuse!r}; expected None or a BlockReuse.")
                 self.state.start_block(start, stop, reuse)
+            self.block_memory = {}
+            if self.verifying:  # the leave-one-out rows of this block's positions follow the canvas
+                self._shadow = sum(self.partition.slots[i].length for i in block)
+            iterations, limit = 0, d.calls_per_token * sum(self.partition.slots[i].length for i in block) + 8
             while True:
                 remaining = [i for i in block if self.open[i]]
                 if not remaining:
+                    if self.revising:
+                        self._seal(block)
                     break
+                iterations += 1
+                if self.revising and iterations > limit:
+                    raise plugin_error(
+                        d.reviser,
+                        f"kept block {block_index} open for {limit} iterations (calls_per_token x its length + 8); "
+                        "a reviser must let every block finish.",
+                    )
                 before = self._snapshot() if self.record else None
                 width = call_part(d.selector, d.selector.candidates, len(remaining))
                 if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= len(remaining):
@@ -138,7 +169,7 @@ class DecodeSession:
                     region_start=self.prompt_len,
                 )
                 drafted = d.selector.reads_scores or call_part(d.infiller, d.infiller.needs_drafts, ctx, candidates)
-                plan = yield from self._plan(candidates, drafted)
+                plan = yield from self._plan(candidates, drafted, block)
                 if drafted:  # the plan's forward encoded pending entries: what precedes the region is known now
                     ctx = attrs.evolve(ctx, last_scores=self.cache.last_scores)
                 chosen = call_part(d.selector, d.selector.select, plan)
@@ -164,9 +195,12 @@ class DecodeSession:
                         self.model.mask_token_id,
                         self.model.vocab_size,
                     )
-                result = self._apply_eos(result)
                 encoded = self.cache.encoded
-                editor = self._reorder(result)
+                if self.revising:
+                    editor = self._accept(result, block, block_index)
+                else:
+                    result = self._apply_eos(result)
+                    editor = self._reorder(result)
                 if before is not None:
                     self.records.append(
                         self._record(block_index, remaining, plan, chosen, result, before, encoded, editor)
@@ -177,8 +211,13 @@ class DecodeSession:
                 break
         return self._result()
 
-    def _plan(self, slots: tuple, drafted: bool) -> Generator[ModelCall, Any, Plan]:
-        """Draft ``slots`` with one forward of masks (or, when nobody reads the drafts, without one)."""
+    def _plan(self, slots: tuple, drafted: bool, block: Sequence[int] = ()) -> Generator[ModelCall, Any, Plan]:
+        """Draft ``slots`` with one forward of masks (or, when nobody reads the drafts, without one).
+
+        A revising decoder's plan feeds the whole open block (its accepted, not yet cached tokens and its
+        masks; with a verifying reviser also leave-one-out rows) and drafts the masked ``slots`` from it."""
+        if self.revising and drafted:
+            return (yield from self._block_plan(slots, block))
         offsets = [0]
         for slot in slots:
             offsets.append(offsets[-1] + slot.length)
@@ -204,16 +243,136 @@ class DecodeSession:
         )
         return Plan(slots, positions, out.scores, tuple(offsets), self.generator, drafts, **self._where())
 
+    def _block_plan(self, slots: tuple, block: Sequence[int]) -> Generator[ModelCall, Any, Plan]:
+        """A revising decoder's plan: one forward over the open block's tokens (plus leave-one-out rows)."""
+        offsets = [0]
+        for slot in slots:
+            offsets.append(offsets[-1] + slot.length)
+        first = self.partition.slots[block[0]].offset
+        stop = self.partition.slots[block[-1]].stop
+        span = torch.arange(first, stop)
+        positions = torch.cat([torch.arange(s.offset, s.stop) for s in slots]) + self.prompt_len
+        fed = Extend(ROOT, self.tokens[first:stop], span + self.prompt_len, verify=self.verifying)
+        (out,) = yield ModelCall.of(fed)
+        scores = out.scores[positions - self.prompt_len - first]
+        if self.verifying:
+            self._verification = (span, out.scores[len(span) :])
+        draw = lambda s: self._draw(s, positions)  # noqa: E731
+        drafts = Drafts(
+            scores,
+            draw,
+            len(positions),
+            lazy=self.greedy,
+            exclude=self.model.mask_token_id,
+            rowwise=getattr(self.decoder.sample, "rowwise", False),
+        )
+        return Plan(slots, positions, scores, tuple(offsets), self.generator, drafts, **self._where())
+
+    def _accept(self, result: InfillResult, block: Sequence[int], block_index: int) -> CacheEditor:
+        """A revising decoder's commits: accepted, revisable until the block is sealed; then the reviser's turn."""
+        d = self.decoder
+        iteration = len(self.committed)
+        now = torch.zeros_like(self.accepted)
+        for c in result.commits:
+            offset, n = c.slot.offset, c.tokens.shape[0]
+            self.tokens[offset : offset + n] = c.tokens.cpu()
+            self.commit_step[offset : offset + n] = iteration
+            now[offset : offset + n] = True
+            self.open[c.slot.index] = False
+        verified = self._verified_probabilities(now)
+        self.accepted |= now
+        first = self.partition.slots[block[0]].offset
+        stop = self.partition.slots[block[-1]].stop
+        inside = self.accepted[first:stop].nonzero().squeeze(-1) + first
+        view = RevisionView(
+            offsets=inside,
+            tokens=self.tokens[inside],
+            accepted_now=now[inside],
+            verified=None if verified is None else verified[inside - first],
+            masked=int((~self.accepted[first:stop]).sum()),
+            block=block_index,
+            block_start=first,
+            block_stop=stop,
+            memory=self.block_memory,
+        )
+        revision = call_part(d.reviser, d.reviser.revise, view)
+        self._revised = self._revise(revision, set(inside.tolist())) if revision else ()
+        return CacheEditor(self.cache)
+
+    def _verified_probabilities(self, now: torch.Tensor) -> torch.Tensor | None:
+        """Each position of the open block: the float64 probability of its accepted token under its leave-one-out
+        row of this iteration's forward (NaN where it was not accepted before this iteration)."""
+        if self._verification is None:
+            return None
+        span, rows = self._verification
+        self._verification = None
+        earlier = self.accepted[span] & ~now[span]
+        out = torch.full((len(span),), float("nan"), dtype=torch.float64)
+        if bool(earlier.any()):
+            index = earlier.nonzero().squeeze(-1)
+            logits = rows[index].logits.to(torch.float64)
+            probs = torch.softmax(logits, dim=-1)
+            tokens = self.tokens[span[index]].to(probs.device)
+            out[index] = probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).cpu()
+        return out
+
+    def _revise(self, revision: Any, allowed: set[int]) -> tuple[int, ...]:
+        """Apply a reviser's :class:`Revision` (checked): re-masked positions reopen their whole slot."""
+        d = self.decoder
+        if not isinstance(revision, Revision):
+            raise plugin_error(d.reviser, f"revise returned {revision!r:.80}; expected None or a Revision.")
+        named = set(revision.remask) | set(revision.replace)
+        if not named <= allowed:
+            raise plugin_error(
+                d.reviser, f"revised offsets {sorted(named - allowed)[:8]} that are not accepted tokens of the view."
+            )
+        vocab, mask = self.model.vocab_size, self.model.mask_token_id
+        for offset, token in revision.replace.items():
+            if not 0 <= token < vocab or token == mask:
+                raise plugin_error(
+                    d.reviser,
+                    f"replaced offset {offset} with {token}; expected a token id in [0, {vocab}) other than the mask.",
+                )
+            self.tokens[offset] = token
+        reopened = sorted({self._slot_at(o) for o in revision.remask})
+        for index in reopened:
+            slot = self.partition.slots[index]
+            self.tokens[slot.offset : slot.stop] = mask
+            self.commit_step[slot.offset : slot.stop] = -1
+            self.accepted[slot.offset : slot.stop] = False
+            self.open[index] = True
+        return tuple(reopened)
+
+    def _slot_at(self, offset: int) -> int:
+        for slot in self.partition.slots:
+            if slot.offset <= offset < slot.stop:
+                return slot.index
+        raise IndexError(offset)  # pragma: no cover - offsets are checked against the view first
+
+    def _seal(self, block: Sequence[int]) -> None:
+        """The open block is finished: EOS applied, its accepted tokens handed to the reorderer (the cache)."""
+        slots = [self.partition.slots[i] for i in block if self.accepted[self.partition.slots[i].offset]]
+        if not slots:
+            return
+        commits = [
+            Commit(s, self.tokens[s.offset : s.stop].clone(), torch.arange(s.offset, s.stop) + self.prompt_len)
+            for s in slots
+        ]
+        result = self._apply_eos(InfillResult(commits))
+        self.accepted[:] = False
+        self._reorder(result, stamp=False)
+
     def _where(self) -> dict:
-        """The plan's place in the decode, for schedule-driven selectors."""
+        """The plan's place in the decode, for schedule-driven selectors (a verifying decoder's canvas holds the
+        leave-one-out rows too)."""
         return dict(
-            canvas_length=self.prompt_len + self.partition.gen_length,
+            canvas_length=self.prompt_len + self.partition.gen_length + self._shadow,
             num_blocks=len(self.partition.blocks),
             memory=self.memory,
         )
 
     def _draw(self, scores: Any, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        canvas = self.prompt_len + self.partition.gen_length
+        canvas = self._where()["canvas_length"]
         block = None
         if getattr(self.decoder.sample, "draws_block", False) and hasattr(self.model, "block_start"):
             start = self.model.block_start(int(positions[0]), self.prompt_len)
@@ -298,12 +457,15 @@ class DecodeSession:
             kv_pending=editor.appended - editor.appended_kv,
             kv_encoded=encoded - encoded_before,
             kv_invalidated=editor.invalidated,
+            revised=self._revised,
             kv_copied_bytes=c.kv_context_bytes - copied,
             kv_written_bytes=c.kv_new_bytes - written,
             seconds=time.perf_counter() - start,
         )
 
-    def _reorder(self, result: InfillResult) -> CacheEditor:
+    def _reorder(self, result: InfillResult, stamp: bool = True) -> CacheEditor:
+        """Seal ``result``'s commits: the reorderer puts them into the cache (checked); ``stamp`` marks them
+        committed in this iteration (a revising decoder's tokens keep the iteration that accepted them)."""
         d = self.decoder
         expected = len(self.cache) + sum(c.tokens.shape[0] for c in result.commits)
         editor = CacheEditor(self.cache)
@@ -322,7 +484,9 @@ class DecodeSession:
         for c in result.commits:
             offset = c.slot.offset
             self.tokens[offset : offset + c.tokens.shape[0]] = c.tokens.cpu()
-            self.commit_step[offset : offset + c.tokens.shape[0]] = len(self.committed)
+            if stamp:
+                self.commit_step[offset : offset + c.tokens.shape[0]] = len(self.committed)
+            self.sealed[offset : offset + c.tokens.shape[0]] = True
             self.open[c.slot.index] = False
         return editor
 

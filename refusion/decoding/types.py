@@ -302,6 +302,9 @@ class IterationRecord:
     ``selected`` the selector's choice, ``committed`` ``(slot index, tokens
     kept)`` pairs in commit order. ``forwards`` counts the model forwards of
     this iteration (the first iteration's includes the prompt prefill).
+    ``revised``: slots a reviser masked again after this iteration's commits
+    (their tokens are decoded again; with a revising reviser ``committed``
+    means accepted, sealed when the block is finished).
 
     Measured, not compared by ``==``: ``confidence`` (first-token confidence
     of each drafted slot, when the selector read them; else empty),
@@ -323,6 +326,7 @@ class IterationRecord:
     committed: tuple[tuple[int, int], ...]
     forwards: int
     drafted: tuple[int, ...] = ()
+    revised: tuple[int, ...] = ()
     confidence: tuple[float, ...] = _measured(())
     fed_tokens: tuple[int, ...] = _measured(())
     kv_appended: int = _measured(0)

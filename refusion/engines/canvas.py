@@ -128,6 +128,8 @@ class CanvasEngine(Engine):
         wanted = extend.positions.cpu() - shift
         if int(wanted.min()) < 0:
             raise ValueError("with a logit shift of 1, position 0 cannot be predicted")
+        if extend.verify:
+            return self._verified(state, extend, canvas, block)
         if block is not None and not block.stale:
             inside = bool(((wanted >= block.prefix_end) & (wanted < block.suffix_start)).all())
             if inside:
@@ -153,6 +155,36 @@ class CanvasEngine(Engine):
         return ExtendOutput(
             extend, Scores(logits=logits[wanted.to(logits.device)]), [], 0, 0, self.epoch, self.epoch.value
         )
+
+    def _verified(self, state: CanvasSequence, extend: Extend, canvas: torch.Tensor, block) -> ExtendOutput:
+        """The canvas plus one leave-one-out row per fed position (WINO's verification block), in one forward.
+
+        The input is the canvas followed by a mask token per fed position, at
+        that position; canvas rows attend to the canvas only; leave-one-out row
+        ``j`` attends to the canvas except the fed position ``j`` and to every
+        leave-one-out row (WINO-DLLM ``decoding_wino``'s mask, built the same way)."""
+        from refusion.errors import ConfigError
+
+        if self.model.capabilities.logit_shift or state.cfg_scale > 0 or block is not None:
+            raise ConfigError(
+                "leave-one-out verification (a verifying reviser such as 'wino') runs on models with logit shift 0, "
+                "without `cfg_scale` and without a block cache (reorderer 'no-cache' or 'commit-order').",
+                param="reviser",
+            )
+        n, q = canvas.shape[0], extend.positions.shape[0]
+        twins = extend.positions.cpu()
+        ids = torch.cat((canvas, torch.full((q,), self.model.mask_token_id, dtype=torch.long)))
+        positions = torch.cat((torch.arange(n), twins))
+        allowed = torch.ones(n + q, n + q, dtype=torch.bool)
+        allowed[:, n:] = False
+        allowed[n:, n:] = True
+        allowed[n + torch.arange(q), twins] = False
+        device = self.device
+        mask = allowed[None, None].to(device)
+        scores = self.run_network(ids[None].to(device), positions[None].to(device), mask, None)[0]
+        self.served({state: n + q}, pairs=int(allowed.sum()))
+        rows = torch.cat((twins, n + torch.arange(q)))
+        return ExtendOutput(extend, scores[rows], [], 0, 0, self.epoch, self.epoch.value)
 
     def _forward(self, state: CanvasSequence, ids, positions, cache_obj):
         device = self.device

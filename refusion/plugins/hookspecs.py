@@ -38,6 +38,11 @@ def register_reorderers(register: Register) -> None:
 
 
 @hookspec
+def register_revisers(register: Register) -> None:
+    """Register :class:`~refusion.strategies.base.Reviser` subclasses: ``register(MyReviser)``."""
+
+
+@hookspec
 def register_model_adapters(register: Register) -> None:
     """Register :class:`~refusion.models.base.ModelAdapter` subclasses: ``register(MyAdapter)``."""
 

@@ -22,13 +22,14 @@ def _interfaces() -> dict[str, type]:
     from refusion.engines.base import Engine
     from refusion.models.base import ModelAdapter
     from refusion.models.families.base import ModelFamily
-    from refusion.strategies.base import CacheReorderer, Infiller, SlotPartitioner, SlotSelector
+    from refusion.strategies.base import CacheReorderer, Infiller, Reviser, SlotPartitioner, SlotSelector
 
     return {
         "partitioner": SlotPartitioner,
         "selector": SlotSelector,
         "infiller": Infiller,
         "reorderer": CacheReorderer,
+        "reviser": Reviser,
         "model_adapter": ModelAdapter,
         "model_family": ModelFamily,
         "engine": Engine,
@@ -41,6 +42,7 @@ HOOKS = {
     "selector": "register_selectors",
     "infiller": "register_infillers",
     "reorderer": "register_reorderers",
+    "reviser": "register_revisers",
     "model_adapter": "register_model_adapters",
     "model_family": "register_model_families",
     "engine": "register_engines",

@@ -1,4 +1,4 @@
-"""The four swappable parts of ReFusion decoding, and what they may rely on.
+"""The swappable parts of ReFusion decoding, and what they may rely on.
 
 Each iteration of the decoder, for the current serial block:
 
@@ -6,7 +6,10 @@ Each iteration of the decoder, for the current serial block:
 2. a :class:`SlotSelector` picks the slots to infill now;
 3. an :class:`Infiller` finishes some of them, asking the model for what it
    needs through yielded :class:`~refusion.decoding.protocol.ModelCall` s;
-4. a :class:`CacheReorderer` puts the finished slots into the context cache.
+4. a :class:`Reviser` may re-mask or replace tokens accepted earlier in the
+   block (WINO, LLaDA 2.1 editing); with the default ``none`` nothing is
+   revisable and every commit is sealed at once;
+5. a :class:`CacheReorderer` puts the sealed slots into the context cache.
 
 Before decoding, a :class:`SlotPartitioner` cuts the generation region into
 slots and serial blocks. Parts are small, stateless between calls and
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from abc import ABC, abstractmethod
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from typing import ClassVar
 
 import attrs
@@ -237,6 +240,70 @@ class CacheReorderer(Part):
         return None
 
 
+@attrs.frozen(eq=False)
+class RevisionView:
+    """The open block's accepted, not yet sealed tokens after an iteration's commits (what a reviser reads).
+
+    ``offsets`` (shape ``(n,)``, region offsets in position order) and
+    ``tokens`` are those tokens; ``accepted_now`` marks the ones this
+    iteration accepted. ``verified`` (float64, ``(n,)``) is each token's
+    probability under its leave-one-out row of this iteration's plan forward,
+    computed before this iteration's acceptances (so ``NaN`` where
+    ``accepted_now``); ``None`` unless the reviser :attr:`~Reviser.verifies`.
+    ``masked`` counts the block's positions still masked; ``block`` is the
+    serial block's index, ``block_start``/``block_stop`` its region offsets;
+    ``memory`` is this sequence's scratch space for the block (emptied when
+    a block starts). Read-only except ``memory``.
+    """
+
+    offsets: torch.Tensor
+    tokens: torch.Tensor
+    accepted_now: torch.Tensor
+    verified: torch.Tensor | None
+    masked: int
+    block: int
+    block_start: int
+    block_stop: int
+    memory: dict = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class Revision:
+    """A reviser's answer: region offsets to mask again (``remask``) and tokens to put instead of the accepted
+    ones (``replace``: offset -> token id). Both may name only offsets of the view; re-masked slots are decoded
+    again, replaced tokens stay accepted."""
+
+    remask: tuple[int, ...] = attrs.field(default=(), converter=lambda v: tuple(int(x) for x in v))
+    replace: Mapping[int, int] = attrs.field(factory=dict, converter=lambda v: {int(k): int(t) for k, t in v.items()})
+
+    def __bool__(self) -> bool:
+        return bool(self.remask or self.replace)
+
+
+class Reviser(Part):
+    """Revises accepted tokens of the open block before they are sealed into the cache.
+
+    With a reviser that :attr:`revises`, a block's accepted tokens stay
+    revisable until no position of the block is masked and an iteration ends
+    without a revision: then the whole block is sealed (EOS applied, the
+    reorderer called once). The default ``none`` revises nothing and seals
+    every commit at once (ReFusion's cache reuse, unchanged).
+    """
+
+    kind = "reviser"
+    #: False only for ``none``: commits are sealed at once
+    revises: ClassVar[bool] = True
+    #: the plan's forward also runs a leave-one-out row per position of the open block (``Extend.verify``; the
+    #: ``canvas`` engine), and :attr:`RevisionView.verified` holds each accepted token's probability under it
+    verifies: ClassVar[bool] = False
+
+    @abstractmethod
+    def revise(self, view: RevisionView) -> Revision | None:
+        """Receive the open block's accepted tokens after this iteration's commits; return what to re-mask or
+        replace (``None`` or an empty :class:`Revision`: nothing). Must not touch ``view`` except its ``memory``.
+        Decoding still terminates: a block is revised at most ``calls_per_token`` times its length."""
+
+
 __all__ = [
     "BlockReuse",
     "Branch",
@@ -253,6 +320,9 @@ __all__ = [
     "Partition",
     "Plan",
     "Part",
+    "Reviser",
+    "Revision",
+    "RevisionView",
     "Slot",
     "SlotPartitioner",
     "SlotSelector",

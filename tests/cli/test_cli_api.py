@@ -101,7 +101,7 @@ def test_every_preset_builds_and_decodes(name, checkpoint):
     preset = PRESETS[name]
     if preset.selector.name == "sdar-steps":
         model = tiny_block_diffusion(vocab_size=24, max_positions=1024, block_length=4, layout="absolute")
-    elif preset.reorderer.name in ("dual-cache", "prefix-cache"):
+    elif preset.reorderer.name in ("dual-cache", "prefix-cache") or preset.reviser.name == "wino":
         model = tiny_bidirectional(vocab_size=24, max_positions=1024, logit_shift=int(name == "fast-dllm-dream"))
     else:
         model = HFCausalLM(tiny_qwen3(vocab_size=24, max_positions=1024, logit_scale=6.0))

@@ -41,8 +41,10 @@ def test_builtins_are_registered_under_their_names():
         "dream-steps",
         "dream-blocks",
         "sdar-steps",
+        "wino",
     }
     assert set(reg.names("infiller")) == {"parallel-ar", "greedy-verify", "draft"}
+    assert reg.names("reviser") == ("none", "wino")
     assert set(reg.names("reorderer")) == {"commit-order", "reencode", "no-cache", "prefix-cache", "dual-cache"}
     assert reg.names("partitioner") == ("fixed", "semi-ar")
     assert set(reg.names("model_adapter")) == {"hf-block", "hf-causal", "hf-mdm"}
@@ -72,6 +74,7 @@ def test_every_hook_registers_a_part(kind):
         "partitioner": "one-block",
         "infiller": "lossless",
         "reorderer": "exact",
+        "reviser": "mask-repeats",
         "model_adapter": "sample-adapter",
         "engine": "recompute",
         "model_family": "sample-family",

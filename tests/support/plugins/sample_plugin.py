@@ -9,7 +9,7 @@ from refusion.engines.base import Engine, SequenceState
 from refusion.models.families.refusion import ReFusion
 from refusion.models.hf import HFCausalLM
 from refusion.plugins import hookimpl
-from refusion.strategies.base import SlotSelector
+from refusion.strategies.base import Reviser, Revision, SlotSelector
 from refusion.strategies.infillers.greedy_verify import GreedyVerify
 from refusion.strategies.partitioners.fixed import FixedSlots
 from refusion.strategies.reorderers.reencode import Reencode
@@ -23,6 +23,21 @@ class Rightmost(SlotSelector):
 
     def select(self, plan):
         return [len(plan) - 1]
+
+
+@attrs.frozen
+class MaskRepeats(Reviser):
+    """Masks again, once per block, every earlier-accepted token equal to the token accepted just before it."""
+
+    name = "mask-repeats"
+
+    def revise(self, view):
+        if view.memory.get("done"):
+            return None
+        view.memory["done"] = True
+        tokens = view.tokens.tolist()
+        again = [int(o) for i, o in enumerate(view.offsets.tolist()) if i and tokens[i] == tokens[i - 1]]
+        return Revision(remask=again)
 
 
 class OneBlock(FixedSlots):
@@ -142,6 +157,11 @@ def register_infillers(register):
 @hookimpl
 def register_reorderers(register):
     register(Exact)
+
+
+@hookimpl
+def register_revisers(register):
+    register(MaskRepeats)
 
 
 @hookimpl

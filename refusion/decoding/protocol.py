@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 import torch
@@ -225,6 +225,20 @@ class Projection:
 
     scores: Scores
     rows: slice | torch.Tensor
+
+
+@attrs.frozen(eq=False)
+class Selection:
+    """A request, yielded by the decoder's program, for ``selector`` to choose among ``plan``'s slots.
+
+    The driver collects the requests of all live sequences, calls each distinct
+    selector's :meth:`~refusion.strategies.base.SlotSelector.choose` once with
+    the plans of every sequence it decides for (:class:`~refusion.decoding.plans.Plans`),
+    and resumes each program with its row's choice.
+    """
+
+    selector: Any
+    plan: Any
 
 
 @attrs.frozen

@@ -20,7 +20,7 @@ import torch
 
 from refusion.cache.sequence import CacheEditor
 from refusion.decoding.checks import bounded, call_part, checked_result, checked_selection, checks_answers, plugin_error
-from refusion.decoding.protocol import ROOT, BlockReuse, Extend, ModelCall, Projection
+from refusion.decoding.protocol import ROOT, BlockReuse, Extend, ModelCall, Projection, Selection
 from refusion.decoding.sampling import apply_sampler, is_greedy
 from refusion.decoding.types import (
     Commit,
@@ -172,7 +172,7 @@ class DecodeSession:
                 plan = yield from self._plan(candidates, drafted, block)
                 if drafted:  # the plan's forward encoded pending entries: what precedes the region is known now
                     ctx = attrs.evolve(ctx, last_scores=self.cache.last_scores)
-                chosen = call_part(d.selector, d.selector.select, plan)
+                chosen = yield Selection(d.selector, plan)  # decided with the other sequences' plans
                 chosen = (
                     checked_selection(d.selector, plan, chosen) if self._checked["selector"] else tuple(sorted(chosen))
                 )

@@ -20,7 +20,9 @@ from typing import Any
 import attrs
 import torch
 
-from refusion.decoding.protocol import ModelCall, Projection
+from refusion.decoding.checks import call_part, plugin_error
+from refusion.decoding.plans import Plans
+from refusion.decoding.protocol import ModelCall, Projection, Selection
 from refusion.decoding.scores import project
 from refusion.decoding.types import DecodeResult
 from refusion.engines.base import Engine, SequenceState
@@ -69,10 +71,12 @@ class Runner:
         return finished
 
     def _advance(self, sends: dict, finished: list, start: bool = False) -> None:
-        """Send each program its value; resolve the Projections they yield in batches until each waits on a call."""
+        """Send each program its value; resolve the Projections and Selections they yield in batches (one LM-head
+        pass, one ``choose`` per selector) until each waits on a call."""
         mask = self.engine.model.mask_token_id
         while sends:
             projections: dict[SequenceState, Projection] = {}
+            selections: dict[SequenceState, Selection] = {}
             for state, value in sends.items():
                 session, program = self._live[state]
                 try:
@@ -89,12 +93,41 @@ class Runner:
                     continue
                 if isinstance(item, Projection):
                     projections[state] = item
+                elif isinstance(item, Selection):
+                    selections[state] = item
                 else:
                     self._calls[state] = item
             start = False
             if projections:
                 project([(p.scores, p.rows) for p in projections.values()], mask)
             sends = {state: None for state in projections}
+            sends.update(self._choose(selections))
+
+    def _choose(self, selections: dict[SequenceState, Selection]) -> dict[SequenceState, Any]:
+        """Each distinct selector's ``choose`` once, over the plans of every sequence it decides for; a selector
+        that raises fails the sequences of its group (they leave the runner, as a failing program does)."""
+        groups: dict[Any, list[SequenceState]] = {}
+        for state, item in selections.items():
+            groups.setdefault(_key(item.selector), []).append(state)
+        out: dict[SequenceState, Any] = {}
+        for states in groups.values():
+            selector = selections[states[0]].selector
+            plans = Plans([selections[s].plan for s in states])
+            try:
+                chosen = call_part(selector, selector.choose, plans)
+                if not isinstance(chosen, (list, tuple)) or len(chosen) != len(states):
+                    raise plugin_error(
+                        selector, f"choose returned {chosen!r:.80}; expected one choice per plan ({len(states)})."
+                    )
+            except Exception as exc:  # the group's programs receive it as their own failure
+                for state in states:
+                    session, program = self._live.pop(state)
+                    program.close()
+                    self.engine.release(state)
+                    self.failures.append((session, exc))
+                continue
+            out.update(zip(states, chosen))
+        return out
 
     def cancel(self, session: Any) -> bool:
         """Stop ``session``'s program and free its sequence; False if it was not live."""
@@ -118,6 +151,15 @@ class Runner:
             self.engine.release(state)
         self._live.clear()
         self._calls = {}
+
+
+def _key(selector: Any) -> Any:
+    """Group key of a selector: equal (frozen, same fields) selectors decide together."""
+    try:
+        hash(selector)
+    except TypeError:
+        return id(selector)
+    return (type(selector), selector)
 
 
 def _reads(outputs: dict) -> list[tuple]:

@@ -27,6 +27,7 @@ import attrs
 import torch
 
 from refusion.cache.sequence import CacheEditor
+from refusion.decoding.plans import Plans
 from refusion.decoding.protocol import ROOT, BlockReuse, Branch, Extend, ExtendOutput, ModelCall
 from refusion.decoding.sampling import Sampler, greedy
 from refusion.decoding.scores import Scores
@@ -119,6 +120,19 @@ class SlotSelector(Part):
         the plan's tensors. Where scores tie, the built-in selectors take the
         lowest position first (a stable sort); plugins should too.
         """
+
+    def choose(self, plans: Plans) -> list[Sequence[int]]:
+        """Receive the plans of every sequence this selector decides for in this engine step (one row each);
+        return each row's choice, as :meth:`select` would return it for that row's plan.
+
+        The batched form: read ``plans``' stacked ``(rows, width)`` views
+        (``first_confidence``, ``first_margin``, ``first_entropy``, ``valid``)
+        with tensor operations over the group. Must give every row what
+        :meth:`select` gives it alone (the decoder calls ``choose`` whatever
+        the batch). Default: :meth:`select` row by row (a per-sequence
+        selector needs nothing more).
+        """
+        return [self.select(plan) for plan in plans]
 
     def candidates(self, remaining: int) -> int:
         """How many of the block's ``remaining`` masked slots, leftmost first, :meth:`select` may pick.
@@ -319,6 +333,7 @@ __all__ = [
     "ModelCall",
     "Partition",
     "Plan",
+    "Plans",
     "Part",
     "Reviser",
     "Revision",

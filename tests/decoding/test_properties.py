@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from refusion.decoding.decoder import Decoder
-from refusion.decoding.protocol import Branch, Extend, ModelCall, Projection
+from refusion.decoding.plans import Plans
+from refusion.decoding.protocol import Branch, Extend, ModelCall, Projection, Selection
 from refusion.plugins.registry import registry
 from refusion.testing import check_result
 from tests.support.helpers import layouts, model_setups
@@ -126,9 +127,10 @@ def test_cache_reads_equal_fresh_forward(engine, reorderer, setup, layout, data,
     call, plans = next(program), 0
     with torch.inference_mode():
         while True:
-            if isinstance(call, Projection):  # resolved on demand when not batched
+            if isinstance(call, (Projection, Selection)):  # resolved on demand / by the selector alone
+                answer = call.selector.choose(Plans([call.plan]))[0] if isinstance(call, Selection) else None
                 try:
-                    call = program.send(None)
+                    call = program.send(answer)
                 except StopIteration:
                     break
                 continue

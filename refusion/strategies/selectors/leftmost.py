@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import attrs
 
+from refusion.decoding.plans import Plans
 from refusion.decoding.types import Plan
 from refusion.plugins import hookimpl
 from refusion.strategies.base import SlotSelector
@@ -23,6 +24,9 @@ class Leftmost(SlotSelector):
 
     def select(self, plan: Plan) -> Sequence[int]:
         return [0]
+
+    def choose(self, plans: Plans) -> list[Sequence[int]]:
+        return [[0] for _ in plans]
 
 
 @hookimpl

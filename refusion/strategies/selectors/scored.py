@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import attrs
 import torch
 
+from refusion.decoding.plans import Plans, rows_to_lists, top_k_rows
 from refusion.decoding.types import Plan
 from refusion.strategies.base import SlotSelector
 from refusion.validators import positive_int
@@ -28,6 +29,9 @@ class TopKByScore(SlotSelector):
 
     def select(self, plan: Plan) -> Sequence[int]:
         return top_k(self.score(plan), self.k)
+
+    def choose(self, plans: Plans) -> list[Sequence[int]]:
+        return rows_to_lists(top_k_rows(plans.stack(self.score, float("-inf")), self.k, plans.valid))
 
 
 def top_k(scores: torch.Tensor, k: int) -> list[int]:

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import attrs
 
+from refusion.decoding.plans import Plans, rows_to_lists, top_k_rows
 from refusion.decoding.types import Plan
 from refusion.plugins import hookimpl
 from refusion.strategies.base import SlotSelector
@@ -41,6 +42,14 @@ class ConfidenceThreshold(SlotSelector):
         kept = scores >= self.slot_threshold if self.inclusive else scores > self.slot_threshold
         chosen = kept.nonzero().flatten().tolist()
         return chosen or ranked(plan, scores, 1, self.ties, among=1 if self.ties == "slots" else len(plan))
+
+    def choose(self, plans: Plans) -> list[Sequence[int]]:
+        if self.ties != "lowest":  # a peer's torch.topk tie-breaking is a row-by-row rule
+            return super().choose(plans)
+        scores = plans.first_confidence
+        kept = scores >= self.slot_threshold if self.inclusive else scores > self.slot_threshold
+        fallback = ~kept.any(-1)
+        return rows_to_lists(kept | (top_k_rows(scores, 1, plans.valid) & fallback[:, None]))
 
 
 @hookimpl

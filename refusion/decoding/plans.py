@@ -91,5 +91,5 @@ def top_k_rows(scores: torch.Tensor, k: torch.Tensor | int, valid: torch.Tensor)
     order = torch.sort(scores.double(), dim=-1, descending=True, stable=True).indices
     ranks = torch.empty_like(order)
     ranks.scatter_(-1, order, torch.arange(scores.shape[-1]).expand_as(order).contiguous())
-    limit = k if isinstance(k, int) else k[:, None]
+    limit = min(k, scores.shape[-1]) if isinstance(k, int) else k[:, None]
     return (ranks < limit) & valid

@@ -113,6 +113,7 @@ class DecodingFields(BaseModel):
     selector: StrictStr | None = None
     infiller: StrictStr | None = None
     reorderer: StrictStr | None = None
+    reviser: StrictStr | None = None
     params: dict[StrictStr, ParamValue] | list[StrictStr] | None = None
     stream_steps: bool = False
     # OpenAI's fields that refusion cannot honour: accepted with their neutral values only (:func:`unhonoured`)

@@ -116,7 +116,7 @@ def test_the_context_restores_the_engine_and_driver():
     from refusion.engines.base import Engine
     from refusion.engines.driver import Runner
 
-    scores, step = Engine.scores, Runner.step
+    scores, step = Engine.run_network, Runner.step
     with HostReads():
-        assert Engine.scores is not scores and Runner.step is not step
-    assert Engine.scores is scores and Runner.step is step
+        assert Engine.run_network is not scores and Runner.step is not step
+    assert Engine.run_network is scores and Runner.step is step

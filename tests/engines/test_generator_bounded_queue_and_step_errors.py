@@ -71,10 +71,10 @@ def test_a_request_that_cannot_start_fails_alone(monkeypatch):
     doomed, fine = generator.submit([1, 2]), generator.submit([2, 3])
     start = type(decoder).start
 
-    def no_room(self, model, engine, prepared):
+    def no_room(self, model, engine, prepared, **options):
         if prepared is doomed.prepared:
             raise MemoryError("no room for its cache")
-        return start(self, model, engine, prepared)
+        return start(self, model, engine, prepared, **options)
 
     monkeypatch.setattr(Decoder, "start", no_room)
     generator.run_until_idle()

@@ -58,7 +58,7 @@ def test_the_shell_decodes_every_family_with_no_preset(family, capsys):
 
 
 def test_a_preset_that_cannot_run_names_those_that_can():
-    with pytest.raises(ConfigError, match="a preset that runs on this model: llada, dream, fast-dllm"):
+    with pytest.raises(ConfigError, match="a preset that runs on this model: llada, wino, dream, fast-dllm"):
         refusion.generate("hello", refusion.load_model(str(FIXTURES / "llada")), preset="paper", gen_length=8)
 
 

@@ -47,8 +47,36 @@ EXCEPTIONS = {
     # the branch engine packs ReFusion's parallel branches into one forward; the reference batches them
     ("refusion", "bfloat16", "branch"): (12, 13),
 }
+#: torch's CPU kernel family here: bf16/fp16 matrix products round per family, so the authors' own code gives other
+#: half-precision tokens on another family (each fixture's cpu.json says where its goldens were made)
+CPU = torch.backends.cpu.get_cpu_capability()
+#: exceptions measured on a kernel family other than the one the goldens were first made on, against the authors'
+#: code run there (cpu.json "regenerated_on")
+EXCEPTIONS_ON = {
+    "AVX2": {
+        ("sdar", "bfloat16", None): (18, 27),
+        ("sdar", "float16", None): (26, 27),
+    },
+}
+EXCEPTIONS = {**EXCEPTIONS, **EXCEPTIONS_ON.get(CPU, {})}
 #: the engine the per-call comparison uses for a family in a dtype when the default one is an exception
 EXACT_ENGINE = {("refusion", "bfloat16"): "repeat"}
+
+
+@functools.cache
+def cpu_record(family: str) -> dict:
+    return json.loads((FIXTURES / family / "cpu.json").read_text())
+
+
+def golden_tokens(family: str, call: dict) -> list[int] | None:
+    """The authors' tokens for ``call`` on this CPU's kernel family; ``None`` where none were made on it (half
+    precision only: float32 goldens hold on every CPU)."""
+    if call.get("dtype", "float32") == "float32" or cpu_record(family)["made_on"] == CPU:
+        return call["tokens"]
+    again = cpu_record(family).get("regenerated_on", {}).get(CPU)
+    if again is None:
+        return None
+    return again["tokens"].get(str(golden(family)["calls"].index(call)), call["tokens"])
 
 
 def golden(family: str) -> dict:
@@ -119,6 +147,10 @@ HALF_LOGITS_DIFFER = {("sdar", "bfloat16"): 0.25, ("sdar", "float16"): 0.0704}
 @pytest.mark.parametrize("family, dtype", [(f, d) for f in FAMILIES for d in golden(f)["dtypes"][1:]])
 def test_half_precision_logits_equal_the_authors_class_bit_for_bit(family, dtype):
     """LLaDA's float32 rotary, SDAR's once-rounded RMSNorm: the numerics their code has in half precision."""
+    if cpu_record(family)["made_on"] != CPU:
+        pytest.skip(
+            f"the {dtype} logits were made on a {cpu_record(family)['made_on']} CPU; this one runs {CPU} kernels"
+        )
     expected = golden(family)["logits"]
     tensors = load_file(str(FIXTURES / family / expected["file"]))
     model = loaded(family, dtype)
@@ -157,6 +189,9 @@ def peer_tokens(family: str, call: dict, engine: str | None = None) -> tuple[lis
     """``(refusion's tokens, the peer's)`` for one golden call: the preset named after the peer function, called
     with the peer's own argument names and values, on the fixture loaded in the call's dtype. Positions refusion
     left undecoded after the block holding an EOS (SDAR's ``stopping_criteria_idx``) are not compared."""
+    if golden_tokens(family, call) is None:
+        made_on = cpu_record(family)["made_on"]
+        pytest.skip(f"{family}'s {call['dtype']} goldens were made on a {made_on} CPU; this one runs {CPU} kernels")
     prompt = golden(family)["prompts"][call["prompt"]]
     preset = peer_functions()[call["function"]].preset
     args = peer_arguments(call, prompt)
@@ -165,7 +200,7 @@ def peer_tokens(family: str, call: dict, engine: str | None = None) -> tuple[lis
     if engine is not None:
         args["engine"] = engine
     result = refusion.generate(prompt, loaded(family, call.get("dtype", "float32")), preset=preset, **args)
-    got, want = list(result.region_tokens), list(call["tokens"])
+    got, want = list(result.region_tokens), list(golden_tokens(family, call) or call["tokens"])
     if result.stopped_at_eos and len(got) == len(want) and min(got) < 0:
         want = [w if g >= 0 else g for g, w in zip(got, want)]
     return got, want

@@ -15,6 +15,8 @@ import refusion
 
 WINO = Path(__file__).resolve().parents[1] / "fixtures" / "peers" / "wino"
 GOLDEN = json.loads((WINO / "golden.json").read_text())
+#: the CPU kernel family the goldens were made on: half-precision tokens hold there (fixtures/peers/wino/cpu.json)
+MADE_ON = json.loads((WINO / "cpu.json").read_text())["made_on"]
 
 
 @functools.cache
@@ -36,6 +38,8 @@ def decode(call: dict, **overrides):
 @pytest.mark.parametrize("index", range(len(GOLDEN["calls"])), ids=lambda i: f"{GOLDEN['calls'][i]['dtype']}-{i}")
 def test_each_call_gives_wino_s_tokens_in_as_many_forwards(index):
     call = GOLDEN["calls"][index]
+    if call["dtype"] != "float32" and torch.backends.cpu.get_cpu_capability() != MADE_ON:
+        pytest.skip(f"the {call['dtype']} goldens were made on a {MADE_ON} CPU (other kernels round bf16 otherwise)")
     result = decode(call)
     assert result.region_tokens == call["tokens"]
     assert result.forwards == call["steps"]  # one forward per WINO step, the verification rows included

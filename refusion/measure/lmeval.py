@@ -23,6 +23,7 @@ import subprocess
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import lm_eval.models  # noqa: F401  (lm-eval fills its registry lazily only while it is empty: fill it first)
 import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model

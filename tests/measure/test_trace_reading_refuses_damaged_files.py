@@ -31,7 +31,7 @@ def records(tmp_path_factory):
     """The records of a valid trace: line 1 header, 2-5 steps, 6 end (sequence 0); 7 header, 8-9 steps, 10 end."""
     decoder = Decoder.from_names(slot_size=2, serial_num_blocks=2)
     model = tiny(vocab=16)
-    results = [decoder.decode(model, [3, 4, 5], 8), decoder.decode(model, [6, 7], 4)]
+    results = [decoder.decode(model, [3, 4, 5], 8, record=True), decoder.decode(model, [6, 7], 4, record=True)]
     path = write_trace(results, tmp_path_factory.mktemp("valid") / "valid.jsonl", tokenizer=Letters(), decoder=decoder)
     out = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["record"] for r in out] == ["header"] + ["step"] * 4 + ["end", "header"] + ["step"] * 2 + ["end"]

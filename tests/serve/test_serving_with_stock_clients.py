@@ -66,3 +66,13 @@ def test_lm_eval_local_completions_with_its_defaults(server, tmp_path, monkeypat
     )
     assert results["results"]["refusion_synthetic"]["exact_match,none"] >= 0.0
     assert results["n-samples"]["refusion_synthetic"]["effective"] == 2
+
+
+def test_registering_refusion_keeps_lm_eval_s_own_models():
+    """lm-eval imports its models only while its registry is empty; refusion's registration must not hide them."""
+    pytest.importorskip("lm_eval")
+    from lm_eval.api.registry import get_model
+
+    import refusion.measure.lmeval  # noqa: F401  (registers "refusion")
+
+    assert get_model("refusion") and get_model("local-completions")

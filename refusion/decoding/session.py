@@ -232,31 +232,10 @@ class DecodeSession:
         fused = self.greedy  # the slot scores are projected with the other sequences' rows (on the fused path only)
         reads = torch.as_tensor(offsets[:-1]) if fused and self.decoder.selector.reads_scores else None
         (out,) = yield ModelCall.of(Extend(ROOT, masks, positions, reads))
-        draw = lambda scores: self._draw(scores, positions)  # noqa: E731
-        drafts = Drafts(
-            out.scores,
-            draw,
-            len(positions),
-            lazy=self.greedy,
-            exclude=self.model.mask_token_id,
-            rowwise=getattr(self.decoder.sample, "rowwise", False),
-        )
-        return Plan(slots, positions, out.scores, tuple(offsets), self.generator, drafts, **self._where())
+        return self._drafted(slots, positions, out.scores, offsets)
 
-    def _block_plan(self, slots: tuple, block: Sequence[int]) -> Generator[ModelCall, Any, Plan]:
-        """A revising decoder's plan: one forward over the open block's tokens (plus leave-one-out rows)."""
-        offsets = [0]
-        for slot in slots:
-            offsets.append(offsets[-1] + slot.length)
-        first = self.partition.slots[block[0]].offset
-        stop = self.partition.slots[block[-1]].stop
-        span = torch.arange(first, stop)
-        positions = torch.cat([torch.arange(s.offset, s.stop) for s in slots]) + self.prompt_len
-        fed = Extend(ROOT, self.tokens[first:stop], span + self.prompt_len, verify=self.verifying)
-        (out,) = yield ModelCall.of(fed)
-        scores = out.scores[positions - self.prompt_len - first]
-        if self.verifying:
-            self._verification = (span, out.scores[len(span) :])
+    def _drafted(self, slots: tuple, positions: torch.Tensor, scores: Any, offsets: list[int]) -> Plan:
+        """The plan of ``slots`` whose drafts come from ``scores`` (one row per planned position)."""
         draw = lambda s: self._draw(s, positions)  # noqa: E731
         drafts = Drafts(
             scores,
@@ -267,6 +246,24 @@ class DecodeSession:
             rowwise=getattr(self.decoder.sample, "rowwise", False),
         )
         return Plan(slots, positions, scores, tuple(offsets), self.generator, drafts, **self._where())
+
+    def _span(self, block: Sequence[int]) -> tuple[int, int]:
+        """Region offsets ``first, stop`` of serial block ``block`` (slot indices)."""
+        return self.partition.slots[block[0]].offset, self.partition.slots[block[-1]].stop
+
+    def _block_plan(self, slots: tuple, block: Sequence[int]) -> Generator[ModelCall, Any, Plan]:
+        """A revising decoder's plan: one forward over the open block's tokens (plus leave-one-out rows)."""
+        offsets = [0]
+        for slot in slots:
+            offsets.append(offsets[-1] + slot.length)
+        first, stop = self._span(block)
+        span = torch.arange(first, stop)
+        positions = torch.cat([torch.arange(s.offset, s.stop) for s in slots]) + self.prompt_len
+        fed = Extend(ROOT, self.tokens[first:stop], span + self.prompt_len, verify=self.verifying)
+        (out,) = yield ModelCall.of(fed)
+        if self.verifying:
+            self._verification = (span, out.scores[len(span) :])
+        return self._drafted(slots, positions, out.scores[positions - self.prompt_len - first], offsets)
 
     def _accept(self, result: InfillResult, block: Sequence[int], block_index: int) -> CacheEditor:
         """A revising decoder's commits: accepted, revisable until the block is sealed; then the reviser's turn."""
@@ -281,8 +278,7 @@ class DecodeSession:
             self.open[c.slot.index] = False
         verified = self._verified_probabilities(now)
         self.accepted |= now
-        first = self.partition.slots[block[0]].offset
-        stop = self.partition.slots[block[-1]].stop
+        first, stop = self._span(block)
         inside = self.accepted[first:stop].nonzero().squeeze(-1) + first
         view = RevisionView(
             offsets=inside,

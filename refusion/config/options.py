@@ -49,6 +49,29 @@ def _cfg_scale(value: Any) -> None:
         )
 
 
+def _max_denoising_steps(value: Any) -> None:
+    if not is_integer(value) or value < 1:
+        raise bad_value("max_denoising_steps", value, "an integer >= 1")
+
+
+def _temperature_end(name: str) -> Callable[[Any], None]:
+    def check(value: Any) -> None:
+        if not is_number(value) or not value >= 0:
+            raise bad_value(name, value, "a finite number >= 0")
+
+    return check
+
+
+def _stability_threshold(value: Any) -> None:
+    if not is_integer(value) or value < 0:
+        raise bad_value("stability_threshold", value, "an integer >= 0 (0: every canvas counts as stable)")
+
+
+def _confidence_threshold(value: Any) -> None:
+    if not is_number(value) or not value > 0:
+        raise bad_value("confidence_threshold", value, "a finite number > 0 (mean entropy in nats)")
+
+
 @attrs.frozen
 class Option:
     """One decoder option: ``name``, ``default``, the ``types`` a decoder file may hold for it and ``check``
@@ -80,6 +103,47 @@ OPTIONS: tuple[Option, ...] = (
         lambda v: check_boolean("batch_invariant", v),
         "each prompt's tokens identical alone and in any batch, in every dtype",
     ),
+    # -- the canvas-denoising loop (models with `capabilities.denoiser`, e.g. DiffusionGemma) --------------------
+    Option(
+        "max_denoising_steps",
+        48,
+        (int,),
+        _max_denoising_steps,
+        "canvas-denoising models: denoiser passes per canvas at most (the temperature schedule's length)",
+    ),
+    Option("t_min", 0.4, (int, float), _temperature_end("t_min"), "canvas-denoising models: last step's temperature"),
+    Option("t_max", 0.8, (int, float), _temperature_end("t_max"), "canvas-denoising models: first step's temperature"),
+    Option(
+        "stability_threshold",
+        1,
+        (int,),
+        _stability_threshold,
+        "canvas-denoising models: a canvas stops once its argmax held for this many earlier steps ...",
+    ),
+    Option(
+        "confidence_threshold",
+        0.005,
+        (int, float),
+        _confidence_threshold,
+        "... and its mean entropy (nats, at the step's temperature) is below this",
+    ),
+    Option(
+        "renoise",
+        True,
+        (bool,),
+        lambda v: check_boolean("renoise", v),
+        "canvas-denoising models: positions not accepted become fresh noise (False: keep their last token)",
+    ),
+)
+
+#: the options of the canvas-denoising loop (they change nothing for plan-and-infill decoding)
+DENOISING_OPTIONS: tuple[str, ...] = (
+    "max_denoising_steps",
+    "t_min",
+    "t_max",
+    "stability_threshold",
+    "confidence_threshold",
+    "renoise",
 )
 
 #: the options by name

@@ -187,6 +187,19 @@ DEFINITIONS: dict[str, dict] = {
         infiller="draft",
         peer="sdar.block_diffusion_generate",
     ),
+    "diffusion-gemma": dict(
+        description="DiffusionGemma (transformers' DiffusionGemmaForBlockDiffusion.generate): canvases of the "
+        "model's `canvas_length` from uniform noise; per step (`max_denoising_steps` 48 at most) a denoiser pass, "
+        "the linear temperature `t_max` 0.8 -> `t_min` 0.4, a draw per position, the entropy-bound rule accepts "
+        "(`entropy_bound` 0.1), the rest re-noised; a canvas stops when stable (`stability_threshold` 1) and "
+        "confident (`confidence_threshold` 0.005); the canvas's argmax is sealed; stops after the canvas with an EOS",
+        gen_length=256,
+        params=dict(entropy_bound=0.1),
+        selector="entropy-bound",
+        infiller="draft",
+        reorderer="no-cache",
+        peer="diffusion_gemma.generate",
+    ),
     "ar": dict(
         description="left-to-right lossless decoding: equals greedy autoregressive decoding",
         gen_length=128,

@@ -199,6 +199,12 @@ class DecoderSpec:
     cfg_scale: float = spec_option("cfg_scale")
     calls_per_token: int = spec_option("calls_per_token")
     batch_invariant: bool = spec_option("batch_invariant")
+    max_denoising_steps: int = spec_option("max_denoising_steps")
+    t_min: float = spec_option("t_min")
+    t_max: float = spec_option("t_max")
+    stability_threshold: int = spec_option("stability_threshold")
+    confidence_threshold: float = spec_option("confidence_threshold")
+    renoise: bool = spec_option("renoise")
     gen_length: int | None = None
     description: str = ""
     peer: str | None = None

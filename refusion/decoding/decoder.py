@@ -101,6 +101,20 @@ class Decoder:
     seed: int = decoder_option("seed")
     cfg_scale: float = decoder_option("cfg_scale")
     batch_invariant: bool = decoder_option("batch_invariant")
+    max_denoising_steps: int = decoder_option("max_denoising_steps")
+    t_min: float = decoder_option("t_min")
+    t_max: float = decoder_option("t_max")
+    stability_threshold: int = decoder_option("stability_threshold")
+    confidence_threshold: float = decoder_option("confidence_threshold")
+    renoise: bool = decoder_option("renoise")
+
+    def __attrs_post_init__(self) -> None:
+        if not self.t_max > self.t_min:
+            raise ConfigError(
+                f"`t_max` ({self.t_max}) must be greater than `t_min` ({self.t_min}): the denoising temperature "
+                "falls from t_max at a canvas's first step to t_min at its last.",
+                param="t_max",
+            )
 
     @classmethod
     def from_names(
@@ -179,6 +193,8 @@ class Decoder:
     def check_model(self, model: ModelAdapter) -> None:
         """Refuse a model that lacks a capability one of the parts requires."""
         caps = model.capabilities
+        if caps.denoiser:
+            return self._check_denoiser(model)
         if self.reviser.revises and caps.causal:
             raise ConfigError(
                 f"reviser {self.reviser.name!r} revises accepted tokens before they are cached, which needs a "
@@ -195,6 +211,30 @@ class Decoder:
                         f"plugins`), or a preset that runs on this model: {', '.join(presets_for(model))}."
                     )
 
+    def _check_denoiser(self, model: ModelAdapter) -> None:
+        """A canvas-denoising model decodes with the selector and the denoising options only
+        (:mod:`refusion.decoding.denoising`): refuse what it cannot honour."""
+        if self.reviser.revises:
+            raise ConfigError(
+                f"reviser {self.reviser.name!r}: {type(model).__name__} re-decides every position of its canvas at "
+                "each step already (non-accepted positions are re-noised); use reviser 'none'.",
+                param="reviser",
+            )
+        if self.cfg_scale > 0:
+            raise ConfigError(
+                f"`cfg_scale` > 0: {type(model).__name__} has no mask token to hide the prompt with; use 0.",
+                param="cfg_scale",
+            )
+        for field, wanted in getattr(self.selector, "requires", {}).items():
+            if getattr(model.capabilities, field) != wanted:
+                raise ConfigError(
+                    f"selector {self.selector.name!r} needs a model with `{field}={wanted}`; {type(model).__name__} "
+                    "denoises canvases, re-deciding every position at each step (a schedule over shrinking masks "
+                    "does not apply). Pick a rule that decides from one step's scores: entropy-bound, threshold, "
+                    "topk, margin, entropy, factor, random, leftmost (see `refusion plugins`).",
+                    param="selector",
+                )
+
     def prepare(self, model: ModelAdapter, prompt_ids: Any, gen_length: int, *, seed: int | None = None) -> Prepared:
         """Check one prompt against the model and partition its generation region, once, before any work."""
         check_integer("gen_length", gen_length, 1)
@@ -203,20 +243,32 @@ class Decoder:
         prompt = check_prompt(prompt_ids, model)
         self.check_model(model)
         check_length(model, prompt.shape[0], gen_length, self)  # before any slot is built
-        partition = self.partition(gen_length, prompt.shape[0])  # honours gen_length (checked; built-ins may pad)
+        if model.capabilities.denoiser:  # the canvases are the model's: whole canvases, one slot per position
+            partition = canvas_partition(model.capabilities.block_length, prompt.shape[0], gen_length)
+        else:  # honours gen_length (checked; built-ins may pad)
+            partition = self.partition(gen_length, prompt.shape[0])
         if partition.gen_length != gen_length:  # a built-in partitioner padded the region to the model's blocks
             check_length(model, prompt.shape[0], partition.gen_length)
         return Prepared(prompt, partition, self.seed if seed is None else seed)
 
     # -- running -------------------------------------------------------------
-    def start(self, model: ModelAdapter, engine: Any, prepared: Prepared, *, record: bool = False) -> DecodeSession:
+    def start(self, model: ModelAdapter, engine: Any, prepared: Prepared, *, record: bool = False) -> Any:
         """Admit a prepared prompt into ``engine`` (a live :class:`~refusion.engines.base.Engine`) and set up its
-        session (``record``: keep an iteration record per iteration)."""
+        session (``record``: keep an iteration record per iteration): a
+        :class:`~refusion.decoding.session.DecodeSession`, or on a canvas-denoising model a
+        :class:`~refusion.decoding.denoising.DenoisingSession`."""
         if self.batch_invariant:
             from refusion.engines.choose import check_invariance
 
             check_invariance(engine, True)
         state = engine.admit(prepared.prompt, prepared.partition.gen_length)
+        if model.capabilities.denoiser:
+            from refusion.decoding.denoising import DenoisingSession
+
+            denoiser = cast(Any, model)  # a CanvasDenoiserLM (capabilities.denoiser)
+            return DenoisingSession(
+                self, denoiser, state, prepared.partition, prepared.seed, engine=engine, record=record
+            )
         if self.cfg_scale > 0:
             engine.guide(state, self.cfg_scale)
         return DecodeSession(self, model, state, prepared.partition, prepared.seed, engine=engine, record=record)
@@ -230,7 +282,7 @@ class Decoder:
         engine: Any = None,
         seed: int | None = None,
         record: bool = False,
-    ) -> DecodeSession:
+    ) -> Any:
         """Validate the input and set up the decode of one prompt on its own engine (not started yet).
 
         ``engine``: an engine name, class or live instance (default: the
@@ -297,20 +349,34 @@ class Decoder:
 
 
 def presets_for(model: ModelAdapter) -> list[str]:
-    """The names of the presets whose parts run on ``model`` (every capability a part requires, the model has)."""
+    """The names of the presets whose parts run on ``model`` (every capability a part or the preset's peer function
+    requires, the model has; a canvas-denoising model runs only presets made for it)."""
     from refusion.config.presets import PRESETS
+    from refusion.peers import peer_function
 
     caps = model.capabilities
     fits = []
     for name, spec in PRESETS.items():
+        peer = dict(peer_function(spec.peer).requires) if spec.peer else {}
+        if caps.denoiser and not peer.get("denoiser"):  # its partitioner and infiller do not apply to canvases
+            continue
         parts = spec.part_objects()
         if all(
             getattr(caps, field) == wanted
             for part in parts.values()
-            for field, wanted in getattr(part, "requires", {}).items()
+            for field, wanted in [*getattr(part, "requires", {}).items(), *peer.items()]
         ):
             fits.append(name)
     return fits
+
+
+@functools.lru_cache(maxsize=1024)
+def canvas_partition(canvas_length: int, prompt_length: int, gen_length: int) -> Partition:
+    """A canvas-denoising model's partition: ``gen_length`` rounded up to whole canvases of ``canvas_length``
+    from the region's start, one length-1 slot per position, one serial block per canvas."""
+    from refusion.strategies.partitioners.semi_ar import SemiAutoregressive
+
+    return SemiAutoregressive(block_length=canvas_length, pad=True).partition_after(prompt_length, gen_length)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -241,6 +241,26 @@ class Selection:
     plan: Any
 
 
+@attrs.frozen(eq=False)
+class Encode:
+    """A canvas-denoising model's call (:mod:`refusion.models.denoiser`): run its causal encoder over ``tokens``
+    (1-D ids: the prompt, then each finished canvas), appending them to the sequence's context.
+    The engine answers with an empty tuple."""
+
+    tokens: torch.Tensor
+
+
+@attrs.frozen(eq=False)
+class Denoise:
+    """A canvas-denoising model's call: one denoiser pass over ``canvas`` (1-D ids, the model's canvas length)
+    after the sequence's context, with the previous step's processed logits as ``self_conditioning``
+    (``(canvas, vocab)``; ``None`` at a canvas's first step). The engine answers with ``(logits,)``:
+    float32 ``(canvas, vocab)``."""
+
+    canvas: torch.Tensor
+    self_conditioning: torch.Tensor | None = None
+
+
 @attrs.frozen
 class BlockReuse:
     """A cache reorderer's request for one block: reuse keys/values computed outside it.
@@ -265,4 +285,16 @@ class BlockReuse:
     prefix_at_block: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
 
-__all__ = ["ROOT", "BlockReuse", "Branch", "Epoch", "Extend", "ExtendOutput", "KVSegment", "ModelCall", "Projection"]
+__all__ = [
+    "ROOT",
+    "BlockReuse",
+    "Branch",
+    "Denoise",
+    "Encode",
+    "Epoch",
+    "Extend",
+    "ExtendOutput",
+    "KVSegment",
+    "ModelCall",
+    "Projection",
+]

@@ -22,7 +22,7 @@ import torch
 
 from refusion.decoding.checks import call_part, plugin_error
 from refusion.decoding.plans import Plans
-from refusion.decoding.protocol import ModelCall, Projection, Selection
+from refusion.decoding.protocol import ExtendOutput, ModelCall, Projection, Selection
 from refusion.decoding.scores import project
 from refusion.decoding.types import DecodeResult
 from refusion.engines.base import Engine, SequenceState
@@ -169,10 +169,10 @@ def _reads(outputs: dict) -> list[tuple]:
         (o.scores, o.extend.reads, o.extend.tokens)
         for outs in outputs.values()
         for o in outs
-        if o.extend.reads is not None
+        if isinstance(o, ExtendOutput) and o.extend.reads is not None
     ]
     for state in outputs:
-        last = state.context.last_scores
+        last = getattr(state.context, "last_scores", None)  # a canvas-denoising sequence keeps no Scores
         if last is not None and last.batchable and not last.projected:
             requests.append((last, slice(None)))
     return requests

@@ -37,12 +37,18 @@ class ModelCapabilities:
     ``block_length``: for block-diffusion models (SDAR, Fast-dLLM v2,
     LLaDA2-style), the length of the blocks inside which attention is
     bidirectional (causal across blocks); 0 for every other model.
+    ``denoiser``: the model re-decides a whole canvas (of ``block_length``)
+    per pass from noise, with a separate denoiser over an encoder's cache
+    (DiffusionGemma; :mod:`refusion.models.denoiser`); decoded by the
+    canvas-denoising loop (:mod:`refusion.decoding.denoising`), not by
+    plan-and-infill.
     """
 
     causal: bool = True
     logit_shift: int = 0
     kv_cache: bool = True
     block_length: int = 0
+    denoiser: bool = False
 
 
 _LOCK_ATTRIBUTE = "_refusion_forward_lock"

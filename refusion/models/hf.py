@@ -54,6 +54,21 @@ def find_eos_token_ids(model: Any, tokenizer: Any | None) -> frozenset[int]:
     return frozenset()
 
 
+def eos_ids(given: Any, model: Any, tokenizer: Any | None, vocab_size: int) -> frozenset[int]:
+    """The EOS ids an adapter uses: ``given`` (an id or ids, checked against ``vocab_size``), else
+    :func:`find_eos_token_ids`."""
+    if given is None:
+        return find_eos_token_ids(model, tokenizer)
+    try:
+        ids = _ids(given)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"`eos_token_id` must be a token id or a list of them; got {given!r}.", param="eos_token_id"
+        ) from None
+    check_token_ids("eos_token_id", ids, vocab_size)
+    return ids
+
+
 def cache_keyword(forward: Any) -> str | None:
     """The keyword under which ``forward`` (a network's forward) takes a transformers ``Cache``, or ``None``.
 
@@ -99,15 +114,7 @@ class HFCausalLM(ModelAdapter):
         if not 0 <= int(mask) < self.vocab_size:
             raise ConfigError(f"`mask_token_id` must be in [0, {self.vocab_size}); got {mask}.", param="mask_token_id")
         self.mask_token_id = int(mask)
-        if eos_token_id is not None:
-            try:
-                given = _ids(eos_token_id)
-            except (TypeError, ValueError):
-                raise ConfigError(
-                    f"`eos_token_id` must be a token id or a list of them; got {eos_token_id!r}.", param="eos_token_id"
-                ) from None
-            check_token_ids("eos_token_id", given, self.vocab_size)
-        self.eos_token_ids = given if eos_token_id is not None else find_eos_token_ids(model, tokenizer)
+        self.eos_token_ids = eos_ids(eos_token_id, model, tokenizer, self.vocab_size)
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
         #: the keyword of the network's cache argument (:func:`cache_keyword`)
         self._cache_kw = cache_keyword(model.forward) or "cache"

@@ -109,7 +109,7 @@ def load_model(
             loaded = _loading(model, adapter_cls.from_pretrained, model, trust_remote_code=trust_remote_code, **options)
             if tokenizer is not None:
                 loaded.tokenizer = tokenizer
-        loaded.preset = preset or family_preset(family)  # type: ignore[attr-defined]
+        loaded.preset = preset or family_preset(family, model)  # type: ignore[attr-defined]
         return loaded
     if hasattr(model, "config") and callable(model):
         return registry().get("model_adapter", adapter or "hf-causal")(model, tokenizer, **options)
@@ -151,12 +151,17 @@ def read_model_preset(path: str, *, trust_remote_code: bool = False) -> Any:
     return spec
 
 
-def family_preset(family: Any) -> Any:
-    """The preset (a :class:`~refusion.config.spec.DecoderSpec`) a model family decodes with, or ``None``."""
+def family_preset(family: Any, path: str | None = None) -> Any:
+    """The preset (a :class:`~refusion.config.spec.DecoderSpec`) a model family decodes with, or ``None``; with
+    the checkpoint's own defaults (:meth:`ModelFamily.preset_params`) when ``path`` is given."""
     from refusion.config import preset
 
     name = getattr(family, "default_preset", None)
-    return preset(name) if name is not None else None
+    if name is None:
+        return None
+    spec = preset(name)
+    params = family.preset_params(path) if path is not None else {}
+    return spec.with_params(params) if params else spec
 
 
 def _loading(path: str, load: Any, *args: Any, **kwargs: Any) -> ModelAdapter:

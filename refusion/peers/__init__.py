@@ -4,7 +4,7 @@
 (:class:`~refusion.peers.base.PeerFunction`); :func:`translate` turns the
 arguments of a call into refusion's parts and parameters. One module per
 peer: ``llada``, ``fast_dllm``, ``dream``, ``sdar``, ``reference`` (ReFusion's
-own decoder), ``wino``.
+own decoder), ``wino``, ``diffusion_gemma`` (transformers' own ``generate``).
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from refusion.peers.base import PeerCall, PeerFunction
 
 def peer_functions() -> dict[str, PeerFunction]:
     """Every peer function refusion's presets take, by name."""
-    from refusion.peers import dream, fast_dllm, llada, reference, sdar, wino
+    from refusion.peers import diffusion_gemma, dream, fast_dllm, llada, reference, sdar, wino
 
-    return {f.name: f for module in (llada, fast_dllm, dream, sdar, reference, wino) for f in module.FUNCTIONS}
+    modules = (llada, fast_dllm, dream, sdar, reference, wino, diffusion_gemma)
+    return {f.name: f for module in modules for f in module.FUNCTIONS}
 
 
 def peer_function(name: str) -> PeerFunction:

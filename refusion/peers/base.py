@@ -34,13 +34,16 @@ class PeerCall:
 class PeerFunction:
     """One published decoding function: ``name`` (``"fast_dllm.generate"``), the ``preset`` that runs it,
     where it is published (``source``), every argument it takes besides the model and the prompt, and
-    ``translate(args, model) -> PeerCall`` for the arguments given."""
+    ``translate(args, model) -> PeerCall`` for the arguments given; ``requires``: the
+    :class:`~refusion.models.base.ModelCapabilities` values its models have."""
 
     name: str
     preset: str
     source: str
     arguments: tuple[str, ...]
     translate: Callable[[Mapping[str, Any], Any], PeerCall] = attrs.field(repr=False)
+    #: model capabilities the function's models have (``{"denoiser": True}``: DiffusionGemma's only)
+    requires: Mapping[str, Any] = attrs.field(factory=dict)
 
 
 def refuse(function: str, arg: str, value: Any, why: str) -> ConfigError:
@@ -58,6 +61,23 @@ def check_mask_id(function: str, arg: str, value: Any, model: Any) -> None:
             f"the model's mask token is {model.mask_token_id} (from its checkpoint); "
             "load the model with `mask_token_id=` to use another.",
         )
+
+
+def check_eos_ids(function: str, arg: str, value: Any, model: Any) -> set[int] | None:
+    """A peer's EOS argument (an id or ids) must be the model's EOS ids; returns them as a set (``None`` if not
+    given)."""
+    if value is None:
+        return None
+    given = {int(value)} if isinstance(value, int) else {int(v) for v in value}
+    if given != set(model.eos_token_ids):
+        raise refuse(
+            function,
+            arg,
+            value,
+            f"refusion stops at the model's EOS ids {sorted(model.eos_token_ids)}; load the model with "
+            f"`eos_token_id={sorted(given)}` to stop at others.",
+        )
+    return given
 
 
 def check_no_padding(function: str, value: Any) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from refusion.peers.base import PeerCall, PeerFunction, check_mask_id, refuse, taken
+from refusion.peers.base import PeerCall, PeerFunction, check_eos_ids, check_mask_id, refuse, taken
 
 NAME = "SDAR's block_diffusion_generate"
 
@@ -44,18 +44,7 @@ def translate_generate(args: Mapping[str, Any], model: Any) -> PeerCall:
     params.update(
         taken(args, "denoising_steps", "remasking_strategy", "confidence_threshold", "temperature", "top_k", "top_p")
     )
-    stops = args.get("stopping_criteria_idx")
-    if stops is not None:
-        given = {int(stops)} if isinstance(stops, int) else {int(s) for s in stops}
-        if given != set(model.eos_token_ids):
-            raise refuse(
-                NAME,
-                "stopping_criteria_idx",
-                stops,
-                f"refusion stops at the model's EOS ids "
-                f"{sorted(model.eos_token_ids)}; load the model with `eos_token_id={sorted(given)}` to stop "
-                "at others.",
-            )
+    if check_eos_ids(NAME, "stopping_criteria_idx", args.get("stopping_criteria_idx"), model) is not None:
         params["stop_at_eos"] = "block"
     return PeerCall(params=params)
 

@@ -34,6 +34,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "refusion.strategies.selectors.dream_blocks",
     "refusion.strategies.selectors.sdar_steps",
     "refusion.strategies.selectors.wino",
+    "refusion.strategies.selectors.entropy_bound",
     "refusion.strategies.infillers.parallel_ar",
     "refusion.strategies.infillers.greedy_verify",
     "refusion.strategies.infillers.draft",
@@ -50,10 +51,12 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "refusion.models.families.dream",
     "refusion.models.families.sdar",
     "refusion.models.families.refusion",
+    "refusion.models.families.diffusion_gemma",
     "refusion.engines.repeat",
     "refusion.engines.branch",
     "refusion.engines.canvas",
     "refusion.engines.block",
+    "refusion.engines.denoiser",
 )
 
 

@@ -22,6 +22,12 @@ OPTION_VALUES = {
     "cfg_scale": 0.0,
     "calls_per_token": 5,
     "batch_invariant": True,
+    "max_denoising_steps": 5,
+    "t_min": 0.3,
+    "t_max": 0.9,
+    "stability_threshold": 2,
+    "confidence_threshold": 0.01,
+    "renoise": False,
 }
 #: each registered sampler with its parameters set
 SAMPLER_VALUES = {
@@ -101,12 +107,10 @@ def test_every_spec_parameter_is_taken_by_the_spec_itself():
     spec = PRESETS["paper"]
     for name in SPEC_PARAMS:
         value = {
-            "engine": "repeat",
+            **OPTION_VALUES,
             "seed": 3,
             "stop_at_eos": "block",
-            "cfg_scale": 0.0,
             "calls_per_token": 6,
-            "batch_invariant": True,
             "sampler": "categorical",
             "temperature": 0.5,
             "top_k": 4,

@@ -72,7 +72,8 @@ def test_sequences_finish_at_different_times():
 
 def test_engine_is_validated():
     with pytest.raises(
-        UnknownNameError, match="Unknown engine 'fast'. Known engines: block, block-recompute, branch, canvas, repeat"
+        UnknownNameError,
+        match="Unknown engine 'fast'. Known engines: block, block-recompute, branch, canvas, denoiser, repeat",
     ):
         attrs.evolve(Decoder.from_names(), engine="fast")
     with pytest.raises(ConfigError, match="`engine` must be a registered engine name, an Engine subclass"):

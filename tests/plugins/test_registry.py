@@ -42,13 +42,14 @@ def test_builtins_are_registered_under_their_names():
         "dream-blocks",
         "sdar-steps",
         "wino",
+        "entropy-bound",
     }
     assert set(reg.names("infiller")) == {"parallel-ar", "greedy-verify", "draft"}
     assert reg.names("reviser") == ("none", "wino")
     assert set(reg.names("reorderer")) == {"commit-order", "reencode", "no-cache", "prefix-cache", "dual-cache"}
     assert reg.names("partitioner") == ("fixed", "semi-ar")
     assert set(reg.names("model_adapter")) == {"hf-block", "hf-causal", "hf-mdm"}
-    assert reg.names("model_family") == ("llada", "dream", "sdar", "refusion")
+    assert reg.names("model_family") == ("llada", "dream", "sdar", "refusion", "diffusion-gemma")
     assert all(r.source == "built-in" for r in reg)
     assert len(DEFAULT_PLUGINS) == len({r.plugin for r in reg})
 
@@ -58,7 +59,8 @@ def test_unknown_name_lists_the_known_ones():
         registry().get("selector", "best")
     assert "Unknown selector 'best'" in str(err.value)
     assert (
-        "dream-blocks, dream-steps, entropy, factor, leftmost, llada-steps, margin, random, sdar-steps, threshold, topk"
+        "dream-blocks, dream-steps, entropy, entropy-bound, factor, leftmost, llada-steps, margin, random, sdar-steps, "
+        "threshold, topk"
     ) in str(err.value)
 
 

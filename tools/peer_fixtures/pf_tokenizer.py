@@ -17,6 +17,7 @@ SPELLINGS = {
     "dream": ("<|im_end|>", "<|mask|>", "<|beginoftext|>"),
     "sdar": ("<|im_end|>", "<|MASK|>", "<|beginoftext|>"),
     "refusion": ("<|im_end|>", "<|mask|>", "<|beginoftext|>"),
+    "diffusion_gemma": ("<end_of_turn>", "<mask>", "<bos>"),
 }
 
 

@@ -29,12 +29,13 @@ class SemiAutoregressive(SlotPartitioner):
     prompt's length is not a multiple), so the decoder's blocks are the
     model's.
 
-    ``pad=True`` (with ``align="absolute"``; the ``sdar`` preset's default)
-    decodes whole model blocks as SDAR's ``block_diffusion_generate`` does:
-    when the prompt plus ``gen_length`` ends inside a block, the region
-    grows to that block's end (the partition's ``gen_length`` is then
-    larger than asked), so the last block is decoded with all of its
-    positions masked, and its tokens are the answer's end.
+    ``pad=True`` decodes whole blocks: when the answer ends inside a block,
+    the region grows to that block's end (the partition's ``gen_length`` is
+    then larger than asked). With ``align="absolute"`` (the ``sdar``
+    preset) that is SDAR's ``block_diffusion_generate``: the last block is
+    decoded with all of its positions masked, and its tokens are the
+    answer's end; with ``align="region"`` the answer is a whole number of
+    blocks, as DiffusionGemma's canvases.
     """
 
     name = "semi-ar"
@@ -52,12 +53,6 @@ class SemiAutoregressive(SlotPartitioner):
                 f"`block_length` ({self.block_length}) must be a multiple of `slot_size` ({self.slot_size}).",
                 param="block_length",
             )
-        if self.pad and self.align != "absolute":
-            from refusion.errors import ConfigError
-
-            raise ConfigError(
-                "`pad`=True pads the answer to the model's block grid: it needs `align`='absolute'.", param="pad"
-            )
 
     def nearest_lengths(self, gen_length: int) -> tuple[int | None, int | None]:
         """Every length is accepted (the last block may be shorter)."""
@@ -68,9 +63,11 @@ class SemiAutoregressive(SlotPartitioner):
 
     def padded_length(self, prompt_length: int, gen_length: int) -> int:
         """The region's length after a ``prompt_length``-token prompt: ``gen_length``, or with ``pad`` up to the end
-        of the model block that holds its last position."""
+        of the block that holds its last position."""
         if not self.pad:
             return gen_length
+        if self.align == "region":
+            return -(-gen_length // self.block_length) * self.block_length
         return -(-(prompt_length + gen_length) // self.block_length) * self.block_length - prompt_length
 
     def partition_after(self, prompt_length: int, gen_length: int) -> Partition:

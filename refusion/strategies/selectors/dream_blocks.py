@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import attrs
 import torch
@@ -40,6 +41,8 @@ class DreamBlocks(SlotSelector):
     """
 
     name = "dream-blocks"
+    #: decides by the masks left in a block, which only shrink; a denoising canvas re-decides every position
+    requires: ClassVar[dict[str, object]] = {"denoiser": False}
 
     alg: str = attrs.field(default="confidence_threshold", validator=one_of(ALGS))
     threshold: float = attrs.field(default=0.9, validator=probability)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import attrs
 import torch
@@ -62,6 +63,8 @@ class DreamSteps(SlotSelector):
     """
 
     name = "dream-steps"
+    #: decides by the masks left in a block, which only shrink; a denoising canvas re-decides every position
+    requires: ClassVar[dict[str, object]] = {"denoiser": False}
 
     steps: int = attrs.field(default=128, validator=positive_int)
     eps: float = attrs.field(default=1e-3, validator=open_unit_interval)

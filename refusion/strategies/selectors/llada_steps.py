@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import attrs
 import torch
@@ -79,6 +80,8 @@ class LLaDASteps(SlotSelector):
     """
 
     name = "llada-steps"
+    #: decides by the masks left in a block, which only shrink; a denoising canvas re-decides every position
+    requires: ClassVar[dict[str, object]] = {"denoiser": False}
 
     steps: int = attrs.field(default=128, validator=positive_int)
     remasking: str = attrs.field(default="low_confidence", validator=one_of(REMASKING))

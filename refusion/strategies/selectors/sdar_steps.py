@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import attrs
 
@@ -46,6 +47,8 @@ class SDARSteps(SlotSelector):
     """
 
     name = "sdar-steps"
+    #: decides by the masks left in a block, which only shrink; a denoising canvas re-decides every position
+    requires: ClassVar[dict[str, object]] = {"denoiser": False}
 
     denoising_steps: int = attrs.field(default=4, validator=positive_int)
     remasking_strategy: str = attrs.field(default="low_confidence_dynamic", validator=one_of(STRATEGIES))

@@ -11,6 +11,7 @@ it is WINO's decoder (the ``wino`` preset).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import attrs
 import torch
@@ -31,6 +32,8 @@ class WinoSelector(SlotSelector):
     """Slots whose first draft token's probability is > ``threshold``, capped as WINO caps them; else the best."""
 
     name = "wino"
+    #: decides by the masks left in a block, which only shrink; a denoising canvas re-decides every position
+    requires: ClassVar[dict[str, object]] = {"denoiser": False}
 
     threshold: float = attrs.field(default=0.6, validator=probability)
 

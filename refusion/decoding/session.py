@@ -11,6 +11,8 @@ there are slots.
 
 from __future__ import annotations
 
+import bisect
+import functools
 import time
 from collections.abc import Generator, Sequence
 from typing import Any
@@ -32,6 +34,7 @@ from refusion.decoding.types import (
     Partition,
     Plan,
 )
+from refusion.dtypes import reduction_dtype
 from refusion.models.base import ModelAdapter
 from refusion.strategies.base import InfillContext, Revision, RevisionView
 
@@ -96,6 +99,8 @@ class DecodeSession:
         self.block_memory: dict = {}
         #: this iteration's leave-one-out rows over the open block: (region offsets, Scores) (verifying only)
         self._verification: tuple[torch.Tensor, Any] | None = None
+        #: the open block's rows of this iteration's forward: (region offsets, Scores) (a predicting reviser only)
+        self._predictions: tuple[torch.Tensor, Any] | None = None
         #: slot indices the reviser re-masked in the current iteration (for its record)
         self._revised: tuple[int, ...] = ()
         #: positions of leave-one-out rows after the canvas (the open block's length when verifying)
@@ -136,9 +141,14 @@ class DecodeSession:
             if self.verifying:  # the leave-one-out rows of this block's positions follow the canvas
                 self._shadow = sum(self.partition.slots[i].length for i in block)
             iterations, limit = 0, d.calls_per_token * sum(self.partition.slots[i].length for i in block) + 8
+            post_fill = 0
             while True:
                 remaining = [i for i in block if self.open[i]]
                 if not remaining:
+                    if self.revising and post_fill < d.reviser.post_fill_passes:
+                        post_fill += 1  # an edit-only pass over the filled block
+                        if (yield from self._review(block, block_index, post_fill)):
+                            continue
                     if self.revising:
                         self._seal(block)
                     break
@@ -263,6 +273,8 @@ class DecodeSession:
         (out,) = yield ModelCall.of(fed)
         if self.verifying:
             self._verification = (span, out.scores[len(span) :])
+        if self.decoder.reviser.predicts:
+            self._predictions = (span, out.scores[: len(span)])
         return self._drafted(slots, positions, out.scores[positions - self.prompt_len - first], offsets)
 
     def _accept(self, result: InfillResult, block: Sequence[int], block_index: int) -> CacheEditor:
@@ -278,9 +290,25 @@ class DecodeSession:
             self.open[c.slot.index] = False
         verified = self._verified_probabilities(now)
         self.accepted |= now
+        view = self._view(block, block_index, now, verified)
+        revision = call_part(d.reviser, d.reviser.revise, view)
+        self._revised = self._revise(revision, set(view.offsets.tolist())) if revision else ()
+        return CacheEditor(self.cache)
+
+    def _view(
+        self, block: Sequence[int], block_index: int, now: torch.Tensor, verified: Any, post_fill: int = 0
+    ) -> RevisionView:
+        """What the reviser reads of the open block: its accepted tokens, with this iteration's rows."""
         first, stop = self._span(block)
         inside = self.accepted[first:stop].nonzero().squeeze(-1) + first
-        view = RevisionView(
+        predicted = probability = None
+        if self._predictions is not None:
+            span, rows = self._predictions
+            self._predictions = None
+            logits = rows[inside - first].logits
+            probability, predicted = torch.softmax(logits.to(reduction_dtype(logits.dtype)), dim=-1).max(dim=-1)
+            predicted, probability = predicted.cpu(), probability.cpu()
+        return RevisionView(
             offsets=inside,
             tokens=self.tokens[inside],
             accepted_now=now[inside],
@@ -290,10 +318,38 @@ class DecodeSession:
             block_start=first,
             block_stop=stop,
             memory=self.block_memory,
+            predicted=predicted,
+            predicted_probability=probability,
+            post_fill=post_fill,
+            mask_token_id=self.model.mask_token_id,
         )
-        revision = call_part(d.reviser, d.reviser.revise, view)
-        self._revised = self._revise(revision, set(inside.tolist())) if revision else ()
-        return CacheEditor(self.cache)
+
+    def _review(self, block: Sequence[int], block_index: int, post_fill: int) -> Generator[ModelCall, Any, bool]:
+        """An edit-only pass over the filled open block: one forward, then the reviser (True if it revised)."""
+        before = self._snapshot() if self.record else None
+        first, stop = self._span(block)
+        span = torch.arange(first, stop)
+        (out,) = yield ModelCall.of(Extend(ROOT, self.tokens[first:stop], span + self.prompt_len))
+        self._predictions = (span, out.scores)
+        view = self._view(block, block_index, torch.zeros_like(self.accepted), None, post_fill)
+        revision = call_part(self.decoder.reviser, self.decoder.reviser.revise, view)
+        self._revised = self._revise(revision, set(view.offsets.tolist())) if revision else ()
+        if before is not None:
+            c = self.state.counters
+            self.records.append(
+                IterationRecord(
+                    iteration=len(self.committed),
+                    block=block_index,
+                    planned=(),
+                    selected=(),
+                    committed=(),
+                    forwards=c.forwards - before[1],
+                    revised=self._revised,
+                    seconds=time.perf_counter() - before[0],
+                )
+            )
+        self.committed.append(())
+        return bool(revision)
 
     def _verified_probabilities(self, now: torch.Tensor) -> torch.Tensor | None:
         """Each position of the open block: the float64 probability of its accepted token under its leave-one-out
@@ -313,7 +369,8 @@ class DecodeSession:
         return out
 
     def _revise(self, revision: Any, allowed: set[int]) -> tuple[int, ...]:
-        """Apply a reviser's :class:`Revision` (checked): re-masked positions reopen their whole slot."""
+        """Apply a reviser's :class:`Revision` (checked): re-masked positions reopen their whole slot. Returns the
+        slots it re-masked or replaced tokens of."""
         d = self.decoder
         if not isinstance(revision, Revision):
             raise plugin_error(d.reviser, f"revise returned {revision!r:.80}; expected None or a Revision.")
@@ -337,13 +394,11 @@ class DecodeSession:
             self.commit_step[slot.offset : slot.stop] = -1
             self.accepted[slot.offset : slot.stop] = False
             self.open[index] = True
-        return tuple(reopened)
+        return tuple(sorted(set(reopened) | {self._slot_at(o) for o in revision.replace}))
 
     def _slot_at(self, offset: int) -> int:
-        for slot in self.partition.slots:
-            if slot.offset <= offset < slot.stop:
-                return slot.index
-        raise IndexError(offset)  # pragma: no cover - offsets are checked against the view first
+        """The index of the slot holding region offset ``offset`` (slots are in position order)."""
+        return bisect.bisect_right(self._slot_starts, offset) - 1
 
     def _seal(self, block: Sequence[int]) -> None:
         """The open block is finished: EOS applied, its accepted tokens handed to the reorderer (the cache)."""
@@ -382,6 +437,10 @@ class DecodeSession:
             canvas_length=canvas,
             block=block,
         )
+
+    @functools.cached_property
+    def _slot_starts(self) -> list[int]:
+        return [slot.offset for slot in self.partition.slots]
 
     def _apply_eos(self, result: InfillResult) -> InfillResult:
         """Cut the answer at the earliest EOS: truncate its slot, drop every slot after it."""

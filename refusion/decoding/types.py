@@ -302,9 +302,10 @@ class IterationRecord:
     ``selected`` the selector's choice, ``committed`` ``(slot index, tokens
     kept)`` pairs in commit order. ``forwards`` counts the model forwards of
     this iteration (the first iteration's includes the prompt prefill).
-    ``revised``: slots a reviser masked again after this iteration's commits
-    (their tokens are decoded again; with a revising reviser ``committed``
-    means accepted, sealed when the block is finished).
+    ``revised``: slots a reviser masked again (their tokens are decoded
+    again) or replaced tokens of, after this iteration's commits (with a
+    revising reviser ``committed`` means accepted, sealed when the block is
+    finished).
 
     Measured, not compared by ``==``: ``confidence`` (first-token confidence
     of each drafted slot, when the selector read them; else empty),

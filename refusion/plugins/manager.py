@@ -44,6 +44,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "refusion.strategies.reorderers.no_cache",
     "refusion.strategies.revisers.none",
     "refusion.strategies.revisers.wino",
+    "refusion.strategies.revisers.editing",
     "refusion.models.hf",
     "refusion.models.mdm",
     "refusion.models.block",

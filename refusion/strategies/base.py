@@ -267,7 +267,13 @@ class RevisionView:
     ``masked`` counts the block's positions still masked; ``block`` is the
     serial block's index, ``block_start``/``block_stop`` its region offsets;
     ``memory`` is this sequence's scratch space for the block (emptied when
-    a block starts). Read-only except ``memory``.
+    a block starts). ``predicted`` (long, ``(n,)``) and
+    ``predicted_probability`` (float32, ``(n,)``) are the argmax of this
+    iteration's forward at each of these positions (which saw the token
+    there) and its probability; ``None`` unless the reviser
+    :attr:`~Reviser.predicts`. ``post_fill`` counts the edit-only passes
+    this block had after its last mask was filled (0 before);
+    ``mask_token_id`` is the model's. Read-only except ``memory``.
     """
 
     offsets: torch.Tensor
@@ -279,6 +285,10 @@ class RevisionView:
     block_start: int
     block_stop: int
     memory: dict = attrs.field(factory=dict)
+    predicted: torch.Tensor | None = None
+    predicted_probability: torch.Tensor | None = None
+    post_fill: int = 0
+    mask_token_id: int = -1
 
 
 @attrs.frozen
@@ -299,9 +309,10 @@ class Reviser(Part):
 
     With a reviser that :attr:`revises`, a block's accepted tokens stay
     revisable until no position of the block is masked and an iteration ends
-    without a revision: then the whole block is sealed (EOS applied, the
-    reorderer called once). The default ``none`` revises nothing and seals
-    every commit at once (ReFusion's cache reuse, unchanged).
+    without a revision (plus up to :attr:`post_fill_passes` edit-only passes):
+    then the whole block is sealed (EOS applied, the reorderer called once).
+    The default ``none`` revises nothing and seals every commit at once
+    (ReFusion's cache reuse, unchanged).
     """
 
     kind = "reviser"
@@ -310,6 +321,16 @@ class Reviser(Part):
     #: the plan's forward also runs a leave-one-out row per position of the open block (``Extend.verify``; the
     #: ``canvas`` engine), and :attr:`RevisionView.verified` holds each accepted token's probability under it
     verifies: ClassVar[bool] = False
+    #: :attr:`RevisionView.predicted` and ``predicted_probability`` hold the forward's argmax at each accepted position
+    predicts: ClassVar[bool] = False
+
+    @property
+    def post_fill_passes(self) -> int:
+        """Edit-only passes a block may get once its last mask is filled: each runs one forward over the block
+        and calls :meth:`revise` with nothing accepted now; the block is sealed after a pass that revises
+        nothing, or after this many (default 0: sealed as soon as no mask is left and an iteration revised
+        nothing)."""
+        return 0
 
     @abstractmethod
     def revise(self, view: RevisionView) -> Revision | None:

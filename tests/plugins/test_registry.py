@@ -45,7 +45,7 @@ def test_builtins_are_registered_under_their_names():
         "entropy-bound",
     }
     assert set(reg.names("infiller")) == {"parallel-ar", "greedy-verify", "draft"}
-    assert reg.names("reviser") == ("none", "wino")
+    assert reg.names("reviser") == ("none", "wino", "editing")
     assert set(reg.names("reorderer")) == {"commit-order", "reencode", "no-cache", "prefix-cache", "dual-cache"}
     assert reg.names("partitioner") == ("fixed", "semi-ar")
     assert set(reg.names("model_adapter")) == {"hf-block", "hf-causal", "hf-mdm"}

@@ -164,3 +164,10 @@ def test_the_field_rules_decide_acceptance_on_its_canvases(selector, params):
 def test_mask_schedules_are_refused_on_its_canvases_naming_the_rules_that_apply(selector):
     with pytest.raises(ConfigError, match="entropy-bound, threshold"):
         refusion.generate([4, 45], model(), selector=selector)
+
+
+def test_without_renoising_unaccepted_positions_keep_their_tokens():
+    kept = refusion.generate([4, 45], model(), seed=4, renoise=False, gen_length=16, record=True)
+    noised = refusion.generate([4, 45], model(), seed=4, gen_length=16, record=True)
+    assert kept.tokens.tolist() != noised.tokens.tolist()  # the canvas each step sees differs from the second step on
+    assert kept.num_iterations <= 8 and len(kept.tokens) <= 16

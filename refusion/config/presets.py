@@ -187,6 +187,29 @@ DEFINITIONS: dict[str, dict] = {
         infiller="draft",
         peer="sdar.block_diffusion_generate",
     ),
+    "llada2.1": dict(
+        description="LLaDA 2.1 (generate, token-to-token editing): the model's blocks (`block_length` 32) from "
+        "position 0; each step every mask whose argmax probability is > `threshold` 0.95 (else the most confident "
+        "one) takes it, and every earlier token of the block whose argmax is another token with probability > "
+        "`editing_threshold` 0.9 is replaced; up to `max_post_steps` 16 edit-only passes once a block is filled; "
+        "greedy; every block decoded, the answer cut at the first EOS afterwards",
+        gen_length=128,
+        params=dict(
+            block_length=32,
+            slot_size=1,
+            align="absolute",
+            pad=True,
+            slot_threshold=0.95,
+            editing_threshold=0.9,
+            max_post_steps=16,
+            stop_at_eos=False,
+        ),
+        partitioner="semi-ar",
+        selector="threshold",
+        infiller="draft",
+        reviser="editing",
+        peer="llada21.generate",
+    ),
     "diffusion-gemma": dict(
         description="DiffusionGemma (transformers' DiffusionGemmaForBlockDiffusion.generate): canvases of the "
         "model's `canvas_length` from uniform noise; per step (`max_denoising_steps` 48 at most) a denoiser pass, "

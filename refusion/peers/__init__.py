@@ -4,7 +4,8 @@
 (:class:`~refusion.peers.base.PeerFunction`); :func:`translate` turns the
 arguments of a call into refusion's parts and parameters. One module per
 peer: ``llada``, ``fast_dllm``, ``dream``, ``sdar``, ``reference`` (ReFusion's
-own decoder), ``wino``, ``diffusion_gemma`` (transformers' own ``generate``).
+own decoder), ``wino``, ``diffusion_gemma`` (transformers' own ``generate``), ``llada2`` (LLaDA 2.1's
+editing ``generate``).
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from refusion.peers.base import PeerCall, PeerFunction
 
 def peer_functions() -> dict[str, PeerFunction]:
     """Every peer function refusion's presets take, by name."""
-    from refusion.peers import diffusion_gemma, dream, fast_dllm, llada, reference, sdar, wino
+    from refusion.peers import diffusion_gemma, dream, fast_dllm, llada, llada2, reference, sdar, wino
 
-    modules = (llada, fast_dllm, dream, sdar, reference, wino, diffusion_gemma)
+    modules = (llada, fast_dllm, dream, sdar, reference, wino, diffusion_gemma, llada2)
     return {f.name: f for module in modules for f in module.FUNCTIONS}
 
 

@@ -53,6 +53,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "refusion.models.families.sdar",
     "refusion.models.families.refusion",
     "refusion.models.families.diffusion_gemma",
+    "refusion.models.families.llada2",
     "refusion.engines.repeat",
     "refusion.engines.branch",
     "refusion.engines.canvas",

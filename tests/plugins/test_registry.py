@@ -49,7 +49,7 @@ def test_builtins_are_registered_under_their_names():
     assert set(reg.names("reorderer")) == {"commit-order", "reencode", "no-cache", "prefix-cache", "dual-cache"}
     assert reg.names("partitioner") == ("fixed", "semi-ar")
     assert set(reg.names("model_adapter")) == {"hf-block", "hf-causal", "hf-mdm"}
-    assert reg.names("model_family") == ("llada", "dream", "sdar", "refusion", "diffusion-gemma")
+    assert reg.names("model_family") == ("llada", "dream", "sdar", "refusion", "diffusion-gemma", "llada2")
     assert all(r.source == "built-in" for r in reg)
     assert len(DEFAULT_PLUGINS) == len({r.plugin for r in reg})
 

@@ -41,6 +41,9 @@ def _paper(task: str, slot_size: int, blocks: int, slot_t: float, token_t: float
     )
 
 
+#: LLaDA 2.x's layout: the model's blocks of 32 from position 0, one token per slot, the last block decoded whole
+LLADA2_BLOCKS = dict(block_length=32, slot_size=1, align="absolute", pad=True)
+
 #: The reference's per-task settings (ML-GSAI/ReFusion eval scripts), plus its function defaults.
 DEFINITIONS: dict[str, dict] = {
     "paper": dict(
@@ -187,6 +190,26 @@ DEFINITIONS: dict[str, dict] = {
         infiller="draft",
         peer="sdar.block_diffusion_generate",
     ),
+    "llada2": dict(
+        description="LLaDA 2.0 (generate): the model's blocks (`block_length` 32) from position 0, `steps` 32 per "
+        "block, step s due the block spread over the steps (earlier ones one more): every mask above `threshold` "
+        "0.95 when at least that many, else the most confident ones due; `temperature`/`top_k`/`top_p` its "
+        "multinomial draws over the block, draw for draw; stops after the block with an EOS",
+        gen_length=128,
+        params=dict(
+            **LLADA2_BLOCKS,
+            steps=32,
+            threshold=0.95,
+            sampler="block-multinomial",
+            temperature=0.0,
+            precision="float32",
+            stop_at_eos="block",
+        ),
+        partitioner="semi-ar",
+        selector="llada2-steps",
+        infiller="draft",
+        peer="llada2.generate",
+    ),
     "llada2.1": dict(
         description="LLaDA 2.1 (generate, token-to-token editing): the model's blocks (`block_length` 32) from "
         "position 0; each step every mask whose argmax probability is > `threshold` 0.95 (else the most confident "
@@ -195,10 +218,7 @@ DEFINITIONS: dict[str, dict] = {
         "greedy; every block decoded, the answer cut at the first EOS afterwards",
         gen_length=128,
         params=dict(
-            block_length=32,
-            slot_size=1,
-            align="absolute",
-            pad=True,
+            **LLADA2_BLOCKS,
             slot_threshold=0.95,
             editing_threshold=0.9,
             max_post_steps=16,

@@ -127,10 +127,11 @@ class DenoisingSession:
         d = self.decoder
         pending = self.state.prompt
         for block_index, block in enumerate(self.partition.blocks):
-            yield Encode(pending)
+            since = (time.perf_counter(), self.forwards, len(self.state.counters.fed_log))  # the encoder's forward
+            yield Encode(pending)  # counts in the canvas's first step
             slots = tuple(self.partition.slots[i] for i in block)
             first, stop = slots[0].offset, slots[-1].stop
-            argmax = yield from self._denoise(slots, block_index)
+            argmax = yield from self._denoise(slots, block_index, since)
             self.tokens[first:stop] = argmax[: stop - first]
             self.commit_step[first:stop] = len(self.committed) - 1
             self.sealed[first:stop] = True
@@ -142,8 +143,11 @@ class DenoisingSession:
                 break
         return self._result()
 
-    def _denoise(self, slots: tuple, block_index: int) -> Generator[Denoise | Selection, Any, torch.Tensor]:
-        """Denoise one canvas to its stop; returns the argmax canvas of the last step (1-D, on the host)."""
+    def _denoise(
+        self, slots: tuple, block_index: int, since: tuple
+    ) -> Generator[Denoise | Selection, Any, torch.Tensor]:
+        """Denoise one canvas to its stop; returns the argmax canvas of the last step (1-D, on the host).
+        ``since``: (clock, forwards, fed entries) where the canvas's first record starts (before its encoding)."""
         d, model, g = self.decoder, self.model, self.generator
         length, vocab, device = model.canvas_length, model.vocab_size, model.device
         canvas = torch.randint(0, vocab, (1, length), generator=g, device=device)[0]
@@ -152,8 +156,7 @@ class DenoisingSession:
         positions = torch.arange(length) + self.prompt_len + slots[0].offset
         argmax = canvas
         for step in reversed(range(1, d.max_denoising_steps + 1)):
-            started = time.perf_counter()
-            forwards = self.forwards
+            started, forwards, logged = since
             (logits,) = yield Denoise(canvas, conditioning)
             logits = logits / temperature(step, d.t_min, d.t_max, d.max_denoising_steps, device)
             probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
@@ -181,11 +184,13 @@ class DenoisingSession:
                         committed=(),
                         forwards=self.forwards - forwards,
                         drafted=tuple(s.index for s in slots),
+                        fed_tokens=tuple(self.state.counters.fed_log[logged:]),
                         seconds=time.perf_counter() - started,
                     )
                 )
             if finished:
                 break
+            since = (time.perf_counter(), self.forwards, len(self.state.counters.fed_log))  # the next step's start
         return argmax.cpu()
 
     def _eos(self, first: int, stop: int) -> bool:

@@ -346,14 +346,16 @@ class BlockMultinomial:
     same seed; the rows of the planned ``positions`` are used. The confidence
     is the drawn token's probability under that distribution, in the logits'
     dtype as SDAR computes it (bfloat16 confidences of a bfloat16 model,
-    compared with SDAR's thresholds as SDAR compares them). The mask token
-    is never drawn (SDAR may draw it; then the two differ). ``temperature`` 0
-    is greedy (SDAR divides by it and fails).
+    compared with SDAR's thresholds as SDAR compares them; ``precision``
+    ``"float32"``: the logits in float32 first, as LLaDA 2.x's ``generate``
+    does). The mask token is never drawn (SDAR may draw it; then the two
+    differ). ``temperature`` 0 is greedy (SDAR divides by it and fails).
     """
 
     temperature: float = attrs.field(default=1.0, validator=_temperature)
     top_k: int = attrs.field(default=0, validator=_top_k_off)
     top_p: float = attrs.field(default=1.0, validator=_top_p_off)
+    precision: str = attrs.field(default="logits", validator=_precision)
 
     draws_block = True
     accepts_scores = True
@@ -363,6 +365,8 @@ class BlockMultinomial:
             return greedy(logits, exclude)
         if isinstance(logits, Scores):
             logits = logits.logits
+        if self.precision != "logits":
+            logits = logits.to(torch.float64 if self.precision == "float64" else reduction_dtype(logits.dtype))
         x = logits if self.temperature == 1.0 else logits / self.temperature
         if self.top_k > 0:
             x = keep_top_k(x, self.top_k)

@@ -335,6 +335,7 @@ class DecodeSession:
         revision = call_part(self.decoder.reviser, self.decoder.reviser.revise, view)
         self._revised = self._revise(revision, set(view.offsets.tolist())) if revision else ()
         if before is not None:
+            start, forwards, logged, copied, written, encoded = before
             c = self.state.counters
             self.records.append(
                 IterationRecord(
@@ -343,9 +344,13 @@ class DecodeSession:
                     planned=(),
                     selected=(),
                     committed=(),
-                    forwards=c.forwards - before[1],
+                    forwards=c.forwards - forwards,
                     revised=self._revised,
-                    seconds=time.perf_counter() - before[0],
+                    fed_tokens=tuple(c.fed_log[logged:]),
+                    kv_encoded=self.cache.encoded - encoded,
+                    kv_copied_bytes=c.kv_context_bytes - copied,
+                    kv_written_bytes=c.kv_new_bytes - written,
+                    seconds=time.perf_counter() - start,
                 )
             )
         self.committed.append(())

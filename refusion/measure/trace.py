@@ -102,6 +102,7 @@ def records(result: DecodeResult, *, sequence: int = 0, tokenizer: Any = None, d
                 "confidence": [min(max(float(c), 0.0), 1.0) for c in step.confidence],
                 "selected": list(step.selected),
                 "committed": committed,
+                "revised": list(step.revised),
                 "forwards": step.forwards,
                 "fed_tokens": list(step.fed_tokens),
                 "cache": {
@@ -484,6 +485,7 @@ class _Sequence:
             raise _Bad(f"is {r['block']}; the header has {len(blocks)} blocks", "block")
         for field in ("planned", "drafted", "selected"):
             _slots_known(r[field], len(slots), field)
+        _slots_known(r.get("revised", []), len(slots), "revised")
         if len(r["confidence"]) not in (0, len(r["drafted"])):
             raise _Bad(
                 f"holds {len(r['confidence'])} values; expected one per drafted slot ({len(r['drafted'])}) or none",
@@ -531,6 +533,7 @@ class _Sequence:
                 committed=tuple(committed),
                 forwards=r["forwards"],
                 drafted=tuple(r["drafted"]),
+                revised=tuple(r.get("revised", ())),
                 confidence=tuple(r["confidence"]),
                 fed_tokens=tuple(r["fed_tokens"]),
                 kv_appended=cache["appended"],

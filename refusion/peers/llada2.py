@@ -1,4 +1,5 @@
-"""LLaDA 2.1's ``generate`` (inclusionAI LLaDA2.1, vendored by ZHZisZZ/dllm) as the ``llada2.1`` preset."""
+"""LLaDA 2.0's and 2.1's ``generate`` (inclusionAI, vendored by ZHZisZZ/dllm) as the ``llada2`` and ``llada2.1``
+presets."""
 
 from __future__ import annotations
 
@@ -8,6 +9,77 @@ from typing import Any
 from refusion.peers.base import PeerCall, PeerFunction, check_eos_ids, check_mask_id, refuse, taken
 
 NAME = "LLaDA 2.1's generate"
+NAME_20 = "LLaDA 2.0's generate"
+#: LLaDA 2.0's generate arguments besides the model and the prompt (LLaDA 2.1 adds the editing ones)
+ARGUMENTS_20 = (
+    "temperature",
+    "block_length",
+    "steps",
+    "top_p",
+    "top_k",
+    "eos_early_stop",
+    "minimal_topk",
+    "threshold",
+    "eos_id",
+    "mask_id",
+)
+
+
+def model_block(function: str, args: Mapping[str, Any], model: Any) -> dict[str, Any]:
+    """``block_length`` must be the model's (and the mask and EOS ids its own); the block as parameters."""
+    if model is None:
+        return {}
+    check_mask_id(function, "mask_id", args.get("mask_id"), model)
+    check_eos_ids(function, "eos_id", args.get("eos_id"), model)
+    block = model.capabilities.block_length
+    if not block:
+        raise refuse(function, "model", type(model).__name__, "it decodes block-diffusion models (LLaDA 2.x).")
+    if args.get("block_length", block) != block:
+        raise refuse(
+            function,
+            "block_length",
+            args["block_length"],
+            f"the model attends in blocks of {block}; load it with `block_length={args['block_length']}` "
+            "(CLI: --model-block-length) to decode in other blocks.",
+        )
+    return {"block_length": block}
+
+
+def translate_generate_20(args: Mapping[str, Any], model: Any) -> PeerCall:
+    """``steps`` (per block) and ``threshold`` go to the ``llada2-steps`` selector; ``temperature``, ``top_k``,
+    ``top_p`` to the ``block-multinomial`` sampler (its draws over the block, in float32, draw for draw with the
+    same seed); ``block_length`` must be the model's; ``gen_length`` is ``refusion.generate``'s own;
+    ``minimal_topk`` is accepted (it caps ``steps`` at ``gen_length // minimal_topk``: give ``steps`` no larger);
+    ``eos_id`` and ``mask_id`` must be the model's; refused: ``eos_early_stop=True`` (its return in the middle of
+    a block), ``steps`` > ``block_length`` (steps due no token: forwards that change nothing)."""
+    params = model_block(NAME_20, args, model)
+    if args.get("eos_early_stop"):
+        raise refuse(
+            NAME_20,
+            "eos_early_stop",
+            True,
+            "its return in the middle of a block is not reproduced; without it, decoding stops after the block "
+            "that holds an EOS, as here.",
+        )
+    block = params.get("block_length", args.get("block_length"))
+    steps = args.get("steps")
+    if steps is not None and block and steps > block:
+        raise refuse(NAME_20, "steps", steps, f"more steps than the block's {block} tokens leave steps due no token.")
+    params.update(taken(args, "steps", "threshold", "temperature", "top_k", "top_p"))
+    if params.get("top_k") is None:
+        params.pop("top_k", None)
+    if params.get("top_p") is None:
+        params.pop("top_p", None)
+    return PeerCall(params=params)
+
+
+GENERATE_20 = PeerFunction(
+    name="llada2.generate",
+    preset="llada2",
+    source="inclusionAI LLaDA2.0 modeling_llada2_moe.py (ZHZisZZ/dllm dllm/pipelines/llada2/models): generate",
+    arguments=ARGUMENTS_20,
+    translate=translate_generate_20,
+)
 
 
 def translate_generate(args: Mapping[str, Any], model: Any) -> PeerCall:
@@ -17,22 +89,7 @@ def translate_generate(args: Mapping[str, Any], model: Any) -> PeerCall:
     nothing (LLaDA 2.1 computes its steps and never reads them); ``eos_id`` and ``mask_id`` must be the model's.
     Refused: ``temperature`` > 0, ``top_k``, ``top_p`` (sampled editing is not reproduced yet),
     ``eos_early_stop=True``, ``num_to_transfer`` other than 1."""
-    params: dict[str, Any] = {}
-    if model is not None:
-        check_mask_id(NAME, "mask_id", args.get("mask_id"), model)
-        check_eos_ids(NAME, "eos_id", args.get("eos_id"), model)
-        block = model.capabilities.block_length
-        if not block:
-            raise refuse(NAME, "model", type(model).__name__, "it decodes block-diffusion models (LLaDA 2.x).")
-        if args.get("block_length", block) != block:
-            raise refuse(
-                NAME,
-                "block_length",
-                args["block_length"],
-                f"the model attends in blocks of {block}; load it with `block_length={args['block_length']}` "
-                "(CLI: --model-block-length) to decode in other blocks.",
-            )
-        params["block_length"] = block
+    params = model_block(NAME, args, model)
     if args.get("temperature", 0.0):
         raise refuse(NAME, "temperature", args["temperature"], "sampled editing is not reproduced yet; use 0.")
     for arg in ("top_k", "top_p"):
@@ -52,22 +109,8 @@ GENERATE = PeerFunction(
     name="llada21.generate",
     preset="llada2.1",
     source="inclusionAI LLaDA2.1 modeling_llada2_moe.py (ZHZisZZ/dllm dllm/pipelines/llada21/models): generate",
-    arguments=(
-        "temperature",
-        "block_length",
-        "steps",
-        "top_p",
-        "top_k",
-        "eos_early_stop",
-        "minimal_topk",
-        "threshold",
-        "editing_threshold",
-        "max_post_steps",
-        "eos_id",
-        "mask_id",
-        "num_to_transfer",
-    ),
+    arguments=(*ARGUMENTS_20, "editing_threshold", "max_post_steps", "num_to_transfer"),
     translate=translate_generate,
 )
 
-FUNCTIONS = (GENERATE,)
+FUNCTIONS = (GENERATE_20, GENERATE)

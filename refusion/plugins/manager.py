@@ -35,6 +35,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "refusion.strategies.selectors.sdar_steps",
     "refusion.strategies.selectors.wino",
     "refusion.strategies.selectors.entropy_bound",
+    "refusion.strategies.selectors.llada2_steps",
     "refusion.strategies.infillers.parallel_ar",
     "refusion.strategies.infillers.greedy_verify",
     "refusion.strategies.infillers.draft",

@@ -107,7 +107,7 @@ def test_every_preset_builds_and_decodes(name, checkpoint):
         result = generate([4, 45], load_model(str(fixture)), preset=name, max_denoising_steps=2)
         assert result.partition.gen_length == preset.gen_length >= len(result.tokens)  # cut after an EOS
         return
-    if preset.selector.name == "sdar-steps" or name == "llada2.1":
+    if preset.selector.name == "sdar-steps" or name in ("llada2", "llada2.1"):
         block = 4 if name == "sdar" else 32
         model = tiny_block_diffusion(vocab_size=24, max_positions=1024, block_length=block, layout="absolute")
     elif preset.reorderer.name in ("dual-cache", "prefix-cache") or preset.reviser.name == "wino":
@@ -115,7 +115,7 @@ def test_every_preset_builds_and_decodes(name, checkpoint):
     else:
         model = HFCausalLM(tiny_qwen3(vocab_size=24, max_positions=1024, logit_scale=6.0))
     result = generate([1, 2], model, preset=name, record=True)
-    block = {"sdar": 4, "llada2.1": 32}.get(name)  # whole model blocks, as SDAR's and LLaDA 2.1's generate
+    block = {"sdar": 4, "llada2": 32, "llada2.1": 32}.get(name)  # whole model blocks, as SDAR's and LLaDA 2.x's
     padded = -(-(2 + preset.gen_length) // block) * block - 2 if block else preset.gen_length
     assert len(result.tokens) == result.partition.gen_length == padded
 

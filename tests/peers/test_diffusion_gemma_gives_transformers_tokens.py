@@ -171,3 +171,12 @@ def test_without_renoising_unaccepted_positions_keep_their_tokens():
     noised = refusion.generate([4, 45], model(), seed=4, gen_length=16, record=True)
     assert kept.tokens.tolist() != noised.tokens.tolist()  # the canvas each step sees differs from the second step on
     assert kept.num_iterations <= 8 and len(kept.tokens) <= 16
+
+
+def test_a_trace_of_its_decode_reads_back(tmp_path):
+    from refusion.measure.trace import read_trace
+
+    call = next(c for c in GOLDEN["calls"] if c["case"] == "three-canvases" and c["dtype"] == "float32")
+    result, _ = decode(call, trace=tmp_path / "trace.jsonl")
+    back = read_trace(tmp_path / "trace.jsonl")[0]
+    assert back.tokens.tolist() == result.tokens.tolist() and back.num_iterations == result.num_iterations

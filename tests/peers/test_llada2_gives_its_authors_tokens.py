@@ -31,8 +31,9 @@ BLOCK = GOLDEN["block_length"]
 
 
 @functools.cache
-def model(dtype: str = "bfloat16"):
-    return refusion.load_model(str(FIXTURE), dtype=dtype, block_length=BLOCK)
+def model(dtype: str = "bfloat16", eos: int | None = None):
+    options = {} if eos is None else {"eos_token_id": eos}
+    return refusion.load_model(str(FIXTURE), dtype=dtype, block_length=BLOCK, **options)
 
 
 def logits(adapter) -> torch.Tensor:
@@ -62,31 +63,63 @@ def test_the_checkpoint_is_recognised_with_its_ids_and_preset():
     assert adapter.model.config._experts_implementation == "grouped_mm"  # grouped by expert: no loop over tokens
 
 
+PRESETS = {"llada2.generate": "llada2", "llada21.generate": "llada2.1"}
+
+
+def label(call: dict) -> str:
+    return call["function"] + "-" + "-".join(f"{v}" for v in call["kwargs"].values() if v is not None)
+
+
 @half_precision_here
 @pytest.mark.parametrize("engine", [None, "block-recompute"])
-@pytest.mark.parametrize("call", GOLDEN["calls"], ids=lambda c: "-".join(f"{v}" for v in c["kwargs"].values()))
-def test_the_preset_gives_llada_2_1s_tokens(call, engine):
+@pytest.mark.parametrize("call", GOLDEN["calls"], ids=label)
+def test_the_presets_give_the_authors_tokens(call, engine):
+    """Greedy and seeded sampling (LLaDA 2.0), edits (LLaDA 2.1), EOS; on the cached and the recomputing engine."""
+    kwargs = dict(call["kwargs"])
     result = refusion.generate(
         call["prompt_ids"],
-        model(),
-        preset="llada2.1",
+        model("bfloat16", kwargs["eos_id"]),
+        preset=PRESETS[call["function"]],
         engine=engine,
-        temperature=0.0,
+        seed=call.get("seed", 0),
         mask_id=3,
-        eos_id=1,
-        **call["kwargs"],
+        **kwargs,
     )
     assert result.tokens.tolist() == call["tokens"]
     assert result.forwards == call["forwards"]
 
 
+def test_edits_are_counted_in_the_trace(tmp_path):
+    from refusion.measure.trace import read_trace
+
+    call = next(
+        c for c in GOLDEN["calls"] if c["function"] == "llada21.generate" and c["kwargs"]["editing_threshold"] == 0.0
+    )
+    kwargs = dict(call["kwargs"])
+    trace = tmp_path / "trace.jsonl"
+    adapter = model("bfloat16", kwargs["eos_id"])
+    result = refusion.generate(call["prompt_ids"], adapter, preset="llada2.1", trace=trace, **kwargs)
+    edited = sum(len(r.revised) for r in result.iterations)
+    assert edited > 0
+    assert sum(len(r.revised) for r in read_trace(trace)[0].iterations) == edited
+
+
 @pytest.mark.parametrize(
-    "argument, value",
-    [("temperature", 0.7), ("top_k", 5), ("eos_early_stop", True), ("num_to_transfer", 2), ("block_length", 32)],
+    "preset, argument, value",
+    [
+        ("llada2.1", "temperature", 0.7),
+        ("llada2.1", "top_k", 5),
+        ("llada2.1", "eos_early_stop", True),
+        ("llada2.1", "num_to_transfer", 2),
+        ("llada2.1", "block_length", 32),
+        ("llada2", "eos_early_stop", True),
+        ("llada2", "steps", 9),
+        ("llada2", "eos_id", 7),
+    ],
 )
-def test_arguments_it_does_not_reproduce_are_refused_by_name(argument, value):
+def test_arguments_it_does_not_reproduce_are_refused_by_name(preset, argument, value):
     with pytest.raises(ConfigError, match=argument):
-        refusion.generate([4, 40], model("float32"), preset="llada2.1", **{argument: value})
+        refusion.generate([4, 40], model("float32"), preset=preset, **{argument: value})
 
 
 def test_a_configuration_glm4moe_cannot_reproduce_is_refused_naming_the_field(tmp_path):

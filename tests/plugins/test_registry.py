@@ -43,6 +43,7 @@ def test_builtins_are_registered_under_their_names():
         "sdar-steps",
         "wino",
         "entropy-bound",
+        "llada2-steps",
     }
     assert set(reg.names("infiller")) == {"parallel-ar", "greedy-verify", "draft"}
     assert reg.names("reviser") == ("none", "wino", "editing")
@@ -59,8 +60,8 @@ def test_unknown_name_lists_the_known_ones():
         registry().get("selector", "best")
     assert "Unknown selector 'best'" in str(err.value)
     assert (
-        "dream-blocks, dream-steps, entropy, entropy-bound, factor, leftmost, llada-steps, margin, random, sdar-steps, "
-        "threshold, topk"
+        "dream-blocks, dream-steps, entropy, entropy-bound, factor, leftmost, llada-steps, llada2-steps, margin, "
+        "random, sdar-steps, threshold, topk"
     ) in str(err.value)
 
 

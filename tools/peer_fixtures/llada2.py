@@ -17,8 +17,10 @@ token, 1 shared, n_group 4 / topk_group 2, sigmoid scores with a random expert_b
 qk-norm, partial_rotary_factor 0.5; norm weights and biases randomised) is built and saved by the 2.0 class in
 float32, with the char-level tokenizer of the other folders (mask 3, EOS 1, pad 0). `logits.safetensors`: the
 authors' logits in float32 and bfloat16 on fixed inputs under the block-causal mask their generate builds.
-`golden.json`: the tokens of LLaDA 2.1's `generate` (bfloat16: it builds a bfloat16 mask, so float32 fails;
-temperature 0) for several prompts, thresholds, editing thresholds and `max_post_steps`, with its forwards.
+`golden.json`: the tokens of LLaDA 2.0's `generate` (greedy and seeded sampling with `temperature`, `top_k`,
+`top_p`; `torch.manual_seed(seed)` before the call) and of LLaDA 2.1's (temperature 0; several thresholds,
+editing thresholds and `max_post_steps`), both in bfloat16 (they build a bfloat16 mask, so float32 fails), with
+their forwards.
 One process, 1 torch thread; cpu.json records the CPU kernel family (bf16 tokens depend on it).
 """
 
@@ -44,6 +46,19 @@ BLOCK = 8
 PROMPTS = ("Hi", "The sky is", "2+2=")
 #: (prompt index, gen_length, threshold, editing_threshold, max_post_steps); prompt (with bos) + gen_length is a
 #: multiple of the block, so the authors' padded last block ends where the answer does
+#: LLaDA 2.0: (prompt index, gen_length, steps, threshold, temperature, top_k, top_p, seed)
+CASES_20 = (
+    (0, 13, 8, 0.95, 0.0, None, None, 0),
+    (1, 21, 4, 0.95, 0.0, None, None, 0),
+    (2, 19, 3, 0.5, 0.0, None, None, 0),
+    (0, 29, 8, 0.3, 0.0, None, None, 0),
+    (1, 13, 8, 0.9, 0.8, None, None, 1),
+    (2, 19, 4, 0.7, 1.0, 5, None, 2),
+    (0, 13, 2, 0.95, 0.6, None, 0.9, 3),
+    (1, 21, 8, 0.5, 1.3, 20, 0.95, 4),
+    (0, 29, 8, 0.3, 0.0, None, None, 0, 2),  # an EOS (id 2 here) ends the answer after its block
+    (1, 21, 4, 0.7, 1.0, None, None, 5, 7),
+)
 CASES = (
     (0, 13, 0.95, 0.9, 16),
     (1, 21, 0.95, 0.9, 16),
@@ -51,6 +66,7 @@ CASES = (
     (0, 29, 0.3, 0.0, 2),
     (1, 13, 0.8, 0.7, 0),
     (2, 11, 0.2, 0.3, 8),
+    (1, 21, 0.95, 0.9, 16, 13),  # an EOS (id 13 here): every block decoded, the answer cut after it
 )
 
 
@@ -158,17 +174,10 @@ def generate_all(out: str, classes) -> list:
     import torch
     from pf_tokenizer import BOS, EOS, MASK, encode_chars
 
-    model = classes["llada21"][1].from_pretrained(out, torch_dtype=torch.bfloat16).eval()
-    forwards = [0]
-    network_forward = model.forward
-
-    def counted(*args, **kwargs):  # generate calls self.forward (no module hooks fire): count it here
-        forwards[0] += 1
-        return network_forward(*args, **kwargs)
-
-    model.forward = counted
-    calls = []
-    for prompt_index, gen_length, threshold, editing, post in CASES:
+    model, forwards = counting(classes["llada21"][1].from_pretrained(out, torch_dtype=torch.bfloat16).eval())
+    calls = generate_20(out, classes)
+    for prompt_index, gen_length, threshold, editing, post, *eos in CASES:
+        eos_id = eos[0] if eos else EOS
         ids = [BOS, *encode_chars(PROMPTS[prompt_index])]
         assert (len(ids) + gen_length) % BLOCK == 0, (ids, gen_length)
         forwards[0] = 0
@@ -181,7 +190,7 @@ def generate_all(out: str, classes) -> list:
                 threshold=threshold,
                 editing_threshold=editing,
                 max_post_steps=post,
-                eos_id=EOS,
+                eos_id=eos_id,
                 mask_id=MASK,
             )
         calls.append(
@@ -196,7 +205,65 @@ def generate_all(out: str, classes) -> list:
                     threshold=threshold,
                     editing_threshold=editing,
                     max_post_steps=post,
+                    eos_id=eos_id,
                 ),
+                tokens=tokens[0].tolist(),
+                forwards=forwards[0],
+            )
+        )
+    return calls
+
+
+def counting(model):
+    """``model`` with its ``forward`` counted in the returned one-item list (generate calls ``self.forward``, so
+    no module hook would see the calls)."""
+    forwards = [0]
+    network_forward = model.forward
+
+    def counted(*args, **kwargs):
+        forwards[0] += 1
+        return network_forward(*args, **kwargs)
+
+    model.forward = counted
+    return model, forwards
+
+
+def generate_20(out: str, classes) -> list:
+    """The LLaDA 2.0 class's ``generate`` on the same weights (bfloat16), greedy and seeded sampling."""
+    import torch
+    from pf_tokenizer import BOS, EOS, MASK, encode_chars
+
+    model, forwards = counting(classes["llada2"][1].from_pretrained(out, torch_dtype=torch.bfloat16).eval())
+    calls = []
+    for prompt_index, gen_length, steps, threshold, temperature, top_k, top_p, seed, *eos in CASES_20:
+        eos_id = eos[0] if eos else EOS
+        ids = [BOS, *encode_chars(PROMPTS[prompt_index])]
+        assert (len(ids) + gen_length) % BLOCK == 0, (ids, gen_length)
+        forwards[0] = 0
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            tokens = model.generate(
+                torch.tensor([ids]),
+                temperature=temperature,
+                block_length=BLOCK,
+                steps=steps,
+                gen_length=gen_length,
+                top_k=top_k,
+                top_p=top_p,
+                threshold=threshold,
+                eos_id=eos_id,
+                mask_id=MASK,
+            )
+        kwargs = dict(block_length=BLOCK, gen_length=gen_length, steps=steps, threshold=threshold)
+        kwargs.update(temperature=temperature, top_k=top_k, top_p=top_p, eos_id=eos_id)
+        calls.append(
+            dict(
+                function="llada2.generate",
+                dtype="bfloat16",
+                prompt=PROMPTS[prompt_index],
+                prompt_ids=ids,
+                seed=seed,
+                kwargs=kwargs,
                 tokens=tokens[0].tolist(),
                 forwards=forwards[0],
             )
@@ -217,7 +284,7 @@ def make(a, out: str) -> None:
     found = logits(out, classes)
     save_file({k: v.contiguous() for k, v in found.items()}, os.path.join(out, "logits.safetensors"))
     golden = dict(
-        peer="LLaDA 2.1 generate (inclusionAI, vendored by ZHZisZZ/dllm)",
+        peer="LLaDA 2.0 and 2.1 generate (inclusionAI, vendored by ZHZisZZ/dllm)",
         peer_files={
             p: file_record(
                 a.dllm,

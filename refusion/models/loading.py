@@ -157,6 +157,8 @@ def family_preset(family: Any, path: str | None = None) -> Any:
     from refusion.config import preset
 
     name = getattr(family, "default_preset", None)
+    if path is not None and hasattr(family, "preset_name"):
+        name = family.preset_name(read_config(path))
     if name is None:
         return None
     spec = preset(name)

@@ -58,7 +58,7 @@ def test_bfloat16_logits_equal_the_authors_class_bit_for_bit():
 def test_the_checkpoint_is_recognised_with_its_ids_and_preset():
     adapter = model("float32")
     assert (adapter.family, adapter.mask_token_id, set(adapter.eos_token_ids)) == ("llada2", 3, {1})
-    assert adapter.capabilities.block_length == BLOCK and adapter.preset.reviser.name == "editing"
+    assert adapter.capabilities.block_length == BLOCK and adapter.preset.selector.name == "llada2-steps"
     assert type(adapter.model).__name__ == "LLaDA2MoeAsGlm4Moe"
     assert adapter.model.config._experts_implementation == "grouped_mm"  # grouped by expert: no loop over tokens
 
@@ -120,6 +120,16 @@ def test_edits_are_counted_in_the_trace(tmp_path):
 def test_arguments_it_does_not_reproduce_are_refused_by_name(preset, argument, value):
     with pytest.raises(ConfigError, match=argument):
         refusion.generate([4, 40], model("float32"), preset=preset, **{argument: value})
+
+
+def test_a_llada_2_1_config_decodes_with_the_editing_preset_by_default(tmp_path):
+    import shutil
+
+    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(FIXTURE / name, tmp_path / name)
+    config = json.loads((FIXTURE / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "llada21_moe"}))
+    assert refusion.load_model(str(tmp_path)).preset.reviser.name == "editing"
 
 
 def test_a_configuration_glm4moe_cannot_reproduce_is_refused_naming_the_field(tmp_path):

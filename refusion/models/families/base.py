@@ -97,6 +97,11 @@ class ModelFamily(ABC):
     def adapter(self, model: Any, tokenizer: Any, config: Mapping[str, Any], **options: Any) -> ModelAdapter:
         """Wrap the loaded network; ``options`` are the caller's :attr:`adapter_options`."""
 
+    def preset_name(self, config: Mapping[str, Any]) -> str | None:
+        """The preset a checkpoint with ``config`` decodes with when none is named: :attr:`default_preset`,
+        unless the family tells its versions apart."""
+        return self.default_preset
+
     def preset_params(self, path: str) -> dict[str, Any]:
         """Parameters of :attr:`default_preset` that the checkpoint at ``path`` sets itself (e.g. its
         ``generation_config.json``), applied when a caller names no preset; the default: none."""

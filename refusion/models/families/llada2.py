@@ -60,7 +60,7 @@ class LLaDA2(ModelFamily):
     """LLaDA 2.x checkpoints as a block-causal ``Glm4MoeForCausalLM`` (blocks from position 0, logit shift 0)."""
 
     name = "llada2"
-    default_preset = "llada2.1"
+    default_preset = "llada2"
     description = "LLaDA 2.x (MoE block diffusion) as transformers' Glm4MoeForCausalLM with block-causal masks"
     checkpoints = (
         "inclusionAI/LLaDA2.0-mini",
@@ -77,6 +77,11 @@ class LLaDA2(ModelFamily):
         "configuration_llada21_moe",
     )
     adapter_options = ("mask_token_id", "eos_token_id", "block_length")
+
+    def preset_name(self, config: Mapping[str, Any]) -> str | None:
+        """``llada2.1`` (editing) for a checkpoint whose config says LLaDA 2.1 (``model_type`` ``llada21_moe``),
+        else LLaDA 2.0's ``llada2``; either decodes the other's weights when named."""
+        return "llada2.1" if config.get("model_type") == "llada21_moe" else "llada2"
 
     def stock_config(self, config: Mapping[str, Any]) -> Any:
         from transformers import Glm4MoeConfig

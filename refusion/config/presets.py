@@ -215,13 +215,17 @@ DEFINITIONS: dict[str, dict] = {
         "position 0; each step every mask whose argmax probability is > `threshold` 0.95 (else the most confident "
         "one) takes it, and every earlier token of the block whose argmax is another token with probability > "
         "`editing_threshold` 0.9 is replaced; up to `max_post_steps` 16 edit-only passes once a block is filled; "
-        "greedy; every block decoded, the answer cut at the first EOS afterwards",
+        "`temperature`/`top_k`/`top_p` its draws over the block (mask transfers and edits alike), draw for draw; "
+        "every block decoded, the answer cut at the first EOS afterwards",
         gen_length=128,
         params=dict(
             **LLADA2_BLOCKS,
             slot_threshold=0.95,
             editing_threshold=0.9,
             max_post_steps=16,
+            sampler="block-multinomial",
+            temperature=0.0,
+            precision="float32",
             stop_at_eos=False,
         ),
         partitioner="semi-ar",

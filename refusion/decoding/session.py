@@ -244,16 +244,19 @@ class DecodeSession:
         (out,) = yield ModelCall.of(Extend(ROOT, masks, positions, reads))
         return self._drafted(slots, positions, out.scores, offsets)
 
-    def _drafted(self, slots: tuple, positions: torch.Tensor, scores: Any, offsets: list[int]) -> Plan:
-        """The plan of ``slots`` whose drafts come from ``scores`` (one row per planned position)."""
-        draw = lambda s: self._draw(s, positions)  # noqa: E731
+    def _drafted(
+        self, slots: tuple, positions: torch.Tensor, scores: Any, offsets: list[int], drawn: Any = None
+    ) -> Plan:
+        """The plan of ``slots`` whose drafts come from ``scores`` (one row per planned position); ``drawn``:
+        their ``(tokens, confidence)`` already drawn (with the rest of the block, in one draw)."""
+        draw = (lambda s: drawn) if drawn is not None else (lambda s: self._draw(s, positions))
         drafts = Drafts(
             scores,
             draw,
             len(positions),
             lazy=self.greedy,
             exclude=self.model.mask_token_id,
-            rowwise=getattr(self.decoder.sample, "rowwise", False),
+            rowwise=drawn is None and getattr(self.decoder.sample, "rowwise", False),
         )
         return Plan(slots, positions, scores, tuple(offsets), self.generator, drafts, **self._where())
 
@@ -273,9 +276,17 @@ class DecodeSession:
         (out,) = yield ModelCall.of(fed)
         if self.verifying:
             self._verification = (span, out.scores[len(span) :])
-        if self.decoder.reviser.predicts:
+        rows = positions - self.prompt_len - first
+        if not self.decoder.reviser.predicts:
+            return self._drafted(slots, positions, out.scores[rows], offsets)
+        if self.greedy:  # the reviser reads the forward's argmax at the accepted positions
             self._predictions = (span, out.scores[: len(span)])
-        return self._drafted(slots, positions, out.scores[positions - self.prompt_len - first], offsets)
+            return self._drafted(slots, positions, out.scores[rows], offsets)
+        # sampling: one draw over the whole block (LLaDA 2.1 draws every row of it); the masked rows' draws are the
+        # plan's drafts, the accepted rows' the reviser's predictions
+        tokens, confidence = self._draw(out.scores[: len(span)], span + self.prompt_len)
+        self._predictions = (span, (tokens.cpu(), confidence.cpu()))
+        return self._drafted(slots, positions, out.scores[rows], offsets, drawn=(tokens[rows], confidence[rows]))
 
     def _accept(self, result: InfillResult, block: Sequence[int], block_index: int) -> CacheEditor:
         """A revising decoder's commits: accepted, revisable until the block is sealed; then the reviser's turn."""
@@ -305,9 +316,12 @@ class DecodeSession:
         if self._predictions is not None:
             span, rows = self._predictions
             self._predictions = None
-            logits = rows[inside - first].logits
-            probability, predicted = torch.softmax(logits.to(reduction_dtype(logits.dtype)), dim=-1).max(dim=-1)
-            predicted, probability = predicted.cpu(), probability.cpu()
+            if isinstance(rows, tuple):  # sampled with the plan's drafts
+                predicted, probability = rows[0][inside - first], rows[1][inside - first]
+            else:
+                logits = rows[inside - first].logits
+                probability, predicted = torch.softmax(logits.to(reduction_dtype(logits.dtype)), dim=-1).max(dim=-1)
+                predicted, probability = predicted.cpu(), probability.cpu()
         return RevisionView(
             offsets=inside,
             tokens=self.tokens[inside],
@@ -330,7 +344,11 @@ class DecodeSession:
         first, stop = self._span(block)
         span = torch.arange(first, stop)
         (out,) = yield ModelCall.of(Extend(ROOT, self.tokens[first:stop], span + self.prompt_len))
-        self._predictions = (span, out.scores)
+        if self.greedy:
+            self._predictions = (span, out.scores)
+        else:  # the pass draws every row of the block, as the plan's forward does
+            tokens, confidence = self._draw(out.scores, span + self.prompt_len)
+            self._predictions = (span, (tokens.cpu(), confidence.cpu()))
         view = self._view(block, block_index, torch.zeros_like(self.accepted), None, post_fill)
         revision = call_part(self.decoder.reviser, self.decoder.reviser.revise, view)
         self._revised = self._revise(revision, set(view.offsets.tolist())) if revision else ()

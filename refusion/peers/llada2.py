@@ -65,11 +65,8 @@ def translate_generate_20(args: Mapping[str, Any], model: Any) -> PeerCall:
     steps = args.get("steps")
     if steps is not None and block and steps > block:
         raise refuse(NAME_20, "steps", steps, f"more steps than the block's {block} tokens leave steps due no token.")
-    params.update(taken(args, "steps", "threshold", "temperature", "top_k", "top_p"))
-    if params.get("top_k") is None:
-        params.pop("top_k", None)
-    if params.get("top_p") is None:
-        params.pop("top_p", None)
+    params.update(taken(args, "steps", "threshold"))
+    params.update(sampling(args))
     return PeerCall(params=params)
 
 
@@ -84,17 +81,13 @@ GENERATE_20 = PeerFunction(
 
 def translate_generate(args: Mapping[str, Any], model: Any) -> PeerCall:
     """``threshold`` (mask-to-token, strict, else the most confident mask) goes to the ``threshold`` selector's
-    ``slot_threshold``; ``editing_threshold`` and ``max_post_steps`` to the ``editing`` reviser; ``block_length``
-    must be the model's; ``gen_length`` is ``refusion.generate``'s own; ``steps`` and ``minimal_topk`` change
-    nothing (LLaDA 2.1 computes its steps and never reads them); ``eos_id`` and ``mask_id`` must be the model's.
-    Refused: ``temperature`` > 0, ``top_k``, ``top_p`` (sampled editing is not reproduced yet),
+    ``slot_threshold``; ``editing_threshold`` and ``max_post_steps`` to the ``editing`` reviser;
+    ``temperature``, ``top_k``, ``top_p`` to the ``block-multinomial`` sampler (one draw over the block per
+    forward feeds the mask transfers and the edits, draw for draw); ``block_length`` must be the model's;
+    ``gen_length`` is ``refusion.generate``'s own; ``steps`` and ``minimal_topk`` change nothing (LLaDA 2.1
+    computes its steps and never reads them); ``eos_id`` and ``mask_id`` must be the model's. Refused:
     ``eos_early_stop=True``, ``num_to_transfer`` other than 1."""
     params = model_block(NAME, args, model)
-    if args.get("temperature", 0.0):
-        raise refuse(NAME, "temperature", args["temperature"], "sampled editing is not reproduced yet; use 0.")
-    for arg in ("top_k", "top_p"):
-        if args.get(arg) is not None:
-            raise refuse(NAME, arg, args[arg], "it applies to sampling only, which is not reproduced yet.")
     if args.get("eos_early_stop"):
         raise refuse(NAME, "eos_early_stop", True, "every block is decoded and the answer cut at the first EOS.")
     if args.get("num_to_transfer", 1) != 1:
@@ -102,7 +95,13 @@ def translate_generate(args: Mapping[str, Any], model: Any) -> PeerCall:
     if "threshold" in args:
         params["slot_threshold"] = args["threshold"]
     params.update(taken(args, "editing_threshold", "max_post_steps"))
+    params.update(sampling(args))
     return PeerCall(params=params)
+
+
+def sampling(args: Mapping[str, Any]) -> dict[str, Any]:
+    """``temperature`` and the ``top_k``/``top_p`` filters the call sets (``None`` means no filter)."""
+    return {k: v for k, v in taken(args, "temperature", "top_k", "top_p").items() if v is not None}
 
 
 GENERATE = PeerFunction(

@@ -270,7 +270,8 @@ class RevisionView:
     a block starts). ``predicted`` (long, ``(n,)``) and
     ``predicted_probability`` (float32, ``(n,)``) are the argmax of this
     iteration's forward at each of these positions (which saw the token
-    there) and its probability; ``None`` unless the reviser
+    there) and its probability (with a sampler: the step's draw there, from
+    the same draw over the block as the plan's drafts); ``None`` unless the reviser
     :attr:`~Reviser.predicts`. ``post_fill`` counts the edit-only passes
     this block had after its last mask was filled (0 before);
     ``mask_token_id`` is the model's. Read-only except ``memory``.

@@ -74,7 +74,8 @@ def label(call: dict) -> str:
 @pytest.mark.parametrize("engine", [None, "block-recompute"])
 @pytest.mark.parametrize("call", GOLDEN["calls"], ids=label)
 def test_the_presets_give_the_authors_tokens(call, engine):
-    """Greedy and seeded sampling (LLaDA 2.0), edits (LLaDA 2.1), EOS; on the cached and the recomputing engine."""
+    """Greedy and seeded sampling, edits (LLaDA 2.1, sampled edits too), EOS; on the cached and the recomputing
+    engine."""
     kwargs = dict(call["kwargs"])
     result = refusion.generate(
         call["prompt_ids"],
@@ -107,8 +108,6 @@ def test_edits_are_counted_in_the_trace(tmp_path):
 @pytest.mark.parametrize(
     "preset, argument, value",
     [
-        ("llada2.1", "temperature", 0.7),
-        ("llada2.1", "top_k", 5),
         ("llada2.1", "eos_early_stop", True),
         ("llada2.1", "num_to_transfer", 2),
         ("llada2.1", "block_length", 32),

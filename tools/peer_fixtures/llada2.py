@@ -66,7 +66,10 @@ CASES = (
     (0, 29, 0.3, 0.0, 2),
     (1, 13, 0.8, 0.7, 0),
     (2, 11, 0.2, 0.3, 8),
-    (1, 21, 0.95, 0.9, 16, 13),  # an EOS (id 13 here): every block decoded, the answer cut after it
+    (1, 21, 0.95, 0.9, 16, {"eos_id": 13}),  # an EOS (id 13 here): every block decoded, the answer cut after it
+    (0, 13, 0.7, 0.5, 16, {"temperature": 0.8, "seed": 1}),  # sampled: edits take the step's draws too
+    (1, 21, 0.5, 0.3, 4, {"temperature": 1.0, "top_k": 10, "seed": 2}),
+    (2, 19, 0.9, 0.6, 8, {"temperature": 1.2, "top_p": 0.9, "seed": 3}),
 )
 
 
@@ -176,15 +179,19 @@ def generate_all(out: str, classes) -> list:
 
     model, forwards = counting(classes["llada21"][1].from_pretrained(out, torch_dtype=torch.bfloat16).eval())
     calls = generate_20(out, classes)
-    for prompt_index, gen_length, threshold, editing, post, *eos in CASES:
-        eos_id = eos[0] if eos else EOS
+    for prompt_index, gen_length, threshold, editing, post, *more in CASES:
+        extra = dict(more[0]) if more else {}
+        eos_id = extra.pop("eos_id", EOS)
+        seed = extra.pop("seed", 0)
+        sampling = dict(temperature=extra.get("temperature", 0.0), top_k=extra.get("top_k"), top_p=extra.get("top_p"))
         ids = [BOS, *encode_chars(PROMPTS[prompt_index])]
         assert (len(ids) + gen_length) % BLOCK == 0, (ids, gen_length)
         forwards[0] = 0
+        torch.manual_seed(seed)
         with torch.no_grad():
             tokens = model.generate(
                 torch.tensor([ids]),
-                temperature=0.0,
+                **sampling,
                 block_length=BLOCK,
                 gen_length=gen_length,
                 threshold=threshold,
@@ -199,6 +206,7 @@ def generate_all(out: str, classes) -> list:
                 dtype="bfloat16",
                 prompt=PROMPTS[prompt_index],
                 prompt_ids=ids,
+                seed=seed,
                 kwargs=dict(
                     block_length=BLOCK,
                     gen_length=gen_length,
@@ -206,6 +214,7 @@ def generate_all(out: str, classes) -> list:
                     editing_threshold=editing,
                     max_post_steps=post,
                     eos_id=eos_id,
+                    **sampling,
                 ),
                 tokens=tokens[0].tolist(),
                 forwards=forwards[0],

@@ -10,8 +10,9 @@ forward each); the block is sealed after a pass that edits nothing. An
 argmax that is the mask token masks the position again (LLaDA 2.1 writes it
 back, so the position is decoded anew). Pair it with the ``threshold``
 selector (mask-to-token above ``threshold``, else the most confident one)
-and the ``draft`` infiller. The edit uses the argmax (greedy decoding); the
-model family and its authors' sampled variant come with LLaDA 2.x support.
+and the ``draft`` infiller. With a sampler the "argmax" is the step's draw at
+that position (one draw over the block feeds the masks' drafts and the edits,
+as LLaDA 2.1 samples): the ``llada2.1`` preset.
 """
 
 from __future__ import annotations

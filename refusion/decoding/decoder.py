@@ -210,6 +210,26 @@ class Decoder:
                         f"has `{field}={getattr(caps, field)}` ({caps}). Pick another {part.kind} (see `refusion "
                         f"plugins`), or a preset that runs on this model: {', '.join(presets_for(model))}."
                     )
+        self._check_pairing()
+
+    def _check_pairing(self) -> None:
+        """A reviser whose rule assumes a selector or one-token slots is refused with any other (it could mask
+        again what the selector keeps accepting, and never finish a block)."""
+        reviser = self.reviser
+        if reviser.pairs_with is not None and self.selector.name != reviser.pairs_with:
+            raise ConfigError(
+                f"reviser {reviser.name!r} bounds what it masks again by what selector {reviser.pairs_with!r} "
+                f"accepts; selector {self.selector.name!r} gives no such bound. Use selector {reviser.pairs_with!r} "
+                "(or another reviser).",
+                param="reviser",
+            )
+        slot_size = getattr(self.partitioner, "slot_size", 1)
+        if reviser.token_slots and slot_size != 1:
+            raise ConfigError(
+                f"reviser {reviser.name!r} masks single tokens again: it needs one-token slots; the partitioner "
+                f"has `slot_size` = {slot_size}. Use slot_size=1.",
+                param="slot_size",
+            )
 
     def _check_denoiser(self, model: ModelAdapter) -> None:
         """A canvas-denoising model decodes with the selector and the denoising options only

@@ -324,6 +324,10 @@ class Reviser(Part):
     verifies: ClassVar[bool] = False
     #: :attr:`RevisionView.predicted` and ``predicted_probability`` hold the forward's argmax at each accepted position
     predicts: ClassVar[bool] = False
+    #: the selector whose acceptances the rule assumes (``None``: any), and whether it needs one-token slots; a
+    #: decoder pairing it otherwise is refused before any work (the rule's progress guarantee would not hold)
+    pairs_with: ClassVar[str | None] = None
+    token_slots: ClassVar[bool] = False
 
     @property
     def post_fill_passes(self) -> int:

@@ -137,3 +137,17 @@ def test_a_stream_shows_only_sealed_tokens_of_a_revising_decoder():
     streamed = [t for event in request for t in event.prefix_tokens]
     final = request.result.tokens.tolist()
     assert streamed == final  # nothing streamed was revised afterwards
+
+
+def test_wino_is_refused_with_a_selector_or_slots_its_rule_does_not_bound():
+    model = tiny_bidirectional(vocab_size=24, seed=3)
+    with pytest.raises(ConfigError, match="reviser 'wino'.*selector 'threshold'") as caught:
+        Decoder.from_names(partitioner="semi-ar", selector="threshold", infiller="draft", reviser="wino").decode(
+            model, [1, 2], 8
+        )
+    assert caught.value.param == "reviser"
+    with pytest.raises(ConfigError, match="one-token slots") as caught:
+        Decoder.from_names(
+            partitioner="semi-ar", selector="wino", infiller="draft", reviser="wino", slot_size=2
+        ).decode(model, [1, 2], 8)
+    assert caught.value.param == "slot_size"

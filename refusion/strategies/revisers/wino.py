@@ -30,6 +30,9 @@ class WinoReviser(Reviser):
     #: leave-one-out rows need a bidirectional canvas whose logits predict their own position (LLaDA)
     requires = {"causal": False, "logit_shift": 0, "block_length": 0}
     verifies = True
+    #: WINO's narrow-out bounds what it masks again by what its wide-in selector accepted, token by token
+    pairs_with = "wino"
+    token_slots = True
 
     threshold_back: float = attrs.field(default=0.9, validator=probability)
 

@@ -21,8 +21,8 @@ class LLaDA2Steps(SlotSelector):
     spread over the steps, earlier steps one more: :func:`~refusion.strategies.selectors.llada_steps.even_schedule`
     of the block's length, whatever part of it the prompt holds). It takes every mask whose confidence is above
     ``threshold`` (strictly) when there are at least that many, else the ``schedule[s]`` most confident
-    (``ties`` as ``torch.topk`` over the model block, ``"model-block"``, as LLaDA 2.0). Past the schedule, all
-    that remain."""
+    (``ties`` as ``torch.topk`` over the model block, ``"model-block"``, as LLaDA 2.0; by position when the
+    slots are not inside one model block of ``block_length``). Past the schedule, all that remain."""
 
     name = "llada2-steps"
     #: decides by the masks left in a block, which only shrink; a denoising canvas re-decides every position
@@ -43,7 +43,12 @@ class LLaDA2Steps(SlotSelector):
         above = (confidence > self.threshold).nonzero().flatten().tolist()
         if above and len(above) >= due:
             return above
-        return ranked(plan, confidence, max(1, min(due, len(plan))), self.ties, self.block_length)
+        ties = self.ties
+        if ties == "model-block":  # LLaDA 2.0 ranks its model block; a plan outside one ranks by position
+            firsts = plan.positions[plan.first_rows]
+            start = int(firsts[0]) - int(firsts[0]) % self.block_length
+            ties = ties if int(firsts.max()) < start + self.block_length else "lowest"
+        return ranked(plan, confidence, max(1, min(due, len(plan))), ties, self.block_length)
 
 
 @hookimpl

@@ -14,8 +14,8 @@ LLaDA2.1-mini); ZHZisZZ/dllm vendors it: `dllm/pipelines/llada2/models/{configur
 (LLaDA 2.0) and `dllm/pipelines/llada21/models/{configuration,modeling}_llada21_moe.py` (LLaDA 2.1, with the
 editing `generate`). The checkpoint (seeded; hidden 64, 2 layers, the second an MoE layer: 8 experts, 2 per
 token, 1 shared, n_group 4 / topk_group 2, sigmoid scores with a random expert_bias, routed_scaling_factor 2.5,
-qk-norm, partial_rotary_factor 0.5; norm weights and biases randomised) is built and saved by the 2.0 class in
-float32, with the char-level tokenizer of the other folders (mask 3, EOS 1, pad 0). `logits.safetensors`: the
+qk-norm, partial_rotary_factor 0.5; norm weights and biases randomised; the mask id's output row zeroed so the
+mask never wins, as in the other folders) is built and saved by the 2.0 class in float32, with the char-level tokenizer of the other folders (mask 3, EOS 1, pad 0). `logits.safetensors`: the
 authors' logits in float32 and bfloat16 on fixed inputs under the block-causal mask their generate builds.
 `golden.json`: the tokens of LLaDA 2.0's `generate` (greedy and seeded sampling with `temperature`, `top_k`,
 `top_p`; `torch.manual_seed(seed)` before the call) and of LLaDA 2.1's (temperature 0; several thresholds,
@@ -143,6 +143,9 @@ def build(out: str, classes) -> None:
         for name, b in model.named_buffers():
             if name.endswith("expert_bias"):
                 b.copy_(0.1 * torch.randn(b.shape, generator=g))
+        # mask never wins (as in the other folders): a trained checkpoint never predicts the mask id, the authors'
+        # loops would "transfer" it (the position stays masked) where refusion's drafts never choose it
+        model.lm_head.weight[MASK].zero_()
     model.save_pretrained(out, safe_serialization=True)
     save_tokenizer("llada", out)
 

@@ -15,13 +15,13 @@ LLaDA2.1-mini); ZHZisZZ/dllm vendors it: `dllm/pipelines/llada2/models/{configur
 editing `generate`). The checkpoint (seeded; hidden 64, 2 layers, the second an MoE layer: 8 experts, 2 per
 token, 1 shared, n_group 4 / topk_group 2, sigmoid scores with a random expert_bias, routed_scaling_factor 2.5,
 qk-norm, partial_rotary_factor 0.5; norm weights and biases randomised; the mask id's output row zeroed so the
-mask never wins, as in the other folders) is built and saved by the 2.0 class in float32, with the char-level tokenizer of the other folders (mask 3, EOS 1, pad 0). `logits.safetensors`: the
-authors' logits in float32 and bfloat16 on fixed inputs under the block-causal mask their generate builds.
-`golden.json`: the tokens of LLaDA 2.0's `generate` (greedy and seeded sampling with `temperature`, `top_k`,
-`top_p`; `torch.manual_seed(seed)` before the call) and of LLaDA 2.1's (temperature 0; several thresholds,
+mask never wins, as in the other folders) is built and saved by the 2.0 class in float32, with the char-level
+tokenizer of the other folders (mask 3, EOS 1, pad 0). `logits.safetensors`: the authors' logits in float32
+and bfloat16 on fixed inputs under the block-causal mask their generate builds. `golden.json`: the tokens of
+LLaDA 2.0's `generate` (greedy and seeded sampling with `temperature`, `top_k`, `top_p`;
+`torch.manual_seed(seed)` before the call) and of LLaDA 2.1's (greedy and seeded sampling; several thresholds,
 editing thresholds and `max_post_steps`), both in bfloat16 (they build a bfloat16 mask, so float32 fails), with
-their forwards.
-One process, 1 torch thread; cpu.json records the CPU kernel family (bf16 tokens depend on it).
+their forwards. One process, 1 torch thread; cpu.json records the CPU kernel family (bf16 tokens depend on it).
 """
 
 from __future__ import annotations

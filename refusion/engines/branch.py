@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, cast
 
+import numpy as np
 import torch
 
 from refusion.cache.sequence import SequenceCache
@@ -194,6 +195,69 @@ class BranchEngine(Engine):
             self.kv.ensure_capacity(max(row.context + row.width + row.n for row in rows))
             return {s: out for r, row in enumerate(rows) for s, out in self._run_padded([row], first=r).items()}
         return self._run_padded(rows)
+
+    def run_columns(self, states: list[BranchSequence], tokens: torch.Tensor, counts: torch.Tensor) -> Any:
+        """One packed forward for whole-batch decode loops (:mod:`refusion.decoding.columnar`).
+
+        Row ``i`` feeds ``tokens[i, :counts[i]]`` (host tensors: ids ``(rows, width)``, counts ``(rows,)``)
+        right after its cached entries, causally, at positions equal to their columns (a left-to-right cache:
+        entry ``j`` at position ``j``). Returns the :class:`~refusion.decoding.scores.Scores` of the packed
+        tokens, row after row. Nothing is committed: :meth:`keep_columns` says how many of each row's fed tokens
+        stay cached. Counts the forward in the engine's totals only (the loop counts its rows' own).
+        """
+        from refusion.engines.ragged import RaggedCache, RaggedLayout, switched
+
+        self.epoch.value += 1
+        if any(state.store.row != i for i, state in enumerate(states)):
+            self._place(states)
+        buf = self.kv
+        n = len(states)
+        starts = np.array(buf.lengths[:n], dtype=np.int64)
+        fed = counts.numpy()
+        width = tokens.shape[1]
+        valid = np.arange(width)[None, :] < fed[:, None]
+        ids = tokens[torch.from_numpy(valid)]
+        row_of, local = np.nonzero(valid)
+        column = torch.from_numpy(starts[row_of] + local)
+        n_max = int(fed.max())
+        keys = int((starts + fed).max())
+        buf.ensure_capacity(keys)
+        device = self.device
+        if n == 1:
+            count = int(fed[0])
+            mask = None if count == 1 else torch.ones(count, keys, dtype=torch.bool).tril(keys - count)[None, None]
+            layout = RaggedLayout(
+                1, n_max, None, None, None, None if mask is None else mask.to(device), keys, (keys - count, keys)
+            )
+        else:
+            last = starts[:, None] + np.arange(n_max)[None, :]  # the last column each query may see
+            visible = torch.from_numpy(np.arange(keys)[None, None, :] <= last[:, :, None])
+            layout = RaggedLayout(
+                n,
+                n_max,
+                torch.from_numpy(row_of * n_max + local).to(device),
+                torch.from_numpy(row_of).to(device),
+                column.to(device),
+                visible[:, None].to(device),
+                keys,
+            )
+        network = self.model.model
+        with exclusive(self.model), switched(network.config):
+            scores = self.run_network(
+                ids[None].to(device),
+                column[None].to(device),
+                {"full_attention": layout, "sliding_attention": layout},
+                RaggedCache(buf.data, layout),
+            )[0]
+        self.counters.forward(int(ids.shape[0]))
+        return scores
+
+    def keep_columns(self, states: list[BranchSequence], kept: list[int]) -> None:
+        """After :meth:`run_columns`: the first ``kept[i]`` fed tokens of row ``i`` stay cached (the rest of what
+        it fed is dropped: a length change, no copy)."""
+        lengths = self.kv.lengths
+        for i, k in enumerate(kept):
+            lengths[i] += k
 
     def _write_parents(self, rows: list[_Row], column_of, first: int = 0) -> None:
         """Scatter every row's parent branches' keys/values into its scratch columns (one kernel call); ``rows[r]``

@@ -8,6 +8,10 @@ Rows the extends declare they will read (``Extend.reads``), and the
 :class:`~refusion.decoding.protocol.Projection` s programs yield, are projected to the
 vocabulary for all sequences together, one LM-head pass each time.
 Programs may be added between steps (continuous batching) and cancelled.
+Sessions whose decoder has a whole-batch form on the engine
+(:func:`refusion.decoding.columnar.columnar_reason`) join a columnar loop
+instead of running a program: one forward and one set of tensor decisions
+for all of them per step.
 :func:`drive` runs a fixed set of sessions to the end; the
 :class:`~refusion.generator.Generator` adds requests as they arrive.
 """
@@ -31,22 +35,31 @@ from refusion.engines.base import Engine, SequenceState
 class Runner:
     """Steps many decode sessions together on one engine."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, *, columnar: bool = True):
         self.engine = engine
+        #: whether sessions with a whole-batch form run in a columnar loop (False: every session as a program)
+        self.columnar = columnar
+        #: the columnar loops, by the infiller and the EOS rule of the rows they decide
+        self._loops: dict[Any, Any] = {}
         self._calls: dict[SequenceState, ModelCall] = {}
         self._live: dict[SequenceState, tuple[Any, Any]] = {}  # state -> (session, program)
         #: sessions whose program raised, with the exception (they have left the runner)
         self.failures: list[tuple[Any, BaseException]] = []
 
     def __len__(self) -> int:
-        return len(self._live)
+        return len(self._live) + sum(len(loop) for loop in self._loops.values())
 
     @property
     def sessions(self) -> list[Any]:
-        return [session for session, _ in self._live.values()]
+        return [session for session, _ in self._live.values()] + [
+            session for loop in self._loops.values() for session in loop.sessions
+        ]
 
     def add(self, session: Any) -> DecodeResult | None:
-        """Start ``session``'s program; returns its result at once if it needs no model call."""
+        """Start ``session``'s program (or give its row to a columnar loop); returns its result at once if it needs
+        no model call."""
+        if self.columnar and self._join_loop(session):
+            return None
         program = session.program()
         self._live[session.state] = (session, program)
         finished: list = []
@@ -54,11 +67,36 @@ class Runner:
             self._advance({session.state: None}, finished, start=True)
         return finished[0][1] if finished else None
 
+    def _join_loop(self, session: Any) -> bool:
+        from refusion.decoding.columnar import LosslessColumns, columnar_reason
+        from refusion.decoding.session import DecodeSession
+
+        if type(session) is not DecodeSession or columnar_reason(session.decoder, self.engine, session.record):
+            return False
+        key = (session.decoder.infiller, bool(session.decoder.stop_at_eos))
+        loop = self._loops.get(key)
+        if loop is None:
+            loop = self._loops[key] = LosslessColumns(self.engine, *key)
+        loop.admit(session)
+        return True
+
     def step(self) -> list[tuple[Any, DecodeResult]]:
         """One engine run for every live session; returns the sessions that finished, with their results."""
-        if not self._calls:
-            return []
         finished: list = []
+        with torch.no_grad():
+            for loop in self._loops.values():
+                if len(loop):
+                    try:
+                        done = loop.step()
+                    except BaseException:
+                        self._abort_all()
+                        raise
+                    finished += [
+                        (session, attrs.evolve(result, engine_totals=self.engine.counters.as_dict()))
+                        for session, result in done
+                    ]
+        if not self._calls:
+            return finished
         with torch.no_grad():
             try:
                 outputs = self.engine.run(self._calls)
@@ -133,7 +171,7 @@ class Runner:
         """Stop ``session``'s program and free its sequence; False if it was not live."""
         state = session.state
         if state not in self._live:
-            return False
+            return any(loop.cancel(session) for loop in self._loops.values())
         _, program = self._live.pop(state)
         self._calls.pop(state, None)
         program.close()
@@ -150,6 +188,8 @@ class Runner:
             program.close()
             self.engine.release(state)
         self._live.clear()
+        for loop in self._loops.values():
+            loop.abort()
         self._calls = {}
 
 
@@ -178,13 +218,14 @@ def _reads(outputs: dict) -> list[tuple]:
     return requests
 
 
-def drive(engine: Engine, sessions: Iterable[Any]) -> list[DecodeResult]:
+def drive(engine: Engine, sessions: Iterable[Any], *, columnar: bool = True) -> list[DecodeResult]:
     """Run ``sessions`` together on ``engine`` to the end; results in the sessions' order.
 
-    Every result's ``engine_totals`` holds the engine's counters for the whole run.
+    Every result's ``engine_totals`` holds the engine's counters for the whole run. ``columnar=False`` runs every
+    session as its per-sequence program (no whole-batch loop).
     """
     sessions = list(sessions)
-    runner = Runner(engine)
+    runner = Runner(engine, columnar=columnar)
     results: dict[int, DecodeResult] = {}
     index = {id(s): i for i, s in enumerate(sessions)}
     try:

@@ -44,16 +44,19 @@ def test_an_engine_error_fails_the_live_requests_and_the_generator_goes_on():
     generator = Generator(model, decoder, gen_length=6, max_rows=2)
     live = [generator.submit([1, 2]), generator.submit([2, 3])]
     waiting = generator.submit([3, 4])
-    run = generator.engine.run
+    engine = generator.engine
     calls = []
 
-    def broken(batch):
-        calls.append(1)
-        if len(calls) == 2:
-            raise RuntimeError("device lost")
-        return run(batch)
+    def broken(run):  # the second forward fails, whether a program's call or the whole-batch loop's
+        def forward(*args):
+            calls.append(1)
+            if len(calls) == 2:
+                raise RuntimeError("device lost")
+            return run(*args)
 
-    generator.engine.run = broken
+        return forward
+
+    engine.run, engine.run_columns = broken(engine.run), broken(engine.run_columns)
     generator.start()
     for request in live:
         with pytest.raises(RuntimeError, match="device lost"):

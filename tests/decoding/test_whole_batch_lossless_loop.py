@@ -1,0 +1,136 @@
+"""The whole-batch (columnar) loop of lossless decoders: the tokens and slots of the per-sequence programs and of
+transformers' greedy ``generate``, for every row of any batch, with fewer forwards when drafts are right."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import refusion
+from refusion.api import build_decoder
+from refusion.decoding.columnar import columnar_reason
+from refusion.decoding.decoder import Decoder
+from refusion.engines import drive, open_engine
+from refusion.engines.branch import BranchEngine
+from refusion.generator import Generator
+from tests.support.helpers import hf_greedy, tiny
+
+
+def _decode(decoder, model, prompts, gen_length, *, columnar):
+    prepared = [decoder.prepare(model, p, gen_length) for p in prompts]
+    engine = open_engine(model, decoder, None)
+    calls = []
+    run_columns = engine.run_columns
+    engine.run_columns = lambda *a: calls.append(1) or run_columns(*a)
+    results = drive(engine, [decoder.start(model, engine, p) for p in prepared], columnar=columnar)
+    return results, len(calls)
+
+
+def _same(a, b, stop_at_eos=True):
+    assert a.tokens.tolist() == b.tokens.tolist()
+    assert a.stopped_at_eos == b.stopped_at_eos
+    if not stop_at_eos:  # the loop decodes every position; a program leaves the rest of an EOS's slot undecoded
+        assert a.num_iterations == len(a.partition.slots) and (a.commit_step >= 0).all()
+        return
+    assert a.num_iterations == b.num_iterations
+    assert a.commit_step.tolist() == b.commit_step.tolist()
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 50),
+    prompts=st.lists(st.lists(st.integers(1, 22), min_size=1, max_size=9), min_size=1, max_size=5),
+    gen_length=st.integers(1, 19),
+    slot_size=st.integers(1, 6),
+    stop_at_eos=st.booleans(),
+    eos=st.sampled_from([None, 3, 7]),
+    blocks=st.integers(1, 3),
+)
+def test_the_loop_gives_every_row_the_tokens_and_slots_of_its_program(
+    seed, prompts, gen_length, slot_size, stop_at_eos, eos, blocks
+):
+    model = tiny(seed=seed, eos=eos)
+    decoder = Decoder.from_names(
+        selector="leftmost",
+        infiller="greedy-verify",
+        slot_size=slot_size,
+        serial_num_blocks=blocks if -(-gen_length // slot_size) % blocks == 0 else 1,
+        stop_at_eos=stop_at_eos,
+    )
+    together, loop_forwards = _decode(decoder, model, prompts, gen_length, columnar=True)
+    programs, none = _decode(decoder, model, prompts, gen_length, columnar=False)
+    assert loop_forwards > 0 and none == 0
+    for prompt, a, b in zip(prompts, together, programs):
+        _same(a, b, stop_at_eos)
+        assert a.tokens.tolist() == hf_greedy(model, prompt, gen_length)[: len(a.tokens)]
+        assert 1 <= a.forwards <= gen_length  # every forward gains at least one token
+        assert len(a.tokens) == gen_length or a.stopped_at_eos
+
+
+def test_a_row_that_joins_a_running_loop_gets_the_tokens_it_gets_alone():
+    model = tiny(seed=5, eos=4)
+    decoder = Decoder.from_names(selector="leftmost", infiller="greedy-verify", slot_size=3, serial_num_blocks=1)
+    generator = Generator(model, decoder, gen_length=14)
+    first = generator.submit([1, 2, 3])
+    for _ in range(4):
+        generator.step()
+    late = [generator.submit([5, 6]), generator.submit([9])]
+    generator.run_until_idle()
+    for request, prompt in zip([first, *late], ([1, 2, 3], [5, 6], [9])):
+        alone = decoder.decode(model, prompt, 14)
+        _same(request.wait(timeout=30), alone)
+    assert generator.live_rows == 0
+
+
+def test_a_cancelled_row_leaves_and_the_others_finish_as_alone():
+    model = tiny(seed=6)
+    decoder = Decoder.from_names(selector="leftmost", infiller="greedy-verify", slot_size=2, serial_num_blocks=1)
+    generator = Generator(model, decoder, gen_length=12)
+    keep, drop, last = generator.submit([1, 2]), generator.submit([3, 4, 5]), generator.submit([6])
+    generator.step()
+    generator.cancel(drop)
+    generator.run_until_idle()
+    assert drop.status == "cancelled"
+    for request, prompt in ((keep, [1, 2]), (last, [6])):
+        _same(request.wait(timeout=30), decoder.decode(model, prompt, 12))
+
+
+def test_on_the_shipped_model_accepted_drafts_save_forwards():
+    model = refusion.load_model(None, dtype="float32")
+    decoder = build_decoder(model, preset="ar")[0]
+    prompts = [model.tokenizer.encode(p) for p in ("rev abcdef=", "rep 3 ab=", "copy hello=")]
+    together, calls = _decode(decoder, model, prompts, 24, columnar=True)
+    programs, _ = _decode(decoder, model, prompts, 24, columnar=False)
+    for a, b in zip(together, programs):
+        _same(a, b)
+    assert calls < sum(len(r.tokens) for r in together) / len(prompts)  # more than one token per forward per row
+
+
+@pytest.mark.parametrize(
+    "options, reason",
+    [
+        (dict(selector="topk"), "leftmost + greedy-verify"),
+        (dict(infiller="parallel-ar"), "leftmost + greedy-verify"),
+        (dict(stop_at_eos="block"), "stop_at_eos='block'"),
+    ],
+)
+def test_other_compositions_run_as_programs(options, reason):
+    model = tiny()
+    parts = dict(selector="leftmost", infiller="greedy-verify", serial_num_blocks=1) | options
+    decoder = Decoder.from_names(**parts)
+    engine = open_engine(model, decoder, None)
+    assert reason in columnar_reason(decoder, engine, record=False)
+
+
+def test_records_and_batch_invariance_keep_the_programs():
+    model = tiny()
+    decoder = Decoder.from_names(selector="leftmost", infiller="greedy-verify", serial_num_blocks=1)
+    assert columnar_reason(decoder, open_engine(model, decoder, None), record=False) is None
+    assert "records" in columnar_reason(decoder, open_engine(model, decoder, None), record=True)
+    invariant = BranchEngine(model, batch_invariant=True)
+    assert "batch-variant" in columnar_reason(decoder, invariant, record=False)
+    result = decoder.decode(model, [1, 2, 3], 6, record=True)
+    assert len(result.iterations) == result.num_iterations > 0
+    assert torch.equal(result.tokens, decoder.decode(model, [1, 2, 3], 6).tokens)

@@ -51,6 +51,9 @@ class DecodeSession:
     iteration committed are kept.
     """
 
+    #: a plan-and-infill decode: the runner may give its row to a whole-batch loop (:mod:`refusion.decoding.columnar`)
+    plan_and_infill = True
+
     def __init__(
         self,
         decoder: Any,

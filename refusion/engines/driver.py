@@ -69,9 +69,10 @@ class Runner:
 
     def _join_loop(self, session: Any) -> bool:
         from refusion.decoding.columnar import LosslessColumns, columnar_reason
-        from refusion.decoding.session import DecodeSession
 
-        if type(session) is not DecodeSession or columnar_reason(session.decoder, self.engine, session.record):
+        if not getattr(type(session), "plan_and_infill", False):  # another loop's session (canvas denoising)
+            return False
+        if columnar_reason(session.decoder, self.engine, session.record):
             return False
         key = (session.decoder.infiller, bool(session.decoder.stop_at_eos))
         loop = self._loops.get(key)

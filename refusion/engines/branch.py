@@ -36,6 +36,7 @@ import torch
 
 from refusion.cache.sequence import SequenceCache
 from refusion.cache.stores import PreallocatedKV, RowStore
+from refusion.decoding.counters import ForwardShape
 from refusion.decoding.protocol import ExtendOutput, ModelCall
 from refusion.engines.base import Engine, SequenceState
 from refusion.models.base import exclusive
@@ -249,7 +250,12 @@ class BranchEngine(Engine):
                 {"full_attention": layout, "sliding_attention": layout},
                 RaggedCache(buf.data, layout),
             )[0]
-        self.counters.forward(int(ids.shape[0]))
+        total = int(ids.shape[0])
+        shape = None
+        if self.counters.shapes is not None:  # recorded for the cost model, as `served` records a program's forward
+            pairs = int((fed * (starts + fed)).sum())
+            shape = ForwardShape(n, total, pairs, int(starts.sum()))
+        self.counters.forward(total, shape=shape)
         return scores
 
     def keep_columns(self, states: list[BranchSequence], kept: list[int]) -> None:

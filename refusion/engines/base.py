@@ -173,12 +173,16 @@ class Engine(ABC):
         ``pairs`` (query-key pairs attended) and ``keys`` (cached key/value
         tokens read) describe the forward's shape for the GPU cost model.
         """
-        total = sum(fed.values())
-        shape = ForwardShape(len(fed), total + padded, pairs, keys) if self.counters.shapes is not None else None
-        self.counters.forward(total, shape=shape)
-        self.counters.padded_tokens += padded
+        self.counted(len(fed), sum(fed.values()), padded, pairs=pairs, keys=keys)
         for state, n in fed.items():
             state.counters.forward(n, log=True)
+
+    def counted(self, rows: int, fed: int, padded: int = 0, *, pairs: int = 0, keys: int = 0) -> None:
+        """Count one network forward of ``rows`` sequences in the engine's totals only: ``fed`` query tokens plus
+        ``padded`` padding, its shape for the cost model (see :meth:`served`, which also counts each sequence's)."""
+        shape = ForwardShape(rows, fed + padded, pairs, keys) if self.counters.shapes is not None else None
+        self.counters.forward(fed, shape=shape)
+        self.counters.padded_tokens += padded
 
     def new_counters(self) -> Counters:
         """Counters for a new sequence, reporting into the engine's totals."""

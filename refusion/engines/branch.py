@@ -36,7 +36,6 @@ import torch
 
 from refusion.cache.sequence import SequenceCache
 from refusion.cache.stores import PreallocatedKV, RowStore
-from refusion.decoding.counters import ForwardShape
 from refusion.decoding.protocol import ExtendOutput, ModelCall
 from refusion.engines.base import Engine, SequenceState
 from refusion.models.base import exclusive
@@ -206,7 +205,7 @@ class BranchEngine(Engine):
         tokens, row after row. Nothing is committed: :meth:`keep_columns` says how many of each row's fed tokens
         stay cached. Counts the forward in the engine's totals only (the loop counts its rows' own).
         """
-        from refusion.engines.ragged import RaggedCache, RaggedLayout, switched
+        from refusion.engines.ragged import RaggedLayout
 
         self.epoch.value += 1
         if any(state.store.row != i for i, state in enumerate(states)):
@@ -242,20 +241,8 @@ class BranchEngine(Engine):
                 visible[:, None].to(device),
                 keys,
             )
-        network = self.model.model
-        with exclusive(self.model), switched(network.config):
-            scores = self.run_network(
-                ids[None].to(device),
-                column[None].to(device),
-                {"full_attention": layout, "sliding_attention": layout},
-                RaggedCache(buf.data, layout),
-            )[0]
-        total = int(ids.shape[0])
-        shape = None
-        if self.counters.shapes is not None:  # recorded for the cost model, as `served` records a program's forward
-            pairs = int((fed * (starts + fed)).sum())
-            shape = ForwardShape(n, total, pairs, int(starts.sum()))
-        self.counters.forward(total, shape=shape)
+        scores = self._packed_forward(ids, column, layout)
+        self.counted(n, int(ids.shape[0]), pairs=int((fed * (starts + fed)).sum()), keys=int(starts.sum()))
         return scores
 
     def keep_columns(self, states: list[BranchSequence], kept: list[int]) -> None:
@@ -284,7 +271,7 @@ class BranchEngine(Engine):
 
     def _run_packed(self, rows: list[_Row]) -> dict[SequenceState, tuple[ExtendOutput, ...]]:
         """Every row's queries packed into one row of tokens; each row's keys after its own context."""
-        from refusion.engines.ragged import RaggedCache, RaggedLayout, switched
+        from refusion.engines.ragged import RaggedLayout
 
         buf = self.kv
         device = self.device
@@ -324,14 +311,7 @@ class BranchEngine(Engine):
                 mask,
                 keys,
             )
-        network = self.model.model
-        with exclusive(self.model), switched(network.config):  # no other forward may see the switched config
-            scores = self.run_network(
-                ids[None].to(device),
-                pos[None].to(device),
-                {"full_attention": layout, "sliding_attention": layout},
-                RaggedCache(buf.data, layout),
-            )[0]
+        scores = self._packed_forward(ids, pos, layout)
         self.served(
             {row.state: row.n for row in rows},
             pairs=sum(row.n * (row.context + row.width + row.n) for row in rows),
@@ -356,6 +336,20 @@ class BranchEngine(Engine):
             )
             start += row.n
         return outputs
+
+    def _packed_forward(self, ids: torch.Tensor, positions: torch.Tensor, layout: Any) -> Any:
+        """The network over packed tokens ``ids`` at ``positions`` (1-D, host) under ``layout`` (a
+        :class:`~refusion.engines.ragged.RaggedLayout`), keys/values written into the buffer; its Scores."""
+        from refusion.engines.ragged import RaggedCache, switched
+
+        device = self.device
+        with exclusive(self.model), switched(self.model.model.config):  # no other forward may see the switched config
+            return self.run_network(
+                ids[None].to(device),
+                positions[None].to(device),
+                {"full_attention": layout, "sliding_attention": layout},
+                RaggedCache(self.kv.data, layout),
+            )[0]
 
     def _run_padded(self, rows: list[_Row], first: int = 0) -> dict[SequenceState, tuple[ExtendOutput, ...]]:
         """Adapters without attention functions: rows padded to the widest, one 4-D mask, scratch after the longest

@@ -93,7 +93,7 @@ class Runner:
                         self._abort_all()
                         raise
                     finished += [
-                        (session, attrs.evolve(result, engine_totals=self.engine.counters.as_dict()))
+                        (session, self._finish(session, result))  # the loop freed the row; _finish adds the totals
                         for session, result in done
                     ]
         if not self._calls:

@@ -37,20 +37,17 @@ from refusion.cache.sequence import Chunk
 from refusion.decoding.types import DecodeResult
 
 
-def columnar_reason(decoder: Any, engine: Any, record: bool) -> str | None:
-    """Why ``decoder``'s sessions on ``engine`` cannot run in a :class:`LosslessColumns` loop, or ``None``."""
+def _shared_reason(decoder: Any, engine: Any, record: bool) -> str | None:
+    """What every whole-batch loop needs: no records, greedy drafting without guidance, commit-order caching with no
+    reviser, the packed batch-variant ``branch`` engine, a causal model whose masks predict their own position."""
     from refusion.decoding.sampling import is_greedy
     from refusion.engines.branch import BranchEngine
-    from refusion.strategies.infillers.greedy_verify import GreedyVerify
     from refusion.strategies.reorderers.commit_order import CommitOrder
-    from refusion.strategies.selectors.leftmost import Leftmost
 
     if record:
         return "iteration records are asked for"
-    if type(decoder.selector) is not Leftmost or type(decoder.infiller) is not GreedyVerify:
-        return "the parts are not leftmost + greedy-verify"
-    if not decoder.infiller.adaptive or type(decoder.reorderer) is not CommitOrder or decoder.reviser.revises:
-        return "the parts are not adaptive greedy-verify with the commit-order reorderer and no reviser"
+    if type(decoder.reorderer) is not CommitOrder or decoder.reviser.revises:
+        return "the reorderer is not commit-order, or a reviser revises"
     if not is_greedy(decoder.sample) or bool(getattr(decoder, "cfg_scale", False)):
         return "the sampler draws, or guidance is on"
     if decoder.stop_at_eos == "block":
@@ -62,6 +59,51 @@ def columnar_reason(decoder: Any, engine: Any, record: bool) -> str | None:
     if not caps.causal or not caps.kv_cache or caps.logit_shift != 0 or model.mask_token_id is None:
         return "the model is not a causal model with a cache whose masks predict their own position"
     return None
+
+
+def columnar_reason(decoder: Any, engine: Any, record: bool) -> str | None:
+    """Why ``decoder``'s sessions on ``engine`` cannot run in a :class:`LosslessColumns` loop, or ``None``."""
+    from refusion.strategies.infillers.greedy_verify import GreedyVerify
+    from refusion.strategies.selectors.leftmost import Leftmost
+
+    if type(decoder.selector) is not Leftmost or type(decoder.infiller) is not GreedyVerify:
+        return "the parts are not leftmost + greedy-verify"
+    if not decoder.infiller.adaptive:
+        return "the greedy-verify infiller is not adaptive"
+    return _shared_reason(decoder, engine, record)
+
+
+def parallel_reason(decoder: Any, engine: Any, record: bool) -> str | None:
+    """Why ``decoder``'s sessions on ``engine`` cannot run in a
+    :class:`~refusion.decoding.parallel_columns.ParallelColumns` loop, or ``None``."""
+    from refusion.strategies.infillers.parallel_ar import ParallelAR
+
+    if type(decoder.infiller) is not ParallelAR or decoder.infiller.precision != "float32":
+        return "the infiller is not parallel-ar on the fused path (precision 'float32')"
+    return _shared_reason(decoder, engine, record)
+
+
+def whole_batch_loop(decoder: Any, engine: Any, record: bool) -> tuple[Any, Any] | None:
+    """``(key, make)`` of the whole-batch loop ``decoder``'s sessions on ``engine`` join (``make()`` builds it;
+    sessions with equal keys share one), or ``None`` when they run as per-sequence programs."""
+    if columnar_reason(decoder, engine, record) is None:
+        key: tuple = ("lossless", decoder.infiller, bool(decoder.stop_at_eos))
+        return key, lambda: LosslessColumns(engine, decoder.infiller, bool(decoder.stop_at_eos))
+    if parallel_reason(decoder, engine, record) is None:
+        from refusion.decoding.parallel_columns import ParallelColumns
+
+        key = ("parallel", _key(decoder.selector), decoder.infiller, bool(decoder.stop_at_eos))
+        return key, lambda: ParallelColumns(engine, decoder)
+    return None
+
+
+def _key(part: Any) -> Any:
+    """A part as a dictionary key: itself when hashable (equal parts share a loop), else its identity."""
+    try:
+        hash(part)
+    except TypeError:
+        return ("id", id(part))
+    return part
 
 
 class LosslessColumns:

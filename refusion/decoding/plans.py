@@ -12,7 +12,8 @@ operations over the whole group; the per-row :class:`Plan` stays available
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import attrs
 import torch
@@ -20,11 +21,40 @@ import torch
 from refusion.decoding.types import Plan
 
 
+class LazyPlans(Sequence):
+    """``n`` plans, row ``i``'s made by ``make(i)`` when first read (a whole-batch loop's rows: the per-sequence
+    :class:`Plan` is built only for a selector that reads it)."""
+
+    def __init__(self, n: int, make: Callable[[int], Plan]):
+        self._made: list[Plan | None] = [None] * n
+        self._make = make
+
+    def __len__(self) -> int:
+        return len(self._made)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        plan = self._made[i]
+        if plan is None:
+            plan = self._made[i] = self._make(i)
+        return plan
+
+
+def _rows(plans: Sequence[Plan]) -> Sequence[Plan]:
+    return plans if isinstance(plans, LazyPlans) else tuple(plans)
+
+
 @attrs.frozen(eq=False)
 class Plans:
-    """One plan per row; stacked views of their slot scores (computed on first use, once)."""
+    """One plan per row; stacked views of their slot scores (computed on first use, once).
 
-    plans: tuple[Plan, ...] = attrs.field(converter=tuple)
+    ``stacked``: views already known (a whole-batch loop gives ``first_confidence`` and ``lengths`` from its
+    columns), read instead of stacking the rows' plans.
+    """
+
+    plans: Sequence[Plan] = attrs.field(converter=_rows)
+    stacked: Mapping[str, torch.Tensor] = attrs.field(factory=dict)
 
     def __len__(self) -> int:
         return len(self.plans)
@@ -38,6 +68,8 @@ class Plans:
     @functools.cached_property
     def lengths(self) -> torch.Tensor:
         """Slots of each row's plan, shape ``(rows,)``."""
+        if "lengths" in self.stacked:
+            return self.stacked["lengths"]
         return torch.tensor([len(p) for p in self.plans], dtype=torch.long)
 
     @functools.cached_property
@@ -62,6 +94,8 @@ class Plans:
     @functools.cached_property
     def first_confidence(self) -> torch.Tensor:
         """Each slot's first-draft-token probability, ``(rows, width)``, ``-inf`` where no slot."""
+        if "first_confidence" in self.stacked:
+            return self.stacked["first_confidence"]
         return self.stack(lambda p: p.first_confidence, float("-inf"))
 
     @functools.cached_property

@@ -121,6 +121,20 @@ class Scores:
         best, tokens = ranked.max(dim=-1)
         return tokens, best, lse
 
+    def read(self, exclude: int | None, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One pass over 1-D rows: argmax id (never ``exclude``), its probability, and the probability of
+        ``targets[i]`` at row ``i`` (``-1``: none; its value is then meaningless), as :meth:`greedy` and
+        :meth:`probability` compute them."""
+        if self._logits is None:
+            tokens, best, lse, picked = self.head.stats(self.hidden, exclude, targets=targets)
+        else:
+            x = self._logits.to(reduction_dtype(self._logits.dtype))
+            lse = torch.logsumexp(floor_for_exp(x), dim=-1)
+            ranked = x if exclude is None else x.index_fill(-1, torch.tensor([exclude], device=x.device), float("-inf"))
+            best, tokens = ranked.max(dim=-1)
+            picked = x.gather(-1, targets.to(x.device).clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        return tokens, torch.exp(best - lse).nan_to_num_(0.0), torch.exp(picked - lse)
+
     def greedy(self, exclude: int | None = None, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
         """Argmax token (never ``exclude``) and its probability under ``softmax(logits / temperature)``."""
         cache = self._cache

@@ -205,44 +205,75 @@ class BranchEngine(Engine):
         tokens, row after row. Nothing is committed: :meth:`keep_columns` says how many of each row's fed tokens
         stay cached. Counts the forward in the engine's totals only (the loop counts its rows' own).
         """
+        n = len(states)
+        if any(state.store.row != i for i, state in enumerate(states)):
+            self._place(states)
+        starts = np.array(self.kv.lengths[:n], dtype=np.int64)
+        fed = counts.numpy()
+        valid = np.arange(tokens.shape[1])[None, :] < fed[:, None]
+        row_of, local = np.nonzero(valid)
+        column = starts[row_of] + local
+        ids = tokens[torch.from_numpy(valid)]
+        return self.run_flat(states, ids, row_of, column, column, starts[row_of], starts)
+
+    def run_flat(
+        self,
+        states: list[BranchSequence],
+        ids: torch.Tensor,
+        row_of: np.ndarray,
+        positions: np.ndarray,
+        columns: np.ndarray,
+        lows: np.ndarray,
+        contexts: np.ndarray,
+    ) -> Any:
+        """One packed forward of whole-batch loops: token ``t`` (ids ``(T,)``, numpy arrays ``(T,)`` grouped by row,
+        rows in ``states`` order) belongs to row ``row_of[t]``, sits at ``positions[t]`` and is written at buffer
+        column ``columns[t]``; it sees its row's first ``contexts[row]`` columns and the columns ``lows[t] ..
+        columns[t]`` (a chain fed after the context: ``lows`` the chain's first column; parallel branches: each
+        its own first column). Returns the :class:`~refusion.decoding.scores.Scores` of the tokens, in order.
+        Lengths are not changed (:meth:`hold_columns`); counts the forward in the engine's totals only.
+        """
         from refusion.engines.ragged import RaggedLayout
 
         self.epoch.value += 1
         if any(state.store.row != i for i, state in enumerate(states)):
             self._place(states)
-        buf = self.kv
         n = len(states)
-        starts = np.array(buf.lengths[:n], dtype=np.int64)
-        fed = counts.numpy()
-        width = tokens.shape[1]
-        valid = np.arange(width)[None, :] < fed[:, None]
-        ids = tokens[torch.from_numpy(valid)]
-        row_of, local = np.nonzero(valid)
-        column = torch.from_numpy(starts[row_of] + local)
-        n_max = int(fed.max())
-        keys = int((starts + fed).max())
-        buf.ensure_capacity(keys)
+        per_row = np.bincount(row_of, minlength=n)
+        n_max = int(per_row.max())
+        keys = int(columns.max()) + 1
+        self.kv.ensure_capacity(keys)
         device = self.device
-        if n == 1:
-            count = int(fed[0])
+        first = np.cumsum(per_row) - per_row
+        local = np.arange(len(row_of)) - first[row_of]
+        if (
+            n == 1
+            and np.array_equal(columns, np.arange(columns[0], columns[0] + len(columns)))
+            and (lows == contexts[0]).all()
+        ):  # one causal chain right after the context
+            count = len(columns)
             mask = None if count == 1 else torch.ones(count, keys, dtype=torch.bool).tril(keys - count)[None, None]
-            layout = RaggedLayout(
-                1, n_max, None, None, None, None if mask is None else mask.to(device), keys, (keys - count, keys)
-            )
+            span = (int(columns[0]), keys)
+            layout = RaggedLayout(1, n_max, None, None, None, None if mask is None else mask.to(device), keys, span)
         else:
-            last = starts[:, None] + np.arange(n_max)[None, :]  # the last column each query may see
-            visible = torch.from_numpy(np.arange(keys)[None, None, :] <= last[:, :, None])
+            low: np.ndarray = np.zeros((n, n_max), dtype=np.int64)
+            high: np.ndarray = np.zeros((n, n_max), dtype=np.int64)  # padding queries see column 0 only
+            low[row_of, local], high[row_of, local] = lows, columns
+            cols = np.arange(keys)[None, None, :]
+            visible = (cols < contexts[:n, None, None]) | ((cols >= low[:, :, None]) & (cols <= high[:, :, None]))
+            single = n == 1
             layout = RaggedLayout(
                 n,
                 n_max,
-                torch.from_numpy(row_of * n_max + local).to(device),
+                None if single else torch.from_numpy(row_of * n_max + local).to(device),
                 torch.from_numpy(row_of).to(device),
-                column.to(device),
-                visible[:, None].to(device),
+                torch.from_numpy(columns).to(device),
+                torch.from_numpy(visible[:, None]).to(device),
                 keys,
             )
-        scores = self._packed_forward(ids, column, layout)
-        self.counted(n, int(ids.shape[0]), pairs=int((fed * (starts + fed)).sum()), keys=int(starts.sum()))
+        scores = self._packed_forward(ids, torch.from_numpy(positions), layout)
+        pairs = int((columns - lows + 1).sum() + contexts[row_of].sum())
+        self.counted(n, int(ids.shape[0]), pairs=pairs, keys=int(contexts.sum()))
         return scores
 
     def keep_columns(self, states: list[BranchSequence], kept: list[int]) -> None:
@@ -251,6 +282,13 @@ class BranchEngine(Engine):
         lengths = self.kv.lengths
         for i, k in enumerate(kept):
             lengths[i] += k
+
+    def hold_columns(self, states: list[BranchSequence], used: list[int]) -> None:
+        """Row ``i`` (``states`` order, as placed by the last :meth:`run_flat`) uses its first ``used[i]`` columns:
+        what lies there is kept when rows move or the buffer grows (a loop's uncommitted branches included)."""
+        lengths = self.kv.lengths
+        for i, u in enumerate(used):
+            lengths[i] = u
 
     def _write_parents(self, rows: list[_Row], column_of, first: int = 0) -> None:
         """Scatter every row's parent branches' keys/values into its scratch columns (one kernel call); ``rows[r]``

@@ -68,16 +68,17 @@ class Runner:
         return finished[0][1] if finished else None
 
     def _join_loop(self, session: Any) -> bool:
-        from refusion.decoding.columnar import LosslessColumns, columnar_reason
+        from refusion.decoding.columnar import whole_batch_loop
 
         if not getattr(type(session), "plan_and_infill", False):  # another loop's session (canvas denoising)
             return False
-        if columnar_reason(session.decoder, self.engine, session.record):
+        found = whole_batch_loop(session.decoder, self.engine, session.record)
+        if found is None:
             return False
-        key = (session.decoder.infiller, bool(session.decoder.stop_at_eos))
+        key, make = found
         loop = self._loops.get(key)
         if loop is None:
-            loop = self._loops[key] = LosslessColumns(self.engine, *key)
+            loop = self._loops[key] = make()
         loop.admit(session)
         return True
 

@@ -56,7 +56,7 @@ def test_an_engine_error_fails_the_live_requests_and_the_generator_goes_on():
 
         return forward
 
-    engine.run, engine.run_columns = broken(engine.run), broken(engine.run_columns)
+    engine.run, engine.run_flat = broken(engine.run), broken(engine.run_flat)
     generator.start()
     for request in live:
         with pytest.raises(RuntimeError, match="device lost"):

@@ -63,10 +63,10 @@ def test_a_closing_server_refuses_new_requests_and_reports_it_on_health(model):
 def test_a_decode_failure_is_a_500_plain_and_an_error_event_streamed(model):
     generator = Generator(model)
 
-    def broken(batch):
+    def broken(*args):
         raise RuntimeError("device lost")
 
-    generator.engine.run = broken
+    generator.engine.run_network = broken  # every forward, a program's call or a whole-batch loop's
     with TestClient(create_app(generator)) as client:
         response = client.post("/v1/completions", json=BODY)
         assert response.status_code == 500 and "device lost" in response.json()["error"]["message"]

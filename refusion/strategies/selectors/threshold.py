@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import attrs
+import torch
 
-from refusion.decoding.plans import Plans, rows_to_lists, top_k_rows
+from refusion.decoding.plans import Plans, rows_to_lists
 from refusion.decoding.types import Plan
 from refusion.plugins import hookimpl
 from refusion.strategies.base import SlotSelector
@@ -46,10 +47,11 @@ class ConfidenceThreshold(SlotSelector):
     def choose(self, plans: Plans) -> list[Sequence[int]]:
         if self.ties != "lowest":  # a peer's torch.topk tie-breaking is a row-by-row rule
             return super().choose(plans)
-        scores = plans.first_confidence
+        scores = plans.first_confidence  # -inf where a row has no slot
         kept = scores >= self.slot_threshold if self.inclusive else scores > self.slot_threshold
-        fallback = ~kept.any(-1)
-        return rows_to_lists(kept | (top_k_rows(scores, 1, plans.valid) & fallback[:, None]))
+        best = scores.argmax(-1)  # the first of equal maxima: the lowest position
+        kept[torch.arange(len(best)), best] |= ~kept.any(-1)
+        return rows_to_lists(kept)
 
 
 @hookimpl

@@ -1,0 +1,542 @@
+"""Whole-batch plan-and-infill: ReFusion's slot selection and parallel-AR verification for every row at once.
+
+A decoder composed of any selector, the ``parallel-ar`` infiller (on refusion's fused path, ``precision``
+``"float32"``), the ``commit-order`` reorderer, no revising reviser and a greedy sampler (the shipped model's
+preset, and ReFusion's algorithm with every tuned threshold) runs here for all its rows together, on the
+``branch`` engine's packed forwards. Each row is in one phase of the paper's iteration, and every step runs one
+forward for all rows, whatever their phases:
+
+- ``plan``: the open slots the selector may choose, as masks after the context (with the prompt at a row's first
+  step). Every row's slot confidences are read at once and the selector's batched
+  :meth:`~refusion.strategies.base.SlotSelector.choose` decides for all rows of the step together (a selector
+  without a batched form gets each row's :class:`~refusion.decoding.types.Plan` through the per-sequence adapter).
+- ``verify``: the chosen slots' drafts concatenated (global verification). The accepted prefix of every row comes
+  out of one head pass: each slot's first token always, later tokens while their AR probability is above
+  ``token_threshold``. A prefix with an EOS or whole slots is committed with this pass's keys/values.
+- ``draft`` / ``check``: otherwise each chosen slot is a branch that sees the context and itself only (its own
+  columns after the context: the branches lie where the concatenation lay, so the finished ones are already in
+  commit order and committing them is a length change). A draft round fills each branch's unaccepted tokens from
+  masks, a check round accepts the first of them and every following one above the threshold, until every branch
+  is full; an accepted EOS ends its branch and drops the branches after it.
+
+The tokens, the forwards and the cache are those of the per-sequence program
+(:class:`~refusion.strategies.infillers.parallel_ar.ParallelAR` run by
+:class:`~refusion.decoding.session.DecodeSession`): the same passes, decided for all rows at once. The host reads
+each step's statistics once (one LM-head pass over every row read), whatever the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from refusion.cache.sequence import Chunk
+from refusion.decoding.checks import call_part, checked_selection, checks_answers, plugin_error
+from refusion.decoding.plans import LazyPlans, Plans
+from refusion.decoding.types import DecodeResult, Drafts, Plan
+
+PLAN, VERIFY, DRAFT, CHECK = range(4)
+
+
+class _Row:
+    """One sequence's state in the loop: its slots, the phase of its iteration and the chosen slots' tokens."""
+
+    __slots__ = (
+        "session",
+        "prompt",
+        "context",
+        "region",
+        "offset",
+        "length",
+        "blocks",
+        "block",
+        "open",
+        "phase",
+        "iteration",
+        "steps",
+        "fed",
+        "chosen",
+        "tokens",
+        "starts",
+        "first",
+        "accepted",
+        "cached",
+        "active",
+        "stop",
+        "cutoff",
+        "order",
+        "positions",
+        "planned",
+        "plan_at",
+    )
+    session: Any
+    prompt: np.ndarray | None
+    context: int
+    region: int
+    offset: np.ndarray  # per slot of the partition: its region offset, its length, whether it is open
+    length: np.ndarray
+    open: np.ndarray
+    blocks: list[np.ndarray]
+    block: int
+    phase: int
+    iteration: int
+    steps: int
+    fed: int
+    planned: np.ndarray  # the slots the current plan drafts
+    plan_at: int  # the packed index of the plan's first mask
+    chosen: np.ndarray  # the chosen slots, in position order
+    tokens: np.ndarray  # their tokens, concatenated (drafts, then accepted tokens)
+    positions: np.ndarray  # the positions of what the row feeds (plan masks, then the chosen slots' tokens)
+    starts: np.ndarray  # where each chosen slot starts in ``tokens`` (one more: the end)
+    first: np.ndarray  # each chosen slot's plan confidence
+    accepted: np.ndarray  # per branch: tokens accepted
+    cached: np.ndarray  # per branch: tokens whose keys/values it keeps from earlier rounds
+    active: list[int]  # the branches still infilling
+    stop: np.ndarray  # per finished branch: the tokens it commits
+    cutoff: int | None  # the branch an accepted EOS ended (the later ones are dropped)
+    order: list[int]
+
+    def __init__(self, session: Any):
+        self.session = session
+        partition = session.partition
+        self.prompt: np.ndarray | None = session.cache.tokens.numpy().copy()
+        self.context = 0  # columns of the row's cache (its committed entries)
+        self.region = session.prompt_len  # the position of the generation region's first token
+        self.offset = np.array([s.offset for s in partition.slots], dtype=np.int64)
+        self.length = np.array([s.length for s in partition.slots], dtype=np.int64)
+        self.blocks = [np.array(b, dtype=np.int64) for b in partition.blocks]
+        self.block = 0
+        self.open = np.array(session.open, dtype=bool)
+        self.phase = PLAN
+        self.iteration = 0
+        self.steps = self.fed = 0
+        self.order: list[int] = []  # the cache's tokens after the prompt, in commit order (region offsets)
+
+    def remaining(self) -> np.ndarray:
+        """The open slots of the current block (advancing past finished blocks); empty when the row is done."""
+        while self.block < len(self.blocks):
+            block = self.blocks[self.block]
+            left = block[self.open[block]]
+            if len(left):
+                return left
+            self.block += 1
+        return self.blocks[0][:0]
+
+
+class ParallelColumns:
+    """All live rows of one plan-and-infill decoder on one engine, decided together (see the module docstring).
+
+    :meth:`admit` takes a :class:`~refusion.decoding.session.DecodeSession` the engine has just admitted;
+    :meth:`step` runs one forward for every row and returns the sessions that finished with their results;
+    :meth:`cancel` and :meth:`abort` free rows. The loop writes each session's tokens, ``commit_step``,
+    ``committed``, ``sealed``, ``open`` and counters as its iterations finish, and its cache when it finishes.
+    """
+
+    def __init__(self, engine: Any, decoder: Any):
+        self.engine = engine
+        self.decoder = decoder
+        self.selector = decoder.selector
+        self.threshold = float(decoder.infiller.token_threshold)
+        self.stop_at_eos = bool(decoder.stop_at_eos)
+        self.mask = int(engine.model.mask_token_id)
+        eos = sorted(engine.model.eos_token_ids)
+        #: whether each token id is an EOS (ids past the table, e.g. out-of-vocabulary drafts, are not)
+        self._is_eos: np.ndarray = np.zeros(max(eos, default=-1) + 1, dtype=bool)
+        self._is_eos[eos] = True
+        self._check_selector = checks_answers(self.selector)
+        self.rows: list[_Row] = []
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def sessions(self) -> list[Any]:
+        return [row.session for row in self.rows]
+
+    def admit(self, session: Any) -> None:
+        """Add ``session``'s row (its engine state was just admitted: the prompt is pending)."""
+        self.rows.append(_Row(session))
+
+    # -- one step ------------------------------------------------------------------
+    def step(self) -> list[tuple[Any, DecodeResult]]:
+        """One forward for every row; returns the sessions that finished, with their results."""
+        rows = self.rows
+        if not rows:
+            return []
+        batch = _Batch()
+        for r, row in enumerate(rows):
+            if row.phase == PLAN:
+                self._feed_plan(row, r, batch)
+            elif row.phase == VERIFY:
+                self._feed_verify(row, r, batch)
+            else:
+                self._feed_branches(row, r, batch)
+        states = [row.session.state for row in rows]
+        contexts = np.array([row.context for row in rows], dtype=np.int64)
+        ids, row_of, positions, columns, lows = batch.arrays()
+        scores = self.engine.run_flat(states, torch.from_numpy(ids), row_of, positions, columns, lows, contexts)
+        for r, count in enumerate(np.bincount(row_of, minlength=len(rows)).tolist()):
+            rows[r].steps += 1
+            rows[r].fed += count
+        for r, pending in batch.encoded.items():
+            rows[r].context += pending
+        answers = batch.answers(scores, self.mask)  # the step's one head pass and host read
+
+        planned = [r for r, row in enumerate(rows) if row.phase == PLAN]
+        if planned:
+            self._select(planned, answers, scores)
+        finished: list[int] = []
+        for r, row in enumerate(rows):
+            if row.phase == VERIFY and r in answers.verified:
+                self._after_verify(row, answers.get(r))
+            elif row.phase == DRAFT:
+                self._after_draft(row, answers.get(r))
+            elif row.phase == CHECK:
+                self._after_check(row, answers.get(r))
+            if row.phase == PLAN and not len(row.remaining()):
+                finished.append(r)
+        self.engine.hold_columns(states, [row.context for row in rows])
+        return [self._finish(r) for r in sorted(finished, reverse=True)]
+
+    # -- what each phase feeds ----------------------------------------------------
+    def _feed_plan(self, row: _Row, r: int, batch: _Batch) -> None:
+        left = row.remaining()
+        width = call_part(self.selector, self.selector.candidates, len(left))
+        if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= len(left):
+            raise plugin_error(
+                self.selector, f"candidates({len(left)}) returned {width!r}; expected an integer in [1, {len(left)}]."
+            )
+        row.planned = left[:width]
+        positions: np.ndarray = _spans(row.offset[row.planned], row.length[row.planned]) + row.region
+        pending = 0
+        if row.prompt is not None:  # the first step encodes the prompt before the masks (it stays cached)
+            pending = len(row.prompt)
+            batch.feed(r, row.prompt, np.arange(pending), 0, 0)
+            row.prompt = None
+            batch.encoded[r] = pending
+        at = batch.feed(r, np.full(len(positions), self.mask, dtype=np.int64), positions, row.context + pending, 0)
+        row.positions, row.plan_at = positions, at
+        batch.read(r, np.arange(at, at + len(positions)))
+
+    def _feed_verify(self, row: _Row, r: int, batch: _Batch) -> None:
+        at = batch.feed(r, row.tokens, row.positions, row.context, row.context)
+        batch.verified.add(r)
+        if len(row.tokens) > 1:  # the row of token j scores token j + 1
+            batch.read(r, np.arange(at, at + len(row.tokens) - 1), row.tokens[1:])
+
+    def _feed_branches(self, row: _Row, r: int, batch: _Batch) -> None:
+        drafting = row.phase == DRAFT
+        for b in row.active:
+            a, z = int(row.starts[b]), int(row.starts[b + 1])
+            cached, accepted = int(row.cached[b]), int(row.accepted[b])
+            if drafting and accepted >= z - a:
+                continue
+            tokens = row.tokens[a + cached : z].copy()
+            if drafting:
+                tokens[accepted - cached :] = self.mask
+            at = batch.feed(r, tokens, row.positions[a + cached : z], row.context + a + cached, row.context + a)
+            if drafting:  # the masks predict their own positions
+                batch.read(r, np.arange(at + accepted - cached, at + z - a - cached))
+            elif accepted + 1 < z - a:  # the tokens after the forced one, each scored by the row before it
+                index = np.arange(at + accepted - cached, at + z - a - cached - 1)
+                batch.read(r, index, row.tokens[a + accepted + 1 : z])
+
+    # -- what each phase decides --------------------------------------------------
+    def _select(self, planned: list[int], answers: dict, scores: Any) -> None:
+        """The selector decides for every planned row at once; the chosen slots' drafts go to verification."""
+        rows = [self.rows[r] for r in planned]
+        firsts, drafts = [], []
+        for r, row in zip(planned, rows):
+            top, prob, _ = answers[r]
+            lengths = row.length[row.planned]
+            starts = np.concatenate(([0], np.cumsum(lengths)))
+            firsts.append(prob[starts[:-1]])
+            drafts.append((top, prob, starts, row.positions))
+        width = max(len(f) for f in firsts)
+        confidence = torch.full((len(rows), width), float("-inf"))
+        for i, f in enumerate(firsts):
+            confidence[i, : len(f)] = torch.from_numpy(f)
+        lengths = torch.tensor([len(f) for f in firsts], dtype=torch.long)
+
+        def plan_of(i: int) -> Plan:
+            return self._plan(rows[i], drafts[i], scores)
+
+        plans = Plans(LazyPlans(len(rows), plan_of), stacked={"first_confidence": confidence, "lengths": lengths})
+        choices = call_part(self.selector, self.selector.choose, plans)
+        if not isinstance(choices, Sequence) or len(choices) != len(rows):
+            raise plugin_error(self.selector, f"choose returned {choices!r:.80}; expected one selection per plan.")
+        for i, (row, chosen) in enumerate(zip(rows, choices)):
+            picked = checked_selection(self.selector, plans[i], chosen) if self._check_selector else sorted(chosen)
+            top, prob, starts, _ = drafts[i]
+            slots = row.planned[list(picked)]
+            row.chosen = slots
+            row.tokens = np.concatenate([top[starts[j] : starts[j + 1]] for j in picked])
+            row.positions = (
+                np.concatenate([np.arange(row.offset[s], row.offset[s] + row.length[s]) for s in slots]) + row.region
+            )
+            row.starts = np.concatenate(([0], np.cumsum(row.length[slots])))
+            row.first = prob[starts[list(picked)]]
+            row.phase = VERIFY
+
+    def _after_verify(self, row: _Row, answer: Any) -> None:
+        """Global verification: commit the accepted prefix's EOS or whole slots, else infill in parallel."""
+        n = len(row.tokens)
+        accept: np.ndarray = np.ones(n, dtype=bool)
+        if answer is not None:
+            accept[1:] = answer[2] > self.threshold
+        accept[row.starts[:-1]] = True
+        prefix = int(np.cumprod(accept).sum())
+        eos = self._first_eos(row.tokens[:prefix])
+        if eos is not None:
+            cut = eos + 1
+        else:
+            cut = int(row.starts[np.searchsorted(row.starts, prefix, side="right") - 1])
+        if cut:
+            self._commit(row, cut)
+            return
+        k = len(row.chosen)
+        row.accepted = np.array(
+            [int(np.cumprod(accept[row.starts[b] : row.starts[b + 1]]).sum()) for b in range(k)], dtype=np.int64
+        )
+        row.cached = np.zeros(k, dtype=np.int64)
+        row.active = list(range(k))
+        row.stop = np.zeros(k, dtype=np.int64)  # tokens each finished branch commits (0: not finished)
+        row.cutoff = None
+        lengths = np.diff(row.starts)
+        row.phase = DRAFT if (row.accepted < lengths).any() else CHECK
+
+    def _after_draft(self, row: _Row, answer: Any) -> None:
+        """The drafting branches' unaccepted tokens are the masks' predictions."""
+        top = answer[0]
+        at = 0
+        for b in row.active:
+            a, z = row.starts[b], row.starts[b + 1]
+            accepted = row.accepted[b]
+            if accepted >= z - a:
+                continue
+            n = z - a - accepted
+            row.tokens[a + accepted : z] = top[at : at + n]
+            at += n
+        row.phase = CHECK
+
+    def _after_check(self, row: _Row, answer: Any) -> None:
+        """Each branch accepts its first unaccepted token and every following one above the threshold."""
+        at = 0
+        still, cutoff = [], None
+        for b in row.active:
+            if cutoff is not None:
+                break  # the branches after an EOS accepted in this round are dropped
+            a, z = row.starts[b], row.starts[b + 1]
+            length, accepted = z - a, int(row.accepted[b])
+            if accepted < length:
+                nxt = accepted + 1
+                if nxt < length:
+                    above = answer[2][at : at + length - nxt] > self.threshold
+                    at += length - nxt
+                    nxt += int(np.cumprod(above).sum())
+                row.accepted[b] = accepted = nxt
+            eos = self._first_eos(row.tokens[a : a + accepted])
+            if eos is None and accepted < length:
+                row.cached[b] = accepted - 1
+                still.append(b)
+                continue
+            row.stop[b] = length if eos is None else eos + 1
+            if eos is not None:
+                cutoff = b
+                row.cutoff = b if row.cutoff is None else min(row.cutoff, b)
+        row.active = still
+        if row.active:
+            row.phase = DRAFT
+            return
+        last = row.cutoff if row.cutoff is not None else len(row.chosen) - 1
+        kept = row.stop[: last + 1]
+        # the branches up to the last kept one are full but the last: their tokens are one run of columns
+        tokens = np.concatenate([row.tokens[row.starts[b] : row.starts[b] + kept[b]] for b in range(last + 1)])
+        positions = np.concatenate([row.positions[row.starts[b] : row.starts[b] + kept[b]] for b in range(last + 1)])
+        row.tokens, row.positions, row.chosen = tokens, positions, row.chosen[: last + 1]
+        row.starts = np.concatenate(([0], np.cumsum(kept)))
+        self._commit(row, len(tokens))
+
+    def _first_eos(self, tokens: np.ndarray) -> int | None:
+        table = self._is_eos
+        if not len(table) or not len(tokens):
+            return None
+        hits = table[np.minimum(tokens, len(table) - 1)] & (tokens < len(table))
+        return int(hits.argmax()) if hits.any() else None
+
+    def _commit(self, row: _Row, cut: int) -> None:
+        """Commit the first ``cut`` of the row's concatenated chosen tokens (their keys/values already follow the
+        context, in commit order): EOS applied, the session told, the next iteration planned."""
+        session = row.session
+        commits = []
+        for j, slot in enumerate(row.chosen.tolist()):
+            a = int(row.starts[j])
+            if a >= cut:
+                break
+            commits.append((slot, a, min(int(row.starts[j + 1]), cut)))
+        eos = self._first_eos(row.tokens[:cut]) if self.stop_at_eos else None
+        if eos is not None:  # the answer ends there: its slot is cut after it, the later slots are dropped
+            j = next(j for j, (_, a, z) in enumerate(commits) if a <= eos < z)
+            slot, a, _ = commits[j]
+            first = int(row.offset[slot]) + eos - a
+            session.eos_offset = first if session.eos_offset is None else min(session.eos_offset, first)
+            row.open &= row.offset <= first
+            commits = commits[:j] + [(slot, a, eos + 1)]
+            cut = eos + 1
+        iteration = len(session.committed)
+        reported = []
+        for slot, a, z in commits:
+            offset = int(row.offset[slot])
+            n = z - a
+            session.tokens[offset : offset + n] = torch.from_numpy(row.tokens[a:z])
+            session.commit_step[offset : offset + n] = iteration
+            session.sealed[offset : offset + n] = True
+            session.open[slot] = False
+            row.open[slot] = False
+            row.order.extend(range(offset, offset + n))
+            reported.append((slot, n))
+        session.committed.append(tuple(reported))
+        row.context += cut
+        row.phase = PLAN
+
+    def _plan(self, row: _Row, drafted: tuple, scores: Any) -> Plan:
+        """Row ``r``'s :class:`Plan` (the per-sequence adapter: for selectors that read more than the stacked
+        views, and for the checks of a plugin's answer)."""
+        session = row.session
+        top, prob, starts, positions = drafted
+        slots = tuple(session.partition.slots[i] for i in row.planned.tolist())
+        rows = scores[torch.arange(row.plan_at, row.plan_at + len(positions))]
+        tokens, confidence = torch.from_numpy(top), torch.from_numpy(prob)
+        drafts = Drafts(rows, lambda s: (tokens, confidence), len(positions), lazy=False, exclude=self.mask)
+        return Plan(
+            slots,
+            torch.from_numpy(positions),
+            rows,
+            tuple(starts.tolist()),
+            session.generator,
+            drafts,
+            **session._where(),
+        )
+
+    # -- rows leaving ---------------------------------------------------------------
+    def _finish(self, r: int) -> tuple[Any, DecodeResult]:
+        """Row ``r`` is done: settle its session's cache and counters, free its row, return its result."""
+        row = self.rows[r]
+        session = row.session
+        if session.eos_offset is not None:
+            session.open = [False] * len(session.open)
+        state, buf = session.state, self.engine.kv
+        cache = state.context
+        prompt = session.prompt_len
+        order = torch.tensor(row.order, dtype=torch.long)
+        cache.tokens = torch.cat((cache.tokens[:prompt], session.tokens[order]))
+        cache.positions = torch.cat((torch.arange(prompt), order + prompt))
+        cache.encoded = row.context
+        cache.chunks = [Chunk(0, row.context, 0)]
+        cache.last_scores = None
+        counters = state.counters
+        counters.forwards += row.steps
+        counters.fed_tokens += row.fed
+        counters.copied(new=row.fed * buf.token_bytes)
+        result = session._result()
+        self._remove(r)
+        return session, result
+
+    def _remove(self, r: int) -> None:
+        row = self.rows.pop(r)
+        self.engine.release(row.session.state)
+
+    def cancel(self, session: Any) -> bool:
+        """Stop ``session``'s row and free it; False if it is not in this loop."""
+        for r, row in enumerate(self.rows):
+            if row.session is session:
+                self._remove(r)
+                return True
+        return False
+
+    def abort(self) -> None:
+        """Free every row (a step raised)."""
+        while self.rows:
+            self._remove(len(self.rows) - 1)
+
+
+def _spans(offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The region offsets of consecutive runs ``offsets[i] .. offsets[i] + lengths[i]``, one after another."""
+    total = int(lengths.sum())
+    starts = np.cumsum(lengths) - lengths
+    return np.repeat(offsets - starts, lengths) + np.arange(total)
+
+
+class _Batch:
+    """What one step feeds (segments of rows, in row order) and reads (rows of the forward, per loop row)."""
+
+    def __init__(self) -> None:
+        self.segments: list[tuple[int, np.ndarray, np.ndarray, int, int]] = []  # row, ids, positions, column, low
+        self.size = 0
+        self.reads: list[tuple[int, np.ndarray, np.ndarray | None]] = []  # row, packed indices, targets
+        #: rows in their global-verification step
+        self.verified: set[int] = set()
+        #: per row, the prompt tokens this step encodes (they stay cached)
+        self.encoded: dict[int, int] = {}
+
+    def feed(self, row: int, ids: np.ndarray, positions: np.ndarray, column: int, low: int) -> int:
+        """Feed ``ids`` at ``positions`` into buffer columns ``column ..``, seeing the context and the columns
+        ``low ..`` before each; returns the packed index of the first."""
+        at = self.size
+        self.segments.append((row, ids, positions, column, low))
+        self.size += len(ids)
+        return at
+
+    def read(self, row: int, index: np.ndarray, targets: np.ndarray | None = None) -> None:
+        """Read packed rows ``index`` for ``row``: their argmax and its probability, or ``targets``' probability."""
+        self.reads.append((row, index, targets))
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """``ids, row_of, positions, columns, lows`` of the packed tokens."""
+        segments = self.segments
+        sizes = np.array([len(s[1]) for s in segments], dtype=np.int64)
+        if len(segments) == 1:
+            row, ids, positions, column, low = segments[0]
+            n = len(ids)
+            return ids, np.full(n, row, dtype=np.int64), positions, column + np.arange(n), np.full(n, low)
+        ids = np.concatenate([s[1] for s in segments])
+        positions = np.concatenate([s[2] for s in segments])
+        within = np.arange(len(ids)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        columns = np.repeat(np.array([s[3] for s in segments], dtype=np.int64), sizes) + within
+        lows: np.ndarray = np.repeat(np.array([s[4] for s in segments], dtype=np.int64), sizes)
+        row_of: np.ndarray = np.repeat(np.array([s[0] for s in segments], dtype=np.int64), sizes)
+        return ids, row_of, positions, columns, lows
+
+    def answers(self, scores: Any, mask: int) -> _Answers:
+        """One head pass over every row read: argmax (never ``mask``), its probability, each target's."""
+        out = _Answers(self.verified)
+        if not self.reads:
+            return out
+        index = np.concatenate([r[1] for r in self.reads])
+        targets = np.concatenate([r[2] if r[2] is not None else np.full(len(r[1]), -1) for r in self.reads])
+        tokens, probability, target = scores[torch.from_numpy(index)].read(mask, torch.from_numpy(targets))
+        top, prob, target_prob = tokens.cpu().numpy(), probability.cpu().numpy(), target.cpu().numpy()
+        at = 0
+        for row, rows, _ in self.reads:
+            n = len(rows)
+            out.add(row, top[at : at + n], prob[at : at + n], target_prob[at : at + n])
+            at += n
+        return out
+
+
+class _Answers(dict):
+    """Per loop row: ``(argmax, probability, target probability)`` of the rows it read, in the order read."""
+
+    def __init__(self, verified: set[int]):
+        super().__init__()
+        self.verified = verified
+
+    def add(self, row: int, top: np.ndarray, prob: np.ndarray, target: np.ndarray) -> None:
+        if row in self:
+            t, p, g = self[row]
+            self[row] = (np.concatenate((t, top)), np.concatenate((p, prob)), np.concatenate((g, target)))
+        else:
+            self[row] = (top, prob, target)

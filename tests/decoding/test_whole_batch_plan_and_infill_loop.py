@@ -1,0 +1,181 @@
+"""The whole-batch loop of plan-and-infill decoders (any selector, ``parallel-ar``, ``commit-order``): every row gets
+the tokens, slots, iterations, forwards and cache of its per-sequence program, whatever the batch."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import refusion
+from refusion.api import build_decoder
+from refusion.decoding.columnar import parallel_reason, whole_batch_loop
+from refusion.decoding.decoder import Decoder
+from refusion.engines import drive, open_engine
+from refusion.errors import PluginError
+from refusion.generator import Generator
+from refusion.strategies.base import SlotSelector
+from tests.support.helpers import tiny
+
+
+@attrs.frozen
+class Rightmost(SlotSelector):
+    """A per-sequence selector (no batched form): the rightmost drafted slot."""
+
+    name = "rightmost-test"
+
+    def select(self, plan):
+        return [len(plan) - 1]
+
+
+@attrs.frozen
+class Everything(SlotSelector):
+    """A batched selector written against ``Plans``: every drafted slot of every row."""
+
+    name = "everything-test"
+
+    def select(self, plan):
+        return list(range(len(plan)))
+
+    def choose(self, plans):
+        return [list(range(int(n))) for n in plans.lengths]
+
+
+def _decode(decoder, model, prompts, gen_length, *, columnar):
+    """Results, sessions and how many whole-batch forwards ran."""
+    prepared = [decoder.prepare(model, p, gen_length) for p in prompts]
+    engine = open_engine(model, decoder, None)
+    calls = []
+    run_flat = engine.run_flat
+    engine.run_flat = lambda *a: calls.append(1) or run_flat(*a)
+    sessions = [decoder.start(model, engine, p) for p in prepared]
+    return drive(engine, sessions, columnar=columnar), sessions, len(calls)
+
+
+def _same(a, b):
+    assert a.tokens.tolist() == b.tokens.tolist()
+    assert a.commit_step.tolist() == b.commit_step.tolist()
+    assert a.region_tokens == b.region_tokens
+    assert (a.num_iterations, a.forwards, a.fed_tokens) == (b.num_iterations, b.forwards, b.fed_tokens)
+    assert a.stopped_at_eos == b.stopped_at_eos
+
+
+SELECTORS = ["threshold", "topk", "margin", "entropy", "leftmost", Rightmost(), Everything()]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 60),
+    prompts=st.lists(st.lists(st.integers(1, 22), min_size=1, max_size=9), min_size=1, max_size=5),
+    gen_length=st.integers(1, 19),
+    slot_size=st.integers(1, 6),
+    blocks=st.integers(1, 3),
+    selector=st.sampled_from(SELECTORS),
+    token_threshold=st.sampled_from([0.0, 0.2, 0.5, 0.9, 1.0]),
+    stop_at_eos=st.booleans(),
+    eos=st.sampled_from([None, 3, 7]),
+)
+def test_the_loop_gives_every_row_what_its_program_gives(
+    seed, prompts, gen_length, slot_size, blocks, selector, token_threshold, stop_at_eos, eos
+):
+    model = tiny(seed=seed, eos=eos)
+    slots = -(-gen_length // slot_size)
+    decoder = Decoder.from_names(
+        selector=selector,
+        infiller="parallel-ar",
+        slot_size=slot_size,
+        serial_num_blocks=blocks if slots % blocks == 0 else 1,
+        token_threshold=token_threshold,
+        stop_at_eos=stop_at_eos,
+    )
+    together, sessions, calls = _decode(decoder, model, prompts, gen_length, columnar=True)
+    programs, alone_sessions, none = _decode(decoder, model, prompts, gen_length, columnar=False)
+    assert calls > 0 and none == 0
+    for a, b, s, t in zip(together, programs, sessions, alone_sessions):
+        _same(a, b)
+        assert s.committed == t.committed  # streams see the same pieces
+        assert s.cache.tokens.tolist() == t.cache.tokens.tolist()  # the cache in commit order
+        assert s.cache.positions.tolist() == t.cache.positions.tolist()
+    for prompt, a in zip(prompts, together):  # a row decides alone what it decides in the batch
+        _same(a, _decode(decoder, model, [prompt], gen_length, columnar=True)[0][0])
+
+
+def test_the_shipped_models_preset_runs_in_the_loop_with_its_programs_tokens():
+    model = refusion.load_model(None, dtype="float32")
+    decoder = build_decoder(model)[0]
+    assert whole_batch_loop(decoder, open_engine(model, decoder, None), record=False) is not None
+    prompts = [model.tokenizer.encode(p) for p in ("rev abcdef=", "rep 3 ab=", "copy hello=", "sort dcba=")]
+    together, _, calls = _decode(decoder, model, prompts, 32, columnar=True)
+    programs, _, _ = _decode(decoder, model, prompts, 32, columnar=False)
+    for a, b in zip(together, programs):
+        _same(a, b)
+    assert calls == max(r.forwards for r in together)  # one forward per step serves every row
+
+
+def test_a_row_that_joins_a_running_loop_gets_what_it_gets_alone():
+    model = tiny(seed=8, eos=4)
+    decoder = Decoder.from_names(selector="threshold", infiller="parallel-ar", slot_size=3, token_threshold=0.3)
+    generator = Generator(model, decoder, gen_length=12)
+    first = generator.submit([1, 2, 3])
+    for _ in range(3):
+        generator.step()
+    late = [generator.submit([5, 6]), generator.submit([9])]
+    generator.run_until_idle()
+    for request, prompt in zip([first, *late], ([1, 2, 3], [5, 6], [9])):
+        _same(request.wait(timeout=30), decoder.decode(model, prompt, 12))
+    assert generator.live_rows == 0
+
+
+def test_a_cancelled_row_leaves_and_the_others_finish_as_alone():
+    model = tiny(seed=9)
+    decoder = Decoder.from_names(selector="topk", infiller="parallel-ar", slot_size=2, token_threshold=0.5)
+    generator = Generator(model, decoder, gen_length=12)
+    keep, drop, last = generator.submit([1, 2]), generator.submit([3, 4, 5]), generator.submit([6])
+    generator.step()
+    generator.cancel(drop)
+    generator.run_until_idle()
+    assert drop.status == "cancelled"
+    for request, prompt in ((keep, [1, 2]), (last, [6])):
+        _same(request.wait(timeout=30), decoder.decode(model, prompt, 12))
+
+
+@attrs.frozen
+class Empty(SlotSelector):
+    name = "empty-test"
+
+    def select(self, plan):
+        return []
+
+
+def test_a_plugin_selectors_bad_answer_is_named_in_the_loop_too():
+    model = tiny()
+    decoder = Decoder.from_names(selector=Empty(), infiller="parallel-ar", slot_size=2)
+    assert parallel_reason(decoder, open_engine(model, decoder, None), record=False) is None
+    with pytest.raises(PluginError, match="selector 'empty-test'.*empty selection"):
+        decoder.decode(model, [1, 2], 4)
+
+
+@pytest.mark.parametrize(
+    "options, reason",
+    [
+        (dict(precision="logits"), "precision 'float32'"),
+        (dict(infiller="draft"), "parallel-ar"),
+        (dict(reorderer="reencode"), "commit-order"),
+        (dict(sampler="gumbel"), "draws"),
+    ],
+)
+def test_other_compositions_run_as_programs(options, reason):
+    model = tiny()
+    decoder = Decoder.from_names(**(dict(selector="threshold", infiller="parallel-ar") | options))
+    assert reason in parallel_reason(decoder, open_engine(model, decoder, None), record=False)
+
+
+def test_records_keep_the_program_and_give_the_same_tokens():
+    model = tiny(seed=3)
+    decoder = Decoder.from_names(selector="threshold", infiller="parallel-ar", slot_size=2, token_threshold=0.4)
+    assert "records" in parallel_reason(decoder, open_engine(model, decoder, None), record=True)
+    recorded = decoder.decode(model, [1, 2, 3], 8, record=True)
+    assert len(recorded.iterations) == recorded.num_iterations > 0
+    assert torch.equal(recorded.tokens, decoder.decode(model, [1, 2, 3], 8).tokens)

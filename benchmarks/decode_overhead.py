@@ -25,12 +25,22 @@ from refusion.models.hf import HFCausalLM
 from refusion.models.tiny import tiny_qwen3
 
 
+def programs(decoder, adapter, prompts, gen_length) -> list:
+    """``decode_batch`` with every row run as its per-sequence program (no whole-batch loop, no records)."""
+    from refusion.engines import drive, open_engine
+
+    engine = open_engine(adapter, decoder, None)
+    prepared = [decoder.prepare(adapter, p, gen_length) for p in prompts]
+    return drive(engine, [decoder.start(adapter, engine, p) for p in prepared], columnar=False)
+
+
 def race(network, adapter, decoder, prompts, padded, gen_length, mask) -> dict:
     """The competitors of one batch: each decodes ``gen_length`` tokens for every prompt and returns its counts."""
     return {
         "generate": lambda: {"tokens": sum(map(len, hf_generate(network, padded, gen_length, mask)))},
         "hand loop": lambda: {"tokens": sum(map(len, greedy_loop(network, padded, gen_length, mask)))},
         "refusion": lambda: refusion_counts(decoder.decode_batch(adapter, prompts, gen_length)),
+        "refusion programs": lambda: refusion_counts(programs(decoder, adapter, prompts, gen_length)),
         "refusion record=True": lambda: refusion_counts(
             decoder.decode_batch(adapter, prompts, gen_length, record=True)
         ),
@@ -42,7 +52,8 @@ def main() -> None:
     p.add_argument("--batches", default="1,8,32")
     p.add_argument("--gen-length", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--preset", default="ar")
+    p.add_argument("--preset", default="ar", help="a preset name, or 'default': the library's default parts")
+    p.add_argument("--params", default="", help="decoder options, e.g. slot_size=4,slot_threshold=0.7")
     a = p.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -59,7 +70,9 @@ def main() -> None:
     network.eval()
     adapter = HFCausalLM(network)
     mask = adapter.mask_token_id
-    decoder, _ = build_decoder(adapter, preset=a.preset, stop_at_eos=False)
+    params = {k: float(v) if "." in v else int(v) for k, v in (kv.split("=") for kv in a.params.split(",") if kv)}
+    preset = None if a.preset == "default" else a.preset
+    decoder, _ = build_decoder(adapter, preset=preset, stop_at_eos=False, **params)
     rng = random.Random(0)
     print(header())
     print(f"# tiny Qwen3 (hidden 64, 2 layers, vocab 512), preset {a.preset}, gen {a.gen_length}, {a.rounds} rounds")

@@ -37,10 +37,11 @@ from refusion.cache.sequence import Chunk
 from refusion.decoding.types import DecodeResult
 
 
-def _shared_reason(decoder: Any, engine: Any, record: bool) -> str | None:
+def _shared_reason(decoder: Any, engine: Any, record: bool, drafts: str = "fused") -> str | None:
     """What every whole-batch loop needs: no records, greedy drafting without guidance, commit-order caching with no
-    reviser, the packed batch-variant ``branch`` engine, a causal model whose masks predict their own position."""
-    from refusion.decoding.sampling import is_greedy
+    reviser, the packed batch-variant ``branch`` engine, a causal model whose masks predict their own position.
+    ``drafts``: ``"fused"`` (argmax on refusion's fused path) or ``"greedy"`` (any greedy arithmetic)."""
+    from refusion.decoding.sampling import Greedy, is_greedy
     from refusion.engines.branch import BranchEngine
     from refusion.strategies.reorderers.commit_order import CommitOrder
 
@@ -48,7 +49,8 @@ def _shared_reason(decoder: Any, engine: Any, record: bool) -> str | None:
         return "iteration records are asked for"
     if type(decoder.reorderer) is not CommitOrder or decoder.reviser.revises:
         return "the reorderer is not commit-order, or a reviser revises"
-    if not is_greedy(decoder.sample) or bool(getattr(decoder, "cfg_scale", False)):
+    greedy = is_greedy(decoder.sample) or (drafts == "greedy" and type(decoder.sample) is Greedy)
+    if not greedy or bool(getattr(decoder, "cfg_scale", False)):
         return "the sampler draws, or guidance is on"
     if decoder.stop_at_eos == "block":
         return "stop_at_eos='block'"
@@ -78,9 +80,9 @@ def parallel_reason(decoder: Any, engine: Any, record: bool) -> str | None:
     :class:`~refusion.decoding.parallel_columns.ParallelColumns` loop, or ``None``."""
     from refusion.strategies.infillers.parallel_ar import ParallelAR
 
-    if type(decoder.infiller) is not ParallelAR or decoder.infiller.precision != "float32":
-        return "the infiller is not parallel-ar on the fused path (precision 'float32')"
-    return _shared_reason(decoder, engine, record)
+    if type(decoder.infiller) is not ParallelAR:
+        return "the infiller is not parallel-ar"
+    return _shared_reason(decoder, engine, record, drafts="greedy")
 
 
 def whole_batch_loop(decoder: Any, engine: Any, record: bool) -> tuple[Any, Any] | None:

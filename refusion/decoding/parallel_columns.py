@@ -36,6 +36,7 @@ import torch
 from refusion.cache.sequence import Chunk
 from refusion.decoding.checks import call_part, checked_selection, checks_answers, plugin_error
 from refusion.decoding.plans import LazyPlans, Plans
+from refusion.decoding.sampling import apply_sampler, is_greedy, token_probability
 from refusion.decoding.types import DecodeResult, Drafts, Plan
 
 PLAN, VERIFY, DRAFT, CHECK = range(4)
@@ -61,7 +62,6 @@ class _Row:
         "chosen",
         "tokens",
         "starts",
-        "first",
         "accepted",
         "cached",
         "active",
@@ -91,7 +91,6 @@ class _Row:
     tokens: np.ndarray  # their tokens, concatenated (drafts, then accepted tokens)
     positions: np.ndarray  # the positions of what the row feeds (plan masks, then the chosen slots' tokens)
     starts: np.ndarray  # where each chosen slot starts in ``tokens`` (one more: the end)
-    first: np.ndarray  # each chosen slot's plan confidence
     accepted: np.ndarray  # per branch: tokens accepted
     cached: np.ndarray  # per branch: tokens whose keys/values it keeps from earlier rounds
     active: list[int]  # the branches still infilling
@@ -140,6 +139,10 @@ class ParallelColumns:
         self.decoder = decoder
         self.selector = decoder.selector
         self.threshold = float(decoder.infiller.token_threshold)
+        #: the infiller's arithmetic for token probabilities (:data:`~refusion.decoding.sampling.PRECISIONS`)
+        self.precision = decoder.infiller.precision
+        #: greedy drafts and float32 probabilities on refusion's fused head: one pass gives both
+        self.fused = is_greedy(decoder.sample) and self.precision == "float32"
         self.stop_at_eos = bool(decoder.stop_at_eos)
         self.mask = int(engine.model.mask_token_id)
         eos = sorted(engine.model.eos_token_ids)
@@ -183,7 +186,7 @@ class ParallelColumns:
             rows[r].fed += count
         for r, pending in batch.encoded.items():
             rows[r].context += pending
-        answers = batch.answers(scores, self.mask)  # the step's one head pass and host read
+        answers = batch.answers(scores, self)  # the step's head pass and host read
 
         planned = [r for r, row in enumerate(rows) if row.phase == PLAN]
         if planned:
@@ -250,27 +253,30 @@ class ParallelColumns:
         rows = [self.rows[r] for r in planned]
         firsts, drafts = [], []
         for r, row in zip(planned, rows):
-            top, prob, _ = answers[r]
+            top, confidence = answers[r][:2]
             lengths = row.length[row.planned]
             starts = np.concatenate(([0], np.cumsum(lengths)))
-            firsts.append(prob[starts[:-1]])
-            drafts.append((top, prob, starts, row.positions))
+            firsts.append(confidence[torch.from_numpy(starts[:-1])])
+            drafts.append((top, confidence, starts, row.positions))
         width = max(len(f) for f in firsts)
-        confidence = torch.full((len(rows), width), float("-inf"))
-        for i, f in enumerate(firsts):
-            confidence[i, : len(f)] = torch.from_numpy(f)
+        if len(rows) == 1:
+            stacked = firsts[0][None]
+        else:  # -inf where a row has fewer slots
+            stacked = torch.full((len(rows), width), float("-inf"), dtype=firsts[0].dtype)
+            for i, f in enumerate(firsts):
+                stacked[i, : len(f)] = f
         lengths = torch.tensor([len(f) for f in firsts], dtype=torch.long)
 
         def plan_of(i: int) -> Plan:
             return self._plan(rows[i], drafts[i], scores)
 
-        plans = Plans(LazyPlans(len(rows), plan_of), stacked={"first_confidence": confidence, "lengths": lengths})
+        plans = Plans(LazyPlans(len(rows), plan_of), stacked={"first_confidence": stacked, "lengths": lengths})
         choices = call_part(self.selector, self.selector.choose, plans)
         if not isinstance(choices, Sequence) or len(choices) != len(rows):
             raise plugin_error(self.selector, f"choose returned {choices!r:.80}; expected one selection per plan.")
         for i, (row, chosen) in enumerate(zip(rows, choices)):
             picked = checked_selection(self.selector, plans[i], chosen) if self._check_selector else sorted(chosen)
-            top, prob, starts, _ = drafts[i]
+            top, _, starts, _ = drafts[i]
             slots = row.planned[list(picked)]
             row.chosen = slots
             row.tokens = np.concatenate([top[starts[j] : starts[j + 1]] for j in picked])
@@ -278,7 +284,6 @@ class ParallelColumns:
                 np.concatenate([np.arange(row.offset[s], row.offset[s] + row.length[s]) for s in slots]) + row.region
             )
             row.starts = np.concatenate(([0], np.cumsum(row.length[slots])))
-            row.first = prob[starts[list(picked)]]
             row.phase = VERIFY
 
     def _after_verify(self, row: _Row, answer: Any) -> None:
@@ -286,7 +291,7 @@ class ParallelColumns:
         n = len(row.tokens)
         accept: np.ndarray = np.ones(n, dtype=bool)
         if answer is not None:
-            accept[1:] = answer[2] > self.threshold
+            accept[1:] = answer[2]
         accept[row.starts[:-1]] = True
         prefix = int(np.cumprod(accept).sum())
         eos = self._first_eos(row.tokens[:prefix])
@@ -334,7 +339,7 @@ class ParallelColumns:
             if accepted < length:
                 nxt = accepted + 1
                 if nxt < length:
-                    above = answer[2][at : at + length - nxt] > self.threshold
+                    above = answer[3][at : at + length - nxt]
                     at += length - nxt
                     nxt += int(np.cumprod(above).sum())
                 row.accepted[b] = accepted = nxt
@@ -406,10 +411,10 @@ class ParallelColumns:
         """Row ``r``'s :class:`Plan` (the per-sequence adapter: for selectors that read more than the stacked
         views, and for the checks of a plugin's answer)."""
         session = row.session
-        top, prob, starts, positions = drafted
+        top, confidence, starts, positions = drafted
         slots = tuple(session.partition.slots[i] for i in row.planned.tolist())
         rows = scores[torch.arange(row.plan_at, row.plan_at + len(positions))]
-        tokens, confidence = torch.from_numpy(top), torch.from_numpy(prob)
+        tokens = torch.from_numpy(top)
         drafts = Drafts(rows, lambda s: (tokens, confidence), len(positions), lazy=False, exclude=self.mask)
         return Plan(
             slots,
@@ -510,33 +515,49 @@ class _Batch:
         row_of: np.ndarray = np.repeat(np.array([s[0] for s in segments], dtype=np.int64), sizes)
         return ids, row_of, positions, columns, lows
 
-    def answers(self, scores: Any, mask: int) -> _Answers:
-        """One head pass over every row read: argmax (never ``mask``), its probability, each target's."""
+    def answers(self, scores: Any, loop: ParallelColumns) -> _Answers:
+        """The rows read, decided in the decoder's arithmetic: each row's draft (the sampler's token, never the
+        mask, and its confidence) and whether its target's probability is above ``token_threshold`` (compared in
+        the confidences' dtype, as global verification compares, and in the probabilities' own, as a branch's
+        check does). On the fused path one head pass gives both."""
         out = _Answers(self.verified)
         if not self.reads:
             return out
         index = np.concatenate([r[1] for r in self.reads])
-        targets = np.concatenate([r[2] if r[2] is not None else np.full(len(r[1]), -1) for r in self.reads])
-        tokens, probability, target = scores[torch.from_numpy(index)].read(mask, torch.from_numpy(targets))
-        top, prob, target_prob = tokens.cpu().numpy(), probability.cpu().numpy(), target.cpu().numpy()
+        targets = torch.from_numpy(
+            np.concatenate([r[2] if r[2] is not None else np.full(len(r[1]), -1) for r in self.reads])
+        )
+        picked = scores[torch.from_numpy(index)]
+        if loop.fused:
+            tokens, confidence, probability = picked.read(loop.mask, targets)
+        else:
+            tokens, confidence = apply_sampler(loop.decoder.sample, picked, loop.mask, None)
+            probability = token_probability(picked, targets.clamp(min=0), loop.precision)
+        threshold = loop.threshold
+        verified = (probability.to(confidence.dtype) > threshold).cpu().numpy()
+        checked = (probability > threshold).cpu().numpy()
+        top, confidence = tokens.cpu().numpy(), confidence.cpu()
         at = 0
         for row, rows, _ in self.reads:
             n = len(rows)
-            out.add(row, top[at : at + n], prob[at : at + n], target_prob[at : at + n])
+            out.add(row, top[at : at + n], confidence[at : at + n], verified[at : at + n], checked[at : at + n])
             at += n
         return out
 
 
 class _Answers(dict):
-    """Per loop row: ``(argmax, probability, target probability)`` of the rows it read, in the order read."""
+    """Per loop row, of the rows it read in order: ``(draft tokens, their confidences (a tensor), target above the
+    threshold as verification compares, as a branch's check compares)``."""
 
     def __init__(self, verified: set[int]):
         super().__init__()
         self.verified = verified
 
-    def add(self, row: int, top: np.ndarray, prob: np.ndarray, target: np.ndarray) -> None:
+    def add(self, row: int, *columns: Any) -> None:
         if row in self:
-            t, p, g = self[row]
-            self[row] = (np.concatenate((t, top)), np.concatenate((p, prob)), np.concatenate((g, target)))
+            self[row] = tuple(
+                torch.cat((a, b)) if isinstance(a, torch.Tensor) else np.concatenate((a, b))
+                for a, b in zip(self[row], columns)
+            )
         else:
-            self[row] = (top, prob, target)
+            self[row] = columns

@@ -63,6 +63,23 @@ def _same(a, b):
 
 
 SELECTORS = ["threshold", "topk", "margin", "entropy", "leftmost", Rightmost(), Everything()]
+#: refusion's fused float32 path, the reference's (softmax in the logits' dtype, torch.topk ties), float64
+ARITHMETIC = [{}, dict(precision="logits", ties="slots"), dict(precision="float64")]
+
+
+def _decoder(selector, slot_size, gen_length, blocks, token_threshold, stop_at_eos, arithmetic) -> Decoder:
+    slots = -(-gen_length // slot_size)
+    if selector != "threshold":
+        arithmetic = {k: v for k, v in arithmetic.items() if k != "ties"}
+    return Decoder.from_names(
+        selector=selector,
+        infiller="parallel-ar",
+        slot_size=slot_size,
+        serial_num_blocks=blocks if slots % blocks == 0 else 1,
+        token_threshold=token_threshold,
+        stop_at_eos=stop_at_eos,
+        **arithmetic,
+    )
 
 
 @settings(max_examples=60, deadline=None)
@@ -76,20 +93,13 @@ SELECTORS = ["threshold", "topk", "margin", "entropy", "leftmost", Rightmost(), 
     token_threshold=st.sampled_from([0.0, 0.2, 0.5, 0.9, 1.0]),
     stop_at_eos=st.booleans(),
     eos=st.sampled_from([None, 3, 7]),
+    arithmetic=st.sampled_from(ARITHMETIC),
 )
 def test_the_loop_gives_every_row_what_its_program_gives(
-    seed, prompts, gen_length, slot_size, blocks, selector, token_threshold, stop_at_eos, eos
+    seed, prompts, gen_length, slot_size, blocks, selector, token_threshold, stop_at_eos, eos, arithmetic
 ):
     model = tiny(seed=seed, eos=eos)
-    slots = -(-gen_length // slot_size)
-    decoder = Decoder.from_names(
-        selector=selector,
-        infiller="parallel-ar",
-        slot_size=slot_size,
-        serial_num_blocks=blocks if slots % blocks == 0 else 1,
-        token_threshold=token_threshold,
-        stop_at_eos=stop_at_eos,
-    )
+    decoder = _decoder(selector, slot_size, gen_length, blocks, token_threshold, stop_at_eos, arithmetic)
     together, sessions, calls = _decode(decoder, model, prompts, gen_length, columnar=True)
     programs, alone_sessions, none = _decode(decoder, model, prompts, gen_length, columnar=False)
     assert calls > 0 and none == 0
@@ -100,6 +110,20 @@ def test_the_loop_gives_every_row_what_its_program_gives(
         assert s.cache.positions.tolist() == t.cache.positions.tolist()
     for prompt, a in zip(prompts, together):  # a row decides alone what it decides in the batch
         _same(a, _decode(decoder, model, [prompt], gen_length, columnar=True)[0][0])
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_in_bfloat16_the_loop_gives_the_programs_tokens(seed):
+    """The checkpoints' dtype: a batch decoded by the loop gets the tokens the programs give the same batch."""
+    model = tiny(seed=seed, eos=3, dtype=torch.bfloat16)
+    prompts = [[1 + (seed + i) % 20, 5, 9 - i] for i in range(3)]
+    for arithmetic in ARITHMETIC:
+        decoder = _decoder("threshold", 3, 12, 2, 0.3, True, arithmetic)
+        together, _, calls = _decode(decoder, model, prompts, 12, columnar=True)
+        programs, _, _ = _decode(decoder, model, prompts, 12, columnar=False)
+        assert calls > 0
+        for a, b in zip(together, programs):
+            _same(a, b)
 
 
 def test_the_shipped_models_preset_runs_in_the_loop_with_its_programs_tokens():
@@ -160,7 +184,6 @@ def test_a_plugin_selectors_bad_answer_is_named_in_the_loop_too():
 @pytest.mark.parametrize(
     "options, reason",
     [
-        (dict(precision="logits"), "precision 'float32'"),
         (dict(infiller="draft"), "parallel-ar"),
         (dict(reorderer="reencode"), "commit-order"),
         (dict(sampler="gumbel"), "draws"),

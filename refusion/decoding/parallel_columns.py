@@ -143,6 +143,8 @@ class ParallelColumns:
         self.precision = decoder.infiller.precision
         #: greedy drafts and float32 probabilities on refusion's fused head: one pass gives both
         self.fused = is_greedy(decoder.sample) and self.precision == "float32"
+        #: the dtype of the drafts' confidences (known from the first plan; verification compares in it)
+        self.confidence_dtype = torch.float32
         self.stop_at_eos = bool(decoder.stop_at_eos)
         self.mask = int(engine.model.mask_token_id)
         eos = sorted(engine.model.eos_token_ids)
@@ -530,11 +532,26 @@ class _Batch:
         picked = scores[torch.from_numpy(index)]
         if loop.fused:
             tokens, confidence, probability = picked.read(loop.mask, targets)
-        else:
-            tokens, confidence = apply_sampler(loop.decoder.sample, picked, loop.mask, None)
-            probability = token_probability(picked, targets.clamp(min=0), loop.precision)
+            loop.confidence_dtype = confidence.dtype
+        else:  # the sampler on the draft rows, the infiller's probability on the target rows
+            n = len(index)
+            tokens = torch.zeros(n, dtype=torch.long)
+            confidence = torch.zeros(n, dtype=loop.confidence_dtype)
+            probability = torch.zeros(n, dtype=torch.float64)
+            wanted = targets >= 0
+            drafts = (~wanted).nonzero().squeeze(-1)
+            if len(drafts):
+                top, conf = apply_sampler(loop.decoder.sample, picked[drafts], loop.mask, None)
+                loop.confidence_dtype = conf.dtype
+                confidence = confidence.to(conf.dtype)
+                tokens[drafts], confidence[drafts] = top.cpu(), conf.cpu()
+            if len(drafts) < n:
+                rows = wanted.nonzero().squeeze(-1)
+                p = token_probability(picked[rows], targets[rows], loop.precision).cpu()
+                probability = probability.to(p.dtype)
+                probability[rows] = p
         threshold = loop.threshold
-        verified = (probability.to(confidence.dtype) > threshold).cpu().numpy()
+        verified = (probability.to(loop.confidence_dtype) > threshold).cpu().numpy()
         checked = (probability > threshold).cpu().numpy()
         top, confidence = tokens.cpu().numpy(), confidence.cpu()
         at = 0

@@ -27,7 +27,7 @@ from common import fmt_ratio, fmt_spread, greedy_loop, header, hf_generate, inte
 
 from refusion.api import load_model
 from refusion.decoding.decoder import Decoder
-from refusion.engines import open_engine
+from refusion.engines import drive, open_engine
 from refusion.training.tasks import held_out, is_correct
 
 GEN_LENGTH = 32
@@ -69,11 +69,17 @@ def main(argv=None) -> int:
 
         return run
 
-    def ours(decoder):
+    def ours(decoder, columnar=True):
         engine = open_engine(adapter, decoder)
 
+        def one(prompt):
+            if columnar:  # the public path: the whole-batch loop where the composition has one
+                return decoder.decode(adapter, prompt, GEN_LENGTH, engine=engine)
+            session = decoder.start(adapter, engine, decoder.prepare(adapter, prompt, GEN_LENGTH))
+            return drive(engine, [session], columnar=False)[0]  # the per-sequence program
+
         def run():
-            results = [decoder.decode(adapter, p, GEN_LENGTH, engine=engine) for p in prompts]
+            results = [one(p) for p in prompts]
             return scored([r.tokens.tolist() for r in results], fed=sum(r.fed_tokens for r in results))
 
         return run
@@ -81,6 +87,10 @@ def main(argv=None) -> int:
     competitors = {"AR: transformers generate": ar(hf_generate), "AR: hand-written greedy loop": ar(greedy_loop)}
     for name, params in CONFIGS.items():
         competitors[name] = ours(Decoder.from_names(serial_num_blocks=1, **params))
+    preset = next(iter(CONFIGS))
+    competitors["  the same, per-sequence program"] = ours(
+        Decoder.from_names(serial_num_blocks=1, **CONFIGS[preset]), columnar=False
+    )
     print(header())
     print(f"# {len(examples)} held-out examples, gen_length {GEN_LENGTH}, batch 1, {args.rounds} rounds interleaved")
     rows = interleave(competitors, adapter, rounds=args.rounds, memory=False)

@@ -114,6 +114,11 @@ class _Row:
         self.steps = self.fed = 0
         self.order: list[int] = []  # the cache's tokens after the prompt, in commit order (region offsets)
 
+    def used(self) -> int:
+        """Buffer columns the row needs kept: its context, and while it infills branches their columns (the keys
+        and values a branch keeps from its earlier rounds lie there)."""
+        return self.context + (int(self.starts[-1]) if self.phase in (DRAFT, CHECK) else 0)
+
     def remaining(self) -> np.ndarray:
         """The open slots of the current block (advancing past finished blocks); empty when the row is done."""
         while self.block < len(self.blocks):
@@ -203,7 +208,7 @@ class ParallelColumns:
                 self._after_check(row, answers.get(r))
             if row.phase == PLAN and not len(row.remaining()):
                 finished.append(r)
-        self.engine.hold_columns(states, [row.context for row in rows])
+        self.engine.hold_columns(states, [row.used() for row in rows])
         return [self._finish(r) for r in sorted(finished, reverse=True)]
 
     # -- what each phase feeds ----------------------------------------------------

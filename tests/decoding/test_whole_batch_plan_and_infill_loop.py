@@ -202,3 +202,28 @@ def test_records_keep_the_program_and_give_the_same_tokens():
     recorded = decoder.decode(model, [1, 2, 3], 8, record=True)
     assert len(recorded.iterations) == recorded.num_iterations > 0
     assert torch.equal(recorded.tokens, decoder.decode(model, [1, 2, 3], 8).tokens)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 40),
+    lengths=st.lists(st.integers(1, 16), min_size=2, max_size=5),
+    slot_size=st.integers(2, 5),
+    token_threshold=st.sampled_from([0.5, 1.0]),
+)
+def test_rows_that_finish_early_leave_the_others_branches_intact(seed, lengths, slot_size, token_threshold):
+    """Rows of other lengths finish while the others infill branches (their keys/values beyond the committed
+    context, kept when the engine moves rows into the freed ones): each row gets what its program gives alone."""
+    model = tiny(seed=seed)
+    decoder = Decoder.from_names(
+        selector="threshold",
+        infiller="parallel-ar",
+        slot_size=slot_size,
+        serial_num_blocks=1,
+        token_threshold=token_threshold,
+    )
+    engine = open_engine(model, decoder, None)
+    prompts = [[1 + (seed + i) % 20, 4, 2 + i] for i in range(len(lengths))]
+    sessions = [decoder.start(model, engine, decoder.prepare(model, p, n)) for p, n in zip(prompts, lengths)]
+    for result, prompt, n in zip(drive(engine, sessions), prompts, lengths):
+        _same(result, _decode(decoder, model, [prompt], n, columnar=False)[0][0])

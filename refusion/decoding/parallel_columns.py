@@ -22,7 +22,8 @@ forward for all rows, whatever their phases:
 The tokens, the forwards and the cache are those of the per-sequence program
 (:class:`~refusion.strategies.infillers.parallel_ar.ParallelAR` run by
 :class:`~refusion.decoding.session.DecodeSession`): the same passes, decided for all rows at once. The host reads
-each step's statistics once (one LM-head pass over every row read), whatever the batch.
+each step's statistics once, whatever the batch: on refusion's fused path one LM-head pass over every row read; in
+another arithmetic the sampler over the draft rows and the infiller's probability over the verified ones.
 """
 
 from __future__ import annotations
@@ -56,7 +57,6 @@ class _Row:
         "block",
         "open",
         "phase",
-        "iteration",
         "steps",
         "fed",
         "chosen",
@@ -82,7 +82,6 @@ class _Row:
     blocks: list[np.ndarray]
     block: int
     phase: int
-    iteration: int
     steps: int
     fed: int
     planned: np.ndarray  # the slots the current plan drafts
@@ -110,7 +109,6 @@ class _Row:
         self.block = 0
         self.open = np.array(session.open, dtype=bool)
         self.phase = PLAN
-        self.iteration = 0
         self.steps = self.fed = 0
         self.order: list[int] = []  # the cache's tokens after the prompt, in commit order (region offsets)
 

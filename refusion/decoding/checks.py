@@ -183,6 +183,17 @@ def checked_partition(partitioner: Any, partition: Any, gen_length: int) -> Part
     return partition
 
 
+def checked_candidates(selector: Any, remaining: int) -> int:
+    """How many of a block's ``remaining`` open slots ``selector`` may pick (its ``candidates``), checked: an
+    integer in ``[1, remaining]``, else a :class:`PluginError` naming the selector."""
+    width = call_part(selector, selector.candidates, remaining)
+    if type(width) is not int or not 1 <= width <= remaining:  # bool and other number types are refused
+        raise plugin_error(
+            selector, f"candidates({remaining}) returned {width!r}; expected an integer in [1, {remaining}]."
+        )
+    return width
+
+
 @guarded
 def checked_selection(selector: Any, plan: Plan, chosen: Any) -> tuple[int, ...]:
     """The selector's answer as sorted, unique, in-range slot indices (Python or numpy integers, or a tensor)."""

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from refusion.cache.sequence import Chunk
-from refusion.decoding.checks import call_part, checked_selection, checks_answers, plugin_error
+from refusion.decoding.checks import call_part, checked_candidates, checked_selection, checks_answers, plugin_error
 from refusion.decoding.plans import LazyPlans, Plans
 from refusion.decoding.sampling import apply_sampler, is_greedy, token_probability
 from refusion.decoding.types import DecodeResult, Drafts, Plan
@@ -212,11 +212,7 @@ class ParallelColumns:
     # -- what each phase feeds ----------------------------------------------------
     def _feed_plan(self, row: _Row, r: int, batch: _Batch) -> None:
         left = row.remaining()
-        width = call_part(self.selector, self.selector.candidates, len(left))
-        if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= len(left):
-            raise plugin_error(
-                self.selector, f"candidates({len(left)}) returned {width!r}; expected an integer in [1, {len(left)}]."
-            )
+        width = checked_candidates(self.selector, len(left))
         row.planned = left[:width]
         positions: np.ndarray = _spans(row.offset[row.planned], row.length[row.planned]) + row.region
         pending = 0

@@ -21,7 +21,15 @@ import attrs
 import torch
 
 from refusion.cache.sequence import CacheEditor
-from refusion.decoding.checks import bounded, call_part, checked_result, checked_selection, checks_answers, plugin_error
+from refusion.decoding.checks import (
+    bounded,
+    call_part,
+    checked_candidates,
+    checked_result,
+    checked_selection,
+    checks_answers,
+    plugin_error,
+)
 from refusion.decoding.protocol import ROOT, BlockReuse, Extend, ModelCall, Projection, Selection
 from refusion.decoding.sampling import apply_sampler, is_greedy
 from refusion.decoding.types import (
@@ -163,13 +171,7 @@ class DecodeSession:
                         "a reviser must let every block finish.",
                     )
                 before = self._snapshot() if self.record else None
-                width = call_part(d.selector, d.selector.candidates, len(remaining))
-                if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= len(remaining):
-                    raise plugin_error(
-                        d.selector,
-                        f"candidates({len(remaining)}) returned {width!r}; expected an "
-                        f"integer in [1, {len(remaining)}].",
-                    )
+                width = checked_candidates(d.selector, len(remaining))
                 candidates = tuple(self.partition.slots[i] for i in remaining[:width])
                 ctx = InfillContext(
                     mask_token_id=self.model.mask_token_id,

@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from refusion.cache.sequence import Chunk
 from refusion.decoding.types import DecodeResult
 
 
@@ -312,19 +311,14 @@ class LosslessColumns:
         if len(eos):
             session.eos_offset = int(eos[0])
             session.open = [False] * len(session.open)
-        state, buf = session.state, self.engine.kv
-        cache = state.context
-        prompt = session.prompt_len
-        cache.tokens = torch.cat((cache.tokens[:prompt], torch.from_numpy(self.out[i, :produced].copy())))
-        cache.positions = torch.arange(len(cache.tokens))
-        cache.encoded = buf.lengths[state.store.row]
-        cache.chunks = [Chunk(0, cache.encoded, 0)]
-        cache.last_scores = None
-        counters = state.counters
-        counters.forwards += int(self.steps[i])
-        counters.fed_tokens += int(self.fed[i])
-        counters.copied(new=int(self.fed[i]) * buf.token_bytes)
-        result = session._result()
+        buf = self.engine.kv  # the answer is cached left to right; its last token is still pending
+        result = session.settled(
+            torch.arange(produced),
+            buf.lengths[session.state.store.row],
+            int(self.steps[i]),
+            int(self.fed[i]),
+            buf.token_bytes,
+        )
         self._remove(i)
         return session, result
 

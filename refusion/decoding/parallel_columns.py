@@ -34,7 +34,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from refusion.cache.sequence import Chunk
 from refusion.decoding.checks import call_part, checked_candidates, checked_selection, checks_answers, plugin_error
 from refusion.decoding.plans import LazyPlans, Plans
 from refusion.decoding.sampling import apply_sampler, is_greedy, token_probability
@@ -175,6 +174,7 @@ class ParallelColumns:
         if not rows:
             return []
         batch = _Batch()
+        phases = [row.phase for row in rows]  # what each row fed this step (selection moves planned rows on)
         for r, row in enumerate(rows):
             if row.phase == PLAN:
                 self._feed_plan(row, r, batch)
@@ -193,16 +193,16 @@ class ParallelColumns:
             rows[r].context += pending
         answers = batch.answers(scores, self)  # the step's head pass and host read
 
-        planned = [r for r, row in enumerate(rows) if row.phase == PLAN]
+        planned = [r for r, phase in enumerate(phases) if phase == PLAN]
         if planned:
             self._select(planned, answers, scores)
         finished: list[int] = []
-        for r, row in enumerate(rows):
-            if row.phase == VERIFY and r in answers.verified:
+        for r, (row, phase) in enumerate(zip(rows, phases)):
+            if phase == VERIFY:
                 self._after_verify(row, answers.get(r))
-            elif row.phase == DRAFT:
+            elif phase == DRAFT:
                 self._after_draft(row, answers.get(r))
-            elif row.phase == CHECK:
+            elif phase == CHECK:
                 self._after_check(row, answers.get(r))
             if row.phase == PLAN and not len(row.remaining()):
                 finished.append(r)
@@ -227,7 +227,6 @@ class ParallelColumns:
 
     def _feed_verify(self, row: _Row, r: int, batch: _Batch) -> None:
         at = batch.feed(r, row.tokens, row.positions, row.context, row.context)
-        batch.verified.add(r)
         if len(row.tokens) > 1:  # the row of token j scores token j + 1
             batch.read(r, np.arange(at, at + len(row.tokens) - 1), row.tokens[1:])
 
@@ -281,9 +280,7 @@ class ParallelColumns:
             slots = row.planned[list(picked)]
             row.chosen = slots
             row.tokens = np.concatenate([top[starts[j] : starts[j + 1]] for j in picked])
-            row.positions = (
-                np.concatenate([np.arange(row.offset[s], row.offset[s] + row.length[s]) for s in slots]) + row.region
-            )
+            row.positions = _spans(row.offset[slots], row.length[slots]) + row.region
             row.starts = np.concatenate(([0], np.cumsum(row.length[slots])))
             row.phase = VERIFY
 
@@ -434,20 +431,8 @@ class ParallelColumns:
         session = row.session
         if session.eos_offset is not None:
             session.open = [False] * len(session.open)
-        state, buf = session.state, self.engine.kv
-        cache = state.context
-        prompt = session.prompt_len
         order = torch.tensor(row.order, dtype=torch.long)
-        cache.tokens = torch.cat((cache.tokens[:prompt], session.tokens[order]))
-        cache.positions = torch.cat((torch.arange(prompt), order + prompt))
-        cache.encoded = row.context
-        cache.chunks = [Chunk(0, row.context, 0)]
-        cache.last_scores = None
-        counters = state.counters
-        counters.forwards += row.steps
-        counters.fed_tokens += row.fed
-        counters.copied(new=row.fed * buf.token_bytes)
-        result = session._result()
+        result = session.settled(order, row.context, row.steps, row.fed, self.engine.kv.token_bytes)
         self._remove(r)
         return session, result
 
@@ -483,8 +468,6 @@ class _Batch:
         self.segments: list[tuple[int, np.ndarray, np.ndarray, int, int]] = []  # row, ids, positions, column, low
         self.size = 0
         self.reads: list[tuple[int, np.ndarray, np.ndarray | None]] = []  # row, packed indices, targets
-        #: rows in their global-verification step
-        self.verified: set[int] = set()
         #: per row, the prompt tokens this step encodes (they stay cached)
         self.encoded: dict[int, int] = {}
 
@@ -521,7 +504,7 @@ class _Batch:
         mask, and its confidence) and whether its target's probability is above ``token_threshold`` (compared in
         the confidences' dtype, as global verification compares, and in the probabilities' own, as a branch's
         check does). On the fused path one head pass gives both."""
-        out = _Answers(self.verified)
+        out = _Answers()
         if not self.reads:
             return out
         index = np.concatenate([r[1] for r in self.reads])
@@ -564,10 +547,6 @@ class _Batch:
 class _Answers(dict):
     """Per loop row, of the rows it read in order: ``(draft tokens, their confidences (a tensor), target above the
     threshold as verification compares, as a branch's check compares)``."""
-
-    def __init__(self, verified: set[int]):
-        super().__init__()
-        self.verified = verified
 
     def add(self, row: int, *columns: Any) -> None:
         if row in self:

@@ -128,11 +128,9 @@ class Scores:
         if self._logits is None:
             tokens, best, lse, picked = self.head.stats(self.hidden, exclude, targets=targets)
         else:
-            x = self._logits.to(reduction_dtype(self._logits.dtype))
-            lse = torch.logsumexp(floor_for_exp(x), dim=-1)
-            ranked = x if exclude is None else x.index_fill(-1, torch.tensor([exclude], device=x.device), float("-inf"))
-            best, tokens = ranked.max(dim=-1)
-            picked = x.gather(-1, targets.to(x.device).clamp(min=0).unsqueeze(-1)).squeeze(-1)
+            tokens, best, lse = self.stats(exclude)
+            picked = self._logits.gather(-1, targets.to(self._logits.device).clamp(min=0).unsqueeze(-1)).squeeze(-1)
+            picked = picked.to(lse.dtype)  # the same value as gathered from the logits in the reduction dtype
         return tokens, torch.exp(best - lse).nan_to_num_(0.0), torch.exp(picked - lse)
 
     def greedy(self, exclude: int | None = None, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,7 +20,7 @@ from typing import Any
 import attrs
 import torch
 
-from refusion.cache.sequence import CacheEditor
+from refusion.cache.sequence import CacheEditor, Chunk
 from refusion.decoding.checks import (
     bounded,
     call_part,
@@ -572,6 +572,26 @@ class DecodeSession:
             self.sealed[offset : offset + c.tokens.shape[0]] = True
             self.open[c.slot.index] = False
         return editor
+
+    def settled(
+        self, order: torch.Tensor, encoded: int, forwards: int, fed_tokens: int, token_bytes: int
+    ) -> DecodeResult:
+        """A whole-batch loop (:mod:`refusion.decoding.columnar`) finished this session's row: its cache holds the
+        prompt, then the answer's region offsets ``order`` in commit order, the first ``encoded`` of them all with
+        keys/values; the loop's ``forwards`` and ``fed_tokens`` (``token_bytes`` each, written) join the counters.
+        Returns the result."""
+        cache = self.cache
+        prompt = self.prompt_len
+        cache.tokens = torch.cat((cache.tokens[:prompt], self.tokens[order]))
+        cache.positions = torch.cat((torch.arange(prompt), order + prompt))
+        cache.encoded = encoded
+        cache.chunks = [Chunk(0, encoded, 0)]
+        cache.last_scores = None
+        counters = self.state.counters
+        counters.forwards += forwards
+        counters.fed_tokens += fed_tokens
+        counters.copied(new=fed_tokens * token_bytes)
+        return self._result()
 
     def _result(self) -> DecodeResult:
         if self.eos_offset is None and self.model.eos_token_ids:  # stop_at_eos off: cut at the first EOS now

@@ -47,8 +47,9 @@ def _reduce_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _reduce(x: torch.Tensor, exclude, temperature, targets):
-    """The statistics of logits ``x`` (``(n, vocab)``, owned: edited in place), as ``Scores.stats`` computes them."""
+def _reduce(x: torch.Tensor, exclude, temperature, targets, lse: bool = True):
+    """The statistics of logits ``x`` (``(n, vocab)``, owned: edited in place), as ``Scores.stats`` computes them
+    (``lse=False``: the argmax and its logit only, the third entry ``None``)."""
     vocab = x.shape[-1]
     x = x.to(_reduce_dtype(x.dtype))
     if temperature != 1.0:
@@ -63,20 +64,20 @@ def _reduce(x: torch.Tensor, exclude, temperature, targets):
         x[:, exclude] = excluded
     else:
         best, tokens = x.max(dim=-1)
-    lse = torch.logsumexp(floor_for_exp(x, inplace=True), dim=-1)
-    return (tokens, best, lse) if targets is None else (tokens, best, lse, picked)
+    total = torch.logsumexp(floor_for_exp(x, inplace=True), dim=-1) if lse else None
+    return (tokens, best, total) if targets is None else (tokens, best, total, picked)
 
 
 def lm_head_stats_reference(
-    hidden, weight, bias=None, exclude=None, temperature=1.0, *, targets=None, chunk: int | None = None
+    hidden, weight, bias=None, exclude=None, temperature=1.0, *, targets=None, chunk: int | None = None, lse=True
 ):
     """The torch path: rows projected in groups of at most ``chunk`` logits, each over the whole vocabulary; same
-    contract as :func:`lm_head_stats`."""
+    contract as :func:`lm_head_stats` (``lse=False``: no log-sum-exp is computed, its entry is ``None``)."""
     n, vocab = hidden.shape[0], weight.shape[0]
     h = hidden.to(weight.dtype)
     group = max(8, (chunk or CHUNK) // max(vocab, 1))
     if n <= group:  # one projection of exactly these rows
-        return _reduce(torch.nn.functional.linear(h, weight, bias), exclude, temperature, targets)
+        return _reduce(torch.nn.functional.linear(h, weight, bias), exclude, temperature, targets, lse)
     parts = []
     for start in range(0, n, group):
         rows = h[start : start + group]
@@ -86,9 +87,9 @@ def lm_head_stats_reference(
         wanted = None if targets is None else targets[start : start + group]
         if wanted is not None and count < group:
             wanted = torch.cat((wanted, wanted.new_full((group - count,), -1)))
-        out = _reduce(torch.nn.functional.linear(rows, weight, bias), exclude, temperature, wanted)
-        parts.append(tuple(t[:count] for t in out))
-    return tuple(torch.cat(column) for column in zip(*parts))
+        out = _reduce(torch.nn.functional.linear(rows, weight, bias), exclude, temperature, wanted, lse)
+        parts.append(tuple(None if t is None else t[:count] for t in out))
+    return tuple(None if column[0] is None else torch.cat(column) for column in zip(*parts))
 
 
 def lm_head_stats(
@@ -101,6 +102,7 @@ def lm_head_stats(
     targets=None,
     backend: str | None = None,
     chunk: int | None = None,
+    lse: bool = True,
 ):
     """Argmax token, its tempered logit and the tempered log-sum-exp per row (and the targets' tempered logits when
     ``targets`` is given); see the module docstring.
@@ -110,6 +112,8 @@ def lm_head_stats(
     of rows (given a matrix product whose rows do not depend on it, see
     ``refusion.engines.invariant.probe_rows``). The Triton kernel reduces
     each row in the same order whatever the row count and ignores it.
+    ``lse=False`` lets the torch path skip the log-sum-exp (its entry is then
+    ``None``; the Triton kernel computes it anyway).
     """
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(
@@ -121,7 +125,9 @@ def lm_head_stats(
         raise ValueError(f"`targets` must hold one token id per row ({hidden.shape[0]}); got {tuple(targets.shape)}.")
     wanted = choose(weight, backend)
     if wanted == "torch" or hidden.shape[0] == 0 or (weight.dtype == torch.float64 and backend != "triton"):
-        return lm_head_stats_reference(hidden, weight, bias, exclude, temperature, targets=targets, chunk=chunk)
+        return lm_head_stats_reference(
+            hidden, weight, bias, exclude, temperature, targets=targets, chunk=chunk, lse=lse
+        )
     return _lm_head_triton(hidden, weight, bias, exclude, temperature, targets)
 
 

@@ -9,17 +9,18 @@ whatever the batch. The per-sequence program (:class:`~refusion.decoding.session
 the form every other composition runs in, and the one a run that asks for iteration records gets.
 
 Each step, row ``i`` feeds, after its cached entries: its pending tokens (the prompt at its first step, then the
-token the previous step produced), its ``G`` guesses for the next positions, then ``M`` mask tokens.
-The row of the last pending token predicts the first guess's position, the row of guess ``j`` the next one: the
-guesses that equal those predictions are accepted (each prediction is conditioned only on accepted tokens, so
-every accepted token is the greedy AR token), and the prediction after the accepted ones is one more token.
-Every step gains at least one token. The next guesses are the mask rows' predictions for their own positions
-(when every guess was accepted: the plan's drafts) or the predictions after the first rejected guess (Jacobi
-iteration). How many are fed follows how many were accepted, per row (doubling after a step that accepted every
-guess, shrinking to what was accepted otherwise, up to the slot length); at zero a row decodes one token per
-forward and tries one guess again every ``probe_every`` slots' worth of tokens: the greedy-verify infiller's
-acceptance-adaptive drafting. Masks are fed only when a row has no guesses left. Rejected guesses and masks
-leave the cache by a length change (no copy).
+token the previous step produced), its ``G`` guesses for the next positions, then ``M`` mask tokens. The row of the
+last pending token predicts the first guess's position, the row of guess ``j`` the next one: the guesses that equal
+those predictions are accepted (each prediction is conditioned only on accepted tokens, so every accepted token is
+the greedy AR token), and the prediction after the accepted ones is one more token. Every step gains at least one
+token. The next guesses are the mask rows' predictions for their own positions (when every guess was accepted: the
+plan's drafts) or the predictions after the first rejected guess (Jacobi iteration). How many are fed follows how
+many were accepted, per row, as a speculative decoder sizes its speculation: a row starts with one guess, doubles
+after a step that accepted every guess and shrinks to what was accepted otherwise, up to the slot length; at zero a
+row decodes one token per forward and tries one guess again after ``probe_every`` slots' worth of tokens, waiting
+twice as long after each probe that is rejected (a model whose drafts are never right costs a few rows per answer,
+not one probe per ``probe_every`` slots). Masks are fed only when a row has no guesses left. Rejected guesses and
+masks leave the cache by a length change (no copy).
 
 Slots are reported (``DecodeSession.committed``) as they fill, in order, so streams see the same pieces as from
 the per-sequence program; the tokens are the same as that program's and as transformers' ``generate``; the
@@ -37,9 +38,10 @@ from refusion.decoding.types import DecodeResult
 
 
 def _shared_reason(decoder: Any, engine: Any, record: bool, drafts: str = "fused") -> str | None:
-    """What every whole-batch loop needs: no records, greedy drafting without guidance, commit-order caching with no
+    """What every whole-batch loop needs: no records, drafting without guidance, commit-order caching with no
     reviser, the packed batch-variant ``branch`` engine, a causal model whose masks predict their own position.
-    ``drafts``: ``"fused"`` (argmax on refusion's fused path) or ``"greedy"`` (any greedy arithmetic)."""
+    ``drafts``: ``"fused"`` (argmax on refusion's fused path), ``"greedy"`` (any greedy arithmetic) or ``"any"``
+    (any sampler, drawing from each row's own generator)."""
     from refusion.decoding.sampling import Greedy, is_greedy
     from refusion.engines.branch import BranchEngine
     from refusion.strategies.reorderers.commit_order import CommitOrder
@@ -49,8 +51,10 @@ def _shared_reason(decoder: Any, engine: Any, record: bool, drafts: str = "fused
     if type(decoder.reorderer) is not CommitOrder or decoder.reviser.revises:
         return "the reorderer is not commit-order, or a reviser revises"
     greedy = is_greedy(decoder.sample) or (drafts == "greedy" and type(decoder.sample) is Greedy)
-    if not greedy or bool(getattr(decoder, "cfg_scale", False)):
-        return "the sampler draws, or guidance is on"
+    if bool(getattr(decoder, "cfg_scale", False)):
+        return "classifier-free guidance is on"
+    if not (greedy or drafts == "any"):
+        return "the sampler draws"
     if decoder.stop_at_eos == "block":
         return "stop_at_eos='block'"
     if type(engine) is not BranchEngine or not engine.packed or engine.batch_invariant:
@@ -81,7 +85,7 @@ def parallel_reason(decoder: Any, engine: Any, record: bool) -> str | None:
 
     if type(decoder.infiller) is not ParallelAR:
         return "the infiller is not parallel-ar"
-    return _shared_reason(decoder, engine, record, drafts="greedy")
+    return _shared_reason(decoder, engine, record, drafts="any")
 
 
 def whole_batch_loop(decoder: Any, engine: Any, record: bool) -> tuple[Any, Any] | None:
@@ -139,6 +143,7 @@ class LosslessColumns:
     width: np.ndarray  # how many guesses to feed (acceptance-adaptive)
     limit: np.ndarray  # the most guesses (the longest slot)
     idle: np.ndarray  # tokens since the width fell to zero
+    misses: np.ndarray  # steps in a row whose guesses were all rejected (the probe waits 2**misses times longer)
     steps: np.ndarray  # forwards that served the row
     fed: np.ndarray  # tokens the row fed
     boundary: np.ndarray  # the stop offset of the next slot to report
@@ -152,6 +157,7 @@ class LosslessColumns:
         "width",
         "limit",
         "idle",
+        "misses",
         "steps",
         "fed",
         "boundary",
@@ -192,7 +198,7 @@ class LosslessColumns:
         self.stops.append([slot.stop for slot in slots])
         for name in self._COLUMNS[:-2]:
             getattr(self, name)[i] = 0
-        self.gen[i], self.width[i], self.limit[i], self.boundary[i] = gen, limit, limit, slots[0].stop
+        self.gen[i], self.width[i], self.limit[i], self.boundary[i] = gen, 1, limit, slots[0].stop
 
     # -- one step ------------------------------------------------------------------
     def step(self) -> list[tuple[Any, DecodeResult]]:
@@ -236,7 +242,7 @@ class LosslessColumns:
         wanted = np.arange(int(read.max()) + 1)[None, :] <= read[:, None]
         rows = (offsets + pending - 1)[:, None] + np.arange(wanted.shape[1])[None, :]
         predicted = np.full(wanted.shape, -1, dtype=np.int64)
-        picked = scores[torch.from_numpy(rows[wanted])].stats(mask)[0]
+        picked = scores[torch.from_numpy(rows[wanted])].argmax(mask)
         predicted[wanted] = picked.cpu().numpy()  # the step's one host read
         # accepted guesses: equal to the prediction made from the accepted tokens before them
         span = min(k, predicted.shape[1] - 1)
@@ -264,8 +270,10 @@ class LosslessColumns:
         self.guess[:n] = np.where(np.arange(k)[None, :] < available[:, None], predicted[rows_n[:, None], pick], mask)
         grown = np.minimum(np.maximum(2 * width, 1), self.limit[:n])
         width = np.where(guesses > 0, np.where(all_in, grown, accepted), width)
+        misses = np.where(guesses > 0, np.where(accepted > 0, 0, np.minimum(self.misses[:n] + 1, 16)), self.misses[:n])
+        self.misses[:n] = misses
         idle = np.where(width == 0, self.idle[:n] + gained, 0)
-        probe = idle >= self.probe_every * self.limit[:n]  # one guess again every `probe_every` slots' worth
+        probe = idle >= (self.probe_every * self.limit[:n]) << np.maximum(misses - 1, 0)  # one guess again, later
         self.width[:n] = np.where(probe, 1, width)
         self.idle[:n] = np.where(probe, 0, idle)
         self.guesses[:n] = available

@@ -1,10 +1,12 @@
 """Whole-batch plan-and-infill: ReFusion's slot selection and parallel-AR verification for every row at once.
 
-A decoder composed of any selector, the ``parallel-ar`` infiller (on refusion's fused path, ``precision``
-``"float32"``), the ``commit-order`` reorderer, no revising reviser and a greedy sampler (the shipped model's
-preset, and ReFusion's algorithm with every tuned threshold) runs here for all its rows together, on the
-``branch`` engine's packed forwards. Each row is in one phase of the paper's iteration, and every step runs one
-forward for all rows, whatever their phases:
+A decoder composed of any selector, the ``parallel-ar`` infiller (any ``precision``), the ``commit-order``
+reorderer, no revising reviser and any sampler without guidance (the shipped model's preset, ReFusion's algorithm
+with every tuned threshold, and the same with temperature, top-k/top-p, LLaDA's Gumbel noise or SDAR's block
+multinomial) runs here for all its rows together, on the ``branch`` engine's packed forwards. A sampler that draws
+is called per row with that row's own generator, on exactly the rows its program draws at once (a plan's masks, a
+branch's masks), so a seeded row draws the same alone and in any batch. Each row is in one phase of the paper's
+iteration, and every step runs one forward for all rows, whatever their phases:
 
 - ``plan``: the open slots the selector may choose, as masks after the context (with the prompt at a row's first
   step). Every row's slot confidences are read at once and the selector's batched
@@ -36,7 +38,7 @@ import torch
 
 from refusion.decoding.checks import call_part, checked_candidates, checked_selection, checks_answers, plugin_error
 from refusion.decoding.plans import LazyPlans, Plans
-from refusion.decoding.sampling import apply_sampler, is_greedy, token_probability
+from refusion.decoding.sampling import Greedy, apply_sampler, is_greedy, token_probability
 from refusion.decoding.types import DecodeResult, Drafts, Plan
 
 PLAN, VERIFY, DRAFT, CHECK = range(4)
@@ -145,6 +147,8 @@ class ParallelColumns:
         self.precision = decoder.infiller.precision
         #: greedy drafts and float32 probabilities on refusion's fused head: one pass gives both
         self.fused = is_greedy(decoder.sample) and self.precision == "float32"
+        #: the sampler draws: each row's drafts come from its own generator, in its program's calls
+        self.draws = not (is_greedy(decoder.sample) or type(decoder.sample) is Greedy)
         #: the dtype of the drafts' confidences (known from the first plan; verification compares in it)
         self.confidence_dtype = torch.float32
         self.stop_at_eos = bool(decoder.stop_at_eos)
@@ -223,7 +227,7 @@ class ParallelColumns:
             batch.encoded[r] = pending
         at = batch.feed(r, np.full(len(positions), self.mask, dtype=np.int64), positions, row.context + pending, 0)
         row.positions, row.plan_at = positions, at
-        batch.read(r, np.arange(at, at + len(positions)))
+        batch.read(r, np.arange(at, at + len(positions)), plan=positions)
 
     def _feed_verify(self, row: _Row, r: int, batch: _Batch) -> None:
         at = batch.feed(r, row.tokens, row.positions, row.context, row.context)
@@ -467,7 +471,8 @@ class _Batch:
     def __init__(self) -> None:
         self.segments: list[tuple[int, np.ndarray, np.ndarray, int, int]] = []  # row, ids, positions, column, low
         self.size = 0
-        self.reads: list[tuple[int, np.ndarray, np.ndarray | None]] = []  # row, packed indices, targets
+        #: row, packed indices, targets, the plan's positions (a plan's drafts)
+        self.reads: list[tuple[int, np.ndarray, np.ndarray | None, np.ndarray | None]] = []
         #: per row, the prompt tokens this step encodes (they stay cached)
         self.encoded: dict[int, int] = {}
 
@@ -479,9 +484,12 @@ class _Batch:
         self.size += len(ids)
         return at
 
-    def read(self, row: int, index: np.ndarray, targets: np.ndarray | None = None) -> None:
-        """Read packed rows ``index`` for ``row``: their argmax and its probability, or ``targets``' probability."""
-        self.reads.append((row, index, targets))
+    def read(
+        self, row: int, index: np.ndarray, targets: np.ndarray | None = None, plan: np.ndarray | None = None
+    ) -> None:
+        """Read packed rows ``index`` for ``row``: their drafts (the sampler's tokens and confidences; ``plan``: the
+        positions of a plan's masks, drawn as the program draws a plan), or ``targets``' probability."""
+        self.reads.append((row, index, targets, plan))
 
     def arrays(self) -> tuple[np.ndarray, ...]:
         """``ids, row_of, positions, columns, lows`` of the packed tokens."""
@@ -523,7 +531,11 @@ class _Batch:
             wanted = targets >= 0
             drafts = (~wanted).nonzero().squeeze(-1)
             if len(drafts):
-                top, conf = apply_sampler(loop.decoder.sample, picked[drafts], loop.mask, None)
+                top, conf = (
+                    self._drawn(picked, loop)
+                    if loop.draws
+                    else apply_sampler(loop.decoder.sample, picked[drafts], loop.mask, None)
+                )
                 loop.confidence_dtype = conf.dtype
                 confidence = confidence.to(conf.dtype)
                 tokens[drafts], confidence[drafts] = top.cpu(), conf.cpu()
@@ -537,11 +549,32 @@ class _Batch:
         checked = (probability > threshold).cpu().numpy()
         top, confidence = tokens.cpu().numpy(), confidence.cpu()
         at = 0
-        for row, rows, _ in self.reads:
+        for row, rows, *_ in self.reads:
             n = len(rows)
             out.add(row, top[at : at + n], confidence[at : at + n], verified[at : at + n], checked[at : at + n])
             at += n
         return out
+
+    def _drawn(self, picked: Any, loop: ParallelColumns) -> tuple[torch.Tensor, torch.Tensor]:
+        """The draft reads' tokens and confidences, each read drawn from its row's generator by the call its program
+        makes: a plan's rows at once (:meth:`~refusion.decoding.session.DecodeSession.draw`), a branch's masks with
+        the infiller's sampler (so a row draws what it draws alone, whatever the batch)."""
+        tokens, confidences = [], []
+        at = 0
+        for row, rows, targets, plan in self.reads:
+            n = len(rows)
+            if targets is None:
+                session = loop.rows[row].session
+                scores = picked[at : at + n]
+                top, conf = (
+                    session.draw(scores, torch.from_numpy(plan))
+                    if plan is not None
+                    else session.sample(scores, loop.mask)
+                )
+                tokens.append(top.cpu())
+                confidences.append(conf.cpu())
+            at += n
+        return torch.cat(tokens), torch.cat(confidences)
 
 
 class _Answers(dict):

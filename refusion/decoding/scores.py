@@ -121,6 +121,17 @@ class Scores:
         best, tokens = ranked.max(dim=-1)
         return tokens, best, lse
 
+    def argmax(self, exclude: int | None = None) -> torch.Tensor:
+        """The argmax id of 1-D rows (never ``exclude``): the ``tokens`` of :meth:`stats`, without the log-sum-exp."""
+        cached = self.cached_stats(exclude)
+        if cached is not None:
+            return cached[0]
+        if self._logits is None:
+            return self.head.argmax(self.hidden, exclude)
+        x = self._logits.to(reduction_dtype(self._logits.dtype))
+        ranked = x if exclude is None else x.index_fill(-1, torch.tensor([exclude], device=x.device), float("-inf"))
+        return ranked.max(dim=-1)[1]
+
     def read(self, exclude: int | None, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One pass over 1-D rows: argmax id (never ``exclude``), its probability, and the probability of
         ``targets[i]`` at row ``i`` (``-1``: none; its value is then meaningless), as :meth:`greedy` and

@@ -254,7 +254,7 @@ class DecodeSession:
     ) -> Plan:
         """The plan of ``slots`` whose drafts come from ``scores`` (one row per planned position); ``drawn``:
         their ``(tokens, confidence)`` already drawn (with the rest of the block, in one draw)."""
-        draw = (lambda s: drawn) if drawn is not None else (lambda s: self._draw(s, positions))
+        draw = (lambda s: drawn) if drawn is not None else (lambda s: self.draw(s, positions))
         drafts = Drafts(
             scores,
             draw,
@@ -289,7 +289,7 @@ class DecodeSession:
             return self._drafted(slots, positions, out.scores[rows], offsets)
         # sampling: one draw over the whole block (LLaDA 2.1 draws every row of it); the masked rows' draws are the
         # plan's drafts, the accepted rows' the reviser's predictions
-        tokens, confidence = self._draw(out.scores[: len(span)], span + self.prompt_len)
+        tokens, confidence = self.draw(out.scores[: len(span)], span + self.prompt_len)
         self._predictions = (span, (tokens.cpu(), confidence.cpu()))
         return self._drafted(slots, positions, out.scores[rows], offsets, drawn=(tokens[rows], confidence[rows]))
 
@@ -352,7 +352,7 @@ class DecodeSession:
         if self.greedy:
             self._predictions = (span, out.scores)
         else:  # the pass draws every row of the block, as the plan's forward does
-            tokens, confidence = self._draw(out.scores, span + self.prompt_len)
+            tokens, confidence = self.draw(out.scores, span + self.prompt_len)
             self._predictions = (span, (tokens.cpu(), confidence.cpu()))
         view = self._view(block, block_index, torch.zeros_like(self.accepted), None, post_fill)
         revision = call_part(self.decoder.reviser, self.decoder.reviser.revise, view)
@@ -450,7 +450,9 @@ class DecodeSession:
             memory=self.memory,
         )
 
-    def _draw(self, scores: Any, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def draw(self, scores: Any, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoder's sampler over a plan's rows at ``positions`` (absolute), drawn from this prompt's generator
+        with what the sampler asks for (the canvas, the model block); ``(tokens, confidence)``."""
         canvas = self._where()["canvas_length"]
         block = None
         if getattr(self.decoder.sample, "draws_block", False) and hasattr(self.model, "block_start"):

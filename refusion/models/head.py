@@ -113,6 +113,17 @@ class LMHead:
         self._passed(n, start)
         return tuple(t[:n] for t in out)
 
+    def argmax(self, hidden: torch.Tensor, exclude: int | None = None) -> torch.Tensor:
+        """The argmax id per row of ``hidden`` ``(n, d)`` (never ``exclude``): the ``tokens`` of :meth:`stats`,
+        without the log-sum-exp (on the Triton path the kernel computes it anyway)."""
+        from refusion_kernels import lm_head_stats
+
+        start = time.process_time()
+        n, (padded,) = self._padded(hidden)
+        tokens = lm_head_stats(padded, self.weight, self.bias, exclude, lse=False)[0]
+        self._passed(n, start)
+        return tokens[:n]
+
     def token_logits(self, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """The logit of ``tokens[i]`` at row ``i`` (shape ``(n,)``), as the projection of the row computes it."""
         start = time.process_time() if self.observers else 0.0

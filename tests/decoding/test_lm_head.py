@@ -43,6 +43,8 @@ def test_grouped_torch_path_equals_full_logits(rows, dim, vocab, exclude, temper
     assert torch.equal(tokens, want_tokens)
     torch.testing.assert_close(best.double(), want_best, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(lse.double(), want_lse, rtol=1e-5, atol=1e-5)
+    argmax_only = lm_head_stats_reference(hidden, weight, b, exclude, temperature, chunk=chunk, lse=False)
+    assert torch.equal(argmax_only[0], tokens) and torch.equal(argmax_only[1], best) and argmax_only[2] is None
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -83,6 +85,8 @@ def test_scores_from_hidden_states_agree_with_materialised_logits():
     torch.testing.assert_close(lazy.logits, logits)
     for exclude in (None, 39):
         assert torch.equal(lazy.greedy(exclude)[0], full.greedy(exclude)[0])
+        assert torch.equal(lazy.argmax(exclude), full.greedy(exclude)[0])
+        assert torch.equal(full.argmax(exclude), full.greedy(exclude)[0])
         torch.testing.assert_close(lazy.greedy(exclude)[1], full.greedy(exclude)[1])
     tokens = torch.tensor([3, 4, 5, 6, 7])
     torch.testing.assert_close(lazy.probability(tokens), full.probability(tokens))

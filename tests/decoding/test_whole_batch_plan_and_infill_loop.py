@@ -65,9 +65,18 @@ def _same(a, b):
 SELECTORS = ["threshold", "topk", "margin", "entropy", "leftmost", Rightmost(), Everything()]
 #: refusion's fused float32 path, the reference's (softmax in the logits' dtype, torch.topk ties), float64
 ARITHMETIC = [{}, dict(precision="logits", ties="slots"), dict(precision="float64")]
+#: greedy, and samplers that draw (each row from its own seeded generator): temperature/top-k, LLaDA's Gumbel noise
+#: over the canvas, SDAR's block multinomial
+SAMPLERS = [
+    {},
+    dict(sampler="categorical", temperature=0.8),
+    dict(sampler="categorical", temperature=1.0, top_k=3),
+    dict(sampler="gumbel", temperature=0.6),
+    dict(sampler="block-multinomial", temperature=0.9),
+]
 
 
-def _decoder(selector, slot_size, gen_length, blocks, token_threshold, stop_at_eos, arithmetic) -> Decoder:
+def _decoder(selector, slot_size, gen_length, blocks, token_threshold, stop_at_eos, arithmetic, sampler=None):
     slots = -(-gen_length // slot_size)
     if selector != "threshold":
         arithmetic = {k: v for k, v in arithmetic.items() if k != "ties"}
@@ -78,7 +87,9 @@ def _decoder(selector, slot_size, gen_length, blocks, token_threshold, stop_at_e
         serial_num_blocks=blocks if slots % blocks == 0 else 1,
         token_threshold=token_threshold,
         stop_at_eos=stop_at_eos,
+        seed=7,
         **arithmetic,
+        **(sampler or {}),
     )
 
 
@@ -94,12 +105,13 @@ def _decoder(selector, slot_size, gen_length, blocks, token_threshold, stop_at_e
     stop_at_eos=st.booleans(),
     eos=st.sampled_from([None, 3, 7]),
     arithmetic=st.sampled_from(ARITHMETIC),
+    sampler=st.sampled_from(SAMPLERS),
 )
 def test_the_loop_gives_every_row_what_its_program_gives(
-    seed, prompts, gen_length, slot_size, blocks, selector, token_threshold, stop_at_eos, eos, arithmetic
+    seed, prompts, gen_length, slot_size, blocks, selector, token_threshold, stop_at_eos, eos, arithmetic, sampler
 ):
     model = tiny(seed=seed, eos=eos)
-    decoder = _decoder(selector, slot_size, gen_length, blocks, token_threshold, stop_at_eos, arithmetic)
+    decoder = _decoder(selector, slot_size, gen_length, blocks, token_threshold, stop_at_eos, arithmetic, sampler)
     together, sessions, calls = _decode(decoder, model, prompts, gen_length, columnar=True)
     programs, alone_sessions, none = _decode(decoder, model, prompts, gen_length, columnar=False)
     assert calls > 0 and none == 0
@@ -186,7 +198,7 @@ def test_a_plugin_selectors_bad_answer_is_named_in_the_loop_too():
     [
         (dict(infiller="draft"), "parallel-ar"),
         (dict(reorderer="reencode"), "commit-order"),
-        (dict(sampler="gumbel"), "draws"),
+        (dict(cfg_scale=1.5), "guidance"),
     ],
 )
 def test_other_compositions_run_as_programs(options, reason):

@@ -45,6 +45,8 @@ SELECTORS = [
     ConfidenceThreshold(slot_threshold=0.5),
     ConfidenceThreshold(slot_threshold=0.4, inclusive=True),
     ConfidenceThreshold(slot_threshold=0.99),
+    ConfidenceThreshold(slot_threshold=0.99, ties="slots"),  # ReFusion's fallback: torch.topk over the slots
+    ConfidenceThreshold(slot_threshold=0.5, ties="slots"),
     TopKConfidence(k=1),
     TopKConfidence(k=3),
     TopKMargin(k=2),

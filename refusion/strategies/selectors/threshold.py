@@ -45,12 +45,16 @@ class ConfidenceThreshold(SlotSelector):
         return chosen or ranked(plan, scores, 1, self.ties, among=1 if self.ties == "slots" else len(plan))
 
     def choose(self, plans: Plans) -> list[Sequence[int]]:
-        if self.ties != "lowest":  # a peer's torch.topk tie-breaking is a row-by-row rule
+        if self.ties not in ("lowest", "slots"):  # the other peers' torch.topk rows need each plan's layout
             return super().choose(plans)
         scores = plans.first_confidence  # -inf where a row has no slot
         kept = scores >= self.slot_threshold if self.inclusive else scores > self.slot_threshold
-        best = scores.argmax(-1)  # the first of equal maxima: the lowest position
-        kept[torch.arange(len(best)), best] |= ~kept.any(-1)
+        if self.ties == "lowest":
+            best = scores.argmax(-1)  # the first of equal maxima: the lowest position
+            kept[torch.arange(len(best)), best] |= ~kept.any(-1)
+        else:  # ReFusion's fallback: torch.topk over the row's own slot confidences
+            for i in (~kept.any(-1)).nonzero().flatten().tolist():
+                kept[i, torch.topk(scores[i, : int(plans.lengths[i])], 1).indices] = True
         return rows_to_lists(kept)
 
 

@@ -295,7 +295,7 @@ class ParallelColumns:
         if answer is not None:
             accept[1:] = answer[2]
         accept[row.starts[:-1]] = True
-        prefix = int(np.cumprod(accept).sum())
+        prefix = _leading(accept)
         eos = self._first_eos(row.tokens[:prefix])
         if eos is not None:
             cut = eos + 1
@@ -305,9 +305,7 @@ class ParallelColumns:
             self._commit(row, cut)
             return
         k = len(row.chosen)
-        row.accepted = np.array(
-            [int(np.cumprod(accept[row.starts[b] : row.starts[b + 1]]).sum()) for b in range(k)], dtype=np.int64
-        )
+        row.accepted = _leading_per_run(accept, row.starts)
         row.cached = np.zeros(k, dtype=np.int64)
         row.active = list(range(k))
         row.stop = np.zeros(k, dtype=np.int64)  # tokens each finished branch commits (0: not finished)
@@ -343,7 +341,7 @@ class ParallelColumns:
                 if nxt < length:
                     above = answer[3][at : at + length - nxt]
                     at += length - nxt
-                    nxt += int(np.cumprod(above).sum())
+                    nxt += _leading(above)
                 row.accepted[b] = accepted = nxt
             eos = self._first_eos(row.tokens[a : a + accepted])
             if eos is None and accepted < length:
@@ -394,18 +392,18 @@ class ParallelColumns:
             commits = commits[:j] + [(slot, a, eos + 1)]
             cut = eos + 1
         iteration = len(session.committed)
-        reported = []
-        for slot, a, z in commits:
-            offset = int(row.offset[slot])
-            n = z - a
-            session.tokens[offset : offset + n] = torch.from_numpy(row.tokens[a:z])
-            session.commit_step[offset : offset + n] = iteration
-            session.sealed[offset : offset + n] = True
+        slots = np.array([slot for slot, _, _ in commits], dtype=np.int64)
+        kept = np.array([z - a for _, a, z in commits], dtype=np.int64)
+        where = _spans(row.offset[slots], kept)  # the commits cover the chosen tokens' first `cut`, in order
+        index = torch.from_numpy(where)
+        session.tokens[index] = torch.from_numpy(row.tokens[:cut])
+        session.commit_step[index] = iteration
+        session.sealed[index] = True
+        row.open[slots] = False
+        for slot in slots.tolist():
             session.open[slot] = False
-            row.open[slot] = False
-            row.order.extend(range(offset, offset + n))
-            reported.append((slot, n))
-        session.committed.append(tuple(reported))
+        row.order.extend(where.tolist())
+        session.committed.append(tuple(zip(slots.tolist(), kept.tolist())))
         row.context += cut
         row.phase = PLAN
 
@@ -458,8 +456,25 @@ class ParallelColumns:
             self._remove(len(self.rows) - 1)
 
 
+def _leading(flags: np.ndarray) -> int:
+    """How many of ``flags`` (boolean, 1-D) are true before the first false one."""
+    if not len(flags):
+        return 0
+    first = int(flags.argmin())
+    return len(flags) if flags[first] else first
+
+
+def _leading_per_run(flags: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """:func:`_leading` of each run ``flags[starts[i]:starts[i + 1]]`` (runs not empty), in one pass."""
+    n = len(flags)
+    falses = np.where(flags, n, np.arange(n))
+    return np.minimum(np.minimum.reduceat(falses, starts[:-1]), starts[1:]) - starts[:-1]
+
+
 def _spans(offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """The region offsets of consecutive runs ``offsets[i] .. offsets[i] + lengths[i]``, one after another."""
+    if len(lengths) == 1:
+        return np.arange(offsets[0], offsets[0] + lengths[0])
     total = int(lengths.sum())
     starts = np.cumsum(lengths) - lengths
     return np.repeat(offsets - starts, lengths) + np.arange(total)

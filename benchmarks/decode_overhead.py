@@ -47,13 +47,25 @@ def race(network, adapter, decoder, prompts, padded, gen_length, mask) -> dict:
     }
 
 
+def _value(text: str) -> int | float | str:
+    """A ``--params`` value: an int, a float, or the text itself (a part's name)."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batches", default="1,8,32")
     p.add_argument("--gen-length", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--preset", default="ar", help="a preset name, or 'default': the library's default parts")
-    p.add_argument("--params", default="", help="decoder options, e.g. slot_size=4,slot_threshold=0.7")
+    p.add_argument(
+        "--params", default="", help="decoder options, e.g. slot_size=4,slot_threshold=0.7 or sampler=categorical"
+    )
     a = p.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -70,7 +82,7 @@ def main() -> None:
     network.eval()
     adapter = HFCausalLM(network)
     mask = adapter.mask_token_id
-    params = {k: float(v) if "." in v else int(v) for k, v in (kv.split("=") for kv in a.params.split(",") if kv)}
+    params = {k: _value(v) for k, v in (kv.split("=") for kv in a.params.split(",") if kv)}
     preset = None if a.preset == "default" else a.preset
     decoder, _ = build_decoder(adapter, preset=preset, stop_at_eos=False, **params)
     rng = random.Random(0)

@@ -14,7 +14,6 @@ from refusion.decoding.columnar import columnar_reason
 from refusion.decoding.decoder import Decoder
 from refusion.engines import drive, open_engine
 from refusion.engines.branch import BranchEngine
-from refusion.generator import Generator
 from tests.support.helpers import hf_greedy, tiny
 
 
@@ -67,34 +66,6 @@ def test_the_loop_gives_every_row_the_tokens_and_slots_of_its_program(
         assert a.tokens.tolist() == hf_greedy(model, prompt, gen_length)[: len(a.tokens)]
         assert 1 <= a.forwards <= gen_length  # every forward gains at least one token
         assert len(a.tokens) == gen_length or a.stopped_at_eos
-
-
-def test_a_row_that_joins_a_running_loop_gets_the_tokens_it_gets_alone():
-    model = tiny(seed=5, eos=4)
-    decoder = Decoder.from_names(selector="leftmost", infiller="greedy-verify", slot_size=3, serial_num_blocks=1)
-    generator = Generator(model, decoder, gen_length=14)
-    first = generator.submit([1, 2, 3])
-    for _ in range(4):
-        generator.step()
-    late = [generator.submit([5, 6]), generator.submit([9])]
-    generator.run_until_idle()
-    for request, prompt in zip([first, *late], ([1, 2, 3], [5, 6], [9])):
-        alone = decoder.decode(model, prompt, 14)
-        _same(request.wait(timeout=30), alone)
-    assert generator.live_rows == 0
-
-
-def test_a_cancelled_row_leaves_and_the_others_finish_as_alone():
-    model = tiny(seed=6)
-    decoder = Decoder.from_names(selector="leftmost", infiller="greedy-verify", slot_size=2, serial_num_blocks=1)
-    generator = Generator(model, decoder, gen_length=12)
-    keep, drop, last = generator.submit([1, 2]), generator.submit([3, 4, 5]), generator.submit([6])
-    generator.step()
-    generator.cancel(drop)
-    generator.run_until_idle()
-    assert drop.status == "cancelled"
-    for request, prompt in ((keep, [1, 2]), (last, [6])):
-        _same(request.wait(timeout=30), decoder.decode(model, prompt, 12))
 
 
 def test_on_the_shipped_model_accepted_drafts_save_forwards():

@@ -15,7 +15,6 @@ from refusion.decoding.columnar import parallel_reason, whole_batch_loop
 from refusion.decoding.decoder import Decoder
 from refusion.engines import drive, open_engine
 from refusion.errors import PluginError
-from refusion.generator import Generator
 from refusion.strategies.base import SlotSelector
 from tests.support.helpers import tiny
 
@@ -148,33 +147,6 @@ def test_the_shipped_models_preset_runs_in_the_loop_with_its_programs_tokens():
     for a, b in zip(together, programs):
         _same(a, b)
     assert calls == max(r.forwards for r in together)  # one forward per step serves every row
-
-
-def test_a_row_that_joins_a_running_loop_gets_what_it_gets_alone():
-    model = tiny(seed=8, eos=4)
-    decoder = Decoder.from_names(selector="threshold", infiller="parallel-ar", slot_size=3, token_threshold=0.3)
-    generator = Generator(model, decoder, gen_length=12)
-    first = generator.submit([1, 2, 3])
-    for _ in range(3):
-        generator.step()
-    late = [generator.submit([5, 6]), generator.submit([9])]
-    generator.run_until_idle()
-    for request, prompt in zip([first, *late], ([1, 2, 3], [5, 6], [9])):
-        _same(request.wait(timeout=30), decoder.decode(model, prompt, 12))
-    assert generator.live_rows == 0
-
-
-def test_a_cancelled_row_leaves_and_the_others_finish_as_alone():
-    model = tiny(seed=9)
-    decoder = Decoder.from_names(selector="topk", infiller="parallel-ar", slot_size=2, token_threshold=0.5)
-    generator = Generator(model, decoder, gen_length=12)
-    keep, drop, last = generator.submit([1, 2]), generator.submit([3, 4, 5]), generator.submit([6])
-    generator.step()
-    generator.cancel(drop)
-    generator.run_until_idle()
-    assert drop.status == "cancelled"
-    for request, prompt in ((keep, [1, 2]), (last, [6])):
-        _same(request.wait(timeout=30), decoder.decode(model, prompt, 12))
 
 
 @attrs.frozen

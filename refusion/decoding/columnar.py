@@ -1,12 +1,13 @@
 """Whole-batch lossless decoding: the columnar form of left-to-right greedy verification.
 
-A decoder composed of the ``leftmost`` selector, the ``greedy-verify`` infiller (adaptive), a greedy sampler,
-the ``commit-order`` reorderer and no revising reviser (the ``ar`` preset, and every decoder built that way)
-decodes exactly what greedy autoregressive decoding gives. :class:`LosslessColumns` runs such decoders for all
-their rows at once, on the ``branch`` engine's packed forwards: the rows' state lives in tensors (one entry per
-row), every decision of a step is a tensor operation over all rows, and the host reads one small tensor per step,
-whatever the batch. The per-sequence program (:class:`~refusion.decoding.session.DecodeSession.program`) stays
-the form every other composition runs in, and the one a run that asks for iteration records gets.
+A decoder composed of the ``leftmost`` selector, the ``greedy-verify`` infiller (adaptive), a greedy sampler, the
+``commit-order`` reorderer and no revising reviser (the ``ar`` preset, and every decoder built that way) decodes
+exactly what greedy autoregressive decoding gives. :class:`LosslessColumns` runs such decoders for all their rows at
+once, on the ``branch`` engine's packed forwards: the rows' state lives in tensors (one entry per row), every
+decision of a step is a tensor operation over all rows, and the host reads two small tensors per step (the
+predictions and their probabilities), whatever the batch. The per-sequence program
+(:class:`~refusion.decoding.session.DecodeSession.program`) stays the form every other composition runs in, and the
+one a run that asks for iteration records gets.
 
 Each step, row ``i`` feeds, after its cached entries: its pending tokens (the prompt at its first step, then the
 token the previous step produced), its ``G`` guesses for the next positions, then ``M`` mask tokens. The row of the
@@ -20,7 +21,10 @@ trained model's drafts pay from the first step; starting narrower cost the shipp
 ``gen_length`` 32), doubles after a step that accepted every guess and shrinks to what was accepted otherwise, up to
 the slot length; at zero a row decodes one token per forward and tries one guess again after ``probe_every`` slots'
 worth of tokens, waiting twice as long after each probe that is rejected (a model whose drafts are never right pays
-a few probes per answer, not one per ``probe_every`` slots). Masks are fed only when a row has no guesses left.
+a few probes per answer, not one per ``probe_every`` slots). A guess is fed only while it and the guesses before it
+have at least ``min_draft_probability`` (0.05) under the prediction that made it, the draft-confidence cut of
+speculative decoders (random weights' guesses are never that likely, the shipped model's accepted ones always are);
+a row whose guesses are cut narrows as after a rejection. Masks are fed only when a row has no guesses left.
 Rejected guesses and masks leave the cache by a length change (no copy).
 
 Slots are reported (``DecodeSession.committed``) as they fill, in order, so streams see the same pieces as from
@@ -122,6 +126,10 @@ class LosslessColumns:
     ``commit_step``, ``committed`` and counters as its slots fill, and its cache when it finishes; it never reads
     what another loop or program keeps.
     """
+
+    #: a guess is fed only while it and the guesses before it have at least this probability under the prediction
+    #: that made it (random weights' guesses never reach it, the shipped model's accepted ones always do)
+    min_draft_probability = 0.05
 
     def __init__(self, engine: Any, infiller: Any, stop_at_eos: bool):
         self.engine = engine
@@ -244,8 +252,15 @@ class LosslessColumns:
         wanted = np.arange(int(read.max()) + 1)[None, :] <= read[:, None]
         rows = (offsets + pending - 1)[:, None] + np.arange(wanted.shape[1])[None, :]
         predicted = np.full(wanted.shape, -1, dtype=np.int64)
-        picked = scores[torch.from_numpy(rows[wanted])].argmax(mask)
-        predicted[wanted] = picked.cpu().numpy()  # the step's one host read
+        read_rows = scores[torch.from_numpy(rows[wanted])]
+        probability = None  # of each prediction, when some row guesses (a guess is fed only if likely enough)
+        if (width > 0).any():
+            picked, best, lse = read_rows.stats(mask)
+            probability = np.zeros(wanted.shape)
+            probability[wanted] = torch.exp(best - lse).cpu().numpy()
+        else:
+            picked = read_rows.argmax(mask)
+        predicted[wanted] = picked.cpu().numpy()  # the step's host reads: this and the probabilities
         # accepted guesses: equal to the prediction made from the accepted tokens before them
         span = min(k, predicted.shape[1] - 1)
         col = np.arange(span + 1)
@@ -269,10 +284,19 @@ class LosslessColumns:
         start = np.where(all_in, guesses + 2, accepted + 1)
         available = np.where(all_in, np.maximum(masks - 1, 0), guesses - accepted)
         pick = np.minimum(start[:, None] + np.arange(k)[None, :], predicted.shape[1] - 1)
+        unsure: Any = np.zeros(n, dtype=bool)  # rows whose guesses were cut for being unlikely
+        if probability is not None:
+            likely = probability[rows_n[:, None], pick] >= self.min_draft_probability
+            kept = np.cumprod(likely & (np.arange(k)[None, :] < available[:, None]), axis=1).sum(1)
+            unsure = kept < available
+            available = kept
         self.guess[:n] = np.where(np.arange(k)[None, :] < available[:, None], predicted[rows_n[:, None], pick], mask)
         grown = np.minimum(np.maximum(2 * width, 1), self.limit[:n])
         width = np.where(guesses > 0, np.where(all_in, grown, accepted), width)
-        misses = np.where(guesses > 0, np.where(accepted > 0, 0, np.minimum(self.misses[:n] + 1, 16)), self.misses[:n])
+        width = np.where(unsure, np.minimum(width, available), width)  # as if the cut guesses were rejected
+        missed = ((guesses > 0) & (accepted == 0)) | (unsure & (available == 0))  # rejected, or none likely
+        misses = np.where((guesses > 0) & (accepted > 0), 0, self.misses[:n] + missed)
+        misses = np.minimum(misses, 16)
         self.misses[:n] = misses
         idle = np.where(width == 0, self.idle[:n] + gained, 0)
         probe = idle >= (self.probe_every * self.limit[:n]) << np.maximum(misses - 1, 0)  # one guess again, later

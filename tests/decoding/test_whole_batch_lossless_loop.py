@@ -68,6 +68,28 @@ def test_the_loop_gives_every_row_the_tokens_and_slots_of_its_program(
         assert len(a.tokens) == gen_length or a.stopped_at_eos
 
 
+@pytest.mark.parametrize("floor, guesses", [(1.01, False), (0.0, True)])
+def test_guesses_less_likely_than_the_floor_are_not_fed(monkeypatch, floor, guesses):
+    """Above every prediction's probability, no guess is fed after the first step's masks: one token per row and
+    forward, as AR decoding; at 0 the mask rows' guesses are fed. Tokens are greedy AR either way."""
+    from refusion.decoding.columnar import LosslessColumns
+
+    monkeypatch.setattr(LosslessColumns, "min_draft_probability", floor)
+    model = tiny(seed=4)
+    slot, gen_length = 4, 12
+    decoder = Decoder.from_names(
+        selector="leftmost", infiller="greedy-verify", slot_size=slot, serial_num_blocks=1, stop_at_eos=False
+    )
+    prompts = [[1, 2, 3], [7, 8]]
+    results, _ = _decode(decoder, model, prompts, gen_length, columnar=True)
+    for prompt, r in zip(prompts, results):
+        assert r.tokens.tolist() == hf_greedy(model, prompt, gen_length)
+        unguessed = len(prompt) + (slot + 1) + (gen_length - 1)  # the prompt and the first masks, then one token
+        assert (r.fed_tokens > unguessed) is guesses
+        if not guesses:
+            assert r.forwards == gen_length
+
+
 def test_on_the_shipped_model_accepted_drafts_save_forwards():
     model = refusion.load_model(None, dtype="float32")
     decoder = build_decoder(model, preset="ar")[0]

@@ -153,7 +153,7 @@ class LosslessColumns:
     width: np.ndarray  # how many guesses to feed (acceptance-adaptive)
     limit: np.ndarray  # the most guesses (the longest slot)
     idle: np.ndarray  # tokens since the width fell to zero
-    misses: np.ndarray  # steps in a row whose guesses were all rejected (the probe waits 2**misses times longer)
+    misses: np.ndarray  # steps in a row whose guesses were all rejected or too unlikely to feed (probes wait longer)
     steps: np.ndarray  # forwards that served the row
     fed: np.ndarray  # tokens the row fed
     boundary: np.ndarray  # the stop offset of the next slot to report

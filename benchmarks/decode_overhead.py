@@ -21,6 +21,7 @@ import torch
 
 from benchmarks.common import fmt_spread, greedy_loop, header, hf_generate, interleave, refusion_counts
 from refusion.api import build_decoder
+from refusion.config.params import parse_param
 from refusion.models.hf import HFCausalLM
 from refusion.models.tiny import tiny_qwen3
 
@@ -45,16 +46,6 @@ def race(network, adapter, decoder, prompts, padded, gen_length, mask) -> dict:
             decoder.decode_batch(adapter, prompts, gen_length, record=True)
         ),
     }
-
-
-def _value(text: str) -> int | float | str:
-    """A ``--params`` value: an int, a float, or the text itself (a part's name)."""
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
 
 
 def main() -> None:
@@ -82,7 +73,7 @@ def main() -> None:
     network.eval()
     adapter = HFCausalLM(network)
     mask = adapter.mask_token_id
-    params = {k: _value(v) for k, v in (kv.split("=") for kv in a.params.split(",") if kv)}
+    params = dict(parse_param(kv) for kv in a.params.split(",") if kv)
     preset = None if a.preset == "default" else a.preset
     decoder, _ = build_decoder(adapter, preset=preset, stop_at_eos=False, **params)
     rng = random.Random(0)

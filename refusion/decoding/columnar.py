@@ -42,12 +42,11 @@ import torch
 from refusion.decoding.types import DecodeResult
 
 
-def _shared_reason(decoder: Any, engine: Any, record: bool, drafts: str = "fused") -> str | None:
+def _shared_reason(decoder: Any, engine: Any, record: bool, any_sampler: bool = False) -> str | None:
     """What every whole-batch loop needs: no records, drafting without guidance, commit-order caching with no
     reviser, the packed batch-variant ``branch`` engine, a causal model whose masks predict their own position.
-    ``drafts``: ``"fused"`` (argmax on refusion's fused path), ``"greedy"`` (any greedy arithmetic) or ``"any"``
-    (any sampler, drawing from each row's own generator)."""
-    from refusion.decoding.sampling import Greedy, is_greedy
+    ``any_sampler``: any sampler (each row drawing from its own generator), else argmax on refusion's fused path."""
+    from refusion.decoding.sampling import is_greedy
     from refusion.engines.branch import BranchEngine
     from refusion.strategies.reorderers.commit_order import CommitOrder
 
@@ -55,10 +54,9 @@ def _shared_reason(decoder: Any, engine: Any, record: bool, drafts: str = "fused
         return "iteration records are asked for"
     if type(decoder.reorderer) is not CommitOrder or decoder.reviser.revises:
         return "the reorderer is not commit-order, or a reviser revises"
-    greedy = is_greedy(decoder.sample) or (drafts == "greedy" and type(decoder.sample) is Greedy)
     if bool(getattr(decoder, "cfg_scale", False)):
         return "classifier-free guidance is on"
-    if not (greedy or drafts == "any"):
+    if not (any_sampler or is_greedy(decoder.sample)):
         return "the sampler draws"
     if decoder.stop_at_eos == "block":
         return "stop_at_eos='block'"
@@ -90,7 +88,7 @@ def parallel_reason(decoder: Any, engine: Any, record: bool) -> str | None:
 
     if type(decoder.infiller) is not ParallelAR:
         return "the infiller is not parallel-ar"
-    return _shared_reason(decoder, engine, record, drafts="any")
+    return _shared_reason(decoder, engine, record, any_sampler=True)
 
 
 def whole_batch_loop(decoder: Any, engine: Any, record: bool) -> tuple[Any, Any] | None:

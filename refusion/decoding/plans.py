@@ -122,6 +122,10 @@ def top_k_rows(scores: torch.Tensor, k: torch.Tensor | int, valid: torch.Tensor)
     """``(rows, width)`` boolean: each row's ``k`` highest ``scores`` among its ``valid`` slots (padding must
     score lowest), ties to the lowest index, as :func:`~refusion.strategies.selectors.scored.top_k` breaks them
     row by row."""
+    if isinstance(k, int) and k == 1 and scores.shape[-1]:  # the first of equal maxima is the lowest: no sort
+        best = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device)
+        best[torch.arange(scores.shape[0]), scores.argmax(-1)] = True
+        return best & valid
     order = torch.sort(scores.double(), dim=-1, descending=True, stable=True).indices
     ranks = torch.empty_like(order)
     ranks.scatter_(-1, order, torch.arange(scores.shape[-1]).expand_as(order).contiguous())

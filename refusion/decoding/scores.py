@@ -105,32 +105,26 @@ class Scores:
             return None
         return cache.tokens, cache.best, cache.lse
 
-    def stats(self, exclude: int | None = None, temperature: float = 1.0):
-        """``(tokens, best, lse)`` of 1-D rows: argmax id (never ``exclude``), its tempered logit, log-sum-exp."""
+    def stats(self, exclude: int | None = None, temperature: float = 1.0, *, lse: bool = True):
+        """``(tokens, best, lse)`` of 1-D rows: argmax id (never ``exclude``), its tempered logit, log-sum-exp
+        (``lse=False``: not computed where it is not known already, ``None`` then)."""
         if temperature == 1.0:
             cached = self.cached_stats(exclude)
             if cached is not None:
                 return cached
         if self._logits is None:
-            return self.head.stats(self.hidden, exclude, temperature)
+            return self.head.stats(self.hidden, exclude, temperature, lse=lse)
         x = self._logits.to(reduction_dtype(self._logits.dtype))
         if temperature != 1.0:
             x = x / temperature
-        lse = torch.logsumexp(floor_for_exp(x), dim=-1)
+        total = torch.logsumexp(floor_for_exp(x), dim=-1) if lse else None
         ranked = x if exclude is None else x.index_fill(-1, torch.tensor([exclude], device=x.device), float("-inf"))
         best, tokens = ranked.max(dim=-1)
-        return tokens, best, lse
+        return tokens, best, total
 
     def argmax(self, exclude: int | None = None) -> torch.Tensor:
         """The argmax id of 1-D rows (never ``exclude``): the ``tokens`` of :meth:`stats`, without the log-sum-exp."""
-        cached = self.cached_stats(exclude)
-        if cached is not None:
-            return cached[0]
-        if self._logits is None:
-            return self.head.argmax(self.hidden, exclude)
-        x = self._logits.to(reduction_dtype(self._logits.dtype))
-        ranked = x if exclude is None else x.index_fill(-1, torch.tensor([exclude], device=x.device), float("-inf"))
-        return ranked.max(dim=-1)[1]
+        return self.stats(exclude, lse=False)[0]
 
     def read(self, exclude: int | None, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One pass over 1-D rows: argmax id (never ``exclude``), its probability, and the probability of

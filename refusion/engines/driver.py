@@ -9,8 +9,8 @@ Rows the extends declare they will read (``Extend.reads``), and the
 vocabulary for all sequences together, one LM-head pass each time.
 Programs may be added between steps (continuous batching) and cancelled.
 Sessions whose decoder has a whole-batch form on the engine
-(:func:`refusion.decoding.columnar.columnar_reason`) join a columnar loop
-instead of running a program: one forward and one set of tensor decisions
+(:func:`refusion.decoding.columnar.whole_batch_loop`: the lossless loop or the
+plan-and-infill loop) join that loop instead of running a program: one forward and one set of tensor decisions
 for all of them per step.
 :func:`drive` runs a fixed set of sessions to the end; the
 :class:`~refusion.generator.Generator` adds requests as they arrive.
@@ -39,7 +39,7 @@ class Runner:
         self.engine = engine
         #: whether sessions with a whole-batch form run in a columnar loop (False: every session as a program)
         self.columnar = columnar
-        #: the columnar loops, by the infiller and the EOS rule of the rows they decide
+        #: the whole-batch loops, by the key of the parts and options they decide with (``whole_batch_loop``)
         self._loops: dict[Any, Any] = {}
         self._calls: dict[SequenceState, ModelCall] = {}
         self._live: dict[SequenceState, tuple[Any, Any]] = {}  # state -> (session, program)

@@ -97,11 +97,13 @@ class LMHead:
         *,
         targets: torch.Tensor | None = None,
         chunk: int | None = None,
+        lse: bool = True,
     ):
         """``(tokens, best, lse)`` per row of ``hidden`` ``(n, d)``: argmax id (never ``exclude``), its tempered logit,
         log-sum-exp; with ``targets`` (one id per row, -1 for none) also each target's tempered logit.
 
-        ``chunk``: logits the torch path holds at a time (see :func:`refusion_kernels.lm_head_stats`).
+        ``chunk``: logits the torch path holds at a time (see :func:`refusion_kernels.lm_head_stats`); ``lse=False``:
+        the torch path skips the log-sum-exp (``None`` in its place).
         """
         from refusion_kernels import lm_head_stats
 
@@ -109,20 +111,9 @@ class LMHead:
         if targets is not None:
             targets = targets.to(device=hidden.device, dtype=torch.long)
         n, (padded, wanted) = self._padded(hidden, targets)
-        out = lm_head_stats(padded, self.weight, self.bias, exclude, temperature, targets=wanted, chunk=chunk)
+        out = lm_head_stats(padded, self.weight, self.bias, exclude, temperature, targets=wanted, chunk=chunk, lse=lse)
         self._passed(n, start)
-        return tuple(t[:n] for t in out)
-
-    def argmax(self, hidden: torch.Tensor, exclude: int | None = None) -> torch.Tensor:
-        """The argmax id per row of ``hidden`` ``(n, d)`` (never ``exclude``): the ``tokens`` of :meth:`stats`,
-        without the log-sum-exp (on the Triton path the kernel computes it anyway)."""
-        from refusion_kernels import lm_head_stats
-
-        start = time.process_time()
-        n, (padded,) = self._padded(hidden)
-        tokens = lm_head_stats(padded, self.weight, self.bias, exclude, lse=False)[0]
-        self._passed(n, start)
-        return tokens[:n]
+        return tuple(None if t is None else t[:n] for t in out)
 
     def token_logits(self, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """The logit of ``tokens[i]`` at row ``i`` (shape ``(n,)``), as the projection of the row computes it."""

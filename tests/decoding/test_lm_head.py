@@ -98,7 +98,7 @@ def test_one_projection_serves_many_scores_and_is_cached():
     head = LMHead(torch.randn(50, 16, generator=g, dtype=torch.float64))
     passes = []
     original = head.stats
-    head.stats = lambda hidden, *a: passes.append(hidden.shape[0]) or original(hidden, *a)
+    head.stats = lambda hidden, *a, **k: passes.append(hidden.shape[0]) or original(hidden, *a, **k)
     a = Scores(hidden=torch.randn(6, 16, generator=g, dtype=torch.float64), head=head)
     b = Scores(hidden=torch.randn(4, 16, generator=g, dtype=torch.float64), head=head)
     want_a, want_b = Scores(logits=head.logits(a.hidden)).greedy(7), Scores(logits=head.logits(b.hidden)).greedy(7)

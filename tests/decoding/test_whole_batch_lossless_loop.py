@@ -12,19 +12,15 @@ import refusion
 from refusion.api import build_decoder
 from refusion.decoding.columnar import columnar_reason
 from refusion.decoding.decoder import Decoder
-from refusion.engines import drive, open_engine
+from refusion.engines import open_engine
 from refusion.engines.branch import BranchEngine
-from tests.support.helpers import hf_greedy, tiny
+from tests.support.helpers import decode_counting_loop_forwards, hf_greedy, tiny
 
 
 def _decode(decoder, model, prompts, gen_length, *, columnar):
-    prepared = [decoder.prepare(model, p, gen_length) for p in prompts]
-    engine = open_engine(model, decoder, None)
-    calls = []
-    run_columns = engine.run_columns
-    engine.run_columns = lambda *a: calls.append(1) or run_columns(*a)
-    results = drive(engine, [decoder.start(model, engine, p) for p in prepared], columnar=columnar)
-    return results, len(calls)
+    """Results and how many whole-batch forwards ran."""
+    results, _, calls = decode_counting_loop_forwards(decoder, model, prompts, gen_length, columnar=columnar)
+    return results, calls
 
 
 def _same(a, b, stop_at_eos=True):

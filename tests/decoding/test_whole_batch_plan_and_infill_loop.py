@@ -16,7 +16,7 @@ from refusion.decoding.decoder import Decoder
 from refusion.engines import drive, open_engine
 from refusion.errors import PluginError
 from refusion.strategies.base import SlotSelector
-from tests.support.helpers import tiny
+from tests.support.helpers import decode_counting_loop_forwards, tiny
 
 
 @attrs.frozen
@@ -40,17 +40,6 @@ class Everything(SlotSelector):
 
     def choose(self, plans):
         return [list(range(int(n))) for n in plans.lengths]
-
-
-def _decode(decoder, model, prompts, gen_length, *, columnar):
-    """Results, sessions and how many whole-batch forwards ran."""
-    prepared = [decoder.prepare(model, p, gen_length) for p in prompts]
-    engine = open_engine(model, decoder, None)
-    calls = []
-    run_flat = engine.run_flat
-    engine.run_flat = lambda *a: calls.append(1) or run_flat(*a)
-    sessions = [decoder.start(model, engine, p) for p in prepared]
-    return drive(engine, sessions, columnar=columnar), sessions, len(calls)
 
 
 def _same(a, b):
@@ -111,8 +100,8 @@ def test_the_loop_gives_every_row_what_its_program_gives(
 ):
     model = tiny(seed=seed, eos=eos)
     decoder = _decoder(selector, slot_size, gen_length, blocks, token_threshold, stop_at_eos, arithmetic, sampler)
-    together, sessions, calls = _decode(decoder, model, prompts, gen_length, columnar=True)
-    programs, alone_sessions, none = _decode(decoder, model, prompts, gen_length, columnar=False)
+    together, sessions, calls = decode_counting_loop_forwards(decoder, model, prompts, gen_length, columnar=True)
+    programs, alone_sessions, none = decode_counting_loop_forwards(decoder, model, prompts, gen_length, columnar=False)
     assert calls > 0 and none == 0
     for a, b, s, t in zip(together, programs, sessions, alone_sessions):
         _same(a, b)
@@ -120,7 +109,7 @@ def test_the_loop_gives_every_row_what_its_program_gives(
         assert s.cache.tokens.tolist() == t.cache.tokens.tolist()  # the cache in commit order
         assert s.cache.positions.tolist() == t.cache.positions.tolist()
     for prompt, a in zip(prompts, together):  # a row decides alone what it decides in the batch
-        _same(a, _decode(decoder, model, [prompt], gen_length, columnar=True)[0][0])
+        _same(a, decode_counting_loop_forwards(decoder, model, [prompt], gen_length, columnar=True)[0][0])
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -130,8 +119,8 @@ def test_in_bfloat16_the_loop_gives_the_programs_tokens(seed):
     prompts = [[1 + (seed + i) % 20, 5, 9 - i] for i in range(3)]
     for arithmetic in ARITHMETIC:
         decoder = _decoder("threshold", 3, 12, 2, 0.3, True, arithmetic)
-        together, _, calls = _decode(decoder, model, prompts, 12, columnar=True)
-        programs, _, _ = _decode(decoder, model, prompts, 12, columnar=False)
+        together, _, calls = decode_counting_loop_forwards(decoder, model, prompts, 12, columnar=True)
+        programs, _, _ = decode_counting_loop_forwards(decoder, model, prompts, 12, columnar=False)
         assert calls > 0
         for a, b in zip(together, programs):
             _same(a, b)
@@ -142,8 +131,8 @@ def test_the_shipped_models_preset_runs_in_the_loop_with_its_programs_tokens():
     decoder = build_decoder(model)[0]
     assert whole_batch_loop(decoder, open_engine(model, decoder, None), record=False) is not None
     prompts = [model.tokenizer.encode(p) for p in ("rev abcdef=", "rep 3 ab=", "copy hello=", "sort dcba=")]
-    together, _, calls = _decode(decoder, model, prompts, 32, columnar=True)
-    programs, _, _ = _decode(decoder, model, prompts, 32, columnar=False)
+    together, _, calls = decode_counting_loop_forwards(decoder, model, prompts, 32, columnar=True)
+    programs, _, _ = decode_counting_loop_forwards(decoder, model, prompts, 32, columnar=False)
     for a, b in zip(together, programs):
         _same(a, b)
     assert calls == max(r.forwards for r in together)  # one forward per step serves every row
@@ -210,4 +199,4 @@ def test_rows_that_finish_early_leave_the_others_branches_intact(seed, lengths, 
     prompts = [[1 + (seed + i) % 20, 4, 2 + i] for i in range(len(lengths))]
     sessions = [decoder.start(model, engine, decoder.prepare(model, p, n)) for p, n in zip(prompts, lengths)]
     for result, prompt, n in zip(drive(engine, sessions), prompts, lengths):
-        _same(result, _decode(decoder, model, [prompt], n, columnar=False)[0][0])
+        _same(result, decode_counting_loop_forwards(decoder, model, [prompt], n, columnar=False)[0][0])

@@ -15,6 +15,20 @@ def tiny(vocab=24, seed=0, scale=8.0, eos=None, **kw) -> HFCausalLM:
     return HFCausalLM(tiny_qwen3(vocab_size=vocab, seed=seed, logit_scale=scale, eos_token_id=eos, **kw))
 
 
+def decode_counting_loop_forwards(decoder, model, prompts, gen_length, *, columnar):
+    """``drive`` the prompts together: the results, the sessions and how many whole-batch loop forwards ran
+    (``run_flat`` calls; ``columnar=False``: every session as its per-sequence program, none)."""
+    from refusion.engines import drive, open_engine
+
+    prepared = [decoder.prepare(model, p, gen_length) for p in prompts]
+    engine = open_engine(model, decoder, None)
+    calls = []
+    run_flat = engine.run_flat
+    engine.run_flat = lambda *a: calls.append(1) or run_flat(*a)
+    sessions = [decoder.start(model, engine, p) for p in prepared]
+    return drive(engine, sessions, columnar=columnar), sessions, len(calls)
+
+
 def hf_greedy(adapter: HFCausalLM, prompt, max_new_tokens):
     """transformers' own greedy generate with a KV cache (mask token suppressed)."""
     eos = sorted(adapter.eos_token_ids) or None

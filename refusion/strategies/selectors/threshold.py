@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import attrs
 import torch
 
-from refusion.decoding.plans import Plans, rows_to_lists
+from refusion.decoding.plans import Plans, rows_to_lists, top_k_rows
 from refusion.decoding.types import Plan
 from refusion.plugins import hookimpl
 from refusion.strategies.base import SlotSelector
@@ -50,8 +50,7 @@ class ConfidenceThreshold(SlotSelector):
         scores = plans.first_confidence  # -inf where a row has no slot
         kept = scores >= self.slot_threshold if self.inclusive else scores > self.slot_threshold
         if self.ties == "lowest":
-            best = scores.argmax(-1)  # the first of equal maxima: the lowest position
-            kept[torch.arange(len(best)), best] |= ~kept.any(-1)
+            kept |= top_k_rows(scores, 1, plans.valid) & ~kept.any(-1, keepdim=True)
         else:  # ReFusion's fallback: torch.topk over the row's own slot confidences
             for i in (~kept.any(-1)).nonzero().flatten().tolist():
                 kept[i, torch.topk(scores[i, : int(plans.lengths[i])], 1).indices] = True

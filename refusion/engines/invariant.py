@@ -21,7 +21,8 @@ a forward then stop depending on the other sequences:
   multiplies a fixed random matrix with 1 to 70 rows once per process,
   device, dtype and thread count (on one AMD EPYC with torch 2.13, float32
   rows differ between 1, 2-3 and 4 or more rows and bfloat16/float16 rows
-  never do; on CPUs with avx512_fp16/AMX float16 rows differ too);
+  never do; on an Intel Xeon with AMX float16 rows differ alone and bfloat16
+  rows of 512 inputs or more below 64 rows);
 * the **LM head** (:class:`InvariantHead`): rows that
   :func:`~refusion.decoding.scores.project` gathers from several sequences
   into one pass are reduced over the vocabulary in chunks of a fixed width

@@ -28,6 +28,7 @@ from safetensors.torch import load_file
 import refusion
 from refusion.errors import ConfigError
 from refusion.peers import peer_functions
+from tests.support.kernels import cpu_kernel_family
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "peers"
 FAMILIES = ("llada", "dream", "sdar", "refusion")
@@ -49,7 +50,7 @@ EXCEPTIONS = {
 }
 #: torch's CPU kernel family here: bf16/fp16 matrix products round per family, so the authors' own code gives other
 #: half-precision tokens on another family (each fixture's cpu.json says where its goldens were made)
-CPU = torch.backends.cpu.get_cpu_capability()
+CPU = cpu_kernel_family()
 #: exceptions measured on a kernel family other than the one the goldens were first made on, against the authors'
 #: code run there (cpu.json "regenerated_on")
 EXCEPTIONS_ON = {

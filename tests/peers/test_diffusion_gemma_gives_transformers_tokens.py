@@ -15,12 +15,13 @@ import torch
 
 import refusion
 from refusion.errors import ConfigError
+from tests.support.kernels import cpu_kernel_family
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "peers" / "diffusion_gemma"
 GOLDEN = json.loads((FIXTURE / "golden.json").read_text())
 #: the CPU kernel family the goldens were made on: bf16 tokens hold there (fixtures/peers/diffusion_gemma/cpu.json)
 MADE_ON = json.loads((FIXTURE / "cpu.json").read_text())["made_on"]
-CPU = torch.backends.cpu.get_cpu_capability()
+CPU = cpu_kernel_family()
 PAD = 0
 
 

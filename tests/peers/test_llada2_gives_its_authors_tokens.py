@@ -17,13 +17,14 @@ from safetensors.torch import load_file
 
 import refusion
 from refusion.errors import ConfigError
+from tests.support.kernels import cpu_kernel_family
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "peers" / "llada2"
 GOLDEN = json.loads((FIXTURE / "golden.json").read_text())
 LOGITS = load_file(str(FIXTURE / "logits.safetensors"))
 #: the CPU kernel family the goldens were made on: bf16 tokens hold there (fixtures/peers/llada2/cpu.json)
 MADE_ON = json.loads((FIXTURE / "cpu.json").read_text())["made_on"]
-CPU = torch.backends.cpu.get_cpu_capability()
+CPU = cpu_kernel_family()
 half_precision_here = pytest.mark.skipif(
     MADE_ON != CPU, reason=f"bfloat16 goldens were made on a {MADE_ON} CPU; this one runs {CPU} kernels"
 )

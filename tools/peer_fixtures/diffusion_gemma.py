@@ -29,6 +29,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository: tests.support.kernels
 
 SEED = 1234
 CANVAS = 16
@@ -190,9 +191,11 @@ def make(out: str) -> None:
     golden = generate_all(out)
     with open(os.path.join(out, "golden.json"), "w", encoding="utf-8") as f:
         f.write(json.dumps(golden, indent=1) + "\n")
+    from tests.support.kernels import cpu_kernel_family
+
     with open(os.path.join(out, "cpu.json"), "w", encoding="utf-8") as f:
-        made_on = torch.backends.cpu.get_cpu_capability()
-        note = "torch.backends.cpu.get_cpu_capability() of the machine that made golden.json; bf16 tokens depend on it"
+        made_on = cpu_kernel_family()
+        note = "cpu_kernel_family() (tests/support/kernels.py) of the machine that made golden.json; bf16 tokens vary"
         f.write(json.dumps({"made_on": made_on, "note": note}, indent=2) + "\n")
 
 

@@ -211,6 +211,10 @@ class Generator:
     that finds that many requests waiting raises
     :class:`~refusion.errors.QueueFull`. If an engine step raises, the
     requests it was running fail with that error and the generator goes on.
+    ``prefix_cache``: requests whose prompts start alike reuse the keys and
+    values of the full pages they share (:mod:`refusion.cache.prefix`) instead
+    of computing them; ``None`` (default) turns it on where the engine can
+    (the ``branch`` engine without ``batch_invariant``), ``True`` requires it.
     """
 
     def __init__(
@@ -226,6 +230,7 @@ class Generator:
         preset: str | None = None,
         tokenizer: Any = None,
         chat: bool | None = None,
+        prefix_cache: bool | None = None,
         **params: Any,
     ):
         from refusion.api import build_decoder, load_model
@@ -251,7 +256,7 @@ class Generator:
         self.chat = chat
         self.max_rows = max_rows
         self.max_tokens = max_tokens
-        self.engine = open_engine(self.model, decoder, engine)
+        self.engine = open_engine(self.model, decoder, engine, prefix_cache=prefix_cache)
         self._runner = Runner(self.engine)
         self._ids = itertools.count()
         self._waiting: deque[Request] = deque()

@@ -131,6 +131,16 @@ class SequenceCache:
         self.last_scores = None
 
     # -- used by engines -------------------------------------------------------
+    def reuse(self, n: int) -> None:
+        """Record that the first ``n`` pending entries' keys/values were put in the store from an earlier request's
+        (a cached prefix: they were encoded causally, as :meth:`mark_encoded` would encode them). Only before
+        anything is encoded, and never all entries (the last one's output is computed by the next call)."""
+        if self.encoded or not 0 <= n < len(self):
+            raise ValueError(f"a reused prefix must precede everything encoded and leave an entry; got {n}")
+        if n:
+            self._record(0, n, 0)
+            self.encoded = n
+
     def mark_encoded(self, last_scores: Scores | torch.Tensor | None) -> None:
         """Record that the pending entries were just encoded causally (the engine put them in the store).
 

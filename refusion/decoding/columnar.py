@@ -202,7 +202,8 @@ class LosslessColumns:
             self.limit_cap = max(self.limit_cap, limit)
             self._grow(i, max(self.out.shape[0], 2 * (i + 1)), max(self.out.shape[1], gen))
         self.sessions.append(session)
-        self.prompts.append(session.cache.tokens.numpy().copy())
+        cache = session.cache  # a reused prefix is encoded already: the rest of the prompt is pending
+        self.prompts.append(cache.tokens[cache.encoded :].numpy().copy())
         self.stops.append([slot.stop for slot in slots])
         for name in self._COLUMNS[:-2]:
             getattr(self, name)[i] = 0

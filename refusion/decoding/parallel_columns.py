@@ -101,8 +101,9 @@ class _Row:
     def __init__(self, session: Any):
         self.session = session
         partition = session.partition
-        self.prompt: np.ndarray | None = session.cache.tokens.numpy().copy()
-        self.context = 0  # columns of the row's cache (its committed entries)
+        cache = session.cache  # a reused prefix is encoded already: the rest of the prompt is pending
+        self.prompt: np.ndarray | None = cache.tokens[cache.encoded :].numpy().copy()
+        self.context = cache.encoded  # columns of the row's cache (its committed entries)
         self.region = session.prompt_len  # the position of the generation region's first token
         self.offset = np.array([s.offset for s in partition.slots], dtype=np.int64)
         self.length = np.array([s.length for s in partition.slots], dtype=np.int64)
@@ -222,10 +223,13 @@ class ParallelColumns:
         pending = 0
         if row.prompt is not None:  # the first step encodes the prompt before the masks (it stays cached)
             pending = len(row.prompt)
-            batch.feed(r, row.prompt, np.arange(pending), 0, 0)
+            batch.feed(r, row.prompt, np.arange(row.context, row.context + pending), row.context, row.context)
             row.prompt = None
             batch.encoded[r] = pending
-        at = batch.feed(r, np.full(len(positions), self.mask, dtype=np.int64), positions, row.context + pending, 0)
+        masks: np.ndarray = np.full(
+            len(positions), self.mask, dtype=np.int64
+        )  # a causal chain after the context and prompt
+        at = batch.feed(r, masks, positions, row.context + pending, row.context)
         row.positions, row.plan_at = positions, at
         batch.read(r, np.arange(at, at + len(positions)), plan=positions)
 

@@ -28,12 +28,15 @@ into a freed one.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any, cast
 
 import numpy as np
 import torch
 
+from refusion.cache.pages import PAGE_SIZE, PagePool
+from refusion.cache.prefix import PrefixCache
 from refusion.cache.sequence import SequenceCache
 from refusion.cache.stores import PreallocatedKV, RowStore
 from refusion.decoding.protocol import ExtendOutput, ModelCall
@@ -42,6 +45,8 @@ from refusion.models.base import exclusive
 from refusion.plugins import hookimpl
 
 CUSTOM_MASK_ATTENTION = ("sdpa", "eager")
+#: the prefix cache's default budget (its pool grows to it as prompts are published)
+PREFIX_CACHE_BYTES = 256 << 20
 
 
 class _ScratchCache:
@@ -63,9 +68,13 @@ class _ScratchCache:
 
 
 class BranchSequence(SequenceState):
-    """A sequence of the branch engine: its context lives in row ``store.row`` of the shared buffer."""
+    """A sequence of the branch engine: its context lives in row ``store.row`` of the shared buffer.
+
+    ``prompt``: its prompt ids while its full pages may still be published to the engine's prefix cache
+    (``None`` once they were, or when the engine keeps none)."""
 
     store: RowStore
+    prompt: torch.Tensor | None = None
 
 
 def attention_implementation(model: Any) -> str:
@@ -78,15 +87,49 @@ class BranchEngine(Engine):
     """Runs one model call per sequence in a single forward (causal models that state their KV shape).
 
     ``rows`` is the initial number of rows of the buffer; it doubles when a
-    sequence is admitted and none is free.
+    sequence is admitted and none is free. ``prefix_cache``: reuse the keys and
+    values of prompts' full pages across sequences (:mod:`refusion.cache.prefix`),
+    in a pool of at most ``prefix_cache_bytes`` (default
+    :data:`PREFIX_CACHE_BYTES`) of ``page_size``-token pages; a sequence's
+    reused prefix is copied into its row at admission (its tokens are not fed),
+    its own prompt published once encoded. Not with ``batch_invariant``: a reused
+    prefix was computed in another forward's shape.
     """
 
     name = "branch"
     priority = 20
 
-    def __init__(self, model: Any, *, rows: int = 1, packed: bool | None = None, batch_invariant: bool = False):
+    def __init__(
+        self,
+        model: Any,
+        *,
+        rows: int = 1,
+        packed: bool | None = None,
+        batch_invariant: bool = False,
+        prefix_cache: bool = False,
+        prefix_cache_bytes: int | None = None,
+        page_size: int = PAGE_SIZE,
+    ):
         super().__init__(model, batch_invariant=batch_invariant)
         from refusion.engines.ragged import supports
+        from refusion.errors import ConfigError
+        from refusion.validators import check_boolean, check_integer
+
+        check_boolean("prefix_cache", prefix_cache)
+        if prefix_cache and batch_invariant:
+            raise ConfigError(
+                "`prefix_cache` cannot be combined with `batch_invariant`: a reused prefix was computed in another "
+                "forward's shape.",
+                param="prefix_cache",
+            )
+        if prefix_cache_bytes is not None:
+            check_integer("prefix_cache_bytes", prefix_cache_bytes, 1)
+        check_integer("page_size", page_size, 1)
+        self.prefix_cache = bool(prefix_cache)
+        self.prefix_cache_bytes = PREFIX_CACHE_BYTES if prefix_cache_bytes is None else prefix_cache_bytes
+        self.page_size = page_size
+        #: the prompts' pages shared across sequences (made with the buffer), when ``prefix_cache``
+        self.prefixes: PrefixCache | None = None
 
         self.initial_rows = max(1, int(rows))
         self.buffer: PreallocatedKV | None = None
@@ -128,15 +171,56 @@ class BranchEngine(Engine):
             self.buffer = PreallocatedKV(
                 layers, self.initial_rows, heads, need, dim, dtype=dtype, device=self.device, counters=self.counters
             )
+            if self.prefix_cache:
+                pool = PagePool.for_budget(
+                    layers,
+                    heads,
+                    dim,
+                    self.prefix_cache_bytes,
+                    page_size=self.page_size,
+                    dtype=dtype,
+                    device=self.device,
+                    counters=self.counters,
+                )
+                self.prefixes = PrefixCache(pool)
         row = self.kv.allocate(need)
         counters = self.new_counters()
         store = RowStore(self.kv, row, counters)
-        state = BranchSequence(
-            SequenceCache(store, prompt, torch.arange(prompt.shape[0])), counters, prompt.shape[0], region_length
-        )
+        cache = SequenceCache(store, prompt, torch.arange(prompt.shape[0]))
+        state = BranchSequence(cache, counters, prompt.shape[0], region_length)
         state.store = store
         self.by_row[row] = state
+        if self.prefixes is not None:
+            self._reuse_prefix(state, prompt)
         return state
+
+    # -- prefixes shared across sequences ----------------------------------------------
+    def _reuse_prefix(self, state: BranchSequence, prompt: torch.Tensor) -> None:
+        """Copy the cached pages of ``prompt``'s longest cached prefix into the new row; mark them encoded."""
+        prefixes = cast(PrefixCache, self.prefixes)
+        hit = prefixes.match(prompt)
+        state.prompt = prompt
+        if hit.tokens:
+            buf, n = self.kv, hit.tokens
+            buf.data[:, :, state.store.row, :, :n] = prefixes.pool.read(list(hit.pages), n)
+            buf.lengths[state.store.row] = n
+            state.counters.copied(context=n * buf.token_bytes)
+            state.context.reuse(n)
+
+    def _publish(self, states: list[BranchSequence]) -> None:
+        """Publish the prompt pages of the sequences whose prompts are encoded now (rows in ``states`` order)."""
+        if self.prefixes is None:
+            return
+        buf = self.kv
+        for state in states:
+            if state.prompt is None or buf.lengths[state.store.row] < state.prompt_length:
+                continue
+            self.prefixes.publish(state.prompt, functools.partial(self._row_entries, state.store.row))
+            state.prompt = None
+
+    def _row_entries(self, row: int, start: int, stop: int) -> torch.Tensor:
+        """Keys/values of buffer row ``row``'s entries ``start:stop``, ``(layers, 2, heads, n, dim)`` (a view)."""
+        return self.kv.data[:, :, row, :, start:stop]
 
     def release(self, state: SequenceState) -> None:
         if state.released:
@@ -282,6 +366,7 @@ class BranchEngine(Engine):
         lengths = self.kv.lengths
         for i, k in enumerate(kept):
             lengths[i] += k
+        self._publish(states)
 
     def hold_columns(self, states: list[BranchSequence], used: list[int]) -> None:
         """Row ``i`` (``states`` order, as placed by the last :meth:`run_flat`) uses its first ``used[i]`` columns:
@@ -289,6 +374,7 @@ class BranchEngine(Engine):
         lengths = self.kv.lengths
         for i, u in enumerate(used):
             lengths[i] = u
+        self._publish(states)
 
     def _write_parents(self, rows: list[_Row], column_of, first: int = 0) -> None:
         """Scatter every row's parent branches' keys/values into its scratch columns (one kernel call); ``rows[r]``
@@ -373,6 +459,7 @@ class BranchEngine(Engine):
                 for e, (a, b) in zip(row.call.extends, row.spans)
             )
             start += row.n
+        self._publish([row.state for row in rows])
         return outputs
 
     def _packed_forward(self, ids: torch.Tensor, positions: torch.Tensor, layout: Any) -> Any:
@@ -445,6 +532,7 @@ class BranchEngine(Engine):
                 ExtendOutput(e, scores[r, a:b], layers, first + r, query_at + a, self.epoch, self.epoch.value)
                 for e, (a, b) in zip(row.call.extends, row.spans)
             )
+        self._publish([row.state for row in rows])
         return outputs
 
     def _mask_for_model(self, mask: torch.Tensor) -> torch.Tensor:

@@ -50,12 +50,21 @@ def choose_engine(model: Any, decoder: Any = None) -> type[Engine]:
     raise ConfigError(f"No registered engine can run {type(model).__name__} ({'; '.join(reasons)}).", param="engine")
 
 
-def open_engine(model: Any, decoder: Any = None, engine: Any = None, **options: Any) -> Engine:
+def open_engine(
+    model: Any, decoder: Any = None, engine: Any = None, *, prefix_cache: bool | None = False, **options: Any
+) -> Engine:
     """A live engine for ``model``: ``engine`` (instance, name or class) if given, else :func:`choose_engine`.
 
     The decoder's ``batch_invariant`` option is passed to the engine (a live
-    engine must have been opened with it).
+    engine must have been opened with it). ``prefix_cache`` (prompts' pages
+    reused across sequences): ``False`` off, ``True`` required (an engine that
+    cannot is refused), ``None`` on where the engine can; a live ``engine`` is
+    taken as it is.
     """
+    from refusion.validators import check_boolean
+
+    if prefix_cache is not None:
+        check_boolean("prefix_cache", prefix_cache)
     invariant = bool(getattr(decoder, "batch_invariant", False))
     if isinstance(engine, Engine):
         if engine.model is not model:
@@ -69,8 +78,8 @@ def open_engine(model: Any, decoder: Any = None, engine: Any = None, **options: 
         reason = cls.unsupported(model)
         if reason is not None:
             raise ConfigError(f"`engine` {cls.name!r} cannot run {type(model).__name__}: {reason}.", param="engine")
+    parameters = inspect.signature(cls).parameters
     if invariant:
-        parameters = inspect.signature(cls).parameters
         if "batch_invariant" not in parameters and not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
             raise ConfigError(
                 f"`batch_invariant` needs an engine that takes it; engine {cls.name!r} does not (its "
@@ -78,6 +87,16 @@ def open_engine(model: Any, decoder: Any = None, engine: Any = None, **options: 
                 param="batch_invariant",
             )
         options["batch_invariant"] = True
+    can_reuse = "prefix_cache" in parameters and not invariant
+    if prefix_cache and not can_reuse:
+        raise ConfigError(
+            f"`prefix_cache` needs an engine that reuses prompt prefixes without `batch_invariant`; engine "
+            f"{cls.name!r} {'does not' if 'prefix_cache' not in parameters else 'cannot under batch_invariant'} "
+            "(the 'branch' engine does, for causal models).",
+            param="prefix_cache",
+        )
+    if can_reuse and prefix_cache is not False:
+        options["prefix_cache"] = True
     return cls(model, **options)
 
 

@@ -1,8 +1,10 @@
 """Prometheus metrics of one server, in a registry of its own (two apps in one process never clash).
 
 Counters: requests by endpoint and outcome, prompt and generated tokens,
-the engine's forwards. Gauges: queue depth, live rows, reserved positions,
-generated tokens per forward. Histograms: request latency and time to the
+the engine's forwards, prompt tokens looked up in the prefix cache and found
+there (``refusion_prefix_cache_queries_total``/``_hits_total``, in tokens, as
+vLLM names them). Gauges: queue depth, live rows, reserved positions,
+generated tokens per forward, the prefix cache's pages in use and its limit. Histograms: request latency and time to the
 first streamed text. Plus the process's memory and CPU.
 """
 
@@ -33,6 +35,27 @@ class _EngineCollector:
             "refusion_tokens_per_forward",
             "Generated tokens per model forward, since start.",
             value=tokens / forwards if forwards else 0.0,
+        )
+        prefixes = getattr(self.generator.engine, "prefixes", None)  # made with the engine's first sequence
+        stats = prefixes.stats if prefixes is not None else None
+        yield CounterMetricFamily(
+            "refusion_prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache.",
+            value=stats.queries if stats else 0,
+        )
+        yield CounterMetricFamily(
+            "refusion_prefix_cache_hits",
+            "Prompt tokens found in the prefix cache (their keys/values reused, not computed).",
+            value=stats.hits if stats else 0,
+        )
+        pool = prefixes.pool if prefixes is not None else None
+        yield GaugeMetricFamily(
+            "refusion_prefix_cache_pages_used", "Pages the prefix cache holds.", value=pool.used if pool else 0
+        )
+        yield GaugeMetricFamily(
+            "refusion_prefix_cache_pages_total",
+            "Pages the prefix cache may hold (its memory budget).",
+            value=pool.limit if pool else 0,
         )
 
 

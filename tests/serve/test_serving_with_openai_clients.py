@@ -181,3 +181,22 @@ def test_the_openai_client_raises_its_own_errors(client):
         client.completions.create(model=MODEL, prompt="x", extra_body={"selector": "nope"})
     with pytest.raises(openai.BadRequestError, match="messages"):
         client.chat.completions.create(model=MODEL, messages=[])
+
+
+def test_requests_sharing_a_prompt_prefix_reuse_its_pages_and_answer_as_offline(server, client, model):
+    """The server reuses prompt prefixes by default; /metrics counts the tokens looked up and found (in tokens)."""
+    before = httpx.get(server.url + "/metrics").text
+    prompts = ["copy abcdefghijklmnopq=", "copy abcdefghijklmnopr="]  # 22 shared tokens: one full 16-token page
+    for prompt in prompts:
+        tokens, text = offline(model, prompt, {})
+        whole = client.completions.create(model=MODEL, prompt=prompt)
+        assert whole.choices[0].text == text and whole.refusion["tokens"] == tokens
+    after = httpx.get(server.url + "/metrics").text
+    grew = {
+        name: metric(after, name) - metric(before, name)
+        for name in ("refusion_prefix_cache_queries_total", "refusion_prefix_cache_hits_total")
+    }
+    assert grew["refusion_prefix_cache_queries_total"] >= 2 * 22  # every prompt token but the last, both requests
+    assert grew["refusion_prefix_cache_hits_total"] >= 16  # the second found the first's full page
+    assert metric(after, "refusion_prefix_cache_pages_used") >= 1
+    assert metric(after, "refusion_prefix_cache_pages_total") >= metric(after, "refusion_prefix_cache_pages_used")

@@ -1,0 +1,121 @@
+"""Fixed-size pages of keys/values: storage, allocation and reference counts, no policy.
+
+A :class:`PagePool` holds ``data`` of shape ``(layers, 2, pages, kv_heads, page_size, head_dim)``: page ``p`` keeps
+the keys and values of ``page_size`` consecutive cache entries of one sequence. Pages are handed out by
+:meth:`PagePool.allocate` and counted by references: a page is free again when its last holder releases it. The pool
+grows by doubling (one copy of the pages in use, counted on ``counters``) up to ``limit`` pages, so a budget of many
+gigabytes costs nothing until it is used. What the pages mean (which tokens, who shares them) is the business of
+the policy on top (:mod:`refusion.cache.prefix`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from refusion.cache.stores import bytes_per_token
+from refusion.decoding.counters import Counters
+
+#: tokens per page (vLLM's default block size)
+PAGE_SIZE = 16
+
+
+class PagePool:
+    """Pages of ``page_size`` entries, at most ``limit`` of them (see the module docstring).
+
+    Contract: :meth:`allocate` returns a page with one reference, or ``None`` when all ``limit`` pages are held;
+    :meth:`retain`/:meth:`release` add and drop references (releasing a free page raises); :meth:`write` and
+    :meth:`read` copy entries in and out (``(layers, 2, heads, n, dim)``, ``n`` a multiple of ``page_size`` or
+    less than one page at the end). Nothing here looks at what the entries are.
+    """
+
+    def __init__(
+        self,
+        layers: int,
+        heads: int,
+        dim: int,
+        *,
+        limit: int,
+        page_size: int = PAGE_SIZE,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        counters: Counters | None = None,
+    ):
+        if page_size < 1 or limit < 1:
+            raise ValueError(f"`page_size` and `limit` must be >= 1; got {page_size} and {limit}.")
+        self.page_size = page_size
+        self.limit = limit
+        self.token_bytes = bytes_per_token(layers, heads, dim, dtype)
+        self.counters = counters if counters is not None else Counters()
+        self.data = torch.zeros((layers, 2, min(limit, 8), heads, page_size, dim), dtype=dtype, device=device)
+        self.refs = [0] * self.data.shape[2]
+        self._free = list(range(self.data.shape[2] - 1, -1, -1))
+
+    @classmethod
+    def for_budget(cls, layers: int, heads: int, dim: int, budget_bytes: int, **options) -> PagePool:
+        """A pool of as many pages as ``budget_bytes`` holds (at least one)."""
+        page_size = options.get("page_size", PAGE_SIZE)
+        page_bytes = bytes_per_token(layers, heads, dim, options.get("dtype", torch.float32)) * page_size
+        return cls(layers, heads, dim, limit=max(1, int(budget_bytes) // page_bytes), **options)
+
+    @property
+    def page_bytes(self) -> int:
+        return self.token_bytes * self.page_size
+
+    @property
+    def used(self) -> int:
+        """Pages holding at least one reference."""
+        return len(self.refs) - len(self._free)
+
+    @property
+    def capacity(self) -> int:
+        """Pages allocated in memory so far (grows up to :attr:`limit`)."""
+        return self.data.shape[2]
+
+    def allocate(self) -> int | None:
+        """A page with one reference, or ``None`` when ``limit`` pages are held."""
+        if not self._free and self.capacity < self.limit:
+            self._grow(min(self.limit, 2 * self.capacity))
+        if not self._free:
+            return None
+        page = self._free.pop()
+        self.refs[page] = 1
+        return page
+
+    def retain(self, page: int) -> None:
+        if self.refs[page] <= 0:
+            raise ValueError(f"page {page} is free; only a held page can be retained")
+        self.refs[page] += 1
+
+    def release(self, page: int) -> None:
+        """Drop one reference; the page is free once none is left."""
+        if self.refs[page] <= 0:
+            raise ValueError(f"page {page} is already free")
+        self.refs[page] -= 1
+        if not self.refs[page]:
+            self._free.append(page)
+
+    def write(self, pages: list[int], kv: torch.Tensor) -> None:
+        """Copy ``kv`` ``(layers, 2, heads, n, dim)`` into ``pages`` in order (``n <= len(pages) * page_size``)."""
+        n, size = kv.shape[3], self.page_size
+        for i, page in enumerate(pages):
+            chunk = kv[:, :, :, i * size : min(n, (i + 1) * size)]
+            self.data[:, :, page, :, : chunk.shape[3]] = chunk
+        self.counters.copied(new=n * self.token_bytes)
+
+    def read(self, pages: list[int], n: int) -> torch.Tensor:
+        """The first ``n`` entries of ``pages`` in order, as ``(layers, 2, heads, n, dim)`` (a copy)."""
+        index = torch.tensor(pages, dtype=torch.long, device=self.data.device)
+        picked = self.data.index_select(2, index)  # (layers, 2, pages, heads, size, dim)
+        layers, two, count, heads, size, dim = picked.shape
+        return picked.permute(0, 1, 3, 2, 4, 5).reshape(layers, two, heads, count * size, dim)[:, :, :, :n]
+
+    def _grow(self, pages: int) -> None:
+        old = self.capacity
+        grown = self.data.new_zeros((*self.data.shape[:2], pages, *self.data.shape[3:]))
+        held = [p for p in range(old) if self.refs[p]]
+        if held:
+            grown[:, :, :old] = self.data
+            self.counters.copied(context=len(held) * self.page_bytes)
+        self.data = grown
+        self.refs += [0] * (pages - old)
+        self._free = list(range(pages - 1, old - 1, -1)) + self._free

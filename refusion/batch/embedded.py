@@ -26,7 +26,7 @@ from refusion.batch.lines import count_pending, input_lines, is_dataset, pending
 from refusion.batch.output import ResultWriter, check_output
 from refusion.errors import ConfigError
 from refusion.limits import MAX_GEN_LENGTH
-from refusion.validators import check_integer, check_number
+from refusion.validators import check_boolean, check_integer, check_number
 
 
 @attrs.frozen
@@ -59,6 +59,7 @@ NAMES = {
     "gpus_per_worker": "gpus_per_worker",
     "cpus_per_worker": "cpus_per_worker",
     "gen_length": "gen_length",
+    "prefix_cache": "prefix_cache",
 }
 
 
@@ -150,6 +151,7 @@ def run_batch(
     allow_imports: bool = False,
     progress: bool = True,
     names: dict | None = None,
+    prefix_cache: bool | None = None,
     **decoder_options: Any,
 ) -> BatchSummary:
     """Generate for every row of ``input_path`` into ``output_path``; a :class:`BatchSummary`.
@@ -160,7 +162,9 @@ def run_batch(
     only) a loaded adapter. ``decoder_options`` are every row's defaults (see
     :class:`~refusion.batch.worker.BatchWorker`), ``gen_length`` (alias
     ``max_tokens``) included. At most ``max_rows`` rows decode at once,
-    reserving at most ``max_batch_tokens`` positions together. ``ray`` (an
+    reserving at most ``max_batch_tokens`` positions together; rows whose
+    prompts start alike reuse the keys/values of the prefix they share unless
+    ``prefix_cache`` is ``False``. ``ray`` (an
     address, or ``"local"``) runs the rows on Ray Data with ``workers`` actors
     of ``gpus_per_worker``/``cpus_per_worker`` each. Rows already in the output
     are skipped, so a rerun resumes (and loads no model when nothing is left);
@@ -175,6 +179,8 @@ def run_batch(
     dataset = is_dataset(input_path)
     if dataset and ray is None:
         ray = "local"
+    if prefix_cache is not None:
+        check_boolean({**NAMES, **(names or {})}["prefix_cache"], prefix_cache)
     check_options(
         input_path,
         output_path,
@@ -189,7 +195,11 @@ def run_batch(
         **decoder_options,
     )
     worker_options = dict(
-        max_rows=max_rows, max_batch_tokens=max_batch_tokens, allow_imports=allow_imports, **decoder_options
+        max_rows=max_rows,
+        max_batch_tokens=max_batch_tokens,
+        allow_imports=allow_imports,
+        prefix_cache=prefix_cache,
+        **decoder_options,
     )
     start = time.monotonic()
     counts = {"rows": 0, "skipped": 0, "errors": 0, "tokens": 0}

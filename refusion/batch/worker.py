@@ -49,7 +49,9 @@ class BatchWorker:
     every row's defaults, as :func:`refusion.generate` takes them
     (``preset``, part names, part parameters, sampling, ``seed``,
     ``gen_length``, ``chat``, ``allow_special``); a row's own fields override
-    them. ``allow_imports`` lets rows name parts by ``"module:Class"`` path.
+    them. ``allow_imports`` lets rows name parts by ``"module:Class"`` path;
+    ``prefix_cache`` is :class:`~refusion.generator.Generator`'s (``None``: rows
+    reuse shared prompt prefixes where the engine can).
     Bad defaults raise :class:`ConfigError` here, before any row is read.
     """
 
@@ -60,6 +62,7 @@ class BatchWorker:
         max_rows: int = 16,
         max_batch_tokens: int = 8192,
         allow_imports: bool = False,
+        prefix_cache: bool | None = None,
         **decoder_options: Any,
     ):
         from refusion.generator import Generator
@@ -79,6 +82,7 @@ class BatchWorker:
             self.model,
             max_rows=max_rows,
             max_tokens=max_batch_tokens,
+            prefix_cache=prefix_cache,
             **{k: v for k, v in self.defaults.items() if k != "seed"},
         )
         self.lookahead = max_rows + max(1, max_rows // 2)  # the live rows and a small queue to refill from

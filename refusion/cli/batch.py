@@ -29,6 +29,7 @@ FLAGS = {
     "gpus_per_worker": "--gpus-per-worker",
     "cpus_per_worker": "--cpus-per-worker",
     "gen_length": "--gen-length",
+    "prefix_cache": "--no-prefix-cache",
 }
 
 
@@ -47,6 +48,7 @@ def run_batch_command(args: argparse.Namespace) -> int:
         cpus_per_worker=args.cpus_per_worker,
         max_rows=args.max_rows,
         max_batch_tokens=args.max_batch_tokens,
+        prefix_cache=args.prefix_cache,
         allow_imports=args.allow_imports,
         progress=args.progress,
         names=FLAGS,
@@ -106,6 +108,14 @@ def add_parsers(sub: Any) -> None:
         type=integer(1),
         default=8192,
         help="positions (prompts plus answers) the live rows may reserve together (default 8192)",
+    )
+    batch.add_argument(
+        "--no-prefix-cache",
+        dest="prefix_cache",
+        action="store_const",
+        const=False,
+        default=None,
+        help="compute every prompt in full (default: rows reuse the keys/values of prompt prefixes they share)",
     )
     add_trust_options(batch, what="rows")
     batch.add_argument(

@@ -69,6 +69,7 @@ def server_options(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
         "torch_threads": args.threads,
     }
     check_server_options(**options, names=FLAGS)
+    options["prefix_cache"] = args.prefix_cache
     limits = {"max_body_bytes": args.max_body_bytes} if args.max_body_bytes is not None else {}
     policy = ServePolicy(
         **limits,
@@ -206,6 +207,14 @@ def add_parsers(sub: Any) -> None:
         help="seconds live streams may take to finish on shutdown before they are cut (default 30)",
     )
     serve.add_argument("--threads", type=integer(1, MAX_THREADS), default=None, help="torch threads")
+    serve.add_argument(
+        "--no-prefix-cache",
+        dest="prefix_cache",
+        action="store_const",
+        const=False,
+        default=None,
+        help="compute every prompt in full (default: requests reuse the keys/values of prompt prefixes they share)",
+    )
     serve.add_argument(
         "--log-level",
         default="info",

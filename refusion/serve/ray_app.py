@@ -30,7 +30,7 @@ from refusion.errors import ConfigError, RefusionError
 from refusion.serve.options import ServeDefaults, ServePolicy
 from refusion.serve.settings import address as host_port
 from refusion.serve.settings import bind, check_server_options, model_name_of
-from refusion.validators import check_integer, check_number
+from refusion.validators import check_boolean, check_integer, check_number
 
 #: what to install when Ray is missing
 RAY_HINT = 'pip install "refusion[ray]"'
@@ -87,6 +87,7 @@ class ReplicaSettings:
     max_batch_tokens: int | None
     max_queue: int | None
     engine: Any
+    prefix_cache: bool | None
     retry_after: int
     torch_threads: int | None
 
@@ -110,6 +111,7 @@ def build_app(settings: ReplicaSettings) -> Any:
         adapter,
         decoder,
         engine=settings.engine,
+        prefix_cache=settings.prefix_cache,
         max_rows=settings.max_rows,
         max_tokens=settings.max_batch_tokens,
         max_queue=settings.max_queue,
@@ -283,6 +285,7 @@ def deploy(
     max_batch_tokens: int | None = None,
     max_queue: int | None = 256,
     engine: Any = None,
+    prefix_cache: bool | None = None,
     retry_after: int = 1,
     shutdown_timeout: float = 30.0,
     log_level: str = "info",
@@ -319,6 +322,8 @@ def deploy(
         torch_threads=torch_threads,
     )
     check_replicas(replicas)
+    if prefix_cache is not None:
+        check_boolean("prefix_cache", prefix_cache)
     check_number("cpus_per_replica", cpus_per_replica, 0)
     check_number("gpus_per_replica", gpus_per_replica, 0)
     serve = import_serve()
@@ -336,6 +341,7 @@ def deploy(
         max_batch_tokens=max_batch_tokens,
         max_queue=max_queue,
         engine=engine,
+        prefix_cache=prefix_cache,
         retry_after=retry_after,
         torch_threads=torch_threads,
     )

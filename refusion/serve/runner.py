@@ -14,6 +14,7 @@ from typing import Any
 
 from refusion.serve.options import ServeDefaults, ServePolicy, check_guidance
 from refusion.serve.settings import address, bind, check_server_options, model_name_of
+from refusion.validators import check_boolean
 
 
 def serve(
@@ -27,6 +28,7 @@ def serve(
     max_batch_tokens: int | None = None,
     max_queue: int | None = 256,
     engine: Any = None,
+    prefix_cache: bool | None = None,
     retry_after: int = 1,
     shutdown_timeout: float = 30.0,
     log_level: str = "info",
@@ -40,7 +42,8 @@ def serve(
     ``defaults`` are the decoding defaults of every request, ``policy`` what a
     request may send (:class:`ServePolicy`); ``max_rows``,
     ``max_batch_tokens`` and ``max_queue`` bound the running batch and the
-    queue (see :class:`~refusion.generator.Generator`). The options are checked
+    queue, ``prefix_cache`` turns prefix reuse across requests on (``None``: where
+    the engine can) or off (see :class:`~refusion.generator.Generator`). The options are checked
     and ``host:port`` is bound (or ``sock``, already bound, is used) before the
     model loads (``loader()``, when given, loads it instead of ``model``); bad
     values and a taken port raise :class:`ConfigError` naming them.
@@ -56,6 +59,8 @@ def serve(
         log_level=log_level,
         torch_threads=torch_threads,
     )
+    if prefix_cache is not None:
+        check_boolean("prefix_cache", prefix_cache)
     listener = sock if sock is not None else bind(host, port)
     try:
         _run(
@@ -70,6 +75,7 @@ def serve(
             max_batch_tokens=max_batch_tokens,
             max_queue=max_queue,
             engine=engine,
+            prefix_cache=prefix_cache,
             retry_after=retry_after,
             shutdown_timeout=shutdown_timeout,
             log_level=log_level,
@@ -93,6 +99,7 @@ def _run(
     max_batch_tokens: int | None,
     max_queue: int | None,
     engine: Any,
+    prefix_cache: bool | None,
     retry_after: int,
     shutdown_timeout: float,
     log_level: str,
@@ -118,6 +125,7 @@ def _run(
         adapter,
         decoder,
         engine=engine,
+        prefix_cache=prefix_cache,
         max_rows=max_rows,
         max_tokens=max_batch_tokens,
         max_queue=max_queue,

@@ -11,7 +11,7 @@ from refusion.batch import worker as batch_worker
 from refusion.batch.embedded import run_batch
 from refusion.batch.rows import parse_line
 from refusion.cli import main
-from refusion.errors import RowError
+from refusion.errors import ConfigError, RowError
 
 #: rows without `gen_length` under the 128-token "paper" preset get the longest length that fits, with a note
 pytestmark = pytest.mark.filterwarnings("ignore::refusion.errors.RefusionWarning")
@@ -239,3 +239,36 @@ def test_options_are_refused_before_the_model_loads(tmp_path, capsys, monkeypatc
     assert main(["batch", str(source), "--out", out, "--no-progress", *flags]) == 2
     error = capsys.readouterr().err
     assert error.startswith("refusion: error: ") and named in error, error
+
+
+def test_rows_reuse_shared_prompt_prefixes_unless_told_not_to(tmp_path, model, monkeypatch):
+    from refusion.generator import Generator
+
+    engines = []
+    original = Generator.__init__
+
+    def keep_engine(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        engines.append(self.engine)
+
+    monkeypatch.setattr(Generator, "__init__", keep_engine)
+    rows = [{"id": str(i), "prompt": f"copy abcdefghijklmnop{c}="} for i, c in enumerate("qrst")]  # one shared page
+    for reuse in (None, False):
+        run_batch(rows, tmp_path / f"{reuse}.jsonl", model=model, max_rows=1, progress=False, prefix_cache=reuse)
+    on, off = engines
+    assert on.prefixes.stats.hits == 3 * 16 and off.prefixes is None  # rows 2-4 found row 1's page
+    with_reuse, without = read_rows(tmp_path / "None.jsonl"), read_rows(tmp_path / "False.jsonl")
+    for row in rows:
+        assert with_reuse[row["id"]]["tokens"] == without[row["id"]]["tokens"] == expected_tokens(model, row, {})
+    with pytest.raises(ConfigError, match="prefix_cache"):
+        run_batch(rows, tmp_path / "bad.jsonl", model=model, progress=False, prefix_cache="no")
+
+
+def test_the_serve_and_batch_commands_turn_prefix_reuse_off_by_flag():
+    from refusion.cli import build_parser
+    from refusion.cli.serve import server_options
+
+    parser = build_parser()
+    assert server_options(parser.parse_args(["serve"]))[0]["prefix_cache"] is None
+    assert server_options(parser.parse_args(["serve", "--no-prefix-cache"]))[0]["prefix_cache"] is False
+    assert parser.parse_args(["batch", "in.jsonl", "--out", "o.jsonl", "--no-prefix-cache"]).prefix_cache is False

@@ -1,6 +1,7 @@
 """Serving: the live ``refusion serve`` under N concurrent clients, and continuous vs static batching.
 
 Run:  python benchmarks/serving.py [--clients 32] [--rounds 3] [--max-rows 32] [--requests 64] [--gap-ms 4]
+                                   [--part 1|2|3] [--prefix-chars 64]
 
 Part 1, the live server (a subprocess of ``refusion serve`` on the shipped
 model, 1 torch thread, ``--max-rows`` rows) against ``--clients`` clients
@@ -22,6 +23,16 @@ a static batch lasts as many steps as its longest answer has slots). Both run in
 benchmarks/common.py's ``interleave`` (CPU and wall, medians over rounds);
 reports latency from arrival to the last token (p50/p99), the time to
 finish all requests and the ratios continuous / static.
+
+Part 3, prefix reuse across requests (issue 34): two live servers, the
+default one (prefix reuse on) and one started with ``--no-prefix-cache``,
+each against ``--clients`` streaming clients whose prompts share a
+``--prefix-chars``-character prefix (one token per character on the shipped
+model) before a held-out prompt, interleaved round by round after a warm-up
+wave to each (a server keeps its prefix cache across waves, as it would
+across traffic). Reported per server as in part 1, plus the prompt tokens
+its prefix cache found (``/metrics``); every answer is checked against
+offline decoding of the same prompt.
 """
 
 from __future__ import annotations
@@ -63,7 +74,7 @@ def prompts_for(count):
 
 # -- part 1: the live server ---------------------------------------------------------------
 class Server:
-    def __init__(self, max_rows):
+    def __init__(self, max_rows, *flags):
         import socket
 
         with socket.socket() as s:
@@ -86,6 +97,7 @@ class Server:
                 str(max_rows),
                 "--log-level",
                 "warning",
+                *flags,
             ],
             cwd=ROOT,
             env=env,
@@ -213,6 +225,91 @@ def part1(clients, rounds, max_rows):
     )
 
 
+# -- part 3: prefix reuse across requests -------------------------------------------------------
+#: a shared prefix of the shipped model's alphabet (its tokenizer reads one token per character)
+PREFIX_TEXT = "copy the letters abcdefghijklmnopqrstuvwxyz and then zyxwvutsrqponmlkjihgfedcba and so on "
+
+
+def prefix_hits(server):
+    """The server's ``refusion_prefix_cache_hits_total`` (prompt tokens its prefix cache found so far)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(httpx.get(server.url + "/metrics").text):
+        for sample in family.samples:
+            if sample.name == "refusion_prefix_cache_hits_total":
+                return sample.value
+    return 0.0
+
+
+def part3(clients, rounds, max_rows, prefix_chars):
+    adapter = load_model()
+    shared = (PREFIX_TEXT * (prefix_chars // len(PREFIX_TEXT) + 1))[:prefix_chars]
+    prompts = [shared + p for p in prompts_for(clients)]
+    ids = [adapter.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    decoder = Generator(adapter).decoder
+    offline_tokens = [r.tokens.tolist() for r in decoder.decode_batch(adapter, ids, GEN)]
+    servers = {"prefix reuse (default)": Server(max_rows), "--no-prefix-cache": Server(max_rows, "--no-prefix-cache")}
+    rows = {name: [] for name in servers}
+    try:
+
+        def wave(server):
+            cpu0, hits0 = server.cpu(), prefix_hits(server)
+            out, wall = asyncio.run(clients_wave(server.url, prompts))
+            assert [t for _, _, t in out] == offline_tokens, "a served answer differs from offline decoding"
+            return dict(
+                tps=sum(len(t) for t in offline_tokens) / wall,
+                ttft=[f for f, _, _ in out],
+                latency=[lat for _, lat, _ in out],
+                server_cpu=server.cpu() - cpu0,
+                wall=wall,
+                hits=prefix_hits(server) - hits0,
+            )
+
+        for server in servers.values():
+            wave(server)  # warm-up: the default server caches the shared prefix's pages here
+        names = list(servers)
+        for r in range(rounds):
+            for name in names if r % 2 == 0 else names[::-1]:
+                rows[name].append(wave(servers[name]))
+    finally:
+        for server in servers.values():
+            server.stop()
+    print(
+        f"\n## Part 3: {clients} streaming clients, prompts sharing a {prefix_chars}-character prefix "
+        f"({len(ids[0])}-{max(map(len, ids))} tokens each), server --max-rows {max_rows}, medians over {rounds} "
+        "rounds [min-max]\n"
+    )
+    print(
+        "| server | throughput tok/s | time to first text p50 ms | p99 ms | latency p50 ms | p99 ms | server CPU s "
+        "| prompt tokens found per wave |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name, runs in rows.items():
+        cells = [
+            [x["tps"] for x in runs],
+            [1000 * percentile(x["ttft"], 50) for x in runs],
+            [1000 * percentile(x["ttft"], 99) for x in runs],
+            [1000 * percentile(x["latency"], 50) for x in runs],
+            [1000 * percentile(x["latency"], 99) for x in runs],
+            [x["server_cpu"] for x in runs],
+        ]
+        text = " | ".join(
+            f"{statistics.median(v):.0f} [{min(v):.0f}-{max(v):.0f}]"
+            if statistics.median(v) >= 10
+            else f"{statistics.median(v):.2f} [{min(v):.2f}-{max(v):.2f}]"
+            for v in cells
+        )
+        print(f"| {name} | {text} | {statistics.median(x['hits'] for x in runs):.0f} |")
+    on, off = rows.values()
+    ratios = [a["tps"] / b["tps"] for a, b in zip(on, off)]
+    cpu = [b["server_cpu"] / a["server_cpu"] for a, b in zip(on, off)]
+    print(
+        f"\nprefix reuse vs none, per round: throughput {statistics.median(ratios):.2f}x "
+        f"[{min(ratios):.2f}-{max(ratios):.2f}], server CPU without / with reuse {statistics.median(cpu):.2f}x "
+        f"[{min(cpu):.2f}-{max(cpu):.2f}]"
+    )
+
+
 # -- part 2: continuous vs static batching -------------------------------------------------------
 def arrivals(count, gap):
     return [i * gap for i in range(count)]
@@ -329,7 +426,8 @@ def main(argv=None) -> int:
         help="part 2's decoding preset (default ar: one 8-token slot per "
         "step, so answers of different lengths take different numbers of steps)",
     )
-    parser.add_argument("--part", type=int, choices=(1, 2), action="append", default=None)
+    parser.add_argument("--part", type=int, choices=(1, 2, 3), action="append", default=None)
+    parser.add_argument("--prefix-chars", type=int, default=64, help="part 3's shared prefix (default 64)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     print(header())
@@ -338,6 +436,8 @@ def main(argv=None) -> int:
         part1(args.clients, args.rounds, args.max_rows)
     if 2 in parts:
         part2(args.requests, args.gap_ms, args.batch, args.rounds, args.preset)
+    if 3 in parts:
+        part3(args.clients, args.rounds, args.max_rows, args.prefix_chars)
     return 0
 
 

@@ -44,6 +44,7 @@ from refusion.decoding.types import DecodeResult, IterationRecord
 from refusion.engines import Runner, engine_class, open_engine
 from refusion.engines.choose import check_invariance
 from refusion.errors import CallbackError, ConfigError, QueueFull, StalledError
+from refusion.validators import check_boolean
 
 
 @attrs.frozen
@@ -243,6 +244,8 @@ class Generator:
             raise ConfigError(f"`max_tokens` must be None or an integer >= 1; got {max_tokens!r}.", param="max_tokens")
         if max_queue is not None and (isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1):
             raise ConfigError(f"`max_queue` must be None or an integer >= 1; got {max_queue!r}.", param="max_queue")
+        if prefix_cache is not None:
+            check_boolean("prefix_cache", prefix_cache)
         self.max_queue = max_queue
         self.model = load_model(model, tokenizer=tokenizer)
         if decoder is None:

@@ -66,7 +66,10 @@ class BatchWorker:
         **decoder_options: Any,
     ):
         from refusion.generator import Generator
+        from refusion.validators import check_boolean
 
+        if prefix_cache is not None:
+            check_boolean("prefix_cache", prefix_cache)
         self.model = load(model)
         options = dict(decoder_options)
         self.gen_length = options.pop("gen_length", None)

@@ -22,7 +22,8 @@ PAGE_SIZE = 16
 class PagePool:
     """Pages of ``page_size`` entries, at most ``limit`` of them (see the module docstring).
 
-    Contract: :meth:`allocate` returns a page with one reference, or ``None`` when all ``limit`` pages are held;
+    Contract: :meth:`allocate` returns a page with one reference, or ``None`` when all ``limit`` pages are held
+    (or memory to grow is lacking);
     :meth:`retain`/:meth:`release` add and drop references (releasing a free page raises); :meth:`write` and
     :meth:`read` copy entries in and out (``(layers, 2, heads, n, dim)``, ``n`` a multiple of ``page_size`` or
     less than one page at the end). Nothing here looks at what the entries are.
@@ -52,7 +53,7 @@ class PagePool:
 
     @classmethod
     def for_budget(cls, layers: int, heads: int, dim: int, budget_bytes: int, **options) -> PagePool:
-        """A pool of as many pages as ``budget_bytes`` holds (at least one)."""
+        """A pool of as many pages as ``budget_bytes`` holds (at least one, whatever the budget)."""
         page_size = options.get("page_size", PAGE_SIZE)
         page_bytes = bytes_per_token(layers, heads, dim, options.get("dtype", torch.float32)) * page_size
         return cls(layers, heads, dim, limit=max(1, int(budget_bytes) // page_bytes), **options)
@@ -72,9 +73,13 @@ class PagePool:
         return self.data.shape[2]
 
     def allocate(self) -> int | None:
-        """A page with one reference, or ``None`` when ``limit`` pages are held."""
+        """A page with one reference, or ``None`` when ``limit`` pages are held or the device has no memory left to
+        grow the pool (the pool is an optimisation: running out of room is an answer, not an error)."""
         if not self._free and self.capacity < self.limit:
-            self._grow(min(self.limit, 2 * self.capacity))
+            try:
+                self._grow(min(self.limit, 2 * self.capacity))
+            except torch.OutOfMemoryError:
+                return None
         if not self._free:
             return None
         page = self._free.pop()

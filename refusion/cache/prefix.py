@@ -80,14 +80,15 @@ class PrefixCache:
 
     def match(self, prompt: torch.Tensor | list[int], limit: int | None = None) -> PrefixHit:
         """The cached pages of ``prompt``'s longest cached prefix of full pages, of at most ``limit`` tokens
-        (default: all but the last token, which the caller must compute to read its output). Counts the query."""
+        (default: all but the last token, which the caller must compute to read its output). Counts the query: the
+        prompt's tokens, and the tokens found."""
         ids = prompt.tolist() if isinstance(prompt, torch.Tensor) else list(prompt)
         limit = len(ids) - 1 if limit is None else min(limit, len(ids))
         found = list(self._chain(ids, max(limit, 0) // self.page_size))
         for entry in reversed(found):  # the deepest first: a continuation is evicted before what it continues
             self._lru.move_to_end(entry)
         hit = PrefixHit(len(found) * self.page_size, tuple(self._page[e] for e in found))
-        self.stats.queries += max(limit, 0)
+        self.stats.queries += len(ids)
         self.stats.hits += hit.tokens
         return hit
 
@@ -106,16 +107,20 @@ class PrefixCache:
                     page = self.pool.allocate()
                 if page is None:
                     break  # full of pages others hold: publish what fits
-                self.pool.write([page], read(i * size, (i + 1) * size))
+                try:
+                    self.pool.write([page], read(i * size, (i + 1) * size))
+                except BaseException:
+                    self.pool.release(page)  # nothing was registered: the cache stays as it was
+                    raise
                 entry = self._next_id
                 self._next_id += 1
                 self._entries[key], self._page[entry], self._key[entry] = entry, page, key
                 self._children.setdefault(parent, set()).add(entry)
+                self._lru[entry] = None
                 added += 1
             chain.append(entry)
             parent = entry
         for entry in reversed(chain):  # the deepest first, as a match touches them
-            self._lru[entry] = None
             self._lru.move_to_end(entry)
         self.stats.published += added
         return added

@@ -191,7 +191,11 @@ class BranchEngine(Engine):
         state.store = store
         self.by_row[row] = state
         if self.prefixes is not None:
-            self._reuse_prefix(state, prompt)
+            try:
+                self._reuse_prefix(state, prompt)
+            except BaseException:
+                self.release(state)  # the sequence was never admitted: its row is free again
+                raise
         return state
 
     # -- prefixes shared across sequences ----------------------------------------------

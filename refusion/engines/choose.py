@@ -59,7 +59,7 @@ def open_engine(
     engine must have been opened with it). ``prefix_cache`` (prompts' pages
     reused across sequences): ``False`` off, ``True`` required (an engine that
     cannot is refused), ``None`` on where the engine can; a live ``engine`` is
-    taken as it is.
+    taken as it was opened (``True`` refuses one opened without it).
     """
     from refusion.validators import check_boolean
 
@@ -72,6 +72,12 @@ def open_engine(
                 "`engine` was opened for another model; open one for this model or pass its name.", param="engine"
             )
         check_invariance(engine, invariant)
+        if prefix_cache and not getattr(engine, "prefix_cache", False):
+            raise ConfigError(
+                f"`prefix_cache=True` needs an engine opened with it; this {engine.name!r} engine was not (open it "
+                "with `prefix_cache=True`, or pass the engine's name).",
+                param="prefix_cache",
+            )
         return engine
     cls = engine_class(engine) if engine is not None else choose_engine(model, decoder)
     if engine is not None:

@@ -56,7 +56,7 @@ def test_a_prompt_reuses_the_full_pages_it_shares_and_computes_its_last_token():
     assert cache.match([1, 2, 3, 4, 5, 6]).tokens == 4  # the last token is always computed
     assert cache.match([1, 2, 3, 4, 5, 6], limit=6).tokens == 6
     assert cache.match([2, 1, 3, 4]).tokens == 0  # a page's position in the prompt is part of its key
-    assert (cache.stats.queries, cache.stats.hits) == (5 + 5 + 6 + 3, 4 + 4 + 6 + 0)
+    assert (cache.stats.queries, cache.stats.hits) == (6 + 6 + 6 + 4, 4 + 4 + 6 + 0)  # whole prompts looked up
 
 
 def test_a_full_cache_evicts_the_least_recently_used_and_never_what_others_hold():
@@ -71,6 +71,38 @@ def test_a_full_cache_evicts_the_least_recently_used_and_never_what_others_hold(
         cache.pool.retain(page)
     assert cache.publish(a, lambda s, e: kv_of(a, s, e)) == 0
     assert cache.match(b).tokens == 4
+
+
+def test_a_publish_that_fails_midway_leaves_the_cache_whole_and_its_pages_free():
+    cache = PrefixCache(pool(limit=100))
+    first = [1, 2, 3, 4, 5, 6, 7]
+
+    def read_then_fail(a, b):
+        if a >= 4:
+            raise RuntimeError("the device failed")
+        return kv_of(first, a, b)
+
+    with pytest.raises(RuntimeError, match="device failed"):
+        cache.publish(first, read_then_fail)
+    assert len(cache) == 2 and cache.pool.used == 2  # the pages written before the failure, nothing half-made
+    assert cache.match(first).tokens == 4
+    cache.publish(first, lambda a, b: kv_of(first, a, b))  # a later publish completes the chain
+    assert cache.match(first).tokens == 6 and cache.pool.used == 3
+
+
+def test_a_pool_that_cannot_grow_answers_none_and_publishing_stops_there(monkeypatch):
+    p = pool(limit=100)
+    for _ in range(p.capacity):
+        p.allocate()
+
+    def out_of_memory(pages):
+        raise torch.OutOfMemoryError("no room to grow")
+
+    monkeypatch.setattr(p, "_grow", out_of_memory)
+    assert p.allocate() is None
+    cache = PrefixCache(p)
+    assert cache.publish([1, 2, 3, 4, 5], lambda a, b: kv_of([1, 2, 3, 4, 5], a, b)) == 0
+    assert cache.match([1, 2, 3, 4, 5]).tokens == 0
 
 
 @st.composite

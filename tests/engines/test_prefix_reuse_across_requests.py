@@ -1,6 +1,7 @@
 """Requests whose prompts start alike reuse the keys/values of the pages they share, and decode as if alone."""
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -68,7 +69,7 @@ def test_a_request_reusing_an_earlier_prompts_pages_decodes_as_alone(name, data)
         assert result.fed_tokens == reference.fed_tokens - hits  # the reused tokens were not computed
     stats = engine.prefixes.stats
     assert stats.hits == sum(shared_pages(first, p, page_size) for p in later)
-    assert stats.queries == sum(len(p) - 1 for p in [first, *later])
+    assert stats.queries == sum(len(p) for p in [first, *later])
 
 
 def test_generators_reuse_prefixes_by_default_where_the_engine_can():
@@ -86,6 +87,26 @@ def test_generators_reuse_prefixes_by_default_where_the_engine_can():
     assert not Generator(model, invariant).engine.prefix_cache  # a reused prefix was computed in another shape
 
 
+def live_engine_without_reuse():
+    model = tiny(vocab=16)
+    return Generator(model, engine=BranchEngine(model), prefix_cache=True)
+
+
+def test_an_admission_whose_reuse_fails_gives_its_row_back(monkeypatch):
+    model = tiny(vocab=16)
+    engine = BranchEngine(model, prefix_cache=True, page_size=2)
+    generator = Generator(model, Decoder.from_names(slot_size=2), engine=engine, gen_length=4)
+    generator.submit([1, 2, 3, 4, 5]).wait()
+
+    def fail(state, prompt):
+        raise RuntimeError("the copy failed")
+
+    monkeypatch.setattr(engine, "_reuse_prefix", fail)
+    with pytest.raises(RuntimeError, match="copy failed"):
+        engine.admit(torch.tensor([1, 2, 3, 4, 6]), 4)
+    assert not engine.by_row and sorted(engine.kv.free_rows) == list(range(engine.kv.rows))
+
+
 @pytest.mark.parametrize(
     "build, words",
     [
@@ -96,6 +117,8 @@ def test_generators_reuse_prefixes_by_default_where_the_engine_can():
         ),
         (lambda: Generator(tiny(vocab=16), prefix_cache="yes"), "prefix_cache"),
         (lambda: BranchEngine(tiny(vocab=16), prefix_cache=True, page_size=0), "page_size"),
+        (lambda: Generator("/no/such/checkpoint", prefix_cache="yes"), "prefix_cache"),  # before the model loads
+        (lambda: live_engine_without_reuse(), "needs an engine opened with it"),
     ],
 )
 def test_asking_for_prefix_reuse_where_it_cannot_run_names_the_option(build, words):
@@ -106,7 +129,6 @@ def test_asking_for_prefix_reuse_where_it_cannot_run_names_the_option(build, wor
 
 def test_the_reused_pages_hold_the_models_own_keys_and_values_of_the_prefix():
     """Against transformers' own cache of the shared prefix, not only against the tokens that follow."""
-    import torch
     from transformers import DynamicCache
 
     model = tiny(vocab=16, seed=3)

@@ -9,7 +9,8 @@ alone (it publishes the system prompt's pages), then the others are submitted to
 :class:`refusion.Generator` (the ``ar`` composition: ``leftmost`` + ``greedy-verify``, slot 8, whose tokens are
 ``generate``'s). Competitors, interleaved round by round in one process, 1 torch thread: transformers ``generate``
 and the hand-written greedy loop on all prompts as one batch (equal lengths, no padding), and the generator with
-``prefix_cache=False`` (every prompt computed, as before issue 34) and ``prefix_cache=True``. Reported: CPU and wall
+``prefix_cache=False`` (every prompt computed, as before issue 34) and ``prefix_cache=True``, and the latter with all
+requests submitted at once (the first encodes the shared pages, the others wait a step for them). Reported: CPU and wall
 seconds (median [min-max]), the ratio to ``generate`` in the same round, forwards, and for requests 2..N the prompt
 tokens computed: from the tokens each request fed the model (``DecodeResult.fed_tokens``), independently of the
 cache's own hit counter (printed beside it). Tokens are checked identical across all competitors.
@@ -41,11 +42,15 @@ def prompts_sharing_a_system_prompt(vocab: int, system: int, question: int, requ
     return torch.cat([head, torch.randint(0, vocab - 1, (requests, question), generator=g)], 1)
 
 
-def served(adapter, decoder: Decoder, prompts: list[list[int]], gen: int, reuse: bool) -> dict:
-    """The first request alone, then the rest together, on one generator; tokens and what each request fed."""
+def served(adapter, decoder: Decoder, prompts: list[list[int]], gen: int, reuse: bool, together: bool = False) -> dict:
+    """The first request alone, then the rest together (``together``: all at once), on one generator; tokens and
+    what each request fed."""
     generator = Generator(adapter, decoder, prefix_cache=reuse, max_rows=len(prompts), gen_length=gen)
-    first = generator.submit(prompts[0]).wait()
-    rest = [r.wait() for r in [generator.submit(p) for p in prompts[1:]]]
+    if together:
+        first, *rest = [r.wait() for r in [generator.submit(p) for p in prompts]]
+    else:
+        first = generator.submit(prompts[0]).wait()
+        rest = [r.wait() for r in [generator.submit(p) for p in prompts[1:]]]
     stats = generator.engine.prefixes.stats if reuse else None
     return {
         "tokens": [r.tokens.tolist() for r in [first, *rest]],
@@ -77,6 +82,7 @@ def main(argv=None) -> int:
         "hand loop": lambda: {"tokens": greedy_loop(model, prompts, args.gen, mask)},
         "refusion, no prefix reuse": lambda: served(adapter, decoder, lists, args.gen, False),
         "refusion, prefix reuse": lambda: served(adapter, decoder, lists, args.gen, True),
+        "refusion, prefix reuse, all submitted at once": lambda: served(adapter, decoder, lists, args.gen, True, True),
     }
     rows = interleave(competitors, adapter, rounds=args.rounds, memory=False)
     expected = [t[: args.gen] for t in rows[0].counts["tokens"]]
@@ -90,7 +96,7 @@ def main(argv=None) -> int:
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     off, on = rows[2].counts, rows[3].counts
     prompt_tokens = (args.requests - 1) * prompts.shape[1]
-    computed = {rows[2].name: prompt_tokens, rows[3].name: prompt_tokens - (off["fed_rest"] - on["fed_rest"])}
+    computed = {row.name: prompt_tokens - (off["fed_rest"] - row.counts["fed_rest"]) for row in rows[2:]}
     for row in rows:
         done = computed.get(row.name)
         share = f"{done} ({done / prompt_tokens:.1%})" if done is not None else "-"

@@ -46,6 +46,10 @@ from refusion.engines.choose import check_invariance
 from refusion.errors import CallbackError, ConfigError, QueueFull, StalledError
 from refusion.validators import check_boolean
 
+#: steps a request may wait, at the head of the queue, for a live request to publish prompt pages it shares (it
+#: then reuses them instead of computing them: one forward of waiting; SGLang's in-batch prefix caching does the same)
+HOLD_FOR_PREFIX = 2
+
 
 @attrs.frozen
 class CommittedSlot:
@@ -119,6 +123,7 @@ class Request:
         self._cancel = False
         self._callback_error: CallbackError | None = None
         self._changed = threading.Condition()
+        self._held = 0  # steps it waited for a live request to publish the prompt pages it shares
 
     @property
     def prompt_length(self) -> int:
@@ -216,6 +221,10 @@ class Generator:
     values of the full pages they share (:mod:`refusion.cache.prefix`) instead
     of computing them; ``None`` (default) turns it on where the engine can
     (the ``branch`` engine without ``batch_invariant``), ``True`` requires it.
+    A request whose prompt shares full pages with a live request's prompt
+    that is still being encoded waits (at most :data:`HOLD_FOR_PREFIX` steps)
+    and then reuses them, so requests that arrive together with a common
+    prefix compute it once.
     """
 
     def __init__(
@@ -440,6 +449,13 @@ class Generator:
                 request = self._waiting[0]
                 need = request.prompt_length + request.region_length
                 if self.max_tokens is not None and self.reserved_tokens + need > self.max_tokens:
+                    return
+                if (
+                    self._running
+                    and request._held < HOLD_FOR_PREFIX
+                    and self.engine.awaited_prefix(request.prepared.prompt)
+                ):
+                    request._held += 1  # a live request is encoding pages of this prompt: take them next step
                     return
                 self._waiting.popleft()
             if request._cancel:

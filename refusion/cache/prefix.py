@@ -60,6 +60,7 @@ class PrefixCache:
         self._lru: OrderedDict[int, None] = OrderedDict()  # entry ids, least recently used first
         self._children: dict[int, set[int]] = {}  # entry id (-1: the start) -> the entries continuing it
         self._next_id = 0
+        self._expected: dict[object, list[int]] = {}  # owner -> a prompt being encoded, to be published
 
     @property
     def page_size(self) -> int:
@@ -124,6 +125,27 @@ class PrefixCache:
             self._lru.move_to_end(entry)
         self.stats.published += added
         return added
+
+    def expect(self, owner: object, prompt: torch.Tensor | list[int]) -> None:
+        """Note that ``owner``'s ``prompt`` is being encoded and will be published (until :meth:`forget`)."""
+        self._expected[owner] = prompt.tolist() if isinstance(prompt, torch.Tensor) else list(prompt)
+
+    def forget(self, owner: object) -> None:
+        """``owner``'s prompt was published, or will not be (its sequence ended first)."""
+        self._expected.pop(owner, None)
+
+    def awaited(self, prompt: torch.Tensor | list[int]) -> int:
+        """Tokens of ``prompt``'s full pages (all but its last token at most) that are not cached but that a prompt
+        being encoded will publish: waiting for it saves computing them. Counts nothing."""
+        ids = prompt.tolist() if isinstance(prompt, torch.Tensor) else list(prompt)
+        cached = len(list(self._chain(ids, max(len(ids) - 1, 0) // self.page_size))) * self.page_size
+        best = 0
+        for other in self._expected.values():
+            n, top = 0, min(len(ids) - 1, len(other))
+            while n < top and ids[n] == other[n]:
+                n += 1
+            best = max(best, min(n, len(other) // self.page_size * self.page_size) // self.page_size * self.page_size)
+        return max(0, best - cached)
 
     def _evict(self, protect: set[int]) -> bool:
         """Drop the least recently used entry whose page only the cache holds (never one of ``protect``, the chain

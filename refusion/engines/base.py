@@ -150,6 +150,12 @@ class Engine(ABC):
         """The sequence has finished or was cancelled: free what the engine keeps for it (idempotent)."""
         state.released = True
 
+    def awaited_prefix(self, prompt: torch.Tensor) -> int:
+        """Prompt tokens a sequence admitted now would compute but could reuse if admitted once the sequences being
+        encoded publish their prompts (engines that reuse prompt prefixes across sequences); 0 here. A scheduler may
+        hold such a request back a step; it must not wait on this forever."""
+        return 0
+
     # -- counting ----------------------------------------------------------------
     def run_network(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: Any, cache: Any) -> Any:
         """One network forward (:meth:`ModelAdapter.scores <refusion.models.base.ModelAdapter.scores>`) while holding

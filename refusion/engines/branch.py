@@ -204,12 +204,16 @@ class BranchEngine(Engine):
         prefixes = cast(PrefixCache, self.prefixes)
         hit = prefixes.match(prompt)
         state.prompt = prompt
+        prefixes.expect(state, prompt)
         if hit.tokens:
             buf, n = self.kv, hit.tokens
             buf.data[:, :, state.store.row, :, :n] = prefixes.pool.read(list(hit.pages), n)
             buf.lengths[state.store.row] = n
             state.counters.copied(context=n * buf.token_bytes)
             state.context.reuse(n)
+
+    def awaited_prefix(self, prompt: torch.Tensor) -> int:
+        return self.prefixes.awaited(prompt) if self.prefixes is not None else 0
 
     def _publish(self, states: list[BranchSequence]) -> None:
         """Publish the prompt pages of the sequences whose prompts are encoded now (rows in ``states`` order)."""
@@ -220,6 +224,7 @@ class BranchEngine(Engine):
             if state.prompt is None or buf.lengths[state.store.row] < state.prompt_length:
                 continue
             self.prefixes.publish(state.prompt, functools.partial(self._row_entries, state.store.row))
+            self.prefixes.forget(state)
             state.prompt = None
 
     def _row_entries(self, row: int, start: int, stop: int) -> torch.Tensor:
@@ -230,6 +235,8 @@ class BranchEngine(Engine):
         if state.released:
             return
         super().release(state)
+        if self.prefixes is not None:
+            self.prefixes.forget(state)
         store = cast(BranchSequence, state).store
         row = store.row
         store.detach()

@@ -254,9 +254,9 @@ def test_rows_reuse_shared_prompt_prefixes_unless_told_not_to(tmp_path, model, m
     monkeypatch.setattr(Generator, "__init__", keep_engine)
     rows = [{"id": str(i), "prompt": f"copy abcdefghijklmnop{c}="} for i, c in enumerate("qrst")]  # one shared page
     for reuse in (None, False):
-        run_batch(rows, tmp_path / f"{reuse}.jsonl", model=model, max_rows=1, progress=False, prefix_cache=reuse)
+        run_batch(rows, tmp_path / f"{reuse}.jsonl", model=model, progress=False, prefix_cache=reuse)
     on, off = engines
-    assert on.prefixes.stats.hits == 3 * 16 and off.prefixes is None  # rows 2-4 found row 1's page
+    assert on.prefixes.stats.hits == 3 * 16 and off.prefixes is None  # rows 2-4 waited a step for row 1's page
     with_reuse, without = read_rows(tmp_path / "None.jsonl"), read_rows(tmp_path / "False.jsonl")
     for row in rows:
         assert with_reuse[row["id"]]["tokens"] == without[row["id"]]["tokens"] == expected_tokens(model, row, {})

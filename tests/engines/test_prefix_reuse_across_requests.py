@@ -145,3 +145,37 @@ def test_the_reused_pages_hold_the_models_own_keys_and_values_of_the_prefix():
         model.model(torch.tensor([shared[:8]]), cache=cache, use_cache=True)
     expected = torch.stack([torch.stack([layer.keys[0], layer.values[0]]) for layer in cache.layers])
     torch.testing.assert_close(reused, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_requests_arriving_together_compute_their_shared_prefix_once():
+    """The first encodes the shared pages; the others wait one step for them (never longer than HOLD_FOR_PREFIX)."""
+    model = tiny(vocab=16, seed=5)
+    decoder = Decoder.from_names(slot_size=2)
+    shared = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8]  # three full pages of 4
+    prompts = [shared + [i, 7] for i in range(4)]
+    engine = BranchEngine(model, prefix_cache=True, page_size=4)
+    generator = Generator(model, decoder, engine=engine, gen_length=4)
+    requests = [generator.submit(p) for p in prompts]
+    results = [r.wait() for r in requests]
+    assert engine.prefixes.stats.hits == 3 * 12
+    for prompt, result in zip(prompts, results):
+        reference = alone(model, decoder, prompt, 4, None, False)
+        assert result.tokens.tolist() == reference.tokens.tolist()
+    assert [r._held for r in requests] == [0, 1, 0, 0]  # only the head of the queue waited, once
+
+
+def test_a_request_waits_for_shared_pages_a_bounded_number_of_steps(monkeypatch):
+    from refusion.generator import HOLD_FOR_PREFIX
+
+    model = tiny(vocab=16, seed=5)
+    engine = BranchEngine(model, prefix_cache=True, page_size=4)
+    generator = Generator(model, Decoder.from_names(slot_size=2), engine=engine, gen_length=8)
+    monkeypatch.setattr(engine, "awaited_prefix", lambda prompt: 4)  # pages always "about to be published"
+    first = generator.submit(list(range(9)))
+    later = generator.submit(list(range(9)))
+    generator.step()
+    assert first.status == "running" and later.status == "waiting"
+    for _ in range(HOLD_FOR_PREFIX):
+        generator.step()
+    assert later.status in ("running", "finished") and later._held == HOLD_FOR_PREFIX
+    assert later.wait().tokens.tolist() == first.wait().tokens.tolist()

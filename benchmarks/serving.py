@@ -72,6 +72,28 @@ def prompts_for(count):
     return [examples[i % len(examples)].prompt for i in range(count)]
 
 
+#: what a table row reports of each wave of clients: throughput, time to first text and latency (p50, p99, ms), the
+#: server's CPU seconds
+WAVE_FIELDS = (
+    lambda x: x["tps"],
+    lambda x: 1000 * percentile(x["ttft"], 50),
+    lambda x: 1000 * percentile(x["ttft"], 99),
+    lambda x: 1000 * percentile(x["latency"], 50),
+    lambda x: 1000 * percentile(x["latency"], 99),
+    lambda x: x["server_cpu"],
+)
+
+
+def wave_cells(runs, fields) -> str:
+    """Table cells: each field's median over ``runs`` with its [min-max]."""
+    cells = []
+    for field in fields:
+        values = [field(x) for x in runs]
+        m, lo, hi = statistics.median(values), min(values), max(values)
+        cells.append(f"{m:.0f} [{lo:.0f}-{hi:.0f}]" if m >= 10 else f"{m:.2f} [{lo:.2f}-{hi:.2f}]")
+    return " | ".join(cells)
+
+
 # -- part 1: the live server ---------------------------------------------------------------
 class Server:
     def __init__(self, max_rows, *flags):
@@ -199,25 +221,7 @@ def part1(clients, rounds, max_rows):
     )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, label in (("server", "refusion serve, streaming"), ("offline", "offline decode_batch (one batch)")):
-        runs = rows[name]
-
-        def med(fn, runs=runs):
-            values = [fn(x) for x in runs]
-            return statistics.median(values), min(values), max(values)
-
-        cells = [
-            med(lambda x: x["tps"]),
-            med(lambda x: 1000 * percentile(x["ttft"], 50)),
-            med(lambda x: 1000 * percentile(x["ttft"], 99)),
-            med(lambda x: 1000 * percentile(x["latency"], 50)),
-            med(lambda x: 1000 * percentile(x["latency"], 99)),
-            med(lambda x: x["server_cpu"]),
-            med(lambda x: x["wall"]),
-        ]
-        text = " | ".join(
-            f"{m:.0f} [{lo:.0f}-{hi:.0f}]" if m >= 10 else f"{m:.2f} [{lo:.2f}-{hi:.2f}]" for m, lo, hi in cells
-        )
-        print(f"| {label} | {text} |")
+        print(f"| {label} | {wave_cells(rows[name], (*WAVE_FIELDS, lambda x: x['wall']))} |")
     ratios = [s["tps"] / o["tps"] for s, o in zip(rows["server"], rows["offline"])]
     print(
         f"\nserver / offline throughput, per round: {statistics.median(ratios):.2f}x "
@@ -285,21 +289,7 @@ def part3(clients, rounds, max_rows, prefix_chars):
     )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, runs in rows.items():
-        cells = [
-            [x["tps"] for x in runs],
-            [1000 * percentile(x["ttft"], 50) for x in runs],
-            [1000 * percentile(x["ttft"], 99) for x in runs],
-            [1000 * percentile(x["latency"], 50) for x in runs],
-            [1000 * percentile(x["latency"], 99) for x in runs],
-            [x["server_cpu"] for x in runs],
-        ]
-        text = " | ".join(
-            f"{statistics.median(v):.0f} [{min(v):.0f}-{max(v):.0f}]"
-            if statistics.median(v) >= 10
-            else f"{statistics.median(v):.2f} [{min(v):.2f}-{max(v):.2f}]"
-            for v in cells
-        )
-        print(f"| {name} | {text} | {statistics.median(x['hits'] for x in runs):.0f} |")
+        print(f"| {name} | {wave_cells(runs, WAVE_FIELDS)} | {statistics.median(x['hits'] for x in runs):.0f} |")
     on, off = rows.values()
     ratios = [a["tps"] / b["tps"] for a, b in zip(on, off)]
     cpu = [b["server_cpu"] / a["server_cpu"] for a, b in zip(on, off)]

@@ -93,6 +93,7 @@ def check_options(
     workers: int,
     gpus_per_worker: float,
     cpus_per_worker: float,
+    prefix_cache: bool | None = None,
     names: dict | None = None,
     **decoder_options: Any,
 ) -> None:
@@ -107,6 +108,8 @@ def check_options(
     check_integer(shown["workers"], workers, 1)
     check_number(shown["gpus_per_worker"], gpus_per_worker, 0)
     check_number(shown["cpus_per_worker"], cpus_per_worker, 0, low_open=True)
+    if prefix_cache is not None:
+        check_boolean(shown.get("prefix_cache", "prefix_cache"), prefix_cache)
     if ray is None:
         for name, value, default in (
             ("workers", workers, 1),
@@ -179,8 +182,6 @@ def run_batch(
     dataset = is_dataset(input_path)
     if dataset and ray is None:
         ray = "local"
-    if prefix_cache is not None:
-        check_boolean({**NAMES, **(names or {})}["prefix_cache"], prefix_cache)
     check_options(
         input_path,
         output_path,
@@ -191,6 +192,7 @@ def run_batch(
         workers=workers,
         gpus_per_worker=gpus_per_worker,
         cpus_per_worker=cpus_per_worker,
+        prefix_cache=prefix_cache,
         names=names,
         **decoder_options,
     )

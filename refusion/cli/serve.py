@@ -67,9 +67,9 @@ def server_options(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
         "shutdown_timeout": args.shutdown_timeout,
         "log_level": args.log_level,
         "torch_threads": args.threads,
+        "prefix_cache": args.prefix_cache,
     }
     check_server_options(**options, names=FLAGS)
-    options["prefix_cache"] = args.prefix_cache
     limits = {"max_body_bytes": args.max_body_bytes} if args.max_body_bytes is not None else {}
     policy = ServePolicy(
         **limits,

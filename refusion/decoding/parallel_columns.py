@@ -226,9 +226,8 @@ class ParallelColumns:
             batch.feed(r, row.prompt, np.arange(row.context, row.context + pending), row.context, row.context)
             row.prompt = None
             batch.encoded[r] = pending
-        masks: np.ndarray = np.full(
-            len(positions), self.mask, dtype=np.int64
-        )  # a causal chain after the context and prompt
+        # the masks: a causal chain after the context and the prompt
+        masks: np.ndarray = np.full(len(positions), self.mask, dtype=np.int64)
         at = batch.feed(r, masks, positions, row.context + pending, row.context)
         row.positions, row.plan_at = positions, at
         batch.read(r, np.arange(at, at + len(positions)), plan=positions)

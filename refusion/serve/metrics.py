@@ -4,8 +4,9 @@ Counters: requests by endpoint and outcome, prompt and generated tokens,
 the engine's forwards, prompt tokens looked up in the prefix cache and found
 there (``refusion_prefix_cache_queries_total``/``_hits_total``, in tokens, as
 vLLM names them). Gauges: queue depth, live rows, reserved positions,
-generated tokens per forward, the prefix cache's pages in use and its limit. Histograms: request latency and time to the
-first streamed text. Plus the process's memory and CPU.
+generated tokens per forward, the prefix cache's pages in use and its
+limit. Histograms: request latency and time to the first streamed text.
+Plus the process's memory and CPU.
 """
 
 from __future__ import annotations

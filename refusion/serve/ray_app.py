@@ -30,7 +30,7 @@ from refusion.errors import ConfigError, RefusionError
 from refusion.serve.options import ServeDefaults, ServePolicy
 from refusion.serve.settings import address as host_port
 from refusion.serve.settings import bind, check_server_options, model_name_of
-from refusion.validators import check_boolean, check_integer, check_number
+from refusion.validators import check_integer, check_number
 
 #: what to install when Ray is missing
 RAY_HINT = 'pip install "refusion[ray]"'
@@ -320,10 +320,9 @@ def deploy(
         shutdown_timeout=shutdown_timeout,
         log_level=log_level,
         torch_threads=torch_threads,
+        prefix_cache=prefix_cache,
     )
     check_replicas(replicas)
-    if prefix_cache is not None:
-        check_boolean("prefix_cache", prefix_cache)
     check_number("cpus_per_replica", cpus_per_replica, 0)
     check_number("gpus_per_replica", gpus_per_replica, 0)
     serve = import_serve()

@@ -14,7 +14,6 @@ from typing import Any
 
 from refusion.serve.options import ServeDefaults, ServePolicy, check_guidance
 from refusion.serve.settings import address, bind, check_server_options, model_name_of
-from refusion.validators import check_boolean
 
 
 def serve(
@@ -58,9 +57,8 @@ def serve(
         shutdown_timeout=shutdown_timeout,
         log_level=log_level,
         torch_threads=torch_threads,
+        prefix_cache=prefix_cache,
     )
-    if prefix_cache is not None:
-        check_boolean("prefix_cache", prefix_cache)
     listener = sock if sock is not None else bind(host, port)
     try:
         _run(

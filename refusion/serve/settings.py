@@ -17,7 +17,7 @@ from typing import Any
 
 from refusion.errors import ConfigError
 from refusion.limits import MAX_THREADS
-from refusion.validators import check_integer, check_number
+from refusion.validators import check_boolean, check_integer, check_number
 
 #: uvicorn's log levels
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -94,6 +94,7 @@ def check_server_options(
     shutdown_timeout: Any,
     log_level: Any,
     torch_threads: Any,
+    prefix_cache: Any = None,
     names: Mapping[str, str] | None = None,
 ) -> None:
     """Raise :class:`ConfigError` naming the first of :func:`serve`'s options that is out of range.
@@ -116,6 +117,8 @@ def check_server_options(
     check_number(name("shutdown_timeout"), shutdown_timeout, 0, why="seconds")
     if torch_threads is not None:
         check_integer(name("torch_threads"), torch_threads, 1, MAX_THREADS)
+    if prefix_cache is not None:
+        check_boolean(name("prefix_cache"), prefix_cache)
     if log_level not in LOG_LEVELS:
         raise ConfigError(
             f"`{name('log_level')}` must be one of {', '.join(LOG_LEVELS)}; got {log_level!r}.", param=name("log_level")

@@ -86,7 +86,9 @@ def part1(model_dir, prompts: int, rounds: int) -> None:
 def part2(contexts: list[int], reps: int = 20) -> None:
     from transformers import DynamicCache
 
-    from refusion.cache.stores import DynamicStore, PreallocatedKV
+    from refusion.cache.paged import PagedKV, PagedStore
+    from refusion.cache.pages import PagePool
+    from refusion.cache.stores import DynamicStore
     from refusion.decoding.protocol import KVSegment
 
     layers, heads, dim = 8, 4, 64
@@ -104,8 +106,8 @@ def part2(contexts: list[int], reps: int = 20) -> None:
         commit = KVSegment(torch.randn(layers, 2, heads, 8, dim))
         branch = torch.randn(layers, 2, heads, 4, dim)
         old = DynamicStore(DynamicCache([(ctx[i, 0][None], ctx[i, 1][None]) for i in range(layers)]))
-        buf = PreallocatedKV(layers, 1, heads, context + 64, dim, dtype=torch.float32, device="cpu")
-        new = buf.row(buf.allocate(context + 64))
+        pages = PagedKV(PagePool(layers, heads, dim, limit=context + 64))
+        new = PagedStore(pages)
         new.append(KVSegment(ctx))
         times = {k: [] for k in ("commit_old", "commit_new", "branch_old", "branch_new")}
         for _ in range(reps):  # interleaved repetitions
@@ -124,7 +126,7 @@ def part2(contexts: list[int], reps: int = 20) -> None:
             times["branch_old"].append(time.perf_counter() - t)
             t = time.perf_counter()
             for b in range(4):
-                buf.write(0, context + 8 + 4 * b, branch)
+                pages.write(new.table, context + 8 + 4 * b, branch)
             times["branch_new"].append(time.perf_counter() - t)
         med = {k: 1e6 * statistics.median(v) for k, v in times.items()}
         print(

@@ -193,36 +193,37 @@ class PeakMemory:
 
 
 class KVBufferPeak:
-    """Largest preallocated key/value buffer (``PreallocatedKV.data``, bytes) created or grown while active."""
+    """Largest memory of keys/values the engines allocated while active (bytes): the ``branch`` engine's page pool
+    (``PagePool.data``, as created and grown)."""
 
     def __init__(self):
         self.peak = 0
         self._saved: list[tuple[str, Any]] = []
 
     def __enter__(self) -> KVBufferPeak:
-        from refusion.cache.stores import PreallocatedKV
+        from refusion.cache.pages import PagePool
 
         probe = self
 
-        def note(buffer) -> None:
-            probe.peak = max(probe.peak, buffer.data.numel() * buffer.data.element_size())
+        def note(pool) -> None:
+            probe.peak = max(probe.peak, pool.data.numel() * pool.data.element_size())
 
         for name in ("__init__", "_grow"):
-            original = getattr(PreallocatedKV, name)
+            original = getattr(PagePool, name)
             self._saved.append((name, original))
 
-            def wrapped(buffer, *args, _original=original, **kwargs):
-                _original(buffer, *args, **kwargs)
-                note(buffer)
+            def wrapped(pool, *args, _original=original, **kwargs):
+                _original(pool, *args, **kwargs)
+                note(pool)
 
-            setattr(PreallocatedKV, name, wrapped)
+            setattr(PagePool, name, wrapped)
         return self
 
     def __exit__(self, *exc) -> None:
-        from refusion.cache.stores import PreallocatedKV
+        from refusion.cache.pages import PagePool
 
         for name, original in self._saved:
-            setattr(PreallocatedKV, name, original)
+            setattr(PagePool, name, original)
 
 
 @attrs.define

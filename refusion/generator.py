@@ -44,7 +44,7 @@ from refusion.decoding.types import DecodeResult, IterationRecord
 from refusion.engines import Runner, engine_class, open_engine
 from refusion.engines.choose import check_invariance
 from refusion.errors import CallbackError, ConfigError, QueueFull, StalledError
-from refusion.validators import check_boolean
+from refusion.validators import check_boolean, check_integer
 
 #: steps a request may wait, at the head of the queue, for a live request to publish prompt pages it shares (it
 #: then reuses them instead of computing them: one forward of waiting; SGLang's in-batch prefix caching does the same)
@@ -241,6 +241,7 @@ class Generator:
         tokenizer: Any = None,
         chat: bool | None = None,
         prefix_cache: bool | None = None,
+        kv_memory: int | None = None,
         **params: Any,
     ):
         from refusion.api import build_decoder, load_model
@@ -255,6 +256,8 @@ class Generator:
             raise ConfigError(f"`max_queue` must be None or an integer >= 1; got {max_queue!r}.", param="max_queue")
         if prefix_cache is not None:
             check_boolean("prefix_cache", prefix_cache)
+        if kv_memory is not None:
+            check_integer("kv_memory", kv_memory, 1)
         self.max_queue = max_queue
         self.model = load_model(model, tokenizer=tokenizer)
         if decoder is None:
@@ -268,7 +271,7 @@ class Generator:
         self.chat = chat
         self.max_rows = max_rows
         self.max_tokens = max_tokens
-        self.engine = open_engine(self.model, decoder, engine, prefix_cache=prefix_cache)
+        self.engine = open_engine(self.model, decoder, engine, prefix_cache=prefix_cache, kv_memory=kv_memory)
         self._runner = Runner(self.engine)
         self._ids = itertools.count()
         self._waiting: deque[Request] = deque()
@@ -329,6 +332,9 @@ class Generator:
                 f"The request needs {need} positions (prompt plus generation), more than `max_tokens` "
                 f"({self.max_tokens}); use a shorter prompt or gen_length."
             )
+        room = self.engine.admission(prepared.prompt.shape[0], prepared.partition.gen_length, alone=True)
+        if room is not None:
+            raise ConfigError(f"The request cannot run: {room}.", param="kv_memory")
         request = Request(self, next(self._ids), decoder, prepared, on_event, record=bool(record))
         with self._lock:
             if self.max_queue is not None and len(self._waiting) >= self.max_queue:
@@ -450,6 +456,8 @@ class Generator:
                 need = request.prompt_length + request.region_length
                 if self.max_tokens is not None and self.reserved_tokens + need > self.max_tokens:
                     return
+                if self.engine.admission(request.prompt_length, request.region_length) is not None:
+                    return  # it fits once a running request gives its pages back (submit checked it fits alone)
                 if (
                     self._running
                     and request._held < HOLD_FOR_PREFIX

@@ -60,6 +60,7 @@ NAMES = {
     "cpus_per_worker": "cpus_per_worker",
     "gen_length": "gen_length",
     "prefix_cache": "prefix_cache",
+    "kv_memory": "kv_memory",
 }
 
 
@@ -94,6 +95,7 @@ def check_options(
     gpus_per_worker: float,
     cpus_per_worker: float,
     prefix_cache: bool | None = None,
+    kv_memory: int | None = None,
     names: dict | None = None,
     **decoder_options: Any,
 ) -> None:
@@ -110,6 +112,8 @@ def check_options(
     check_number(shown["cpus_per_worker"], cpus_per_worker, 0, low_open=True)
     if prefix_cache is not None:
         check_boolean(shown.get("prefix_cache", "prefix_cache"), prefix_cache)
+    if kv_memory is not None:
+        check_integer(shown.get("prefix_cache", "kv_memory"), kv_memory, 1)
     if ray is None:
         for name, value, default in (
             ("workers", workers, 1),
@@ -155,6 +159,7 @@ def run_batch(
     progress: bool = True,
     names: dict | None = None,
     prefix_cache: bool | None = None,
+    kv_memory: int | None = None,
     **decoder_options: Any,
 ) -> BatchSummary:
     """Generate for every row of ``input_path`` into ``output_path``; a :class:`BatchSummary`.
@@ -193,6 +198,7 @@ def run_batch(
         gpus_per_worker=gpus_per_worker,
         cpus_per_worker=cpus_per_worker,
         prefix_cache=prefix_cache,
+        kv_memory=kv_memory,
         names=names,
         **decoder_options,
     )
@@ -201,6 +207,7 @@ def run_batch(
         max_batch_tokens=max_batch_tokens,
         allow_imports=allow_imports,
         prefix_cache=prefix_cache,
+        kv_memory=kv_memory,
         **decoder_options,
     )
     start = time.monotonic()

@@ -50,8 +50,8 @@ class BatchWorker:
     (``preset``, part names, part parameters, sampling, ``seed``,
     ``gen_length``, ``chat``, ``allow_special``); a row's own fields override
     them. ``allow_imports`` lets rows name parts by ``"module:Class"`` path;
-    ``prefix_cache`` is :class:`~refusion.generator.Generator`'s (``None``: rows
-    reuse shared prompt prefixes where the engine can).
+    ``prefix_cache`` and ``kv_memory`` are :class:`~refusion.generator.Generator`'s (``None``: rows
+    reuse shared prompt prefixes where the engine can; keys/values take the engine's default budget).
     Bad defaults raise :class:`ConfigError` here, before any row is read.
     """
 
@@ -63,13 +63,16 @@ class BatchWorker:
         max_batch_tokens: int = 8192,
         allow_imports: bool = False,
         prefix_cache: bool | None = None,
+        kv_memory: int | None = None,
         **decoder_options: Any,
     ):
         from refusion.generator import Generator
-        from refusion.validators import check_boolean
+        from refusion.validators import check_boolean, check_integer
 
         if prefix_cache is not None:
             check_boolean("prefix_cache", prefix_cache)
+        if kv_memory is not None:
+            check_integer("kv_memory", kv_memory, 1)
         self.model = load(model)
         options = dict(decoder_options)
         self.gen_length = options.pop("gen_length", None)
@@ -86,6 +89,7 @@ class BatchWorker:
             max_rows=max_rows,
             max_tokens=max_batch_tokens,
             prefix_cache=prefix_cache,
+            kv_memory=kv_memory,
             **{k: v for k, v in self.defaults.items() if k != "seed"},
         )
         self.lookahead = max_rows + max(1, max_rows // 2)  # the live rows and a small queue to refill from

@@ -1,11 +1,15 @@
 """Fixed-size pages of keys/values: storage, allocation and reference counts, no policy.
 
-A :class:`PagePool` holds ``data`` of shape ``(layers, 2, pages, kv_heads, page_size, head_dim)``: page ``p`` keeps
-the keys and values of ``page_size`` consecutive cache entries of one sequence. Pages are handed out by
-:meth:`PagePool.allocate` and counted by references: a page is free again when its last holder releases it. The pool
-grows by doubling (one copy of the pages in use, counted on ``counters``) up to ``limit`` pages, so a budget of many
-gigabytes costs nothing until it is used. What the pages mean (which tokens, who shares them) is the business of
-the policy on top (:mod:`refusion.cache.prefix`).
+A :class:`PagePool` holds ``data`` of shape ``(layers, 2, pages, page_size, kv_heads, head_dim)``: page ``p`` keeps
+the keys and values of ``page_size`` consecutive cache entries of one sequence. Seen as ``slots`` (``(layers, 2,
+pages * page_size, kv_heads, head_dim)``, a view), entry ``i`` of page ``p`` is slot ``p * page_size + i``: a block
+table turns into slot indices, and the entries of any rows gather into ``(rows, keys, heads, dim)`` with one
+``index_select`` (the layout transformers' attention reads as ``(rows, heads, keys, dim)`` after a transpose). Pages
+are handed out by :meth:`PagePool.allocate` and counted by references: a page is free again when its last holder
+releases it. The pool grows by doubling (one copy of the pages in use, counted on ``counters``) up to ``limit``
+pages, so a budget of many gigabytes costs nothing until it is used. What the pages mean (which tokens, who shares
+them) is the business of the policies on top (:mod:`refusion.cache.paged` for live sequences,
+:mod:`refusion.cache.prefix` for prompts shared across requests).
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ class PagePool:
     """Pages of ``page_size`` entries, at most ``limit`` of them (see the module docstring).
 
     Contract: :meth:`allocate` returns a page with one reference, or ``None`` when all ``limit`` pages are held
-    (or memory to grow is lacking);
+    (or memory to grow is lacking; ``beyond_limit=True`` grows past ``limit``, for a running sequence that must not
+    fail);
     :meth:`retain`/:meth:`release` add and drop references (releasing a free page raises); :meth:`write` and
     :meth:`read` copy entries in and out (``(layers, 2, heads, n, dim)``, ``n`` a multiple of ``page_size`` or
     less than one page at the end). Nothing here looks at what the entries are.
@@ -47,8 +52,10 @@ class PagePool:
         self.limit = limit
         self.token_bytes = bytes_per_token(layers, heads, dim, dtype)
         self.counters = counters if counters is not None else Counters()
-        self.data = torch.zeros((layers, 2, min(limit, 8), heads, page_size, dim), dtype=dtype, device=device)
+        self.data = torch.zeros((layers, 2, min(limit, 8), page_size, heads, dim), dtype=dtype, device=device)
         self.refs = [0] * self.data.shape[2]
+        #: bytes of held pages copied when the pool grew (also counted on ``counters`` as copies of cached entries)
+        self.growth_bytes = 0
         self._free = list(range(self.data.shape[2] - 1, -1, -1))
 
     @classmethod
@@ -63,6 +70,12 @@ class PagePool:
         return self.token_bytes * self.page_size
 
     @property
+    def slots(self) -> torch.Tensor:
+        """``data`` as ``(layers, 2, pages * page_size, heads, dim)`` (a view: writes go to the pages)."""
+        layers, two, pages, size, heads, dim = self.data.shape
+        return self.data.view(layers, two, pages * size, heads, dim)
+
+    @property
     def used(self) -> int:
         """Pages holding at least one reference."""
         return len(self.refs) - len(self._free)
@@ -72,12 +85,18 @@ class PagePool:
         """Pages allocated in memory so far (grows up to :attr:`limit`)."""
         return self.data.shape[2]
 
-    def allocate(self) -> int | None:
-        """A page with one reference, or ``None`` when ``limit`` pages are held or the device has no memory left to
-        grow the pool (the pool is an optimisation: running out of room is an answer, not an error)."""
-        if not self._free and self.capacity < self.limit:
+    @property
+    def over_limit(self) -> int:
+        """Pages held beyond ``limit`` (taken with ``beyond_limit=True``)."""
+        return max(0, self.used - self.limit)
+
+    def allocate(self, beyond_limit: bool = False) -> int | None:
+        """A page with one reference, or ``None`` when ``limit`` pages are held (unless ``beyond_limit``) or the
+        device has no memory left to grow the pool (running out of room is an answer, not an error)."""
+        if not self._free and (beyond_limit or self.capacity < self.limit):
             try:
-                self._grow(min(self.limit, 2 * self.capacity))
+                grown = 2 * self.capacity
+                self._grow(grown if beyond_limit and self.capacity >= self.limit else min(self.limit, grown))
             except torch.OutOfMemoryError:
                 return None
         if not self._free:
@@ -104,15 +123,15 @@ class PagePool:
         n, size = kv.shape[3], self.page_size
         for i, page in enumerate(pages):
             chunk = kv[:, :, :, i * size : min(n, (i + 1) * size)]
-            self.data[:, :, page, :, : chunk.shape[3]] = chunk
+            self.data[:, :, page, : chunk.shape[3]] = chunk.transpose(2, 3)
         self.counters.copied(new=n * self.token_bytes)
 
     def read(self, pages: list[int], n: int) -> torch.Tensor:
         """The first ``n`` entries of ``pages`` in order, as ``(layers, 2, heads, n, dim)`` (a copy)."""
         index = torch.tensor(pages, dtype=torch.long, device=self.data.device)
-        picked = self.data.index_select(2, index)  # (layers, 2, pages, heads, size, dim)
-        layers, two, count, heads, size, dim = picked.shape
-        return picked.permute(0, 1, 3, 2, 4, 5).reshape(layers, two, heads, count * size, dim)[:, :, :, :n]
+        picked = self.data.index_select(2, index)  # (layers, 2, pages, size, heads, dim)
+        layers, two, count, size, heads, dim = picked.shape
+        return picked.view(layers, two, count * size, heads, dim)[:, :, :n].transpose(2, 3)
 
     def _grow(self, pages: int) -> None:
         old = self.capacity
@@ -121,6 +140,7 @@ class PagePool:
         if held:
             grown[:, :, :old] = self.data
             self.counters.copied(context=len(held) * self.page_bytes)
+            self.growth_bytes += len(held) * self.page_bytes
         self.data = grown
         self.refs += [0] * (pages - old)
         self._free = list(range(pages - 1, old - 1, -1)) + self._free

@@ -2,18 +2,21 @@
 
 A causal model's keys and values of a prompt's first ``n`` tokens depend on those tokens only, so a request whose
 prompt starts like an earlier one's (a shared system prompt, a few-shot header, a conversation's earlier turns) can
-take them instead of computing them. :class:`PrefixCache` keeps them in a :class:`~refusion.cache.pages.PagePool`,
-one entry per full page of prompt tokens. An entry is keyed by its tokens chained with the entry before it (the
-page's position in the prompt and everything before it are part of the key), compared exactly (no hash collision
-can hand a request another prompt's keys). The cache holds one reference to each entry's page; a page that only the
-cache holds is evictable, the least recently used first (a match touches the deepest entry first, so an entry is
-never evicted before the entries that continue it). Queries and hits are counted in tokens, as vLLM counts them.
+take them instead of computing them. :class:`PrefixCache` keeps one entry per full page of prompt tokens, on the
+pages of the :class:`~refusion.cache.pages.PagePool` that live sequences use (:mod:`refusion.cache.paged`):
+publishing an encoded prompt takes a reference to the pages its sequence wrote, and a later sequence that matches
+takes a reference too (nothing is copied either way). An entry is keyed by its tokens chained with the entry before
+it (the page's position in the prompt and everything before it are part of the key), compared exactly (no hash
+collision can hand a request another prompt's keys). The cache holds one reference to each entry's page; a page that
+only the cache holds is evictable, the least recently used first (a match touches the deepest entry first, so an
+entry is never evicted before the entries that continue it). Queries and hits are counted in tokens, as vLLM counts
+them.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Sequence
 
 import attrs
 import torch
@@ -46,9 +49,9 @@ class PrefixCache:
     """Full pages of prompt keys/values by content (see the module docstring).
 
     :meth:`match` finds the longest cached run of full pages that starts ``prompt`` (at most ``limit`` tokens) and
-    counts the query; :meth:`publish` adds the full pages of an encoded prompt that are not cached yet, reading their
-    keys/values through a callback, evicting entries only the cache holds when the pool is full (and publishing
-    fewer pages when nothing is evictable). It never changes a page someone else holds.
+    counts the query; :meth:`publish` adds the full pages of an encoded prompt that are not cached yet by taking a
+    reference to the pages that hold them (no copy); :meth:`evict` frees the least recently used page only the
+    cache holds, when the pool it shares with live sequences needs room. It never changes a page's contents.
     """
 
     def __init__(self, pool: PagePool):
@@ -93,26 +96,19 @@ class PrefixCache:
         self.stats.hits += hit.tokens
         return hit
 
-    def publish(self, prompt: torch.Tensor | list[int], read: Callable[[int, int], torch.Tensor]) -> int:
-        """Cache the full pages of an encoded ``prompt`` not cached yet; ``read(start, stop)`` gives the keys/values
-        of its entries ``start:stop`` as ``(layers, 2, heads, n, dim)``. Returns the pages added."""
+    def publish(self, prompt: torch.Tensor | list[int], pages: Sequence[int]) -> int:
+        """Cache the full pages of an encoded ``prompt`` not cached yet; ``pages[i]`` holds its entries
+        ``i * page_size`` onwards (a live sequence's own pages: the cache takes a reference to each, copies nothing;
+        their holder must not write them again without copying first). Returns the pages added."""
         ids = prompt.tolist() if isinstance(prompt, torch.Tensor) else list(prompt)
         size, parent, added = self.page_size, -1, 0
         chain: list[int] = []
-        for i in range(len(ids) // size):
+        for i in range(min(len(ids) // size, len(pages))):
             key = (parent, tuple(ids[i * size : (i + 1) * size]))
             entry = self._entries.get(key)
             if entry is None:
-                page = self.pool.allocate()
-                if page is None and self._evict(protect=set(chain)):
-                    page = self.pool.allocate()
-                if page is None:
-                    break  # full of pages others hold: publish what fits
-                try:
-                    self.pool.write([page], read(i * size, (i + 1) * size))
-                except BaseException:
-                    self.pool.release(page)  # nothing was registered: the cache stays as it was
-                    raise
+                page = pages[i]
+                self.pool.retain(page)
                 entry = self._next_id
                 self._next_id += 1
                 self._entries[key], self._page[entry], self._key[entry] = entry, page, key
@@ -147,11 +143,16 @@ class PrefixCache:
             best = max(best, min(n, len(other) // self.page_size * self.page_size) // self.page_size * self.page_size)
         return max(0, best - cached)
 
-    def _evict(self, protect: set[int]) -> bool:
-        """Drop the least recently used entry whose page only the cache holds (never one of ``protect``, the chain
-        the caller is extending), and the entries that continue it; False when there is none."""
+    @property
+    def evictable(self) -> int:
+        """Pages only the cache holds (freed by :meth:`evict` when the pool needs room)."""
+        return sum(self.pool.refs[page] == 1 for page in self._page.values())
+
+    def evict(self) -> bool:
+        """Drop the least recently used entry whose page only the cache holds, and the entries that continue it;
+        False when there is none. (Called by whoever needs a page of the shared pool.)"""
         for entry in self._lru:
-            if entry not in protect and self.pool.refs[self._page[entry]] == 1:
+            if self.pool.refs[self._page[entry]] == 1:
                 self._drop(entry)
                 return True
         return False

@@ -11,6 +11,7 @@ from refusion.cli.options import (
     add_decoding_options,
     add_model_options,
     add_trust_options,
+    byte_size,
     chosen_preset,
     decoding_params,
     integer,
@@ -30,6 +31,7 @@ FLAGS = {
     "cpus_per_worker": "--cpus-per-worker",
     "gen_length": "--gen-length",
     "prefix_cache": "--no-prefix-cache",
+    "kv_memory": "--kv-memory",
 }
 
 
@@ -49,6 +51,7 @@ def run_batch_command(args: argparse.Namespace) -> int:
         max_rows=args.max_rows,
         max_batch_tokens=args.max_batch_tokens,
         prefix_cache=args.prefix_cache,
+        kv_memory=args.kv_memory,
         allow_imports=args.allow_imports,
         progress=args.progress,
         names=FLAGS,
@@ -116,6 +119,14 @@ def add_parsers(sub: Any) -> None:
         const=False,
         default=None,
         help="compute every prompt in full (default: rows reuse the keys/values of prompt prefixes they share)",
+    )
+    batch.add_argument(
+        "--kv-memory",
+        type=byte_size,
+        default=None,
+        metavar="SIZE",
+        help="memory keys/values may take, e.g. 8GiB (rows wait for room beyond it; default: 90%% of the free GPU "
+        "memory, or half the host's available memory)",
     )
     add_trust_options(batch, what="rows")
     batch.add_argument(

@@ -47,6 +47,42 @@ def integer(low: int | None = None, high: int | None = None, why: str = "") -> C
     return parse
 
 
+#: suffixes of a size in bytes (``--kv-memory 8GiB``), powers of 1000 and of 1024
+BYTE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
+
+
+def byte_size(text: str) -> int:
+    """An argparse ``type``: a positive size in bytes, plain (``8589934592``) or with a unit (``512MiB``, ``8GB``)."""
+    import re
+
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in BYTE_UNITS:
+        raise argparse.ArgumentTypeError(
+            f"invalid size: {text!r} (bytes, or a number with one of KB, MB, GB, KiB, MiB, GiB, TiB)"
+        )
+    value = int(float(match.group(1)) * BYTE_UNITS[unit])
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte; got {text!r}")
+    return value
+
+
+byte_size.__name__ = "size"
+
+
 def number(
     low: float | None = None, high: float | None = None, *, low_open: bool = False, why: str = ""
 ) -> Callable[[str], float]:

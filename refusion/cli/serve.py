@@ -14,6 +14,7 @@ from refusion.cli.options import (
     add_decoding_options,
     add_model_options,
     add_trust_options,
+    byte_size,
     check_decoding,
     chosen_preset,
     decoding_params,
@@ -37,6 +38,7 @@ FLAGS = {
     "shutdown_timeout": "--shutdown-timeout",
     "log_level": "--log-level",
     "torch_threads": "--threads",
+    "kv_memory": "--kv-memory",
 }
 
 #: the flags that only mean something with ``--ray``
@@ -68,6 +70,7 @@ def server_options(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
         "log_level": args.log_level,
         "torch_threads": args.threads,
         "prefix_cache": args.prefix_cache,
+        "kv_memory": args.kv_memory,
     }
     check_server_options(**options, names=FLAGS)
     limits = {"max_body_bytes": args.max_body_bytes} if args.max_body_bytes is not None else {}
@@ -214,6 +217,14 @@ def add_parsers(sub: Any) -> None:
         const=False,
         default=None,
         help="compute every prompt in full (default: requests reuse the keys/values of prompt prefixes they share)",
+    )
+    serve.add_argument(
+        "--kv-memory",
+        type=byte_size,
+        default=None,
+        metavar="SIZE",
+        help="memory keys/values may take, e.g. 8GiB (requests wait for room beyond it; default: 90%% of the free GPU "
+        "memory, or half the host's available memory)",
     )
     serve.add_argument(
         "--log-level",

@@ -344,19 +344,18 @@ class LosslessColumns:
         if len(eos):
             session.eos_offset = int(eos[0])
             session.open = [False] * len(session.open)
-        buf = self.engine.kv  # the answer is cached left to right; its last token is still pending
-        result = session.settled(
+        result = session.settled(  # the answer is cached left to right; its last token is still pending
             torch.arange(produced),
-            buf.lengths[session.state.store.row],
+            len(session.state.store),
             int(self.steps[i]),
             int(self.fed[i]),
-            buf.token_bytes,
+            self.engine.kv.token_bytes,
         )
         self._remove(i)
         return session, result
 
     def _remove(self, i: int) -> None:
-        """Free row ``i``: the last row moves into its place, in the columns and in the engine's buffer alike."""
+        """Free row ``i``: the last row moves into its place in the columns (the engine gives its pages back)."""
         session = self.sessions[i]
         last = len(self.sessions) - 1
         for name in self._COLUMNS:

@@ -186,9 +186,10 @@ class ExtendOutput:
 
     extend: Extend
     scores: Scores = attrs.field(converter=Scores.of)
-    #: per-layer ``(keys, values)`` of shape (rows, heads, length, dim), or one buffer tensor of shape
-    #: (layers, 2, rows, heads, capacity, dim)
-    _layers: Sequence[tuple[torch.Tensor, torch.Tensor]] | torch.Tensor = attrs.field(repr=False)
+    #: per-layer ``(keys, values)`` of shape (rows, heads, length, dim), one buffer tensor of shape
+    #: (layers, 2, rows, heads, capacity, dim), or a reader whose ``entries(start, stop)`` gives
+    #: (layers, 2, heads, n, dim) (a paged engine's row)
+    _layers: Any = attrs.field(repr=False)
     _batch: int = attrs.field(repr=False)
     _start: int = attrs.field(repr=False)
     _epoch: Epoch | None = attrs.field(default=None, repr=False)
@@ -209,6 +210,8 @@ class ExtendOutput:
                 "(e.g. branch.extended(output, n)) before yielding the next ModelCall."
             )
         stop = self._start + len(self.extend.tokens)
+        if hasattr(self._layers, "entries"):  # a paged engine's row
+            return KVSegment(self._layers.entries(self._start, stop))
         if isinstance(self._layers, torch.Tensor):  # an engine's buffer (layers, 2, rows, heads, capacity, dim)
             return KVSegment(self._layers[:, :, self._batch, :, self._start : stop].clone())
         return KVSegment.from_layers(self._layers, self._batch, self._start, stop)

@@ -150,6 +150,18 @@ class Engine(ABC):
         """The sequence has finished or was cancelled: free what the engine keeps for it (idempotent)."""
         state.released = True
 
+    def admission(self, prompt_length: int, region_length: int, *, alone: bool = False) -> str | None:
+        """Why a sequence of ``prompt_length`` prompt tokens and ``region_length`` to generate cannot be admitted
+        now, beside the running sequences (``alone``: even with none running), as a short reason naming the memory
+        budget; ``None`` when it can. A scheduler queues a request that does not fit now and refuses one that does
+        not fit alone. Engines with a memory budget (the ``branch`` engine's pages) say; the default admits
+        everything."""
+        return None
+
+    def kv_pages(self) -> tuple[int, int] | None:
+        """``(used, total)`` pages of keys/values, for engines that keep them on pages (``None`` here)."""
+        return None
+
     def awaited_prefix(self, prompt: torch.Tensor) -> int:
         """Prompt tokens a sequence admitted now would compute but could reuse if admitted once the sequences being
         encoded publish their prompts (engines that reuse prompt prefixes across sequences); 0 here. A scheduler may

@@ -1,29 +1,28 @@
-"""The ``branch`` engine: many sequences, parallel branches as attention masks, one preallocated cache.
+"""The ``branch`` engine: many sequences, parallel branches as attention masks, keys/values on pages.
 
 Each :meth:`BranchEngine.run` is one model forward serving one pending
 :class:`~refusion.decoding.protocol.ModelCall` of every given sequence. Each sequence
-owns a row of a :class:`~refusion.cache.stores.PreallocatedKV`: its encoded
-context sits in slots ``0:len`` and is never copied. For the call, every row
+owns a block table of pages (:mod:`refusion.cache.paged`): its encoded context
+sits in columns ``0:len`` and is never copied. For the call, every row
 lays out its queries - pending context tokens, then the tokens of each
 extend - and the keys/values of the branches those extends continue are
-written once into scratch columns. A boolean mask lets each query see its own
+written once into scratch columns right after its context. A boolean mask lets each query see its own
 context, the pending tokens, its branch's scratch span and, causally, the
 tokens of its own extend: branches of one sequence share the cached prefix
 instead of repeating it.
 
 On transformers models the forward is *packed* (:mod:`refusion.engines.ragged`):
 all rows' queries form one row of tokens, so no sequence is padded to another
-(a verify call is never padded to another row's plan); each row's scratch
-sits right after its own context, so the buffer holds what the contexts need.
-Other adapters get rows padded to the widest with a 4-D mask, the scratch
-after the longest context.
+(a verify call is never padded to another row's plan), and attention gathers
+each row's keys from its pages. Other adapters get rows padded to the widest
+with a 4-D mask over a dense copy of the rows' contexts made for the forward.
 
-Writes are O(new tokens): the model writes the fed tokens' keys/values into the
-scratch slots in place; committing copies only the committed tokens
-(``refusion_kernels.scatter_kv``); truncation is a length change. Sequences
-join (:meth:`~BranchEngine.admit`) and leave (:meth:`~BranchEngine.release`)
-between forwards; the live rows are kept contiguous by moving the last row
-into a freed one.
+Writes are O(new tokens): the model writes the fed tokens' keys/values into
+their pages in place; committing copies only the committed tokens;
+truncation is a length change. Sequences join (:meth:`~BranchEngine.admit`)
+when the pages they may need fit the engine's memory budget
+(:meth:`~BranchEngine.admission`) and leave (:meth:`~BranchEngine.release`)
+between forwards, giving their pages back: no other sequence's entries move.
 """
 
 from __future__ import annotations
@@ -35,22 +34,22 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from refusion.cache.budget import default_kv_memory
+from refusion.cache.paged import PagedKV, PagedStore, TableReader
 from refusion.cache.pages import PAGE_SIZE, PagePool
 from refusion.cache.prefix import PrefixCache
 from refusion.cache.sequence import SequenceCache
-from refusion.cache.stores import PreallocatedKV, RowStore
 from refusion.decoding.protocol import ExtendOutput, ModelCall
 from refusion.engines.base import Engine, SequenceState
 from refusion.models.base import exclusive
 from refusion.plugins import hookimpl
 
 CUSTOM_MASK_ATTENTION = ("sdpa", "eager")
-#: the prefix cache's default budget (its pool grows to it as prompts are published)
-PREFIX_CACHE_BYTES = 256 << 20
 
 
 class _ScratchCache:
-    """The cache object the network sees during one call: writes new keys/values at slots ``start:start+q``."""
+    """The cache object the network sees during one padded call: writes new keys/values at slots
+    ``start:start+q`` of a dense ``(layers, 2, rows, heads, capacity, dim)`` tensor."""
 
     def __init__(self, data: torch.Tensor, rows: int, start: int, q: int):
         self.data, self.rows, self.start, self.q = data, rows, start, q
@@ -68,12 +67,12 @@ class _ScratchCache:
 
 
 class BranchSequence(SequenceState):
-    """A sequence of the branch engine: its context lives in row ``store.row`` of the shared buffer.
+    """A sequence of the branch engine: its context lives in the pages of ``store.table``.
 
     ``prompt``: its prompt ids while its full pages may still be published to the engine's prefix cache
     (``None`` once they were, or when the engine keeps none)."""
 
-    store: RowStore
+    store: PagedStore
     prompt: torch.Tensor | None = None
 
 
@@ -86,13 +85,13 @@ def attention_implementation(model: Any) -> str:
 class BranchEngine(Engine):
     """Runs one model call per sequence in a single forward (causal models that state their KV shape).
 
-    ``rows`` is the initial number of rows of the buffer; it doubles when a
-    sequence is admitted and none is free. ``prefix_cache``: reuse the keys and
-    values of prompts' full pages across sequences (:mod:`refusion.cache.prefix`),
-    in a pool of at most ``prefix_cache_bytes`` (default
-    :data:`PREFIX_CACHE_BYTES`) of ``page_size``-token pages; a sequence's
-    reused prefix is copied into its row at admission (its tokens are not fed),
-    its own prompt published once encoded. Not with ``batch_invariant``: a reused
+    Keys and values live in pages of ``page_size`` tokens (:mod:`refusion.cache.paged`), at most ``kv_memory``
+    bytes of them (default: :func:`~refusion.cache.budget.default_kv_memory` of the device). A sequence is
+    admitted when the pages it may need fit beside the running ones' (:meth:`admission`); a running sequence is
+    never refused a page. ``prefix_cache``: reuse the keys and values of prompts' full pages across sequences
+    (:mod:`refusion.cache.prefix`): a sequence whose prompt starts like an earlier one's starts its table with
+    those pages (its tokens are not fed, nothing is copied), its own prompt's pages are published once encoded,
+    and pages only the cache holds are evicted when the budget needs them. Not with ``batch_invariant``: a reused
     prefix was computed in another forward's shape.
     """
 
@@ -103,11 +102,10 @@ class BranchEngine(Engine):
         self,
         model: Any,
         *,
-        rows: int = 1,
         packed: bool | None = None,
         batch_invariant: bool = False,
         prefix_cache: bool = False,
-        prefix_cache_bytes: int | None = None,
+        kv_memory: int | None = None,
         page_size: int = PAGE_SIZE,
     ):
         super().__init__(model, batch_invariant=batch_invariant)
@@ -122,32 +120,26 @@ class BranchEngine(Engine):
                 "forward's shape.",
                 param="prefix_cache",
             )
-        if prefix_cache_bytes is not None:
-            check_integer("prefix_cache_bytes", prefix_cache_bytes, 1)
+        if kv_memory is not None:
+            check_integer("kv_memory", kv_memory, 1)
         check_integer("page_size", page_size, 1)
         self.prefix_cache = bool(prefix_cache)
-        self.prefix_cache_bytes = PREFIX_CACHE_BYTES if prefix_cache_bytes is None else prefix_cache_bytes
-        self.page_size = page_size
-        #: the prompts' pages shared across sequences (made with the buffer), when ``prefix_cache``
-        self.prefixes: PrefixCache | None = None
-
-        self.initial_rows = max(1, int(rows))
-        self.buffer: PreallocatedKV | None = None
-        self.by_row: dict[int, BranchSequence] = {}
         reason = supports(model)
         if packed and reason:
-            from refusion.errors import ConfigError
-
             raise ConfigError(f"`packed` forwards cannot run on {type(model).__name__}: {reason}.", param="packed")
         #: packed forwards (no padding; HF models with attention functions) or padded rows with a 4-D mask
         self.packed = reason is None if packed is None else packed
-
-    @property
-    def kv(self) -> PreallocatedKV:
-        """The buffer every sequence's keys and values live in (made when the first sequence is admitted)."""
-        if self.buffer is None:
-            raise RuntimeError("the branch engine has no buffer before a sequence is admitted")
-        return self.buffer
+        layers, heads, dim, dtype = model.kv_shape()
+        budget = kv_memory if kv_memory is not None else default_kv_memory(self.device)
+        pool = PagePool.for_budget(
+            layers, heads, dim, budget, page_size=page_size, dtype=dtype, device=self.device, counters=self.counters
+        )
+        #: the prompts' pages shared across sequences, when ``prefix_cache``
+        self.prefixes: PrefixCache | None = PrefixCache(pool) if self.prefix_cache else None
+        #: the pages every sequence's keys and values live in (the pool grows to the budget as they are taken)
+        self.kv = PagedKV(pool, self.prefixes)
+        #: pages each live sequence was admitted for
+        self.reserved: dict[SequenceState, int] = {}
 
     @classmethod
     def unsupported(cls, model: Any) -> str | None:
@@ -163,73 +155,71 @@ class BranchEngine(Engine):
             return f"attention implementation {impl!r} cannot apply custom 4-D masks (sdpa and eager can)"
         return None
 
+    # -- admission -------------------------------------------------------------------
+    def reservation(self, prompt_length: int, region_length: int) -> int:
+        """Pages a sequence is admitted for: its prompt and region, and the region again for the branches and
+        drafts a forward feeds past its context (plus one page for the partial ones)."""
+        return self.kv.pages_for(prompt_length + 2 * region_length) + 1
+
+    def kv_pages(self) -> tuple[int, int]:
+        return self.kv.pool.used, self.kv.pool.limit
+
+    def admission(self, prompt_length: int, region_length: int, *, alone: bool = False) -> str | None:
+        need = self.reservation(prompt_length, region_length)
+        limit = self.kv.pool.limit
+        held = 0 if alone else sum(self.reserved.values())
+        if held + need <= limit:
+            return None
+        page = self.kv.pool.page_bytes
+        return (
+            f"a prompt of {prompt_length} tokens generating {region_length} needs {need} pages of keys/values "
+            f"({need * page} bytes); {limit - held} of the budget's {limit} are free (raise `kv_memory`)"
+        )
+
     # -- rows ----------------------------------------------------------------------
     def admit(self, prompt: torch.Tensor, region_length: int) -> SequenceState:
-        need = prompt.shape[0] + region_length
-        if self.buffer is None:
-            layers, heads, dim, dtype = self.model.kv_shape()
-            self.buffer = PreallocatedKV(
-                layers, self.initial_rows, heads, need, dim, dtype=dtype, device=self.device, counters=self.counters
-            )
-            if self.prefix_cache:
-                pool = PagePool.for_budget(
-                    layers,
-                    heads,
-                    dim,
-                    self.prefix_cache_bytes,
-                    page_size=self.page_size,
-                    dtype=dtype,
-                    device=self.device,
-                    counters=self.counters,
-                )
-                self.prefixes = PrefixCache(pool)
-        row = self.kv.allocate(need)
         counters = self.new_counters()
-        store = RowStore(self.kv, row, counters)
+        store = PagedStore(self.kv, counters)
         cache = SequenceCache(store, prompt, torch.arange(prompt.shape[0]))
         state = BranchSequence(cache, counters, prompt.shape[0], region_length)
         state.store = store
-        self.by_row[row] = state
+        self.reserved[state] = self.reservation(prompt.shape[0], region_length)
         if self.prefixes is not None:
             try:
                 self._reuse_prefix(state, prompt)
             except BaseException:
-                self.release(state)  # the sequence was never admitted: its row is free again
+                self.release(state)  # the sequence was never admitted: its pages are free again
                 raise
         return state
 
     # -- prefixes shared across sequences ----------------------------------------------
     def _reuse_prefix(self, state: BranchSequence, prompt: torch.Tensor) -> None:
-        """Copy the cached pages of ``prompt``'s longest cached prefix into the new row; mark them encoded."""
+        """Start the new sequence's table with the cached pages of ``prompt``'s longest cached prefix (shared, not
+        copied); mark them encoded."""
         prefixes = cast(PrefixCache, self.prefixes)
         hit = prefixes.match(prompt)
         state.prompt = prompt
         prefixes.expect(state, prompt)
         if hit.tokens:
-            buf, n = self.kv, hit.tokens
-            buf.data[:, :, state.store.row, :, :n] = prefixes.pool.read(list(hit.pages), n)
-            buf.lengths[state.store.row] = n
-            state.counters.copied(context=n * buf.token_bytes)
-            state.context.reuse(n)
+            self.kv.share(state.store.table, hit.pages)
+            state.context.reuse(hit.tokens)
 
     def awaited_prefix(self, prompt: torch.Tensor) -> int:
         return self.prefixes.awaited(prompt) if self.prefixes is not None else 0
 
     def _publish(self, states: list[BranchSequence]) -> None:
-        """Publish the prompt pages of the sequences whose prompts are encoded now (rows in ``states`` order)."""
+        """Publish the prompt pages of the sequences whose prompts are encoded now (by reference)."""
         if self.prefixes is None:
             return
-        buf = self.kv
         for state in states:
-            if state.prompt is None or buf.lengths[state.store.row] < state.prompt_length:
+            table = state.store.table
+            if state.prompt is None or table.length < state.prompt_length:
                 continue
-            self.prefixes.publish(state.prompt, functools.partial(self._row_entries, state.store.row))
+            full = state.prompt_length // self.kv.page_size
+            self.prefixes.publish(state.prompt, table.pages[:full])
+            table.shared = max(table.shared, full)  # the cache holds them now: copied before any rewrite
             self.prefixes.forget(state)
             state.prompt = None
-
-    def _row_entries(self, row: int, start: int, stop: int) -> torch.Tensor:
-        """Keys/values of buffer row ``row``'s entries ``start:stop``, ``(layers, 2, heads, n, dim)`` (a view)."""
-        return self.kv.data[:, :, row, :, start:stop]
 
     def release(self, state: SequenceState) -> None:
         if state.released:
@@ -237,58 +227,22 @@ class BranchEngine(Engine):
         super().release(state)
         if self.prefixes is not None:
             self.prefixes.forget(state)
-        store = cast(BranchSequence, state).store
-        row = store.row
-        store.detach()
-        del self.by_row[row]
-        self.kv.free(row)
-        last = max(self.by_row, default=-1)
-        if last > row:  # keep the live rows contiguous: the last one moves into the hole
-            moved = self.by_row.pop(last)
-            self.kv.move(last, row, moved.counters)
-            moved.store.row = row
-            self.by_row[row] = moved
-
-    def _place(self, states: list[BranchSequence]) -> None:
-        """Make ``states`` occupy rows ``0:len(states)`` (swapping rows when a caller runs a subset)."""
-        for target, state in enumerate(states):
-            row = state.store.row
-            if row == target:
-                continue
-            other = self.by_row.get(target)
-            buf = self.kv
-            if other is None:  # a free row
-                buf.move(row, target, state.counters)
-                del self.by_row[row]
-            else:  # swap the two rows through a copy of one of them
-                n_other = buf.lengths[target]
-                saved = buf.data[:, :, target, :, :n_other].clone()
-                n = buf.lengths[row]
-                buf.data[:, :, target, :, :n] = buf.data[:, :, row, :, :n]
-                buf.data[:, :, row, :, :n_other] = saved
-                buf.lengths[target], buf.lengths[row] = n, n_other
-                state.counters.copied(context=n * buf.token_bytes)
-                other.counters.copied(context=2 * n_other * buf.token_bytes)
-                other.store.row = row
-                self.by_row[row] = other
-            state.store.row = target
-            self.by_row[target] = state
+        self.reserved.pop(state, None)
+        cast(BranchSequence, state).store.detach()
 
     # -- running -------------------------------------------------------------------
     @torch.no_grad()
     def run(self, calls: Mapping[SequenceState, ModelCall]) -> dict[SequenceState, tuple[ExtendOutput, ...]]:
         """One forward for the given sequences' calls; returns their outputs by sequence."""
         self.epoch.value += 1
-        states = sorted(cast("Mapping[BranchSequence, ModelCall]", calls), key=lambda s: s.store.row)
-        self._place(states)
+        states = list(cast("Mapping[BranchSequence, ModelCall]", calls))
+        for state in states:  # the last forward's scratch pages (its outputs are not read any more)
+            self.kv.trim(state.store.table)
         rows = [_Row.of(state, calls[state]) for state in states]
         if self.packed:
             return self._run_packed(rows)
-        if (
-            self.batch_invariant and len(rows) > 1
-        ):  # padding to the widest row changes each row's sums: one forward each
-            self.kv.ensure_capacity(max(row.context + row.width + row.n for row in rows))
-            return {s: out for r, row in enumerate(rows) for s, out in self._run_padded([row], first=r).items()}
+        if self.batch_invariant and len(rows) > 1:  # padding to the widest row changes each row's sums
+            return {s: out for row in rows for s, out in self._run_padded([row]).items()}
         return self._run_padded(rows)
 
     def run_columns(self, states: list[BranchSequence], tokens: torch.Tensor, counts: torch.Tensor) -> Any:
@@ -300,10 +254,7 @@ class BranchEngine(Engine):
         tokens, row after row. Nothing is committed: :meth:`keep_columns` says how many of each row's fed tokens
         stay cached. Counts the forward in the engine's totals only (the loop counts its rows' own).
         """
-        n = len(states)
-        if any(state.store.row != i for i, state in enumerate(states)):
-            self._place(states)
-        starts = np.array(self.kv.lengths[:n], dtype=np.int64)
+        starts = np.array([state.store.table.length for state in states], dtype=np.int64)
         fed = counts.numpy()
         valid = np.arange(tokens.shape[1])[None, :] < fed[:, None]
         row_of, local = np.nonzero(valid)
@@ -322,49 +273,68 @@ class BranchEngine(Engine):
         contexts: np.ndarray,
     ) -> Any:
         """One packed forward of whole-batch loops: token ``t`` (ids ``(T,)``, numpy arrays ``(T,)`` grouped by row,
-        rows in ``states`` order) belongs to row ``row_of[t]``, sits at ``positions[t]`` and is written at buffer
-        column ``columns[t]``; it sees its row's first ``contexts[row]`` columns and the columns ``lows[t] ..
-        columns[t]`` (a chain fed after the context: ``lows`` the chain's first column; parallel branches: each
+        rows in ``states`` order) belongs to row ``row_of[t]``, sits at ``positions[t]`` and is written at column
+        ``columns[t]`` of its sequence; it sees its row's first ``contexts[row]`` columns and the columns ``lows[t]
+        .. columns[t]`` (a chain fed after the context: ``lows`` the chain's first column; parallel branches: each
         its own first column). Returns the :class:`~refusion.decoding.scores.Scores` of the tokens, in order.
         Lengths are not changed (:meth:`hold_columns`); counts the forward in the engine's totals only.
         """
         from refusion.engines.ragged import RaggedLayout
 
         self.epoch.value += 1
-        if any(state.store.row != i for i, state in enumerate(states)):
-            self._place(states)
+        kv, device = self.kv, self.device
         n = len(states)
+        tables = [state.store.table for state in states]
         per_row = np.bincount(row_of, minlength=n)
         n_max = int(per_row.max())
         keys = int(columns.max()) + 1
-        self.kv.ensure_capacity(keys)
-        device = self.device
+        first_written: np.ndarray = np.full(n, keys, dtype=np.int64)
+        np.minimum.at(first_written, row_of, columns)
+        last_written: np.ndarray = np.zeros(n, dtype=np.int64)
+        np.maximum.at(last_written, row_of, columns)
+        for r, state in enumerate(states):
+            kv.own_from(tables[r], int(first_written[r]), state.counters)
+            kv.ensure(tables[r], int(last_written[r]) + 1, state.counters)
         first = np.cumsum(per_row) - per_row
         local = np.arange(len(row_of)) - first[row_of]
+        base = kv.first_slot(tables[0], keys) if n == 1 else None
         if (
-            n == 1
+            base is not None
             and np.array_equal(columns, np.arange(columns[0], columns[0] + len(columns)))
             and (lows == contexts[0]).all()
-        ):  # one causal chain right after the context
+        ):  # one causal chain right after the context, on consecutive pages
             count = len(columns)
-            mask = None if count == 1 else torch.ones(count, keys, dtype=torch.bool).tril(keys - count)[None, None]
+            mask = None if count == 1 else torch.ones(count, keys, dtype=torch.bool, device=device).tril(keys - count)
             span = (int(columns[0]), keys)
-            layout = RaggedLayout(1, n_max, None, None, None, None if mask is None else mask.to(device), keys, span)
+            layout = RaggedLayout(
+                1, n_max, None, None, None, None if mask is None else mask[None, None], keys, base=base, span=span
+            )
         else:
-            low: np.ndarray = np.zeros((n, n_max), dtype=np.int64)
-            high: np.ndarray = np.zeros((n, n_max), dtype=np.int64)  # padding queries see column 0 only
-            low[row_of, local], high[row_of, local] = lows, columns
-            cols = np.arange(keys)[None, None, :]
-            visible = (cols < contexts[:n, None, None]) | ((cols >= low[:, :, None]) & (cols <= high[:, :, None]))
-            single = n == 1
+            on = functools.partial(torch.as_tensor, device=device)
+            rows_t, local_t = on(row_of), on(local)
+            low = torch.zeros((n, n_max), dtype=torch.long, device=device)
+            high = torch.zeros((n, n_max), dtype=torch.long, device=device)  # padding queries see column 0 only
+            low[rows_t, local_t], high[rows_t, local_t] = on(lows), on(columns)
+            cols = torch.arange(keys, device=device)[None, None, :]
+            visible = (cols < on(contexts[:n])[:, None, None]) | (
+                (cols >= low[:, :, None]) & (cols <= high[:, :, None])
+            )
+            if base is not None:
+                reads, writes = None, on(base + columns)
+            else:
+                slots = kv.slot_index(tables, keys)
+                reads, writes = on(slots), on(slots[row_of, columns])
             layout = RaggedLayout(
                 n,
                 n_max,
-                None if single else torch.from_numpy(row_of * n_max + local).to(device),
-                torch.from_numpy(row_of).to(device),
-                torch.from_numpy(columns).to(device),
-                torch.from_numpy(visible[:, None]).to(device),
+                None if n == 1 else rows_t * n_max + local_t,
+                rows_t,
+                on(columns),
+                visible[:, None],
                 keys,
+                writes=writes,
+                reads=reads,
+                base=base,
             )
         scores = self._packed_forward(ids, torch.from_numpy(positions), layout)
         pairs = int((columns - lows + 1).sum() + contexts[row_of].sum())
@@ -373,46 +343,41 @@ class BranchEngine(Engine):
 
     def keep_columns(self, states: list[BranchSequence], kept: list[int]) -> None:
         """After :meth:`run_columns`: the first ``kept[i]`` fed tokens of row ``i`` stay cached (the rest of what
-        it fed is dropped: a length change, no copy)."""
-        lengths = self.kv.lengths
-        for i, k in enumerate(kept):
-            lengths[i] += k
+        it fed is dropped: a length change and its pages given back, no copy)."""
+        for state, k in zip(states, kept):
+            table = state.store.table
+            table.length += k
+            self.kv.trim(table)
         self._publish(states)
 
     def hold_columns(self, states: list[BranchSequence], used: list[int]) -> None:
-        """Row ``i`` (``states`` order, as placed by the last :meth:`run_flat`) uses its first ``used[i]`` columns:
-        what lies there is kept when rows move or the buffer grows (a loop's uncommitted branches included)."""
-        lengths = self.kv.lengths
-        for i, u in enumerate(used):
-            lengths[i] = u
+        """Row ``i`` (``states`` order) uses its first ``used[i]`` columns: what lies there is kept (a loop's
+        uncommitted branches included); the pages past them are given back."""
+        for state, u in zip(states, used):
+            table = state.store.table
+            table.length = u
+            self.kv.trim(table)
         self._publish(states)
 
-    def _write_parents(self, rows: list[_Row], column_of, first: int = 0) -> None:
-        """Scatter every row's parent branches' keys/values into its scratch columns (one kernel call); ``rows[r]``
-        is buffer row ``first + r``."""
-        src, row_idx, col_idx = [], [], []
-        buf = self.kv
-        for r, row in enumerate(rows):
+    def _write_parents(self, rows: list[_Row]) -> None:
+        """Write every row's parent branches' keys/values into its scratch columns, right after its context."""
+        for row in rows:
             for parent in row.parents:
-                n = len(parent)
-                src.append(parent.kv.data)
-                row_idx.append(torch.full((n,), first + r, dtype=torch.long))
-                col_idx.append(torch.arange(n) + column_of(row) + row.parent_at[id(parent)])
-                row.state.counters.copied(new=n * buf.token_bytes)
-        if src:
-            from refusion_kernels import scatter_kv
-
-            scatter_kv(buf.data, torch.cat(src, dim=3), torch.cat(row_idx), torch.cat(col_idx))
+                self.kv.write(
+                    row.state.store.table, row.context + row.parent_at[id(parent)], parent.kv.data, row.state.counters
+                )
 
     def _run_packed(self, rows: list[_Row]) -> dict[SequenceState, tuple[ExtendOutput, ...]]:
-        """Every row's queries packed into one row of tokens; each row's keys after its own context."""
+        """Every row's queries packed into one row of tokens; each row's scratch and queries after its own
+        context, on its own pages."""
         from refusion.engines.ragged import RaggedLayout
 
-        buf = self.kv
-        device = self.device
+        kv, device = self.kv, self.device
         n_rows = len(rows)
-        buf.ensure_capacity(max(row.context + row.width + row.n for row in rows))
-        self._write_parents(rows, lambda row: row.context)
+        tables = [row.state.store.table for row in rows]
+        for row, table in zip(rows, tables):
+            kv.ensure(table, row.context + row.width + row.n, row.state.counters)
+        self._write_parents(rows)
         n_max = max(row.n for row in rows)
         keys = max(row.context + row.width + row.n for row in rows)
 
@@ -420,6 +385,7 @@ class BranchEngine(Engine):
         pos = torch.cat([row.pos() for row in rows]) if n_rows > 1 else rows[0].pos()
         if n_rows == 1:  # one row: its tokens take consecutive columns; a causal mask unless branches are involved
             row = rows[0]
+            start = row.context + row.width
             if row.width == 0 and len(row.call.extends) == 1:
                 mask = (
                     None
@@ -428,23 +394,33 @@ class BranchEngine(Engine):
                 )
             else:
                 local = torch.arange(row.n)
-                mask = _packed_mask(
-                    rows, torch.zeros_like(local), local, torch.tensor([row.context + row.width]), n_max, keys
-                ).to(device)
-            layout = RaggedLayout(1, n_max, None, None, None, mask, keys, (row.context + row.width, keys))
+                mask = _packed_mask(rows, torch.zeros_like(local), local, torch.tensor([start]), n_max, keys, device)
+            base = kv.first_slot(tables[0], keys)
+            if base is not None:
+                layout = RaggedLayout(1, n_max, None, None, None, mask, keys, base=base, span=(start, keys))
+            else:
+                slots = kv.slot_index(tables, keys)
+                on = functools.partial(torch.as_tensor, device=device)
+                layout = RaggedLayout(
+                    1, n_max, None, None, None, mask, keys, writes=on(slots[0, start:keys]), reads=on(slots)
+                )
         else:
             row_of = torch.cat([torch.full((row.n,), r, dtype=torch.long) for r, row in enumerate(rows)])
             local = torch.cat([torch.arange(row.n) for row in rows])
             q0 = torch.tensor([row.context + row.width for row in rows])
-            mask = _packed_mask(rows, row_of, local, q0, n_max, keys).to(device)
+            mask = _packed_mask(rows, row_of, local, q0, n_max, keys, device)
+            column = q0[row_of] + local
+            slots = torch.from_numpy(kv.slot_index(tables, keys))
             layout = RaggedLayout(
                 n_rows,
                 n_max,
                 (row_of * n_max + local).to(device),
                 row_of.to(device),
-                (q0[row_of] + local).to(device),
+                column.to(device),
                 mask,
                 keys,
+                writes=slots[row_of, column].to(device),
+                reads=slots.to(device),
             )
         scores = self._packed_forward(ids, pos, layout)
         self.served(
@@ -452,21 +428,20 @@ class BranchEngine(Engine):
             pairs=sum(row.n * (row.context + row.width + row.n) for row in rows),
             keys=sum(row.context + row.width for row in rows),
         )
-        layers = buf.data
         outputs: dict[SequenceState, tuple[ExtendOutput, ...]] = {}
         start = 0
-        for r, row in enumerate(rows):
+        for row, table in zip(rows, tables):
             state, cache = row.state, row.state.context
-            state.counters.copied(new=row.n * buf.token_bytes)  # the model's in-place writes of the fed tokens
+            state.counters.copied(new=row.n * kv.token_bytes)  # the model's in-place writes of the fed tokens
             base = row.context + row.width
             if row.pending:
                 if row.width:  # the pending entries go right after the context, before the parents' scratch
-                    moved = buf.data[:, :, r, :, base : base + row.pending].clone()
-                    buf.write(r, row.context, moved, state.counters)
-                buf.lengths[r] = row.context + row.pending
+                    kv.write(table, row.context, kv.entries(table, base, base + row.pending), state.counters)
+                table.length = row.context + row.pending
                 cache.mark_encoded(scores[start + row.pending - 1])
+            reader = TableReader(kv, table)
             outputs[state] = tuple(
-                ExtendOutput(e, scores[start + a : start + b], layers, r, base + a, self.epoch, self.epoch.value)
+                ExtendOutput(e, scores[start + a : start + b], reader, 0, base + a, self.epoch, self.epoch.value)
                 for e, (a, b) in zip(row.call.extends, row.spans)
             )
             start += row.n
@@ -475,7 +450,7 @@ class BranchEngine(Engine):
 
     def _packed_forward(self, ids: torch.Tensor, positions: torch.Tensor, layout: Any) -> Any:
         """The network over packed tokens ``ids`` at ``positions`` (1-D, host) under ``layout`` (a
-        :class:`~refusion.engines.ragged.RaggedLayout`), keys/values written into the buffer; its Scores."""
+        :class:`~refusion.engines.ragged.RaggedLayout`), keys/values written into the pages; its Scores."""
         from refusion.engines.ragged import RaggedCache, switched
 
         device = self.device
@@ -484,21 +459,25 @@ class BranchEngine(Engine):
                 ids[None].to(device),
                 positions[None].to(device),
                 {"full_attention": layout, "sliding_attention": layout},
-                RaggedCache(self.kv.data, layout),
+                RaggedCache(self.kv.pool.slots, layout),
             )[0]
 
-    def _run_padded(self, rows: list[_Row], first: int = 0) -> dict[SequenceState, tuple[ExtendOutput, ...]]:
-        """Adapters without attention functions: rows padded to the widest, one 4-D mask, scratch after the longest
-        context; ``rows[r]`` is buffer row ``first + r``."""
-        buf = self.kv
-        device = self.device
+    def _run_padded(self, rows: list[_Row]) -> dict[SequenceState, tuple[ExtendOutput, ...]]:
+        """Adapters without attention functions: rows padded to the widest, one 4-D mask, over a dense copy of the
+        rows' contexts made for this forward (scratch after the longest context); the fed entries that stay are
+        written back to the pages."""
+        kv, device = self.kv, self.device
         n_rows = len(rows)
         start = max(row.context for row in rows)
         width = max(row.width for row in rows)
         q_max = max(row.n for row in rows)
         query_at = start + width
-        buf.ensure_capacity(query_at + q_max)
-        self._write_parents(rows, lambda row: start, first)
+        layers, two, _, heads, dim = kv.pool.slots.shape
+        dense = kv.pool.data.new_zeros((layers, two, n_rows, heads, query_at + q_max, dim))
+        for r, row in enumerate(rows):
+            if row.context:
+                dense[:, :, r, :, : row.context] = kv.entries(row.state.store.table, 0, row.context)
+        self._write_dense_parents(dense, rows, start)
 
         ids = torch.full((n_rows, q_max), self.model.mask_token_id, dtype=torch.long)
         pos = torch.zeros((n_rows, q_max), dtype=torch.long)
@@ -520,7 +499,7 @@ class BranchEngine(Engine):
                     p0 = start + row.parent_at[id(e.parent)]
                     m[a:b, p0 : p0 + len(e.parent)] = True
 
-        scratch = _ScratchCache(buf.data[:, :, first:], n_rows, query_at, q_max)
+        scratch = _ScratchCache(dense, n_rows, query_at, q_max)
         scores = self.run_network(ids.to(device), pos.to(device), self._mask_for_model(mask.to(device)), scratch)
         fed: dict[SequenceState, int] = {row.state: row.n for row in rows}
         self.served(
@@ -529,27 +508,42 @@ class BranchEngine(Engine):
             pairs=n_rows * q_max * (query_at + q_max),
             keys=n_rows * query_at,
         )
-        layers = buf.data
         outputs: dict[SequenceState, tuple[ExtendOutput, ...]] = {}
         for r, row in enumerate(rows):
             state, cache = row.state, row.state.context
-            state.counters.copied(new=row.n * buf.token_bytes)
+            state.counters.copied(new=row.n * kv.token_bytes)
             if row.pending:
-                moved = buf.data[:, :, first + r, :, query_at : query_at + row.pending].clone()
-                buf.write(first + r, row.context, moved, state.counters)
-                buf.lengths[first + r] = row.context + row.pending
+                table = state.store.table
+                kv.write(table, row.context, dense[:, :, r, :, query_at : query_at + row.pending], state.counters)
+                table.length = row.context + row.pending
                 cache.mark_encoded(scores[r, row.pending - 1])
             outputs[state] = tuple(
-                ExtendOutput(e, scores[r, a:b], layers, first + r, query_at + a, self.epoch, self.epoch.value)
+                ExtendOutput(e, scores[r, a:b], dense, r, query_at + a, self.epoch, self.epoch.value)
                 for e, (a, b) in zip(row.call.extends, row.spans)
             )
         self._publish([row.state for row in rows])
         return outputs
 
+    def _write_dense_parents(self, dense: torch.Tensor, rows: list[_Row], start: int) -> None:
+        """Scatter every row's parent branches' keys/values into the dense copy's scratch columns after ``start``
+        (one kernel call)."""
+        src, row_idx, col_idx = [], [], []
+        for r, row in enumerate(rows):
+            for parent in row.parents:
+                n = len(parent)
+                src.append(parent.kv.data)
+                row_idx.append(torch.full((n,), r, dtype=torch.long))
+                col_idx.append(torch.arange(n) + start + row.parent_at[id(parent)])
+                row.state.counters.copied(new=n * self.kv.token_bytes)
+        if src:
+            from refusion_kernels import scatter_kv
+
+            scatter_kv(dense, torch.cat(src, dim=3), torch.cat(row_idx), torch.cat(col_idx))
+
     def _mask_for_model(self, mask: torch.Tensor) -> torch.Tensor:
         """sdpa takes the boolean mask; eager attention needs an additive float mask."""
         if attention_implementation(self.model) == "eager":
-            dtype = self.kv.data.dtype
+            dtype = self.kv.pool.data.dtype
             return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
         return mask
 
@@ -600,11 +594,12 @@ class _Row:
         return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
-def _packed_mask(rows: list[_Row], row_of, local, q0, n_max: int, keys: int) -> torch.Tensor:
-    """``(rows, 1, n_max, keys)``: context, pending, parent span and causal self-span of each packed query.
+def _packed_mask(rows: list[_Row], row_of, local, q0, n_max: int, keys: int, device: Any) -> torch.Tensor:
+    """``(rows, 1, n_max, keys)`` on ``device``: context, pending, parent span and causal self-span of each packed
+    query.
 
-    Built from four column intervals per query token, compared against the
-    key columns at once; padding queries see column 0 only.
+    Built from four column intervals per query token (small host tensors, moved once), compared against the
+    key columns on the device; padding queries see column 0 only.
     """
     span_lo, par_lo, par_hi, pend_hi = [], [], [], []
     for row in rows:
@@ -620,17 +615,18 @@ def _packed_mask(rows: list[_Row], row_of, local, q0, n_max: int, keys: int) -> 
             par_lo.append(torch.full((q,), at, dtype=torch.long))
             par_hi.append(torch.full((q,), at + len(e.parent), dtype=torch.long))
             pend_hi.append(torch.full((q,), row.pending, dtype=torch.long))
-    span_lo, par_lo, par_hi, pend_hi = (torch.cat(x) for x in (span_lo, par_lo, par_hi, pend_hi))
-    context = torch.tensor([row.context for row in rows])[row_of]
-    base = q0[row_of]
-    cols = torch.arange(keys)[None, :]
+    on = functools.partial(torch.as_tensor, device=device)
+    span_lo, par_lo, par_hi, pend_hi = (on(torch.cat(x)) for x in (span_lo, par_lo, par_hi, pend_hi))
+    context = on(torch.tensor([row.context for row in rows])[row_of])
+    base, local, flat = on(q0[row_of]), on(local), on(row_of * n_max + local)
+    cols = torch.arange(keys, device=device)[None, :]
     visible = cols < context[:, None]
     visible |= (cols >= base[:, None]) & (cols < (base + pend_hi)[:, None])
     visible |= (cols >= par_lo[:, None]) & (cols < par_hi[:, None])
     visible |= (cols >= (base + span_lo)[:, None]) & (cols <= (base + local)[:, None])
-    mask = torch.zeros(len(rows) * n_max, keys, dtype=torch.bool)
+    mask = torch.zeros(len(rows) * n_max, keys, dtype=torch.bool, device=device)
     mask[:, 0] = True
-    mask[row_of * n_max + local] = visible
+    mask[flat] = visible
     return mask.view(len(rows), 1, n_max, keys)
 
 

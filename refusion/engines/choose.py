@@ -51,7 +51,13 @@ def choose_engine(model: Any, decoder: Any = None) -> type[Engine]:
 
 
 def open_engine(
-    model: Any, decoder: Any = None, engine: Any = None, *, prefix_cache: bool | None = False, **options: Any
+    model: Any,
+    decoder: Any = None,
+    engine: Any = None,
+    *,
+    prefix_cache: bool | None = False,
+    kv_memory: int | None = None,
+    **options: Any,
 ) -> Engine:
     """A live engine for ``model``: ``engine`` (instance, name or class) if given, else :func:`choose_engine`.
 
@@ -60,11 +66,16 @@ def open_engine(
     reused across sequences): ``False`` off, ``True`` required (an engine that
     cannot is refused), ``None`` on where the engine can; a live ``engine`` is
     taken as it was opened (``True`` refuses one opened without it).
+    ``kv_memory``: bytes the engine's keys/values may take (engines with a
+    memory budget; ``None``: the engine's default from the device); not with a
+    live engine, which has its budget already.
     """
-    from refusion.validators import check_boolean
+    from refusion.validators import check_boolean, check_integer
 
     if prefix_cache is not None:
         check_boolean("prefix_cache", prefix_cache)
+    if kv_memory is not None:
+        check_integer("kv_memory", kv_memory, 1)
     invariant = bool(getattr(decoder, "batch_invariant", False))
     if isinstance(engine, Engine):
         if engine.model is not model:
@@ -72,6 +83,12 @@ def open_engine(
                 "`engine` was opened for another model; open one for this model or pass its name.", param="engine"
             )
         check_invariance(engine, invariant)
+        if kv_memory is not None:
+            raise ConfigError(
+                "`kv_memory` is set when an engine is opened; pass the engine's name instead of a live engine, or "
+                "open it with `kv_memory=`.",
+                param="kv_memory",
+            )
         if prefix_cache and not getattr(engine, "prefix_cache", False):
             raise ConfigError(
                 f"`prefix_cache=True` needs an engine opened with it; this {engine.name!r} engine was not (open it "
@@ -103,6 +120,14 @@ def open_engine(
         )
     if can_reuse and prefix_cache is not False:
         options["prefix_cache"] = True
+    if kv_memory is not None:
+        if "kv_memory" not in parameters:
+            raise ConfigError(
+                f"`kv_memory` needs an engine with a key/value memory budget; engine {cls.name!r} has none (the "
+                "'branch' engine does, for causal models).",
+                param="kv_memory",
+            )
+        options["kv_memory"] = kv_memory
     return cls(model, **options)
 
 

@@ -4,10 +4,12 @@ The query tokens of all sequences of a forward are packed into one row of
 ``T`` tokens, so embeddings, projections, MLPs and the LM head see exactly the
 tokens fed. Only attention needs the rows apart: a transformers attention
 function registered here (``refusion-ragged``) scatters the packed queries
-into ``(rows, n_max)``, attends each row to its own keys in the preallocated
-buffer under a boolean mask, and packs the result back. The keys/values of
-the fed tokens are written by :class:`RaggedCache` straight into their row, at
-the columns the layout gives them.
+into ``(rows, n_max)``, attends each row to its own keys under a boolean mask
+built on the device, and packs the result back. Keys and values live on pages
+(:mod:`refusion.cache.paged`): :class:`RaggedCache` writes the fed tokens'
+entries straight into their pages' slots, then gathers each row's keys into
+``(rows, keys)`` with one ``index_select`` per layer (one row on consecutive
+pages is a plain slice of the pool, no copy).
 
 Under a batch-invariant engine (:mod:`refusion.engines.invariant`) each row
 attends with exactly its own queries and keys instead, one call per row, so
@@ -36,11 +38,13 @@ class RaggedLayout:
 
     ``rows``: number of sequences; ``n_max``: most queries of one row;
     ``dest`` ``(T,)``: flat index ``row * n_max + i`` of each packed token;
-    ``row_of`` / ``col_of`` ``(T,)``: its row and buffer column; ``mask``
+    ``row_of`` / ``col_of`` ``(T,)``: its row and column; ``mask``
     ``(rows, 1, n_max, keys)`` boolean, or ``None`` when a single query sees
-    every key; ``keys``: key columns used. ``span``: for one row whose fed
-    tokens take consecutive columns, ``(start, stop)`` (written with one
-    slice instead of an indexed scatter).
+    every key; ``keys``: key columns used. ``writes`` ``(T,)``: the pool slot
+    of each fed token; ``reads`` ``(rows, keys)``: the pool slot of each row's
+    key columns, or ``None`` when ``base`` is given: one row whose columns are
+    slots ``base + column``. ``span``: for that row, when its fed tokens take
+    consecutive columns, ``(start, stop)`` (written with one slice).
     """
 
     rows: int
@@ -50,27 +54,42 @@ class RaggedLayout:
     col_of: torch.Tensor | None
     mask: torch.Tensor | None
     keys: int
+    writes: torch.Tensor | None = None
+    reads: torch.Tensor | None = None
+    base: int | None = None
     span: tuple[int, int] | None = None
 
 
 class RaggedCache:
-    """The cache object the network sees: writes each fed token's keys/values at its (row, column)."""
+    """The cache object the network sees: writes each fed token's keys/values into its slot of the pool, returns
+    each row's keys/values ``(rows, kv_heads, keys, dim)``.
 
-    def __init__(self, data: torch.Tensor, layout: RaggedLayout):
-        self.data, self.layout = data, layout
+    ``slots``: the pool seen as ``(layers, 2, slots, kv_heads, dim)``
+    (:attr:`PagePool.slots <refusion.cache.pages.PagePool.slots>`).
+    """
+
+    def __init__(self, slots: torch.Tensor, layout: RaggedLayout):
+        self.slots, self.layout = slots, layout
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         layout = self.layout
-        keys = self.data[layer_idx, 0]
-        values = self.data[layer_idx, 1]
-        if layout.span is not None:
-            start, stop = layout.span
-            keys[0, :, start:stop] = key_states[0]
-            values[0, :, start:stop] = value_states[0]
-        else:
-            keys[layout.row_of, :, layout.col_of] = key_states[0].transpose(0, 1).to(keys.dtype)
-            values[layout.row_of, :, layout.col_of] = value_states[0].transpose(0, 1).to(values.dtype)
-        return keys[: layout.rows, :, : layout.keys], values[: layout.rows, :, : layout.keys]
+        out = []
+        for which, states in ((0, key_states), (1, value_states)):
+            pool = self.slots[layer_idx, which]  # (slots, heads, dim)
+            fed = states[0].transpose(0, 1).to(pool.dtype)  # (T, heads, dim)
+            if layout.base is not None and layout.span is not None:
+                start, stop = layout.span
+                pool[layout.base + start : layout.base + stop] = fed
+            else:
+                pool.index_copy_(0, layout.writes, fed)
+            if layout.base is not None:
+                rows = pool[layout.base : layout.base + layout.keys][None]
+            else:
+                assert layout.reads is not None  # a layout gives a base or the slots to read
+                heads, dim = pool.shape[1:]
+                rows = pool.index_select(0, layout.reads.view(-1)).view(layout.rows, layout.keys, heads, dim)
+            out.append(rows.transpose(1, 2))
+        return out[0], out[1]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0

@@ -136,10 +136,10 @@ def _cache_key(kwargs: Mapping[str, Any]) -> str:
 
 
 def _mark(kwargs: Mapping[str, Any], static_address: bool) -> None:
-    """Make the geometry dims of the key/value buffer a forward writes static (everything else stays dynamic)."""
-    data = getattr(kwargs.get(_cache_key(kwargs)), "data", None)
-    if isinstance(data, torch.Tensor) and data.dim() == 6:  # (layers, 2, rows, kv_heads, capacity, head_dim)
-        for dim in (0, 1, 3, 5):
+    """Make the geometry dims of the key/value pages a forward writes static (everything else stays dynamic)."""
+    data = getattr(kwargs.get(_cache_key(kwargs)), "slots", None)
+    if isinstance(data, torch.Tensor) and data.dim() == 5:  # (layers, 2, slots, kv_heads, head_dim)
+        for dim in (0, 1, 3, 4):
             torch._dynamo.mark_static(data, dim)
         if static_address:
             torch._dynamo.mark_static_address(data)
@@ -147,7 +147,8 @@ def _mark(kwargs: Mapping[str, Any], static_address: bool) -> None:
 
 def _bucketed(kwargs: dict[str, Any], bucket: int) -> dict[str, Any]:
     """``kwargs`` of a packed forward with its key length rounded up to a multiple of ``bucket`` (within the
-    buffer's capacity), the added keys masked out; any other forward's unchanged.
+    pool's slots), the added keys masked out (read from slot 0 of each row, or past a consecutive row's last key);
+    any other forward's unchanged.
 
     The attention is the same; the CPU sdpa kernels may sum in another order
     over the longer key range (last-bit differences).
@@ -159,16 +160,20 @@ def _bucketed(kwargs: dict[str, Any], bucket: int) -> dict[str, Any]:
     if not isinstance(cache, RaggedCache) or not isinstance(masks, dict):
         return kwargs
     layout = cache.layout
-    keys = min(-(-layout.keys // bucket) * bucket, cache.data.shape[4])
+    keys = -(-layout.keys // bucket) * bucket
+    if layout.base is not None:
+        keys = min(keys, cache.slots.shape[2] - layout.base)
     if keys == layout.keys:
         return kwargs
     mask = layout.mask
     if mask is None:  # a single query that sees every key
-        mask = torch.ones((layout.rows, 1, layout.n_max, layout.keys), dtype=torch.bool, device=cache.data.device)
-    wider = attrs.evolve(layout, mask=torch.nn.functional.pad(mask, (0, keys - layout.keys), value=False), keys=keys)
+        mask = torch.ones((layout.rows, 1, layout.n_max, layout.keys), dtype=torch.bool, device=cache.slots.device)
+    extra = keys - layout.keys
+    reads = None if layout.reads is None else torch.nn.functional.pad(layout.reads, (0, extra), value=0)
+    wider = attrs.evolve(layout, mask=torch.nn.functional.pad(mask, (0, extra), value=False), keys=keys, reads=reads)
     return {
         **kwargs,
-        key: RaggedCache(cache.data, wider),
+        key: RaggedCache(cache.slots, wider),
         "attention_mask": {name: wider if value is layout else value for name, value in masks.items()},
     }
 

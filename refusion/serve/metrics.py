@@ -5,7 +5,8 @@ the engine's forwards, prompt tokens looked up in the prefix cache and found
 there (``refusion_prefix_cache_queries_total``/``_hits_total``, in tokens, as
 vLLM names them). Gauges: queue depth, live rows, reserved positions,
 generated tokens per forward, the prefix cache's pages in use and its
-limit. Histograms: request latency and time to the first streamed text.
+limit, and the pages of keys/values held and the budget's
+(``refusion_kv_pages_used``/``_total``). Histograms: request latency and time to the first streamed text.
 Plus the process's memory and CPU.
 """
 
@@ -49,15 +50,21 @@ class _EngineCollector:
             "Prompt tokens found in the prefix cache (their keys/values reused, not computed).",
             value=stats.hits if stats else 0,
         )
-        pool = prefixes.pool if prefixes is not None else None
+        pages = self.generator.engine.kv_pages() or (0, 0)
         yield GaugeMetricFamily(
-            "refusion_prefix_cache_pages_used", "Pages the prefix cache holds.", value=pool.used if pool else 0
+            "refusion_prefix_cache_pages_used", "Pages the prefix cache holds.", value=len(prefixes or ())
         )
         yield GaugeMetricFamily(
             "refusion_prefix_cache_pages_total",
-            "Pages the prefix cache may hold (its memory budget).",
-            value=pool.limit if pool else 0,
+            "Pages the prefix cache may hold (the key/value budget it shares with live requests).",
+            value=pages[1] if prefixes is not None else 0,
         )
+        yield GaugeMetricFamily(
+            "refusion_kv_pages_used",
+            "Pages of keys/values held (live requests' and the prefix cache's).",
+            value=pages[0],
+        )
+        yield GaugeMetricFamily("refusion_kv_pages_total", "Pages of keys/values the budget holds.", value=pages[1])
 
 
 #: the decoding endpoints' paths and their ``endpoint`` label

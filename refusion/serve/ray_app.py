@@ -88,6 +88,7 @@ class ReplicaSettings:
     max_queue: int | None
     engine: Any
     prefix_cache: bool | None
+    kv_memory: int | None
     retry_after: int
     torch_threads: int | None
 
@@ -112,6 +113,7 @@ def build_app(settings: ReplicaSettings) -> Any:
         decoder,
         engine=settings.engine,
         prefix_cache=settings.prefix_cache,
+        kv_memory=settings.kv_memory,
         max_rows=settings.max_rows,
         max_tokens=settings.max_batch_tokens,
         max_queue=settings.max_queue,
@@ -286,6 +288,7 @@ def deploy(
     max_queue: int | None = 256,
     engine: Any = None,
     prefix_cache: bool | None = None,
+    kv_memory: int | None = None,
     retry_after: int = 1,
     shutdown_timeout: float = 30.0,
     log_level: str = "info",
@@ -321,6 +324,7 @@ def deploy(
         log_level=log_level,
         torch_threads=torch_threads,
         prefix_cache=prefix_cache,
+        kv_memory=kv_memory,
     )
     check_replicas(replicas)
     check_number("cpus_per_replica", cpus_per_replica, 0)
@@ -341,6 +345,7 @@ def deploy(
         max_queue=max_queue,
         engine=engine,
         prefix_cache=prefix_cache,
+        kv_memory=kv_memory,
         retry_after=retry_after,
         torch_threads=torch_threads,
     )

@@ -28,6 +28,7 @@ def serve(
     max_queue: int | None = 256,
     engine: Any = None,
     prefix_cache: bool | None = None,
+    kv_memory: int | None = None,
     retry_after: int = 1,
     shutdown_timeout: float = 30.0,
     log_level: str = "info",
@@ -58,6 +59,7 @@ def serve(
         log_level=log_level,
         torch_threads=torch_threads,
         prefix_cache=prefix_cache,
+        kv_memory=kv_memory,
     )
     listener = sock if sock is not None else bind(host, port)
     try:
@@ -74,6 +76,7 @@ def serve(
             max_queue=max_queue,
             engine=engine,
             prefix_cache=prefix_cache,
+            kv_memory=kv_memory,
             retry_after=retry_after,
             shutdown_timeout=shutdown_timeout,
             log_level=log_level,
@@ -98,6 +101,7 @@ def _run(
     max_queue: int | None,
     engine: Any,
     prefix_cache: bool | None,
+    kv_memory: int | None,
     retry_after: int,
     shutdown_timeout: float,
     log_level: str,
@@ -124,6 +128,7 @@ def _run(
         decoder,
         engine=engine,
         prefix_cache=prefix_cache,
+        kv_memory=kv_memory,
         max_rows=max_rows,
         max_tokens=max_batch_tokens,
         max_queue=max_queue,

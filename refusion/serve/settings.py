@@ -95,6 +95,7 @@ def check_server_options(
     log_level: Any,
     torch_threads: Any,
     prefix_cache: Any = None,
+    kv_memory: Any = None,
     names: Mapping[str, str] | None = None,
 ) -> None:
     """Raise :class:`ConfigError` naming the first of :func:`serve`'s options that is out of range.
@@ -119,6 +120,8 @@ def check_server_options(
         check_integer(name("torch_threads"), torch_threads, 1, MAX_THREADS)
     if prefix_cache is not None:
         check_boolean(name("prefix_cache"), prefix_cache)
+    if kv_memory is not None:
+        check_integer(name("kv_memory"), kv_memory, 1)
     if log_level not in LOG_LEVELS:
         raise ConfigError(
             f"`{name('log_level')}` must be one of {', '.join(LOG_LEVELS)}; got {log_level!r}.", param=name("log_level")

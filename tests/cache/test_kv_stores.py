@@ -1,23 +1,31 @@
-"""Key/value stores: in-place appends copy only new entries, buffers grow and rows are reused."""
+"""Key/value stores: in-place appends copy only new entries, truncation copies nothing, a finished sequence gives
+its pages back and keeps its length."""
 
 import pytest
 import torch
 
-from refusion.cache.stores import DynamicStore, PreallocatedKV
+from refusion.cache.paged import PagedKV, PagedStore
+from refusion.cache.pages import PagePool
+from refusion.cache.stores import DynamicStore
 from refusion.decoding.protocol import KVSegment
+
+
+def paged(limit=64, page_size=4) -> PagedKV:
+    return PagedKV(PagePool(2, 1, 4, limit=limit, page_size=page_size))
 
 
 def test_in_place_append_copies_only_new_tokens():
     kv = KVSegment(torch.ones(2, 2, 1, 8, 4))
-    buffer = PreallocatedKV(2, 1, 1, 64, 4, dtype=torch.float32, device="cpu")
-    row = buffer.row(buffer.allocate(64))
+    pages = paged()
+    row = PagedStore(pages)
     row.append(kv)
-    first = buffer.counters.kv_new_bytes
+    first = pages.counters.kv_new_bytes
     for _ in range(5):
         row.append(kv)
-    assert buffer.counters.kv_new_bytes == 6 * first and buffer.counters.kv_context_bytes == 0
+    assert pages.counters.kv_new_bytes == 6 * first
+    assert pages.counters.kv_context_bytes == pages.pool.growth_bytes  # only the pool's doubling copied entries
     row.truncate(10)
-    assert len(row) == 10 and buffer.counters.kv_new_bytes == 6 * first  # truncation copies nothing
+    assert len(row) == 10 and pages.counters.kv_new_bytes == 6 * first  # truncation copies nothing
 
     from transformers import DynamicCache
 
@@ -30,33 +38,30 @@ def test_in_place_append_copies_only_new_tokens():
     assert costs == [first, 2 * first, 3 * first, 4 * first]  # concatenation copies the whole cache
 
 
-def test_buffer_grows_when_needed():
-    buffer = PreallocatedKV(1, 1, 1, 4, 2, dtype=torch.float32, device="cpu")
-    buffer.row(buffer.allocate(4)).append(KVSegment(torch.arange(24.0).view(1, 2, 1, 6, 2)))
-    assert buffer.capacity >= 6 and buffer.lengths[0] == 6
-    assert torch.equal(buffer.data[:, :, 0, :, :6], torch.arange(24.0).view(1, 2, 1, 6, 2))
-    second = buffer.allocate(8)  # no free row: the rows double, the cached entries are kept
-    assert buffer.rows == 2 and second == 1
-    assert torch.equal(buffer.data[:, :, 0, :, :6], torch.arange(24.0).view(1, 2, 1, 6, 2))
+def test_growing_keeps_every_sequences_entries_in_place():
+    pages = paged(limit=1000, page_size=2)
+    rows = [PagedStore(pages) for _ in range(3)]
+    data = [torch.randn(2, 2, 1, 5 + i, 4) for i in range(3)]
+    for row, kv in zip(rows, data):
+        row.append(KVSegment(kv))
+    for _ in range(4):  # the pool doubles past its first 8 pages: entries are kept
+        rows[0].append(KVSegment(torch.zeros(2, 2, 1, 6, 4)))
+    assert pages.pool.capacity > 8
+    for row, kv in zip(rows[1:], data[1:]):
+        assert torch.equal(pages.entries(row.table, 0, len(row)), kv)
+    assert torch.equal(pages.entries(rows[0].table, 0, 5), data[0])
 
 
-def test_freed_rows_are_reused_and_moves_keep_the_entries():
-    buffer = PreallocatedKV(1, 2, 1, 8, 2, dtype=torch.float32, device="cpu")
-    a, b = buffer.allocate(8), buffer.allocate(8)
-    buffer.row(b).append(KVSegment(torch.full((1, 2, 1, 3, 2), 7.0)))
-    buffer.free(a)
-    buffer.move(b, a)
-    assert buffer.lengths[a] == 3 and bool((buffer.data[:, :, a, :, :3] == 7).all())
-    assert buffer.allocate(8) == b and buffer.rows == 2
-
-
-def test_a_finished_rows_store_keeps_its_length_after_its_row_is_reused():
-    buffer = PreallocatedKV(1, 2, 1, 16, 2, dtype=torch.float32, device="cpu")
-    first, second = buffer.row(buffer.allocate(16)), buffer.row(buffer.allocate(16))
-    first.append(KVSegment(torch.ones(1, 2, 1, 3, 2)))
-    second.append(KVSegment(torch.ones(1, 2, 1, 5, 2)))
+def test_a_finished_sequence_gives_its_pages_back_and_keeps_its_length():
+    pages = paged()
+    first, second = PagedStore(pages), PagedStore(pages)
+    first.append(KVSegment(torch.ones(2, 2, 1, 3, 4)))
+    second.append(KVSegment(torch.full((2, 2, 1, 5, 4), 2.0)))
+    held = pages.pool.used
     first.detach()
-    buffer.lengths[0] = 99  # the row is reused by another sequence
-    assert len(first) == 3
-    with pytest.raises(RuntimeError, match="given up"):
-        first.append(KVSegment(torch.ones(1, 2, 1, 1, 2)))
+    assert pages.pool.used == held - 1 and len(first) == 3
+    third = PagedStore(pages)
+    third.append(KVSegment(torch.zeros(2, 2, 1, 4, 4)))  # reuses the page given back: nothing else moved
+    assert bool((pages.entries(second.table, 0, 5) == 2).all()) and pages.counters.kv_context_bytes == 0
+    with pytest.raises(RuntimeError, match="given back"):
+        first.append(KVSegment(torch.ones(2, 2, 1, 1, 4)))

@@ -1,10 +1,12 @@
-"""The page pool and the prefix cache on their own: references, growth, matching by content, eviction."""
+"""The page pool, block tables and the prefix cache on their own: references, growth, matching by content,
+eviction, copy on write."""
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from refusion.cache.paged import BlockTable, PagedKV
 from refusion.cache.pages import PagePool
 from refusion.cache.prefix import PrefixCache
 
@@ -19,6 +21,23 @@ def pool(limit, page_size=2):
     return PagePool(1, 1, 1, limit=limit, page_size=page_size, dtype=torch.float64)
 
 
+def encode(kv: PagedKV, prompt) -> int:
+    """What a sequence does with ``prompt``: write its entries to pages of its own, publish the full pages to the
+    prefix cache, then leave (giving its references back). Returns the pages the cache added."""
+    table = BlockTable()
+    kv.write(table, 0, kv_of(prompt, 0, len(prompt)))
+    table.length = len(prompt)
+    added = kv.prefixes.publish(prompt, table.pages[: len(prompt) // kv.page_size])
+    kv.free(table)
+    return added
+
+
+def paged(limit, page_size=2):
+    p = pool(limit, page_size)
+    cache = PrefixCache(p)
+    return PagedKV(p, cache), cache
+
+
 def test_pages_are_counted_by_reference_and_limited():
     p = pool(limit=3)
     a, b, c = p.allocate(), p.allocate(), p.allocate()
@@ -31,6 +50,8 @@ def test_pages_are_counted_by_reference_and_limited():
     p.release(b)
     with pytest.raises(ValueError, match="already free"):
         p.release(b)
+    extra = p.allocate(beyond_limit=True)
+    assert extra is not None and p.used == 3 and p.allocate(beyond_limit=True) is not None and p.over_limit == 1
 
 
 def test_growing_the_pool_keeps_what_pages_hold():
@@ -44,11 +65,28 @@ def test_growing_the_pool_keeps_what_pages_hold():
     assert [p.read([page], 2)[0, 0, 0, 0, 0].item() for page in held] == [float(i) for i in range(8)]
 
 
+def test_a_block_table_takes_pages_as_it_grows_and_gives_back_what_it_no_longer_uses():
+    kv = PagedKV(pool(limit=100, page_size=4))
+    table = BlockTable()
+    kv.write(table, 0, kv_of([1, 2, 3, 4, 5, 6], 0, 6))
+    table.length = 6
+    assert len(table.pages) == 2 and kv.pool.used == 2
+    assert torch.equal(kv.entries(table, 1, 6), kv_of([1, 2, 3, 4, 5, 6], 1, 6))
+    kv.ensure(table, 13)  # scratch for a forward: columns 6..12
+    assert len(table.pages) == 4
+    table.length = 3  # an invalidation: a length change
+    kv.trim(table)
+    assert len(table.pages) == 1 and kv.pool.used == 1
+    assert kv.slot_index([table], 3).tolist() == [[table.pages[0] * 4 + i for i in range(3)]]
+    kv.free(table)
+    assert kv.pool.used == 0 and table.length == 3
+
+
 def test_a_prompt_reuses_the_full_pages_it_shares_and_computes_its_last_token():
-    cache = PrefixCache(pool(limit=100))
+    kv, cache = paged(limit=100)
     first = [1, 2, 3, 4, 5, 6, 7]
-    cache.publish(first, lambda a, b: kv_of(first, a, b))
-    assert len(cache) == 3  # three full pages of two; the seventh token is no page
+    assert encode(kv, first) == 3  # three full pages of two; the seventh token is no page
+    assert len(cache) == 3 and kv.pool.used == 3  # the sequence left: only the cache holds them
 
     hit = cache.match([1, 2, 3, 4, 9, 9])
     assert hit.tokens == 4
@@ -59,38 +97,38 @@ def test_a_prompt_reuses_the_full_pages_it_shares_and_computes_its_last_token():
     assert (cache.stats.queries, cache.stats.hits) == (6 + 6 + 6 + 4, 4 + 4 + 6 + 0)  # whole prompts looked up
 
 
-def test_a_full_cache_evicts_the_least_recently_used_and_never_what_others_hold():
-    cache = PrefixCache(pool(limit=2))
+def test_a_shared_page_is_copied_before_it_is_written():
+    kv, cache = paged(limit=100)
+    prompt = [1, 2, 3, 4, 5]
+    encode(kv, prompt)
+    hit = cache.match(prompt)
+    table = BlockTable()
+    kv.share(table, hit.pages)  # a new sequence starts with the cached pages: no copy
+    assert table.pages == list(hit.pages) and table.length == 4 and kv.pool.used == 2
+    kv.write(table, 4, kv_of([1, 2, 3, 4, 8], 4, 5))  # past the shared pages: no copy
+    assert table.pages[:2] == list(hit.pages)
+    table.length = 3  # a reorderer invalidates into the prompt, then writes there
+    kv.write(table, 3, kv_of([1, 2, 3, 7], 3, 4))
+    assert table.pages[0] == hit.pages[0] and table.pages[1] not in hit.pages  # only the page written was copied
+    assert torch.equal(kv.entries(table, 0, 4), kv_of([1, 2, 3, 7], 0, 4))
+    assert torch.equal(cache.pool.read(list(hit.pages), 4), kv_of(prompt, 0, 4))  # the cache's pages unchanged
+
+
+def test_a_full_pool_evicts_the_least_recently_used_and_never_what_others_hold():
+    kv, cache = paged(limit=2)
     a, b = [1, 1, 1, 1, 0], [2, 2, 2, 2, 0]
-    cache.publish(a, lambda s, e: kv_of(a, s, e))
+    encode(kv, a)
     assert cache.match(a).tokens == 4
-    cache.publish(b, lambda s, e: kv_of(b, s, e))  # evicts a's pages, the deepest first
+    encode(kv, b)  # its pages evict a's, the deepest first
     assert cache.match(b).tokens == 4 and cache.match(a).tokens == 0
     held = cache.match(b).pages
     for page in held:  # someone else holds b's pages now: nothing is evictable
         cache.pool.retain(page)
-    assert cache.publish(a, lambda s, e: kv_of(a, s, e)) == 0
-    assert cache.match(b).tokens == 4
+    encode(kv, a)  # a running sequence still gets its pages, past the limit, and the cache lets them go after
+    assert cache.match(a).tokens == 0 and cache.match(b).tokens == 4 and kv.pool.used == 2
 
 
-def test_a_publish_that_fails_midway_leaves_the_cache_whole_and_its_pages_free():
-    cache = PrefixCache(pool(limit=100))
-    first = [1, 2, 3, 4, 5, 6, 7]
-
-    def read_then_fail(a, b):
-        if a >= 4:
-            raise RuntimeError("the device failed")
-        return kv_of(first, a, b)
-
-    with pytest.raises(RuntimeError, match="device failed"):
-        cache.publish(first, read_then_fail)
-    assert len(cache) == 2 and cache.pool.used == 2  # the pages written before the failure, nothing half-made
-    assert cache.match(first).tokens == 4
-    cache.publish(first, lambda a, b: kv_of(first, a, b))  # a later publish completes the chain
-    assert cache.match(first).tokens == 6 and cache.pool.used == 3
-
-
-def test_a_pool_that_cannot_grow_answers_none_and_publishing_stops_there(monkeypatch):
+def test_a_pool_that_cannot_grow_answers_none_and_a_sequence_gets_a_clear_error(monkeypatch):
     p = pool(limit=100)
     for _ in range(p.capacity):
         p.allocate()
@@ -99,10 +137,9 @@ def test_a_pool_that_cannot_grow_answers_none_and_publishing_stops_there(monkeyp
         raise torch.OutOfMemoryError("no room to grow")
 
     monkeypatch.setattr(p, "_grow", out_of_memory)
-    assert p.allocate() is None
-    cache = PrefixCache(p)
-    assert cache.publish([1, 2, 3, 4, 5], lambda a, b: kv_of([1, 2, 3, 4, 5], a, b)) == 0
-    assert cache.match([1, 2, 3, 4, 5]).tokens == 0
+    assert p.allocate() is None and p.allocate(beyond_limit=True) is None
+    with pytest.raises(torch.OutOfMemoryError, match="no memory left for another page"):
+        PagedKV(p).ensure(BlockTable(), 1)
 
 
 @st.composite
@@ -120,11 +157,11 @@ def prompts(draw):
     page_size=st.integers(1, 3),
 )
 def test_every_hit_holds_exactly_the_prompts_own_keys_and_values(ops, limit, page_size):
-    cache = PrefixCache(pool(limit, page_size))
+    kv, cache = paged(limit, page_size)
     published: list[list[int]] = []
     for publish, prompt in ops:
         if publish:
-            cache.publish(prompt, lambda a, b, p=prompt: kv_of(p, a, b))
+            encode(kv, prompt)
             published.append(prompt)
         else:
             hit = cache.match(prompt)

@@ -23,6 +23,8 @@ BAD_FLAGS = [
     (["serve", "--threads", "5000"], "`--threads`"),
     (["serve", "--shutdown-timeout", "nan"], "`--shutdown-timeout` must be a finite number"),
     (["serve", "--replicas", "0"], "`--replicas`"),
+    (["serve", "--kv-memory", "lots"], "`--kv-memory`: invalid size: 'lots' (bytes, or a number with one of KB"),
+    (["batch", "in.jsonl", "--out", "o.jsonl", "--kv-memory", "0GiB"], "`--kv-memory` must be at least 1 byte"),
     (["batch", "in.jsonl", "--out", "o.jsonl", "--max-batch-tokens", "0"], "`--max-batch-tokens`"),
     (
         ["batch", "in.jsonl", "--out", "o.jsonl", "--cpus-per-worker", "0"],

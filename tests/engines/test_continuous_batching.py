@@ -142,7 +142,8 @@ def test_a_cancelled_request_frees_its_row_and_leaves_the_others_alone(engine):
         assert request.result.tokens.tolist() == decoder.decode(model, [i + 1, 3], 16, record=True).tokens.tolist()
     assert list(first)[-1].cancelled
     if engine == "branch":
-        assert generator.engine.buffer.rows == 2  # rows were reused, not added
+        cached = len(generator.engine.prefixes or ())  # pages only the prefix cache still holds
+        assert generator.engine.kv.pool.used == cached  # the cancelled and the finished requests gave theirs back
 
 
 def test_a_background_thread_serves_requests_submitted_from_other_threads():

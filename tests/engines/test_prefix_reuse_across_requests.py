@@ -92,7 +92,7 @@ def live_engine_without_reuse():
     return Generator(model, engine=BranchEngine(model), prefix_cache=True)
 
 
-def test_an_admission_whose_reuse_fails_gives_its_row_back(monkeypatch):
+def test_an_admission_whose_reuse_fails_gives_its_pages_back(monkeypatch):
     model = tiny(vocab=16)
     engine = BranchEngine(model, prefix_cache=True, page_size=2)
     generator = Generator(model, Decoder.from_names(slot_size=2), engine=engine, gen_length=4)
@@ -104,7 +104,7 @@ def test_an_admission_whose_reuse_fails_gives_its_row_back(monkeypatch):
     monkeypatch.setattr(engine, "_reuse_prefix", fail)
     with pytest.raises(RuntimeError, match="copy failed"):
         engine.admit(torch.tensor([1, 2, 3, 4, 6]), 4)
-    assert not engine.by_row and sorted(engine.kv.free_rows) == list(range(engine.kv.rows))
+    assert not engine.reserved and engine.kv.pool.used == len(engine.prefixes)  # only the cache's pages are held
 
 
 @pytest.mark.parametrize(

@@ -200,3 +200,6 @@ def test_requests_sharing_a_prompt_prefix_reuse_its_pages_and_answer_as_offline(
     assert grew["refusion_prefix_cache_hits_total"] >= 16  # the second found the first's full page
     assert metric(after, "refusion_prefix_cache_pages_used") >= 1
     assert metric(after, "refusion_prefix_cache_pages_total") >= metric(after, "refusion_prefix_cache_pages_used")
+    # keys/values on pages: between requests only the prefix cache's pages are held, within the budget
+    used, total = metric(after, "refusion_kv_pages_used"), metric(after, "refusion_kv_pages_total")
+    assert used == metric(after, "refusion_prefix_cache_pages_used") and 0 < used <= total

@@ -21,6 +21,7 @@ slice of the pool (:meth:`PagedKV.first_slot`) with no copy at all.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 from typing import Any
 
 import attrs
@@ -126,10 +127,9 @@ class PagedKV:
         which attention must mask)."""
         size = self.page_size
         width = self.pages_for(keys)
+        held = [table.pages[:width] for table in tables]
         pages: np.ndarray = np.zeros((len(tables), width), dtype=np.int64)
-        for r, table in enumerate(tables):
-            held = table.pages[:width]
-            pages[r, : len(held)] = held
+        pages[np.arange(width)[None, :] < np.array([len(h) for h in held])[:, None]] = list(chain.from_iterable(held))
         columns = np.arange(keys)
         return np.ascontiguousarray(pages[:, columns // size] * size + columns % size)
 
@@ -142,7 +142,19 @@ class PagedKV:
             return None
         return pages[0] * self.page_size if pages else 0
 
-    def _slots(self, table: BlockTable, start: int, stop: int) -> torch.Tensor:
+    def _slots(self, table: BlockTable, start: int, stop: int) -> slice | torch.Tensor:
+        """The pool slots of columns ``start:stop``: one slice when they lie on consecutive pages (a range within
+        one page always does), else an index tensor."""
+        size = self.page_size
+        first, last = start // size, (stop - 1) // size
+        pages = table.pages[first : last + 1]
+        if (
+            pages
+            and pages[-1] - pages[0] == last - first
+            and (last - first < 2 or pages == list(range(pages[0], pages[-1] + 1)))
+        ):
+            at = pages[0] * size + start % size
+            return slice(at, at + stop - start)
         columns = np.arange(start, stop)
         pages = np.asarray(table.pages, dtype=np.int64)[columns // self.page_size]
         return torch.from_numpy(pages * self.page_size + columns % self.page_size).to(self.pool.data.device)
@@ -152,15 +164,25 @@ class PagedKV:
         """Write ``kv`` ``(layers, 2, heads, n, dim)`` at columns ``start:start+n`` of ``table`` (one copy); the
         length is the caller's to change."""
         n = kv.shape[3]
+        if not n:
+            return
         self.own_from(table, start, counters)
         self.ensure(table, start + n, counters)
-        slots = self.pool.slots
-        slots.index_copy_(2, self._slots(table, start, start + n), kv.transpose(2, 3).to(slots.dtype))
+        slots, where = self.pool.slots, self._slots(table, start, start + n)
+        if isinstance(where, slice):
+            slots[:, :, where] = kv.transpose(2, 3)
+        else:
+            slots.index_copy_(2, where, kv.transpose(2, 3).to(slots.dtype))
         (counters or self.counters).copied(new=n * self.token_bytes)
 
     def entries(self, table: BlockTable, start: int, stop: int) -> torch.Tensor:
         """Columns ``start:stop`` of ``table`` as ``(layers, 2, heads, n, dim)`` (a copy)."""
-        return self.pool.slots.index_select(2, self._slots(table, start, stop)).transpose(2, 3)
+        if stop <= start:
+            return self.pool.slots[:, :, :0].transpose(2, 3).clone()
+        where = self._slots(table, start, stop)
+        if isinstance(where, slice):
+            return self.pool.slots[:, :, where].transpose(2, 3).clone()
+        return self.pool.slots.index_select(2, where).transpose(2, 3)
 
 
 class PagedStore:

@@ -292,9 +292,12 @@ class BranchEngine(Engine):
         np.minimum.at(first_written, row_of, columns)
         last_written: np.ndarray = np.zeros(n, dtype=np.int64)
         np.maximum.at(last_written, row_of, columns)
-        for r, state in enumerate(states):
-            kv.own_from(tables[r], int(first_written[r]), state.counters)
-            kv.ensure(tables[r], int(last_written[r]) + 1, state.counters)
+        size = kv.page_size
+        for r, table in enumerate(tables):
+            if table.shared and first_written[r] < table.shared * size:
+                kv.own_from(table, int(first_written[r]), states[r].counters)
+            if len(table.pages) * size <= last_written[r]:
+                kv.ensure(table, int(last_written[r]) + 1, states[r].counters)
         first = np.cumsum(per_row) - per_row
         local = np.arange(len(row_of)) - first[row_of]
         base = kv.first_slot(tables[0], keys) if n == 1 else None
@@ -310,20 +313,20 @@ class BranchEngine(Engine):
                 1, n_max, None, None, None, None if mask is None else mask[None, None], keys, base=base, span=span
             )
         else:
+            low: np.ndarray = np.zeros((n, n_max), dtype=np.int64)
+            high: np.ndarray = np.zeros((n, n_max), dtype=np.int64)  # padding queries see column 0 only
+            low[row_of, local], high[row_of, local] = lows, columns
             on = functools.partial(torch.as_tensor, device=device)
-            rows_t, local_t = on(row_of), on(local)
-            low = torch.zeros((n, n_max), dtype=torch.long, device=device)
-            high = torch.zeros((n, n_max), dtype=torch.long, device=device)  # padding queries see column 0 only
-            low[rows_t, local_t], high[rows_t, local_t] = on(lows), on(columns)
-            cols = torch.arange(keys, device=device)[None, None, :]
-            visible = (cols < on(contexts[:n])[:, None, None]) | (
-                (cols >= low[:, :, None]) & (cols <= high[:, :, None])
-            )
+            if torch.device(device).type == "cpu":  # the host is the device: numpy is quicker on arrays this small
+                visible = torch.from_numpy(_visible(contexts[:n], low, high, np.arange(keys)))
+            else:  # only the intervals travel; the mask is made on the device
+                visible = _visible(on(contexts[:n]), on(low), on(high), torch.arange(keys, device=device))
             if base is not None:
                 reads, writes = None, on(base + columns)
             else:
                 slots = kv.slot_index(tables, keys)
                 reads, writes = on(slots), on(slots[row_of, columns])
+            rows_t, local_t = on(row_of), on(local)
             layout = RaggedLayout(
                 n,
                 n_max,
@@ -592,6 +595,13 @@ class _Row:
         parts = [cache.positions[cache.encoded :]] if self.pending else []
         parts += [e.positions.cpu() for e in self.call.extends]
         return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
+def _visible(contexts: Any, low: Any, high: Any, columns: Any) -> Any:
+    """``(rows, n_max, keys)``: whether key column ``c`` is visible to each query: inside its row's first
+    ``contexts[row]`` columns or inside ``[low, high]`` (numpy arrays or tensors alike)."""
+    cols = columns[None, None, :]
+    return (cols < contexts[:, None, None]) | ((cols >= low[:, :, None]) & (cols <= high[:, :, None]))
 
 
 def _packed_mask(rows: list[_Row], row_of, local, q0, n_max: int, keys: int, device: Any) -> torch.Tensor:

@@ -3,15 +3,15 @@
 Run:  python benchmarks/kv_pages.py [--model 20m] [--rows 32] [--shortest 16] [--longest 512] [--rounds 3]
 
 A random Qwen3 (built in code, vocabulary 32,000, float32, no EOS) and ``--rows`` prompts of lengths spread evenly
-between ``--shortest`` and ``--longest`` tokens (shuffled), each generating 8 to 64 tokens (so rows leave at different
-steps), submitted together to one :class:`refusion.Generator` (the ``ar`` composition, ``max_rows`` = all rows, no
-prefix cache: the figure is the live rows' own memory; issue 34). After every forward the probe reads the pages held
-and the live rows' own lengths. Reported, hardware-independent: the pages held against the pages the rows' own lengths
-fill (goal <= 1.1x) and against a rows x longest buffer (the layout before issue 34), at the step where the pages held
-peak and at worst over all steps; the bytes of cached keys/values copied (counted by the engine), by the rows (rows
-leaving included: none should be) apart from the pool's doublings as it grows to the budget. Timed, interleaved round
-by round in one process, 1 torch thread: transformers ``generate`` on the same prompts left-padded to the longest (one
-batch), and the generator. Tokens are compared with ``generate``'s.
+between ``--shortest`` and ``--longest`` tokens (shuffled), each generating 8 to 64 tokens (so rows leave at
+different steps), submitted together to one :class:`refusion.Generator` (the ``ar`` composition, ``max_rows`` = all
+rows, no prefix cache: the figure is the live rows' own memory; issue 34). After every forward the probe reads the
+pages held and the live rows' own lengths. Reported, hardware-independent: the pages held against the pages the
+rows' own lengths fill (goal <= 1.1x) and against a rows x longest buffer (the layout before issue 34), at the step
+where the pages held peak and at worst over all steps; the bytes of cached keys/values copied (counted by the
+engine), by the rows (rows leaving included: none should be) apart from the pool's growth (a quarter at a time)
+towards the budget. Timed, interleaved round by round in one process, 1 torch thread: transformers ``generate`` on
+the same prompts left-padded to the longest (one batch), and the generator. Tokens are compared with ``generate``'s.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def main(argv=None) -> int:
     growth = engine.kv.pool.growth_bytes
     print(
         f"- cached keys/values copied: {(engine.counters.kv_context_bytes - growth) / 2**20:.1f} MiB by rows "
-        f"(leaving included), {growth / 2**20:.1f} MiB when the pool doubled (to {engine.kv.pool.capacity} pages); "
+        f"(leaving included), {growth / 2**20:.1f} MiB when the pool grew (to {engine.kv.pool.capacity} pages); "
         f"new entries written: {engine.counters.kv_new_bytes / 2**20:.1f} MiB"
     )
     return 0

@@ -113,7 +113,7 @@ def check_options(
     if prefix_cache is not None:
         check_boolean(shown.get("prefix_cache", "prefix_cache"), prefix_cache)
     if kv_memory is not None:
-        check_integer(shown.get("prefix_cache", "kv_memory"), kv_memory, 1)
+        check_integer(shown.get("kv_memory", "kv_memory"), kv_memory, 1)
     if ray is None:
         for name, value, default in (
             ("workers", workers, 1),
@@ -172,7 +172,8 @@ def run_batch(
     ``max_tokens``) included. At most ``max_rows`` rows decode at once,
     reserving at most ``max_batch_tokens`` positions together; rows whose
     prompts start alike reuse the keys/values of the prefix they share unless
-    ``prefix_cache`` is ``False``. ``ray`` (an
+    ``prefix_cache`` is ``False``; ``kv_memory`` bounds the bytes of keys/values
+    (a row waits until the pages it may need are free; default: from the device). ``ray`` (an
     address, or ``"local"``) runs the rows on Ray Data with ``workers`` actors
     of ``gpus_per_worker``/``cpus_per_worker`` each. Rows already in the output
     are skipped, so a rerun resumes (and loads no model when nothing is left);

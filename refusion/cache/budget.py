@@ -3,7 +3,7 @@
 On a CUDA device, 90% of the memory free when the engine first needs pages (the model is loaded by then), as
 vLLM's ``gpu_memory_utilization`` leaves a margin; on the CPU, half the memory the operating system reports
 available (``MemAvailable``), since the host also holds the model, the process and everything else running. The
-pool behind it grows by doubling as pages are taken, so a large budget costs nothing until it is used.
+pool behind it grows by a quarter at a time as pages are taken, so a large budget costs nothing until it is used.
 """
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ pages * page_size, kv_heads, head_dim)``, a view), entry ``i`` of page ``p`` is 
 table turns into slot indices, and the entries of any rows gather into ``(rows, keys, heads, dim)`` with one
 ``index_select`` (the layout transformers' attention reads as ``(rows, heads, keys, dim)`` after a transpose). Pages
 are handed out by :meth:`PagePool.allocate` and counted by references: a page is free again when its last holder
-releases it. The pool grows by doubling (one copy of the pages in use, counted on ``counters``) up to ``limit``
-pages, so a budget of many gigabytes costs nothing until it is used. What the pages mean (which tokens, who shares
-them) is the business of the policies on top (:mod:`refusion.cache.paged` for live sequences,
+releases it. The pool grows by a quarter at a time (one copy of the pages in use, counted on ``counters``) up to
+``limit`` pages, so a budget of many gigabytes costs nothing until it is used. What the pages mean (which tokens,
+who shares them) is the business of the policies on top (:mod:`refusion.cache.paged` for live sequences,
 :mod:`refusion.cache.prefix` for prompts shared across requests).
 """
 
@@ -21,6 +21,9 @@ from refusion.decoding.counters import Counters
 
 #: tokens per page (vLLM's default block size)
 PAGE_SIZE = 16
+#: the pool grows by ``1 / GROWTH`` of its size (at least 8 pages): it never holds much more than it was asked
+#: for, and every entry is copied a bounded number of times on the way (amortised O(1) per page)
+GROWTH = 4
 
 
 class PagePool:
@@ -95,7 +98,7 @@ class PagePool:
         device has no memory left to grow the pool (running out of room is an answer, not an error)."""
         if not self._free and (beyond_limit or self.capacity < self.limit):
             try:
-                grown = 2 * self.capacity
+                grown = self.capacity + max(8, self.capacity // GROWTH)
                 self._grow(grown if beyond_limit and self.capacity >= self.limit else min(self.limit, grown))
             except torch.OutOfMemoryError:
                 return None

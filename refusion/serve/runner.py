@@ -43,7 +43,8 @@ def serve(
     request may send (:class:`ServePolicy`); ``max_rows``,
     ``max_batch_tokens`` and ``max_queue`` bound the running batch and the
     queue, ``prefix_cache`` turns prefix reuse across requests on (``None``: where
-    the engine can) or off (see :class:`~refusion.generator.Generator`). The options are checked
+    the engine can) or off, ``kv_memory`` bounds the bytes of keys/values (requests
+    wait for room; see :class:`~refusion.generator.Generator`). The options are checked
     and ``host:port`` is bound (or ``sock``, already bound, is used) before the
     model loads (``loader()``, when given, loads it instead of ``model``); bad
     values and a taken port raise :class:`ConfigError` naming them.

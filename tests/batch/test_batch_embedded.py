@@ -272,3 +272,25 @@ def test_the_serve_and_batch_commands_turn_prefix_reuse_off_by_flag():
     assert server_options(parser.parse_args(["serve"]))[0]["prefix_cache"] is None
     assert server_options(parser.parse_args(["serve", "--no-prefix-cache"]))[0]["prefix_cache"] is False
     assert parser.parse_args(["batch", "in.jsonl", "--out", "o.jsonl", "--no-prefix-cache"]).prefix_cache is False
+
+
+def test_rows_too_large_for_kv_memory_are_error_rows_naming_it_and_the_flag_sets_it(tmp_path, model):
+    from refusion.cli import build_parser
+    from refusion.cli.serve import server_options
+    from refusion.engines.branch import BranchEngine
+
+    page = BranchEngine(model, kv_memory=1).kv.pool.page_bytes
+    rows = [
+        {"id": "small", "prompt": "rev hello=", "gen_length": 8},
+        {"id": "big", "prompt": "rev hello=", "gen_length": 64},
+    ]
+    run_batch(rows, tmp_path / "out.jsonl", model=model, progress=False, kv_memory=8 * page)  # 8 pages of 16 tokens
+    out = read_rows(tmp_path / "out.jsonl")
+    assert out["small"]["error"] is None and out["small"]["tokens"] == expected_tokens(model, rows[0])
+    assert "kv_memory" in out["big"]["error"] and out["big"]["tokens"] is None
+    with pytest.raises(ConfigError, match="kv_memory"):
+        run_batch(rows, tmp_path / "bad.jsonl", model=model, progress=False, kv_memory=0)
+
+    parser = build_parser()
+    assert parser.parse_args(["batch", "in.jsonl", "--out", "o.jsonl", "--kv-memory", "2GiB"]).kv_memory == 2 << 30
+    assert server_options(parser.parse_args(["serve", "--kv-memory", "512MiB"]))[0]["kv_memory"] == 512 << 20

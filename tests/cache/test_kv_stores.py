@@ -23,7 +23,7 @@ def test_in_place_append_copies_only_new_tokens():
     for _ in range(5):
         row.append(kv)
     assert pages.counters.kv_new_bytes == 6 * first
-    assert pages.counters.kv_context_bytes == pages.pool.growth_bytes  # only the pool's doubling copied entries
+    assert pages.counters.kv_context_bytes == pages.pool.growth_bytes  # only the pool's growth copied entries
     row.truncate(10)
     assert len(row) == 10 and pages.counters.kv_new_bytes == 6 * first  # truncation copies nothing
 
@@ -44,7 +44,7 @@ def test_growing_keeps_every_sequences_entries_in_place():
     data = [torch.randn(2, 2, 1, 5 + i, 4) for i in range(3)]
     for row, kv in zip(rows, data):
         row.append(KVSegment(kv))
-    for _ in range(4):  # the pool doubles past its first 8 pages: entries are kept
+    for _ in range(4):  # the pool grows past its first 8 pages: entries are kept
         rows[0].append(KVSegment(torch.zeros(2, 2, 1, 6, 4)))
     assert pages.pool.capacity > 8
     for row, kv in zip(rows[1:], data[1:]):

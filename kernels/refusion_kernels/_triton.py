@@ -230,3 +230,69 @@ def lm_head_combine(
     tl.store(lse_ptr + rows, lse, mask=row_ok)
     if HAS_TARGETS:
         tl.store(out_picked_ptr + rows, picked, mask=row_ok)
+
+
+@triton.jit
+def paged_attention_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    out_ptr,
+    pages_ptr,
+    rows_ptr,
+    spans_ptr,
+    scale,
+    s_qt,
+    s_qh,
+    s_ks,
+    s_kh,
+    s_vs,
+    s_vh,
+    s_ot,
+    s_oh,
+    s_pr,
+    dim,
+    GROUP: tl.constexpr,
+    SPANS: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """One program per (query token, head): online softmax over the key columns of the token's row that its spans
+    make visible, each column's key and value read from its page (no gathered copy of the row)."""
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    kv_head = h // GROUP
+    row = tl.load(rows_ptr + t).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < dim
+    q = tl.load(q_ptr + t.to(tl.int64) * s_qt + h * s_qh + d, mask=d_ok, other=0.0).to(tl.float32)
+    end = tl.load(spans_ptr + t.to(tl.int64) * SPANS * 2 + 1)
+    for i in tl.static_range(1, SPANS):
+        end = tl.maximum(end, tl.load(spans_ptr + t.to(tl.int64) * SPANS * 2 + 2 * i + 1))
+    neg_inf = float("-inf")
+    run_max = tl.full((), neg_inf, tl.float32)
+    run_sum = tl.full((), 0.0, tl.float32)
+    acc = tl.zeros((BLOCK_D,), tl.float32)
+    for start in range(0, end, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        visible = cols < 0
+        for i in tl.static_range(SPANS):
+            lo = tl.load(spans_ptr + t.to(tl.int64) * SPANS * 2 + 2 * i)
+            hi = tl.load(spans_ptr + t.to(tl.int64) * SPANS * 2 + 2 * i + 1)
+            visible = visible | ((cols >= lo) & (cols < hi))
+        page = tl.load(pages_ptr + row * s_pr + cols // PAGE, mask=visible, other=0).to(tl.int64)
+        slot = page * PAGE + cols % PAGE
+        both = visible[:, None] & d_ok[None, :]
+        k = tl.load(k_ptr + slot[:, None] * s_ks + kv_head * s_kh + d[None, :], mask=both, other=0.0).to(tl.float32)
+        scores = tl.where(visible, tl.sum(k * q[None, :], 1) * scale, neg_inf)
+        new_max = tl.maximum(run_max, tl.max(scores, 0))
+        shift = tl.where(new_max == neg_inf, 0.0, new_max)
+        alpha = tl.exp(run_max - shift)
+        p = tl.exp(scores - shift)
+        v = tl.load(v_ptr + slot[:, None] * s_vs + kv_head * s_vh + d[None, :], mask=both, other=0.0).to(tl.float32)
+        run_sum = run_sum * alpha + tl.sum(p, 0)
+        acc = acc * alpha + tl.sum(p[:, None] * v, 0)
+        run_max = new_max
+    out = acc / tl.where(run_sum > 0, run_sum, 1.0)
+    tl.store(out_ptr + t.to(tl.int64) * s_ot + h * s_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_ok)

@@ -318,7 +318,7 @@ class BranchEngine(Engine):
             low[row_of, local], high[row_of, local] = lows, columns
             on = functools.partial(torch.as_tensor, device=device)
             if torch.device(device).type == "cpu":  # the host is the device: numpy is quicker on arrays this small
-                visible = torch.from_numpy(_visible(contexts[:n], low, high, np.arange(keys)))
+                visible = torch.from_numpy(_visible(contexts[:n], low, high, np.arange(keys))).to(device)
             else:  # only the intervals travel; the mask is made on the device
                 visible = _visible(on(contexts[:n]), on(low), on(high), torch.arange(keys, device=device))
             if base is not None:

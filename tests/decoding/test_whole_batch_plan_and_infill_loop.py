@@ -81,7 +81,7 @@ def _decoder(selector, slot_size, gen_length, blocks, token_threshold, stop_at_e
     )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(
     seed=st.integers(0, 60),
     prompts=st.lists(st.lists(st.integers(1, 22), min_size=1, max_size=9), min_size=1, max_size=5),

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("triton")
@@ -103,3 +103,58 @@ def test_backend_choice():
     with pytest.raises(ValueError, match="`backend` must be one of auto, torch, triton"):
         choose(cpu, "cuda")
     assert torch.equal(confidence(torch.eye(3))[0], torch.arange(3))
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    heads=st.sampled_from([(2, 1), (4, 2), (2, 2)]),
+    dim=st.sampled_from([8, 12]),
+    page=st.sampled_from([1, 4, 16]),
+    data=st.data(),
+)
+def test_paged_attention_kernel_matches_reference(heads, dim, page, data):
+    from refusion_kernels.paged_attention import paged_attention, paged_attention_reference
+
+    seed = data.draw(st.integers(0, 1000))
+    g = torch.Generator().manual_seed(seed)
+    lengths = data.draw(st.lists(st.integers(1, 70), min_size=1, max_size=3))
+    need = [-(-n // page) for n in lengths]
+    order = torch.randperm(sum(need) + 3, generator=g).tolist()  # pages in no particular order, some unused
+    tables, at = [], 0
+    for count in need:
+        tables.append(order[at : at + count])
+        at += count
+    width = max(need)
+    pages = torch.tensor([t + [0] * (width - len(t)) for t in tables])
+    n_heads, kv_heads = heads
+    keys = torch.randn((sum(need) + 3) * page, kv_heads, dim, generator=g)
+    values = torch.randn((sum(need) + 3) * page, kv_heads, dim, generator=g)
+    rows, spans = [], []
+    for r, n in enumerate(lengths):
+        context = data.draw(st.integers(0, n - 1))
+        for column in range(context, n):  # a causal chain after the context, and one column seen alone
+            low = data.draw(st.sampled_from([context, column]))
+            rows.append(r)
+            spans.append([[0, context], [low, column + 1], [0, 0]])
+    q = torch.randn(len(rows), n_heads, dim, generator=g)
+    args = (q, keys, values, pages, torch.tensor(rows), torch.tensor(spans), page, dim**-0.5)
+    expected = paged_attention_reference(*args)
+    got = paged_attention(*args, backend="triton")
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_paged_attention_reads_its_rows_columns_through_the_block_table_and_nothing_else():
+    from refusion_kernels.paged_attention import paged_attention
+
+    keys = torch.zeros(8, 1, 4)
+    values = torch.arange(8.0)[:, None, None].expand(8, 1, 4).contiguous()
+    pages = torch.tensor([[1, 0]])  # page size 4: columns 0-3 are slots 4-7, columns 4-7 slots 0-3
+    spans = torch.tensor([[[0, 2], [3, 4]]])  # columns 0, 1 and 3: slots 4, 5 and 7
+    q = torch.zeros(1, 1, 4)  # equal scores: the mean of the visible values
+    expected = torch.full((1, 1, 4), (4.0 + 5.0 + 7.0) / 3)
+    for backend in ("torch", "triton"):
+        out = paged_attention(q, keys, values, pages, torch.tensor([0]), spans, 4, 1.0, backend=backend)
+        torch.testing.assert_close(out, expected)
+    values[6] = values[0] = float("nan")  # columns no query sees: the kernel never reads them
+    out = paged_attention(q, keys, values, pages, torch.tensor([0]), spans, 4, 1.0, backend="triton")
+    torch.testing.assert_close(out, expected)

@@ -13,6 +13,7 @@ variable ``REFUSION_KERNELS`` (``auto``, ``torch``, ``triton``) forces one.
 from refusion_kernels.backend import choose, triton_available
 from refusion_kernels.confidence import confidence, confidence_reference
 from refusion_kernels.lm_head import lm_head_stats, lm_head_stats_reference
+from refusion_kernels.paged import paged_attention, paged_attention_reference
 from refusion_kernels.scatter import scatter_kv, scatter_kv_reference
 
 __all__ = [
@@ -21,6 +22,8 @@ __all__ = [
     "confidence_reference",
     "lm_head_stats",
     "lm_head_stats_reference",
+    "paged_attention",
+    "paged_attention_reference",
     "scatter_kv",
     "scatter_kv_reference",
     "triton_available",

@@ -122,14 +122,20 @@ class PagedKV:
             pass
 
     # -- addressing ------------------------------------------------------------------------
-    def slot_index(self, tables: Sequence[BlockTable], keys: int) -> np.ndarray:
-        """``(rows, keys)`` pool slots of each table's columns ``0:keys`` (columns past a table's pages: slot 0,
+    def page_table(self, tables: Sequence[BlockTable], keys: int) -> np.ndarray:
+        """``(rows, pages_for(keys))`` block tables of ``tables``' columns ``0:keys`` (page 0 past a table's pages,
         which attention must mask)."""
-        size = self.page_size
         width = self.pages_for(keys)
         held = [table.pages[:width] for table in tables]
         pages: np.ndarray = np.zeros((len(tables), width), dtype=np.int64)
         pages[np.arange(width)[None, :] < np.array([len(h) for h in held])[:, None]] = list(chain.from_iterable(held))
+        return pages
+
+    def slot_index(self, tables: Sequence[BlockTable], keys: int) -> np.ndarray:
+        """``(rows, keys)`` pool slots of each table's columns ``0:keys`` (columns past a table's pages: slot 0,
+        which attention must mask)."""
+        size = self.page_size
+        pages = self.page_table(tables, keys)
         columns = np.arange(keys)
         return np.ascontiguousarray(pages[:, columns // size] * size + columns % size)
 

@@ -107,6 +107,7 @@ class BranchEngine(Engine):
         prefix_cache: bool = False,
         kv_memory: int | None = None,
         page_size: int = PAGE_SIZE,
+        paged_kernel: bool | None = None,
     ):
         super().__init__(model, batch_invariant=batch_invariant)
         from refusion.engines.ragged import supports
@@ -129,6 +130,9 @@ class BranchEngine(Engine):
             raise ConfigError(f"`packed` forwards cannot run on {type(model).__name__}: {reason}.", param="packed")
         #: packed forwards (no padding; HF models with attention functions) or padded rows with a 4-D mask
         self.packed = reason is None if packed is None else packed
+        #: packed forwards attend with the paged Triton kernel (each row's keys read from its pages in place)
+        #: instead of gathering them for ``scaled_dot_product_attention``
+        self.paged_kernel = self._paged_kernel(paged_kernel, batch_invariant)
         layers, heads, dim, dtype = model.kv_shape()
         budget = kv_memory if kv_memory is not None else default_kv_memory(self.device)
         pool = PagePool.for_budget(
@@ -140,6 +144,29 @@ class BranchEngine(Engine):
         self.kv = PagedKV(pool, self.prefixes)
         #: pages each live sequence was admitted for
         self.reserved: dict[SequenceState, int] = {}
+
+    def _paged_kernel(self, wanted: bool | None, batch_invariant: bool) -> bool:
+        """Whether packed forwards use the paged kernel: by default on CUDA where Triton runs; ``True`` forces it
+        (Triton's interpreter on the CPU), refused with ``batch_invariant`` (its rows attend one call each)."""
+        from refusion.errors import ConfigError
+        from refusion.validators import check_boolean
+        from refusion_kernels import triton_available
+
+        if wanted is None:
+            return (
+                self.packed and not batch_invariant and torch.device(self.device).type == "cuda" and triton_available()
+            )
+        check_boolean("paged_kernel", wanted)
+        if wanted and (batch_invariant or not self.packed or not triton_available()):
+            why = (
+                "`batch_invariant` attends each row in a call of its own"
+                if batch_invariant
+                else "forwards are not packed on this model"
+                if not self.packed
+                else "Triton cannot run here (no GPU, TRITON_INTERPRET unset)"
+            )
+            raise ConfigError(f"`paged_kernel` cannot be used: {why}.", param="paged_kernel")
+        return wanted
 
     @classmethod
     def unsupported(cls, model: Any) -> str | None:
@@ -301,7 +328,12 @@ class BranchEngine(Engine):
         first = np.cumsum(per_row) - per_row
         local = np.arange(len(row_of)) - first[row_of]
         base = kv.first_slot(tables[0], keys) if n == 1 else None
-        if (
+        if self.paged_kernel:  # each token's two spans: its row's context, and its chain or branch
+            spans = np.stack(
+                [np.stack([np.zeros_like(lows), contexts[row_of]], 1), np.stack([lows, columns + 1], 1)], 1
+            )
+            layout = self._kernel_layout(tables, keys, n, n_max, row_of, columns, spans)
+        elif (
             base is not None
             and np.array_equal(columns, np.arange(columns[0], columns[0] + len(columns)))
             and (lows == contexts[0]).all()
@@ -343,6 +375,28 @@ class BranchEngine(Engine):
         pairs = int((columns - lows + 1).sum() + contexts[row_of].sum())
         self.counted(n, int(ids.shape[0]), pairs=pairs, keys=int(contexts.sum()))
         return scores
+
+    def _kernel_layout(self, tables, keys, n, n_max, row_of, columns, spans) -> Any:
+        """The layout of a forward attended by the paged kernel: no gathered slots, no dense mask."""
+        from refusion.engines.ragged import RaggedLayout
+
+        kv, on = self.kv, functools.partial(torch.as_tensor, device=self.device)
+        pages = kv.page_table(tables, keys)
+        size = kv.page_size
+        writes = pages[row_of, columns // size] * size + columns % size
+        return RaggedLayout(
+            n,
+            n_max,
+            None,
+            on(row_of),
+            on(columns),
+            None,
+            keys,
+            writes=on(writes),
+            pages=on(pages),
+            spans=on(spans),
+            page_size=size,
+        )
 
     def keep_columns(self, states: list[BranchSequence], kept: list[int]) -> None:
         """After :meth:`run_columns`: the first ``kept[i]`` fed tokens of row ``i`` stay cached (the rest of what
@@ -386,7 +440,14 @@ class BranchEngine(Engine):
 
         ids = torch.cat([row.ids() for row in rows]) if n_rows > 1 else rows[0].ids()
         pos = torch.cat([row.pos() for row in rows]) if n_rows > 1 else rows[0].pos()
-        if n_rows == 1:  # one row: its tokens take consecutive columns; a causal mask unless branches are involved
+        if self.paged_kernel:
+            row_of = torch.cat([torch.full((row.n,), r, dtype=torch.long) for r, row in enumerate(rows)])
+            local = torch.cat([torch.arange(row.n) for row in rows])
+            q0 = torch.tensor([row.context + row.width for row in rows])
+            column = (q0[row_of] + local).numpy()
+            spans = _packed_spans(rows, row_of, local, q0).numpy()
+            layout = self._kernel_layout(tables, keys, n_rows, n_max, row_of.numpy(), column, spans)
+        elif n_rows == 1:  # one row: its tokens take consecutive columns; a causal mask unless branches are involved
             row = rows[0]
             start = row.context + row.width
             if row.width == 0 and len(row.call.extends) == 1:
@@ -604,13 +665,9 @@ def _visible(contexts: Any, low: Any, high: Any, columns: Any) -> Any:
     return (cols < contexts[:, None, None]) | ((cols >= low[:, :, None]) & (cols <= high[:, :, None]))
 
 
-def _packed_mask(rows: list[_Row], row_of, local, q0, n_max: int, keys: int, device: Any) -> torch.Tensor:
-    """``(rows, 1, n_max, keys)`` on ``device``: context, pending, parent span and causal self-span of each packed
-    query.
-
-    Built from four column intervals per query token (small host tensors, moved once), compared against the
-    key columns on the device; padding queries see column 0 only.
-    """
+def _packed_spans(rows: list[_Row], row_of, local, q0) -> torch.Tensor:
+    """``(T, 4, 2)`` host tensor: the column spans ``[lo, hi)`` each packed query sees: its row's context, the
+    pending tokens, its branch's parent span and, causally, its own extend (empty spans: ``lo == hi``)."""
     span_lo, par_lo, par_hi, pend_hi = [], [], [], []
     for row in rows:
         if row.pending:  # pending tokens: context plus themselves, causally
@@ -625,18 +682,23 @@ def _packed_mask(rows: list[_Row], row_of, local, q0, n_max: int, keys: int, dev
             par_lo.append(torch.full((q,), at, dtype=torch.long))
             par_hi.append(torch.full((q,), at + len(e.parent), dtype=torch.long))
             pend_hi.append(torch.full((q,), row.pending, dtype=torch.long))
-    on = functools.partial(torch.as_tensor, device=device)
-    span_lo, par_lo, par_hi, pend_hi = (on(torch.cat(x)) for x in (span_lo, par_lo, par_hi, pend_hi))
-    context = on(torch.tensor([row.context for row in rows])[row_of])
-    base, local, flat = on(q0[row_of]), on(local), on(row_of * n_max + local)
-    cols = torch.arange(keys, device=device)[None, :]
-    visible = cols < context[:, None]
-    visible |= (cols >= base[:, None]) & (cols < (base + pend_hi)[:, None])
-    visible |= (cols >= par_lo[:, None]) & (cols < par_hi[:, None])
-    visible |= (cols >= (base + span_lo)[:, None]) & (cols <= (base + local)[:, None])
+    span_lo, par_lo, par_hi, pend_hi = (torch.cat(x) for x in (span_lo, par_lo, par_hi, pend_hi))
+    context = torch.tensor([row.context for row in rows])[row_of]
+    base = q0[row_of]
+    lows = torch.stack([torch.zeros_like(base), base, par_lo, base + span_lo], 1)
+    highs = torch.stack([context, base + pend_hi, par_hi, base + local + 1], 1)
+    return torch.stack([lows, highs], 2)
+
+
+def _packed_mask(rows: list[_Row], row_of, local, q0, n_max: int, keys: int, device: Any) -> torch.Tensor:
+    """``(rows, 1, n_max, keys)`` on ``device``: the columns each packed query's spans (:func:`_packed_spans`) make
+    visible; padding queries see column 0 only. The spans travel to the device, the mask is made there."""
+    spans = _packed_spans(rows, row_of, local, q0).to(device)
+    cols = torch.arange(keys, device=device)[None, None, :]
+    visible = ((cols >= spans[:, :, :1]) & (cols < spans[:, :, 1:])).any(dim=1)
     mask = torch.zeros(len(rows) * n_max, keys, dtype=torch.bool, device=device)
     mask[:, 0] = True
-    mask[flat] = visible
+    mask[(row_of * n_max + local).to(device)] = visible
     return mask.view(len(rows), 1, n_max, keys)
 
 

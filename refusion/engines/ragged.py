@@ -58,6 +58,11 @@ class RaggedLayout:
     reads: torch.Tensor | None = None
     base: int | None = None
     span: tuple[int, int] | None = None
+    #: the paged kernel's inputs instead of ``reads``/``mask``: block tables ``(rows, width)``, each token's
+    #: visible column spans ``(T, n, 2)`` and the page size (:func:`refusion_kernels.paged_attention`)
+    pages: torch.Tensor | None = None
+    spans: torch.Tensor | None = None
+    page_size: int = 0
 
 
 class RaggedCache:
@@ -82,6 +87,9 @@ class RaggedCache:
                 pool[layout.base + start : layout.base + stop] = fed
             else:
                 pool.index_copy_(0, layout.writes, fed)
+            if layout.spans is not None:  # the paged kernel reads the pool itself
+                out.append(pool)
+                continue
             if layout.base is not None:
                 rows = pool[layout.base : layout.base + layout.keys][None]
             else:
@@ -109,6 +117,15 @@ def ragged_attention(module, query, key, value, attention_mask, scaling=None, dr
     gqa = key.shape[1] != heads
     from refusion.engines.invariant import current
 
+    if layout.spans is not None:  # keys/values are the pool's slots: the paged kernel reads each row's in place
+        from refusion_kernels import paged_attention
+
+        scale = scaling if scaling is not None else dim**-0.5
+        q = query[0].transpose(0, 1)
+        out = paged_attention(
+            q, key, value, layout.pages, layout.row_of, layout.spans, layout.page_size, scale, backend="triton"
+        )
+        return out[None], None
     invariance = current()
     if invariance is not None:
         return _attend_per_row(query, key, value, layout, invariance.spans(layout), scaling, gqa), None

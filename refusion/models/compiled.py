@@ -160,6 +160,8 @@ def _bucketed(kwargs: dict[str, Any], bucket: int) -> dict[str, Any]:
     if not isinstance(cache, RaggedCache) or not isinstance(masks, dict):
         return kwargs
     layout = cache.layout
+    if layout.spans is not None:  # the paged kernel's shapes do not depend on the key length
+        return kwargs
     keys = -(-layout.keys // bucket) * bucket
     if layout.base is not None:
         keys = min(keys, cache.slots.shape[2] - layout.base)

@@ -134,3 +134,37 @@ def test_the_server_answers_a_request_too_large_for_its_kv_memory_with_a_400_nam
         assert too_long.status_code == 400, too_long.text
         error = too_long.json()["error"]
         assert error["param"] == "kv_memory" and "kv_memory" in error["message"]
+
+
+@pytest.mark.parametrize("name", ["plan-and-infill loop", "program (random selector, re-encoding)"])
+def test_the_paged_kernel_gives_the_tokens_of_gathered_attention(name, monkeypatch):
+    """``paged_kernel=True`` (the default on CUDA) reads each row's keys from its pages in the Triton kernel; here
+    it runs in Triton's interpreter on ragged rows, branches and chains alike."""
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from refusion_kernels import backend
+
+    backend.triton_available.cache_clear()
+    model = tiny(vocab=16, seed=11)
+    decoder = Decoder.from_names(**DECODERS[name])
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [13]]  # pages of 4: rows of one and of two pages
+    kernel = BranchEngine(model, paged_kernel=True, page_size=4)
+    gathered = BranchEngine(model, paged_kernel=False, page_size=4)
+    a = decoder.decode_batch(model, prompts, 4, engine=kernel)
+    b = decoder.decode_batch(model, prompts, 4, engine=gathered)
+    assert [r.tokens.tolist() for r in a] == [r.tokens.tolist() for r in b]
+    backend.triton_available.cache_clear()
+
+
+def test_the_paged_kernel_is_refused_where_it_cannot_run(monkeypatch):
+    from refusion_kernels import backend
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    backend.triton_available.cache_clear()
+    try:
+        with pytest.raises(ConfigError, match="paged_kernel") as error:
+            BranchEngine(tiny(vocab=16), paged_kernel=True)  # no GPU here and no interpreter
+        assert error.value.param == "paged_kernel"
+        assert not BranchEngine(tiny(vocab=16)).paged_kernel  # the default on the CPU: gathered rows
+    finally:
+        backend.triton_available.cache_clear()

@@ -104,6 +104,38 @@ def kernels() -> list[tuple[str, object, dict, dict]]:
                 {"BLOCK_D": 128},
             )
         )
+        out.append(
+            (
+                f"paged_attention_kernel {dtype}",
+                K.paged_attention_kernel,
+                {
+                    "q_ptr": f"*{dtype}",
+                    "k_ptr": f"*{dtype}",
+                    "v_ptr": f"*{dtype}",
+                    "out_ptr": f"*{dtype}",
+                    "pages_ptr": "*i32",
+                    "rows_ptr": "*i32",
+                    "spans_ptr": "*i32",
+                    "scale": "fp32",
+                    "s_qt": "i32",
+                    "s_qh": "i32",
+                    "s_ks": "i32",
+                    "s_kh": "i32",
+                    "s_vs": "i32",
+                    "s_vh": "i32",
+                    "s_ot": "i32",
+                    "s_oh": "i32",
+                    "s_pr": "i32",
+                    "dim": "i32",
+                    "GROUP": "constexpr",
+                    "SPANS": "constexpr",
+                    "PAGE": "constexpr",
+                    "BLOCK_N": "constexpr",
+                    "BLOCK_D": "constexpr",
+                },
+                {"GROUP": 2, "SPANS": 4, "PAGE": 16, "BLOCK_N": 64, "BLOCK_D": 128},
+            )
+        )
     out.append(
         (
             "lm_head_combine",

@@ -136,8 +136,8 @@ class PagedKV:
         which attention must mask)."""
         size = self.page_size
         pages = self.page_table(tables, keys)
-        columns = np.arange(keys)
-        return np.ascontiguousarray(pages[:, columns // size] * size + columns % size)
+        slots = (pages * size)[:, :, None] + np.arange(size)  # (rows, width, size): every column of every page
+        return np.ascontiguousarray(slots.reshape(len(tables), -1)[:, :keys])
 
     def first_slot(self, table: BlockTable, keys: int) -> int | None:
         """The slot of column 0 when columns ``0:keys`` lie in consecutive pages (one slice of the pool), else

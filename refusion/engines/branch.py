@@ -315,16 +315,18 @@ class BranchEngine(Engine):
         per_row = np.bincount(row_of, minlength=n)
         n_max = int(per_row.max())
         keys = int(columns.max()) + 1
-        first_written: np.ndarray = np.full(n, keys, dtype=np.int64)
-        np.minimum.at(first_written, row_of, columns)
+        size = kv.page_size
         last_written: np.ndarray = np.zeros(n, dtype=np.int64)
         np.maximum.at(last_written, row_of, columns)
-        size = kv.page_size
-        for r, table in enumerate(tables):
-            if table.shared and first_written[r] < table.shared * size:
-                kv.own_from(table, int(first_written[r]), states[r].counters)
-            if len(table.pages) * size <= last_written[r]:
-                kv.ensure(table, int(last_written[r]) + 1, states[r].counters)
+        held = np.fromiter((len(table.pages) for table in tables), np.int64, n) * size
+        for r in np.nonzero(held <= last_written)[0].tolist():  # rows whose writes reach past their pages
+            kv.ensure(tables[r], int(last_written[r]) + 1, states[r].counters)
+        if any(table.shared for table in tables):  # pages others hold too: copied before they are written
+            first_written: np.ndarray = np.full(n, keys, dtype=np.int64)
+            np.minimum.at(first_written, row_of, columns)
+            for r, table in enumerate(tables):
+                if table.shared and first_written[r] < table.shared * size:
+                    kv.own_from(table, int(first_written[r]), states[r].counters)
         first = np.cumsum(per_row) - per_row
         local = np.arange(len(row_of)) - first[row_of]
         base = kv.first_slot(tables[0], keys) if n == 1 else None
@@ -358,12 +360,11 @@ class BranchEngine(Engine):
             else:
                 slots = kv.slot_index(tables, keys)
                 reads, writes = on(slots), on(slots[row_of, columns])
-            rows_t, local_t = on(row_of), on(local)
             layout = RaggedLayout(
                 n,
                 n_max,
-                None if n == 1 else rows_t * n_max + local_t,
-                rows_t,
+                None if n == 1 else on(row_of * n_max + local),
+                on(row_of),
                 on(columns),
                 visible[:, None],
                 keys,
@@ -401,10 +402,12 @@ class BranchEngine(Engine):
     def keep_columns(self, states: list[BranchSequence], kept: list[int]) -> None:
         """After :meth:`run_columns`: the first ``kept[i]`` fed tokens of row ``i`` stay cached (the rest of what
         it fed is dropped: a length change and its pages given back, no copy)."""
+        size = self.kv.page_size
         for state, k in zip(states, kept):
             table = state.store.table
             table.length += k
-            self.kv.trim(table)
+            if len(table.pages) * size >= table.length + size:  # a page past the kept columns
+                self.kv.trim(table)
         self._publish(states)
 
     def hold_columns(self, states: list[BranchSequence], used: list[int]) -> None:

@@ -456,7 +456,8 @@ class Generator:
                 need = request.prompt_length + request.region_length
                 if self.max_tokens is not None and self.reserved_tokens + need > self.max_tokens:
                     return
-                if self.engine.admission(request.prompt_length, request.region_length) is not None:
+                short = self.engine.admission(request.prompt_length, request.region_length)
+                if short is not None and self._running:
                     return  # it fits once a running request gives its pages back (submit checked it fits alone)
                 if (
                     self._running
@@ -468,6 +469,11 @@ class Generator:
                 self._waiting.popleft()
             if request._cancel:
                 self._end_cancelled(request, events)
+                continue
+            if short is not None:  # nothing runs and it still does not fit (the device lost memory): no waiting
+                request.status = "failed"
+                request.error = ConfigError(f"The request cannot be admitted: {short}.", param="kv_memory")
+                events.append(self._final_failure(request, request.error))
                 continue
             try:
                 session = request.decoder.start(self.model, self.engine, request.prepared, record=request.record)

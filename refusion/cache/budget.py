@@ -1,9 +1,12 @@
 """How much memory keys/values may take when the caller does not say (``kv_memory`` / ``--kv-memory``).
 
-On a CUDA device, 90% of the memory free when the engine first needs pages (the model is loaded by then), as
-vLLM's ``gpu_memory_utilization`` leaves a margin; on the CPU, half the memory the operating system reports
-available (``MemAvailable``), since the host also holds the model, the process and everything else running. The
-pool behind it grows by a quarter at a time as pages are taken, so a large budget costs nothing until it is used.
+On a CUDA device, 40% of the memory free when the engine opens (the model is loaded by then); on the CPU, half the
+memory the operating system reports available (``MemAvailable``), since the host also holds the model, the process
+and everything else running. The pool behind the budget grows by a quarter at a time as pages are taken, so a large
+budget costs nothing until it is used; growing holds the old and the new tensor at once (2.25x the pool at the
+peak), which is why the GPU share is not vLLM's 90% (vLLM allocates its whole budget up front): at 40% the last
+growth still fits beside the activations. A growth that fails anyway shrinks the budget to what exists
+(:meth:`PagePool.allocate <refusion.cache.pages.PagePool.allocate>`).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import os
 import torch
 
 #: share of the free device memory keys/values may take on a GPU
-CUDA_SHARE = 0.9
+CUDA_SHARE = 0.4
 #: share of the host's available memory keys/values may take on the CPU
 HOST_SHARE = 0.5
 #: the budget when the host does not say how much memory it has

@@ -5,7 +5,8 @@ Every live sequence of the ``branch`` engine owns a :class:`BlockTable`: the pag
 entry ``c % page_size`` of page ``pages[c // page_size]``). ReFusion's commit-order cache maps onto it directly:
 committing appends columns after ``length``, invalidating is a length change, and a loop's uncommitted branches
 are columns past the committed ones that it holds for a while. Pages past the columns in use go back to the pool
-after every forward (:meth:`PagedKV.trim`), and a sequence that leaves gives its pages back: no other sequence's
+(:meth:`PagedKV.trim`) after each whole-batch forward, and before a sequence's next forward otherwise (its last
+outputs' keys/values are read until then), and a sequence that leaves gives its pages back: no other sequence's
 entries move.
 
 Pages can be shared read-only: a prompt's full pages are published to the prefix cache

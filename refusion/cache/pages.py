@@ -95,12 +95,16 @@ class PagePool:
 
     def allocate(self, beyond_limit: bool = False) -> int | None:
         """A page with one reference, or ``None`` when ``limit`` pages are held (unless ``beyond_limit``) or the
-        device has no memory left to grow the pool (running out of room is an answer, not an error)."""
+        device has no memory left to grow the pool (running out of room is an answer, not an error; the limit
+        then shrinks to the pages that exist, so whoever admits by it stops counting on more)."""
+        if not beyond_limit and self.used >= self.limit:
+            return None
         if not self._free and (beyond_limit or self.capacity < self.limit):
             try:
                 grown = self.capacity + max(8, self.capacity // GROWTH)
                 self._grow(grown if beyond_limit and self.capacity >= self.limit else min(self.limit, grown))
             except torch.OutOfMemoryError:
+                self.limit = max(1, self.capacity)  # the device holds no more: the budget is what exists
                 return None
         if not self._free:
             return None

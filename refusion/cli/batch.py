@@ -125,7 +125,7 @@ def add_parsers(sub: Any) -> None:
         type=byte_size,
         default=None,
         metavar="SIZE",
-        help="memory keys/values may take, e.g. 8GiB (rows wait for room beyond it; default: 90%% of the free GPU "
+        help="memory keys/values may take, e.g. 8GiB (rows wait for room beyond it; default: 40%% of the free GPU "
         "memory, or half the host's available memory)",
     )
     add_trust_options(batch, what="rows")

@@ -282,16 +282,20 @@ class Decoder:
 
             check_invariance(engine, True)
         state = engine.admit(prepared.prompt, prepared.partition.gen_length)
-        if model.capabilities.denoiser:
-            from refusion.decoding.denoising import DenoisingSession
+        try:
+            if model.capabilities.denoiser:
+                from refusion.decoding.denoising import DenoisingSession
 
-            denoiser = cast(Any, model)  # a CanvasDenoiserLM (capabilities.denoiser)
-            return DenoisingSession(
-                self, denoiser, state, prepared.partition, prepared.seed, engine=engine, record=record
-            )
-        if self.cfg_scale > 0:
-            engine.guide(state, self.cfg_scale)
-        return DecodeSession(self, model, state, prepared.partition, prepared.seed, engine=engine, record=record)
+                denoiser = cast(Any, model)  # a CanvasDenoiserLM (capabilities.denoiser)
+                return DenoisingSession(
+                    self, denoiser, state, prepared.partition, prepared.seed, engine=engine, record=record
+                )
+            if self.cfg_scale > 0:
+                engine.guide(state, self.cfg_scale)
+            return DecodeSession(self, model, state, prepared.partition, prepared.seed, engine=engine, record=record)
+        except BaseException:
+            engine.release(state)  # never started: what the engine holds for it (pages, reservations) is free again
+            raise
 
     def session(
         self,

@@ -85,14 +85,14 @@ def attention_implementation(model: Any) -> str:
 class BranchEngine(Engine):
     """Runs one model call per sequence in a single forward (causal models that state their KV shape).
 
-    Keys and values live in pages of ``page_size`` tokens (:mod:`refusion.cache.paged`), at most ``kv_memory``
-    bytes of them (default: :func:`~refusion.cache.budget.default_kv_memory` of the device). A sequence is
-    admitted when the pages it may need fit beside the running ones' (:meth:`admission`); a running sequence is
-    never refused a page. ``prefix_cache``: reuse the keys and values of prompts' full pages across sequences
-    (:mod:`refusion.cache.prefix`): a sequence whose prompt starts like an earlier one's starts its table with
-    those pages (its tokens are not fed, nothing is copied), its own prompt's pages are published once encoded,
-    and pages only the cache holds are evicted when the budget needs them. Not with ``batch_invariant``: a reused
-    prefix was computed in another forward's shape.
+    Keys and values live in pages of ``page_size`` tokens (:mod:`refusion.cache.paged`), at most ``kv_memory`` bytes
+    of them (default: :func:`~refusion.cache.budget.default_kv_memory` of the device). A sequence is admitted when
+    the pages it may need fit beside the running ones' (:meth:`admission`); a running sequence is never refused a
+    page short of the device running out of memory. ``prefix_cache``: reuse the keys and values of prompts' full
+    pages across sequences (:mod:`refusion.cache.prefix`): a sequence whose prompt starts like an earlier one's
+    starts its table with those pages (its tokens are not fed, nothing is copied), its own prompt's pages are
+    published once encoded, and pages only the cache holds are evicted when the budget needs them. Not with
+    ``batch_invariant``: a reused prefix was computed in another forward's shape.
     """
 
     name = "branch"

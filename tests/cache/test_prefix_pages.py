@@ -182,3 +182,29 @@ def _shared(a, b):
     while n < min(len(a), len(b)) and a[n] == b[n]:
         n += 1
     return n
+
+
+def test_past_the_limit_free_pages_are_not_handed_out_and_a_failed_growth_shrinks_the_limit(monkeypatch):
+    p = pool(limit=2)
+    held = [p.allocate(), p.allocate(), p.allocate(beyond_limit=True)]  # a running sequence went past the limit
+    p.release(held.pop())
+    assert p.allocate() is None  # a free page above the limit is not handed out without asking for it
+    assert p.allocate(beyond_limit=True) is not None
+
+    q = pool(limit=100)
+    for _ in range(q.capacity):
+        q.allocate()
+
+    def out_of_memory(pages):
+        raise torch.OutOfMemoryError("no room to grow")
+
+    monkeypatch.setattr(q, "_grow", out_of_memory)
+    assert q.allocate() is None and q.limit == q.capacity == 8  # the budget is what the device holds
+
+
+def test_a_full_pool_evicts_the_caches_pages_before_growing_past_its_limit():
+    kv, cache = paged(limit=2)
+    encode(kv, [1, 1, 1, 1, 0])  # the cache holds both pages of the budget
+    table = BlockTable()
+    kv.ensure(table, 4)  # a live sequence needs two pages: the cache's go first, nothing past the limit
+    assert kv.pool.over_limit == 0 and len(cache) == 0 and kv.pool.used == 2

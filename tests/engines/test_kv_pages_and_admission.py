@@ -168,3 +168,15 @@ def test_the_paged_kernel_is_refused_where_it_cannot_run(monkeypatch):
         assert not BranchEngine(tiny(vocab=16)).paged_kernel  # the default on the CPU: gathered rows
     finally:
         backend.triton_available.cache_clear()
+
+
+def test_a_request_whose_start_fails_gives_its_pages_and_reservation_back():
+    model = tiny(vocab=16, seed=3)
+    engine = BranchEngine(model, prefix_cache=True, page_size=4, kv_memory=budget_for(model, 16))
+    generator = Generator(model, Decoder.from_names(slot_size=2), engine=engine, gen_length=8)
+    generator.submit([1, 2, 3, 4, 5, 6]).wait()  # its full page is in the prefix cache now
+    for _ in range(3):  # guidance needs another engine: the start fails after the engine admitted the sequence
+        with pytest.raises(ConfigError, match="cfg_scale"):
+            generator.submit([1, 2, 3, 4, 5, 7], decoder=Decoder.from_names(slot_size=2, cfg_scale=1.0)).wait()
+    assert not engine.reserved and engine.kv.pool.used == len(engine.prefixes) == engine.prefixes.evictable
+    assert generator.submit([1, 2, 3, 4, 9, 9]).wait() is not None  # and the next request runs

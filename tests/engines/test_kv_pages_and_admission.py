@@ -180,3 +180,14 @@ def test_a_request_whose_start_fails_gives_its_pages_and_reservation_back():
             generator.submit([1, 2, 3, 4, 5, 7], decoder=Decoder.from_names(slot_size=2, cfg_scale=1.0)).wait()
     assert not engine.reserved and engine.kv.pool.used == len(engine.prefixes) == engine.prefixes.evictable
     assert generator.submit([1, 2, 3, 4, 9, 9]).wait() is not None  # and the next request runs
+
+
+def test_a_request_that_no_longer_fits_with_nothing_running_fails_instead_of_waiting():
+    model = tiny(vocab=16, seed=3)
+    engine = BranchEngine(model, page_size=4, kv_memory=budget_for(model, 16))
+    generator = Generator(model, Decoder.from_names(slot_size=2), engine=engine, gen_length=8)
+    request = generator.submit([1, 2, 3, 4, 5, 6])  # fits the budget when submitted
+    engine.kv.pool.limit = 4  # then the device lost memory (a failed growth shrinks the budget so)
+    with pytest.raises(ConfigError, match="kv_memory"):
+        request.wait()
+    assert request.status == "failed" and generator.idle()

@@ -149,5 +149,6 @@ class PagePool:
             self.counters.copied(context=len(held) * self.page_bytes)
             self.growth_bytes += len(held) * self.page_bytes
         self.data = grown
-        self.refs += [0] * (pages - old)
-        self._free = list(range(pages - 1, old - 1, -1)) + self._free
+        # both lists are built first and rebound in one statement: a metrics thread reading `used` meanwhile can
+        # pair an old list with a new one only between those two stores
+        self.refs, self._free = self.refs + [0] * (pages - old), list(range(pages - 1, old - 1, -1)) + self._free

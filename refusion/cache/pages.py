@@ -32,9 +32,8 @@ class PagePool:
     Contract: :meth:`allocate` returns a page with one reference, or ``None`` when all ``limit`` pages are held
     (or memory to grow is lacking; ``beyond_limit=True`` grows past ``limit``, for a running sequence that must not
     fail);
-    :meth:`retain`/:meth:`release` add and drop references (releasing a free page raises); :meth:`write` and
-    :meth:`read` copy entries in and out (``(layers, 2, heads, n, dim)``, ``n`` a multiple of ``page_size`` or
-    less than one page at the end). Nothing here looks at what the entries are.
+    :meth:`retain`/:meth:`release` add and drop references (releasing a free page raises). Entries are written and
+    read through block tables (:class:`~refusion.cache.paged.PagedKV`); nothing here looks at what they are.
     """
 
     def __init__(
@@ -124,21 +123,6 @@ class PagePool:
         self.refs[page] -= 1
         if not self.refs[page]:
             self._free.append(page)
-
-    def write(self, pages: list[int], kv: torch.Tensor) -> None:
-        """Copy ``kv`` ``(layers, 2, heads, n, dim)`` into ``pages`` in order (``n <= len(pages) * page_size``)."""
-        n, size = kv.shape[3], self.page_size
-        for i, page in enumerate(pages):
-            chunk = kv[:, :, :, i * size : min(n, (i + 1) * size)]
-            self.data[:, :, page, : chunk.shape[3]] = chunk.transpose(2, 3)
-        self.counters.copied(new=n * self.token_bytes)
-
-    def read(self, pages: list[int], n: int) -> torch.Tensor:
-        """The first ``n`` entries of ``pages`` in order, as ``(layers, 2, heads, n, dim)`` (a copy)."""
-        index = torch.tensor(pages, dtype=torch.long, device=self.data.device)
-        picked = self.data.index_select(2, index)  # (layers, 2, pages, size, heads, dim)
-        layers, two, count, size, heads, dim = picked.shape
-        return picked.view(layers, two, count * size, heads, dim)[:, :, :n].transpose(2, 3)
 
     def _grow(self, pages: int) -> None:
         old = self.capacity

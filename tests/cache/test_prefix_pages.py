@@ -17,6 +17,11 @@ def kv_of(prompt, start, stop):
     return torch.tensor(values, dtype=torch.float64).view(1, 1, 1, -1, 1).expand(1, 2, 1, -1, 1)
 
 
+def read(pool, pages, n):
+    """The first ``n`` entries of ``pages`` in order, ``(layers, 2, heads, n, dim)``."""
+    return PagedKV(pool).entries(BlockTable(list(pages)), 0, n)
+
+
 def pool(limit, page_size=2):
     return PagePool(1, 1, 1, limit=limit, page_size=page_size, dtype=torch.float64)
 
@@ -58,11 +63,11 @@ def test_growing_the_pool_keeps_what_pages_hold():
     p = pool(limit=100)
     held = [p.allocate() for _ in range(8)]
     for i, page in enumerate(held):
-        p.write([page], torch.full((1, 2, 1, 2, 1), float(i), dtype=torch.float64))
+        PagedKV(p).write(BlockTable([page]), 0, torch.full((1, 2, 1, 2, 1), float(i), dtype=torch.float64))
     assert p.capacity == 8
     extra = p.allocate()  # grows
     assert p.capacity == 16 and extra not in held
-    assert [p.read([page], 2)[0, 0, 0, 0, 0].item() for page in held] == [float(i) for i in range(8)]
+    assert [read(p, [page], 2)[0, 0, 0, 0, 0].item() for page in held] == [float(i) for i in range(8)]
 
 
 def test_a_block_table_takes_pages_as_it_grows_and_gives_back_what_it_no_longer_uses():
@@ -90,7 +95,7 @@ def test_a_prompt_reuses_the_full_pages_it_shares_and_computes_its_last_token():
 
     hit = cache.match([1, 2, 3, 4, 9, 9])
     assert hit.tokens == 4
-    assert torch.equal(cache.pool.read(list(hit.pages), 4), kv_of(first, 0, 4))
+    assert torch.equal(read(cache.pool, hit.pages, 4), kv_of(first, 0, 4))
     assert cache.match([1, 2, 3, 4, 5, 6]).tokens == 4  # the last token is always computed
     assert cache.match([1, 2, 3, 4, 5, 6], limit=6).tokens == 6
     assert cache.match([2, 1, 3, 4]).tokens == 0  # a page's position in the prompt is part of its key
@@ -111,7 +116,7 @@ def test_a_shared_page_is_copied_before_it_is_written():
     kv.write(table, 3, kv_of([1, 2, 3, 7], 3, 4))
     assert table.pages[0] == hit.pages[0] and table.pages[1] not in hit.pages  # only the page written was copied
     assert torch.equal(kv.entries(table, 0, 4), kv_of([1, 2, 3, 7], 0, 4))
-    assert torch.equal(cache.pool.read(list(hit.pages), 4), kv_of(prompt, 0, 4))  # the cache's pages unchanged
+    assert torch.equal(read(cache.pool, hit.pages, 4), kv_of(prompt, 0, 4))  # the cache's pages unchanged
 
 
 def test_a_full_pool_evicts_the_least_recently_used_and_never_what_others_hold():
@@ -128,7 +133,8 @@ def test_a_full_pool_evicts_the_least_recently_used_and_never_what_others_hold()
     assert cache.match(a).tokens == 0 and cache.match(b).tokens == 4 and kv.pool.used == 2
 
 
-def test_a_pool_that_cannot_grow_answers_none_and_a_sequence_gets_a_clear_error(monkeypatch):
+def full_pool_that_cannot_grow(monkeypatch):
+    """A pool of limit 100 whose first 8 pages are all held and whose growth runs out of device memory."""
     p = pool(limit=100)
     for _ in range(p.capacity):
         p.allocate()
@@ -137,6 +143,11 @@ def test_a_pool_that_cannot_grow_answers_none_and_a_sequence_gets_a_clear_error(
         raise torch.OutOfMemoryError("no room to grow")
 
     monkeypatch.setattr(p, "_grow", out_of_memory)
+    return p
+
+
+def test_a_pool_that_cannot_grow_answers_none_and_a_sequence_gets_a_clear_error(monkeypatch):
+    p = full_pool_that_cannot_grow(monkeypatch)
     assert p.allocate() is None and p.allocate(beyond_limit=True) is None
     with pytest.raises(torch.OutOfMemoryError, match="no memory left for another page"):
         PagedKV(p).ensure(BlockTable(), 1)
@@ -168,7 +179,7 @@ def test_every_hit_holds_exactly_the_prompts_own_keys_and_values(ops, limit, pag
             assert hit.tokens % page_size == 0 and hit.tokens <= max(len(prompt) - 1, 0)
             assert hit.tokens <= max((_shared(prompt, p) for p in published), default=0)
             if hit.tokens:
-                assert torch.equal(cache.pool.read(list(hit.pages), hit.tokens), kv_of(prompt, 0, hit.tokens))
+                assert torch.equal(read(cache.pool, hit.pages, hit.tokens), kv_of(prompt, 0, hit.tokens))
         assert cache.pool.used == len(cache) <= limit
     if limit * page_size >= sum(len(p) for p in published):  # nothing was evicted: the longest shared pages hit
         for prompt in published:
@@ -191,14 +202,7 @@ def test_past_the_limit_free_pages_are_not_handed_out_and_a_failed_growth_shrink
     assert p.allocate() is None  # a free page above the limit is not handed out without asking for it
     assert p.allocate(beyond_limit=True) is not None
 
-    q = pool(limit=100)
-    for _ in range(q.capacity):
-        q.allocate()
-
-    def out_of_memory(pages):
-        raise torch.OutOfMemoryError("no room to grow")
-
-    monkeypatch.setattr(q, "_grow", out_of_memory)
+    q = full_pool_that_cannot_grow(monkeypatch)
     assert q.allocate() is None and q.limit == q.capacity == 8  # the budget is what the device holds
 
 

@@ -5,6 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from refusion.cache.paged import BlockTable
 from refusion.decoding.decoder import Decoder
 from refusion.engines.branch import BranchEngine
 from refusion.errors import ConfigError
@@ -138,7 +139,7 @@ def test_the_reused_pages_hold_the_models_own_keys_and_values_of_the_prefix():
     generator.submit(shared + [12], seed=0).wait()
     hit = engine.prefixes.match(shared + [13, 14])
     assert hit.tokens == 8
-    reused = engine.prefixes.pool.read(list(hit.pages), hit.tokens)  # (layers, 2, heads, n, dim)
+    reused = engine.kv.entries(BlockTable(list(hit.pages)), 0, hit.tokens)  # (layers, 2, heads, n, dim)
 
     cache = DynamicCache(config=model.model.config)
     with torch.no_grad():

@@ -9,9 +9,9 @@ from typing import Any
 
 from refusion.cli.options import (
     add_decoding_options,
+    add_kv_cache_options,
     add_model_options,
     add_trust_options,
-    byte_size,
     chosen_preset,
     decoding_params,
     integer,
@@ -112,22 +112,7 @@ def add_parsers(sub: Any) -> None:
         default=8192,
         help="positions (prompts plus answers) the live rows may reserve together (default 8192)",
     )
-    batch.add_argument(
-        "--no-prefix-cache",
-        dest="prefix_cache",
-        action="store_const",
-        const=False,
-        default=None,
-        help="compute every prompt in full (default: rows reuse the keys/values of prompt prefixes they share)",
-    )
-    batch.add_argument(
-        "--kv-memory",
-        type=byte_size,
-        default=None,
-        metavar="SIZE",
-        help="memory keys/values may take, e.g. 8GiB (rows wait for room beyond it; default: 40%% of the free GPU "
-        "memory, or half the host's available memory)",
-    )
+    add_kv_cache_options(batch, what="rows")
     add_trust_options(batch, what="rows")
     batch.add_argument(
         "--no-progress", dest="progress", action="store_false", default=True, help="no progress bar on stderr"

@@ -388,6 +388,27 @@ def add_trust_options(parser: Any, *, what: str) -> None:
     )
 
 
+def add_kv_cache_options(parser: Any, *, what: str) -> None:
+    """``--no-prefix-cache`` and ``--kv-memory`` for a command decoding many ``what`` (rows, requests) on one
+    engine: prefix reuse across them (on by default) and the memory their keys/values may take."""
+    parser.add_argument(
+        "--no-prefix-cache",
+        dest="prefix_cache",
+        action="store_const",
+        const=False,
+        default=None,
+        help=f"compute every prompt in full (default: {what} reuse the keys/values of prompt prefixes they share)",
+    )
+    parser.add_argument(
+        "--kv-memory",
+        type=byte_size,
+        default=None,
+        metavar="SIZE",
+        help=f"memory keys/values may take, e.g. 8GiB ({what} wait for room beyond it; default: 40%% of the free "
+        "GPU memory, or half the host's available memory)",
+    )
+
+
 def write_record(record: dict, path: str | None, to_stdout: bool) -> None:
     """Print ``record`` as JSON and/or write it to ``path``."""
     text = json.dumps(record)

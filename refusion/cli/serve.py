@@ -12,9 +12,9 @@ from typing import Any
 
 from refusion.cli.options import (
     add_decoding_options,
+    add_kv_cache_options,
     add_model_options,
     add_trust_options,
-    byte_size,
     check_decoding,
     chosen_preset,
     decoding_params,
@@ -210,22 +210,7 @@ def add_parsers(sub: Any) -> None:
         help="seconds live streams may take to finish on shutdown before they are cut (default 30)",
     )
     serve.add_argument("--threads", type=integer(1, MAX_THREADS), default=None, help="torch threads")
-    serve.add_argument(
-        "--no-prefix-cache",
-        dest="prefix_cache",
-        action="store_const",
-        const=False,
-        default=None,
-        help="compute every prompt in full (default: requests reuse the keys/values of prompt prefixes they share)",
-    )
-    serve.add_argument(
-        "--kv-memory",
-        type=byte_size,
-        default=None,
-        metavar="SIZE",
-        help="memory keys/values may take, e.g. 8GiB (requests wait for room beyond it; default: 40%% of the free GPU "
-        "memory, or half the host's available memory)",
-    )
+    add_kv_cache_options(serve, what="requests")
     serve.add_argument(
         "--log-level",
         default="info",

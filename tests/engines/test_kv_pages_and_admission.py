@@ -11,14 +11,10 @@ from refusion.engines.choose import open_engine
 from refusion.errors import ConfigError
 from refusion.generator import Generator
 from refusion.models.mdm import tiny_bidirectional
-from tests.support.helpers import tiny
+from tests.support.helpers import SESSION_PATHS, draw_paged_setup, tiny
 
 #: the two whole-batch loops (their rows' lengths settle after every forward) and a per-sequence program
-DECODERS = {
-    "lossless loop": dict(selector="leftmost", infiller="greedy-verify", slot_size=2),
-    "plan-and-infill loop": dict(slot_size=2, slot_threshold=0.5, token_threshold=0.5),
-    "program (random selector, re-encoding)": dict(selector="random", k=2, reorderer="reencode", slot_size=2),
-}
+PATHS = ["lossless loop", "plan-and-infill loop", "program (random selector, re-encoding)"]
 
 
 def probe(engine: BranchEngine) -> list[tuple[int, int]]:
@@ -36,14 +32,12 @@ def probe(engine: BranchEngine) -> list[tuple[int, int]]:
     return samples
 
 
-@pytest.mark.parametrize("name", list(DECODERS))
+@pytest.mark.parametrize("name", PATHS)
 @settings(max_examples=5, deadline=None)
 @given(data=st.data())
 def test_ragged_rows_hold_only_their_own_pages_and_nothing_moves_when_one_leaves(name, data):
     vocab = 16
-    model = tiny(vocab=vocab, seed=data.draw(st.integers(0, 500)), eos=data.draw(st.sampled_from([None, 2])))
-    decoder = Decoder.from_names(**DECODERS[name])
-    page_size = data.draw(st.integers(1, 4))
+    model, decoder, page_size = draw_paged_setup(data, name, vocab)
     prompts = data.draw(st.lists(st.lists(st.integers(0, vocab - 2), min_size=1, max_size=12), min_size=2, max_size=5))
     gens = [4 * data.draw(st.integers(1, 3)) for _ in prompts]  # rows leave at different steps
 
@@ -136,7 +130,7 @@ def test_the_server_answers_a_request_too_large_for_its_kv_memory_with_a_400_nam
         assert error["param"] == "kv_memory" and "kv_memory" in error["message"]
 
 
-@pytest.mark.parametrize("name", ["plan-and-infill loop", "program (random selector, re-encoding)"])
+@pytest.mark.parametrize("name", PATHS[1:])
 def test_the_paged_kernel_gives_the_tokens_of_gathered_attention(name, monkeypatch):
     """``paged_kernel=True`` (the default on CUDA) reads each row's keys from its pages in the Triton kernel; here
     it runs in Triton's interpreter on ragged rows, branches and chains alike."""
@@ -146,7 +140,7 @@ def test_the_paged_kernel_gives_the_tokens_of_gathered_attention(name, monkeypat
 
     backend.triton_available.cache_clear()
     model = tiny(vocab=16, seed=11)
-    decoder = Decoder.from_names(**DECODERS[name])
+    decoder = Decoder.from_names(**SESSION_PATHS[name])
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [13]]  # pages of 4: rows of one and of two pages
     kernel = BranchEngine(model, paged_kernel=True, page_size=4)
     gathered = BranchEngine(model, paged_kernel=False, page_size=4)

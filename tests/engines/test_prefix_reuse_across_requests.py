@@ -11,15 +11,7 @@ from refusion.engines.branch import BranchEngine
 from refusion.errors import ConfigError
 from refusion.generator import Generator
 from refusion.models.mdm import tiny_bidirectional
-from tests.support.helpers import tiny
-
-#: compositions over every path a session can take: the lossless loop, the plan-and-infill loop, programs
-DECODERS = {
-    "lossless loop": dict(selector="leftmost", infiller="greedy-verify", slot_size=2),
-    "plan-and-infill loop": dict(slot_size=2, slot_threshold=0.5, token_threshold=0.5),
-    "sampled plan-and-infill loop": dict(slot_size=2, slot_threshold=0.5, token_threshold=0.5, temperature=0.9),
-    "program (random selector, re-encoding)": dict(selector="random", k=2, reorderer="reencode", slot_size=2),
-}
+from tests.support.helpers import SESSION_PATHS, draw_paged_setup, tiny
 
 
 def alone(model, decoder, prompt, gen_length, seed, record):
@@ -36,14 +28,12 @@ def shared_pages(a, b, page_size):
     return min(n, len(a) // page_size * page_size, len(b) - 1) // page_size * page_size
 
 
-@pytest.mark.parametrize("name", list(DECODERS))
+@pytest.mark.parametrize("name", list(SESSION_PATHS))
 @settings(max_examples=6, deadline=None)
 @given(data=st.data())
 def test_a_request_reusing_an_earlier_prompts_pages_decodes_as_alone(name, data):
     vocab = 16
-    model = tiny(vocab=vocab, seed=data.draw(st.integers(0, 500)), eos=data.draw(st.sampled_from([None, 2])))
-    decoder = Decoder.from_names(**DECODERS[name])
-    page_size = data.draw(st.integers(1, 4))
+    model, decoder, page_size = draw_paged_setup(data, name, vocab)
     tokens = st.integers(0, vocab - 2)
     head = data.draw(st.lists(tokens, min_size=0, max_size=12))
     first = head + data.draw(st.lists(tokens, min_size=1, max_size=4))

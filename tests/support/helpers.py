@@ -59,6 +59,25 @@ def model_setups(draw, eos_choices=(None, 2)):
     return tiny(vocab=vocab, seed=seed, scale=scale, eos=eos), prompt
 
 
+#: decoder options for every path a session can take on the branch engine: the lossless loop, the plan-and-infill
+#: loop (greedy and sampled) and a per-sequence program
+SESSION_PATHS = {
+    "lossless loop": dict(selector="leftmost", infiller="greedy-verify", slot_size=2),
+    "plan-and-infill loop": dict(slot_size=2, slot_threshold=0.5, token_threshold=0.5),
+    "sampled plan-and-infill loop": dict(slot_size=2, slot_threshold=0.5, token_threshold=0.5, temperature=0.9),
+    "program (random selector, re-encoding)": dict(selector="random", k=2, reorderer="reencode", slot_size=2),
+}
+
+
+def draw_paged_setup(data, path: str, vocab: int = 16):
+    """``(model, decoder, page_size)`` drawn for a paged-engine property: a tiny model of ``vocab`` tokens (with or
+    without EOS), the decoder of :data:`SESSION_PATHS` ``[path]``, pages of 1-4 tokens."""
+    from refusion.decoding.decoder import Decoder
+
+    model = tiny(vocab=vocab, seed=data.draw(st.integers(0, 500)), eos=data.draw(st.sampled_from([None, 2])))
+    return model, Decoder.from_names(**SESSION_PATHS[path]), data.draw(st.integers(1, 4))
+
+
 @st.composite
 def layouts(draw):
     """(slot_size, serial_num_blocks, gen_length) that fit together; the last slot may be shorter."""

@@ -443,10 +443,11 @@ class BranchEngine(Engine):
 
         ids = torch.cat([row.ids() for row in rows]) if n_rows > 1 else rows[0].ids()
         pos = torch.cat([row.pos() for row in rows]) if n_rows > 1 else rows[0].pos()
+        # each packed token's row, its index within the row, and each row's first query column
+        row_of = torch.cat([torch.full((row.n,), r, dtype=torch.long) for r, row in enumerate(rows)])
+        local = torch.cat([torch.arange(row.n) for row in rows])
+        q0 = torch.tensor([row.context + row.width for row in rows])
         if self.paged_kernel:
-            row_of = torch.cat([torch.full((row.n,), r, dtype=torch.long) for r, row in enumerate(rows)])
-            local = torch.cat([torch.arange(row.n) for row in rows])
-            q0 = torch.tensor([row.context + row.width for row in rows])
             column = (q0[row_of] + local).numpy()
             spans = _packed_spans(rows, row_of, local, q0).numpy()
             layout = self._kernel_layout(tables, keys, n_rows, n_max, row_of.numpy(), column, spans)
@@ -460,8 +461,7 @@ class BranchEngine(Engine):
                     else torch.ones(row.n, keys, dtype=torch.bool, device=device).tril(keys - row.n)[None, None]
                 )
             else:
-                local = torch.arange(row.n)
-                mask = _packed_mask(rows, torch.zeros_like(local), local, torch.tensor([start]), n_max, keys, device)
+                mask = _packed_mask(rows, row_of, local, q0, n_max, keys, device)
             base = kv.first_slot(tables[0], keys)
             if base is not None:
                 layout = RaggedLayout(1, n_max, None, None, None, mask, keys, base=base, span=(start, keys))
@@ -472,9 +472,6 @@ class BranchEngine(Engine):
                     1, n_max, None, None, None, mask, keys, writes=on(slots[0, start:keys]), reads=on(slots)
                 )
         else:
-            row_of = torch.cat([torch.full((row.n,), r, dtype=torch.long) for r, row in enumerate(rows)])
-            local = torch.cat([torch.arange(row.n) for row in rows])
-            q0 = torch.tensor([row.context + row.width for row in rows])
             mask = _packed_mask(rows, row_of, local, q0, n_max, keys, device)
             column = q0[row_of] + local
             slots = torch.from_numpy(kv.slot_index(tables, keys))

@@ -197,9 +197,9 @@ class PagedStore:
     ``append``, ``truncate``, ``len``). :meth:`detach` gives its pages back when the sequence leaves; the length is
     kept and further writes are refused."""
 
-    def __init__(self, kv: PagedKV, counters: Counters | None = None):
+    def __init__(self, kv: PagedKV, counters: Counters | None = None, table: BlockTable | None = None):
         self.kv = kv
-        self.table = BlockTable()
+        self.table = table if table is not None else BlockTable()
         self.counters = counters if counters is not None else Counters(parent=kv.counters)
         self.detached = False
 

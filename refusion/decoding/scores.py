@@ -60,6 +60,16 @@ class Scores:
         """``value`` as Scores (a logits tensor is wrapped)."""
         return value if isinstance(value, Scores) else Scores(logits=value)
 
+    @staticmethod
+    def cat(parts: list[Scores]) -> Scores:
+        """The rows of ``parts`` one after another (hidden states when they share one head, else logits)."""
+        if len(parts) == 1:
+            return parts[0]
+        head = parts[0].head
+        if all(p.hidden is not None and p._logits is None and p.head is head for p in parts):
+            return Scores(hidden=torch.cat([p.hidden for p in parts]), head=head)
+        return Scores(logits=torch.cat([p.logits for p in parts]))
+
     @property
     def shape(self) -> tuple[int, ...]:
         source: Any = self.hidden if self.hidden is not None else self._logits

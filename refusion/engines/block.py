@@ -1,53 +1,56 @@
 """The ``block`` engine: block-diffusion models with an exact key/value cache of finished blocks.
 
-A block-diffusion model (:mod:`refusion.models.block`) attends bidirectionally
-inside a block and causally across blocks, so the keys/values of every
-position before the current block never change once that block is finished.
-Each sequence keeps them in a transformers cache: a call feeds the positions
-not cached yet (the previous block's final tokens, or the prompt at the first
-call) and the whole current block (committed tokens, masks, the extend's
-tokens), under the model's block-causal 4-D mask, and then drops the current
-block's keys/values again. So every finished block is appended once, in the
-first call after it finished, and never recomputed. ``block-recompute`` feeds
-everything from position 0 on every call, without a cache (the reference
-the cached engine is tested against).
+A block-diffusion model (:mod:`refusion.models.block`) attends bidirectionally inside a block and causally across
+blocks, so the keys/values of every position before the current block never change once that block is finished.
+Each sequence keeps them in the columns ``0:cached`` of its block table (columns are positions): a call feeds the
+positions not cached yet (the previous block's final tokens, or the prompt at the first call) and the whole current
+block (committed tokens, masks, the extend's tokens), each token seeing every column of its own block and of the
+blocks before it (the model's block mask, :meth:`HFBlockDiffusionLM.block_mask
+<refusion.models.block.HFBlockDiffusionLM.block_mask>`), and then keeps the columns before the current block only.
+So every finished block is written once, in the first call after it finished, and never recomputed; the sequences
+of a step share one forward (:class:`~refusion.engines.paged.PagedEngine`). ``block-recompute`` feeds everything
+from position 0 on every call (the reference the cached engine is tested against).
 
-The decoder's serial blocks must be the generation part of the model's
-blocks (partitioner ``semi-ar`` with the model's ``block_length``, and
-``align="absolute"`` for models whose blocks count from position 0, such as
-SDAR, whose first block also holds the prompt's last tokens); the engine
-refuses anything else with the reason, and refuses Fast-dLLM's approximate
-caches (the cache is exact already). A call's window starts at the first
-position not cached, which for SDAR's first block includes the prompt tokens
-of that block (recomputed with the block, as SDAR does).
+The decoder's serial blocks must be the generation part of the model's blocks (partitioner ``semi-ar`` with the
+model's ``block_length``, and ``align="absolute"`` for models whose blocks count from position 0, such as SDAR,
+whose first block also holds the prompt's last tokens); the engine refuses anything else with the reason, and
+refuses Fast-dLLM's approximate caches (the cache is exact already). A call's window starts at the first position
+not cached, which for SDAR's first block includes the prompt tokens of that block (recomputed with the block, as
+SDAR does).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
+import numpy as np
 import torch
 
 from refusion.cache.sequence import SequenceCache
 from refusion.cache.stores import NoStore
 from refusion.decoding.protocol import BlockReuse, Extend, ExtendOutput, ModelCall
-from refusion.engines.base import Engine, SequenceState
+from refusion.engines.base import SequenceState
+from refusion.engines.feed import Feed
+from refusion.engines.paged import Finisher, PagedEngine, PagedSequence
 from refusion.errors import ConfigError
 from refusion.plugins import hookimpl
 
 
-class BlockSequence(SequenceState):
-    """A sequence on a block-diffusion model: its cache of finished positions and its current block."""
+class BlockSequence(PagedSequence):
+    """A sequence on a block-diffusion model: its finished positions' columns and its current block."""
 
-    def __init__(self, context: SequenceCache, counters, prompt_length: int, region_length: int, kv: Any, model: Any):
+    def __init__(self, context: SequenceCache, counters, prompt_length: int, region_length: int, model: Any):
         super().__init__(context, counters, prompt_length, region_length)
         self.model = model
-        self.kv = kv
-        #: positions ``0:cached`` have their keys/values in ``kv``
-        self.cached = 0
         self.block_length = model.capabilities.block_length
         self.block: tuple[int, int] | None = None
+        #: lanes for the extra extends of a call (each starts from a copy of the cached columns)
+        self.lanes: list[Any] = []
+
+    @property
+    def cached(self) -> int:
+        """Positions ``0:cached`` have their keys/values in the lane's columns."""
+        return self.table.length
 
     def start_block(self, start: int, stop: int, reuse: BlockReuse | None) -> None:
         """Begin the decoder's serial block ``start:stop``; it must be the generation part of one model block."""
@@ -72,12 +75,12 @@ class BlockSequence(SequenceState):
         self.block = (start, stop)
 
 
-class BlockEngine(Engine):
-    """Runs the model calls of block-diffusion models, one sequence at a time, with the exact block cache."""
+class BlockEngine(PagedEngine):
+    """Runs the model calls of block-diffusion models, every sequence's window in one forward, with the exact
+    cache of finished blocks."""
 
     name = "block"
     priority = 30
-    mixes_sequences = False  # one sequence per forward
     recompute = False
 
     @classmethod
@@ -89,46 +92,68 @@ class BlockEngine(Engine):
             return "it needs a model that takes a key/value cache and states its block mask (`block_mask`)"
         if caps.logit_shift:
             return "it supports block-diffusion models without a logit shift only"
-        return None
+        return cls.paged_unsupported(model)
 
     def admit(self, prompt: torch.Tensor, region_length: int) -> SequenceState:
         context = SequenceCache(NoStore(), prompt, torch.arange(prompt.shape[0]))
-        return BlockSequence(context, self.new_counters(), prompt.shape[0], region_length, None, self.model)
+        state = BlockSequence(context, self.new_counters(), prompt.shape[0], region_length, self.model)
+        return self._admitted(state, prompt)
 
-    def run(self, calls: Mapping[SequenceState, ModelCall]) -> dict[SequenceState, tuple[ExtendOutput, ...]]:
-        self.epoch.value += 1
-        return {state: tuple(self._extend(state, e) for e in call.extends) for state, call in calls.items()}
+    def tables_of(self, state: SequenceState) -> list[Any]:
+        return [*super().tables_of(state), *cast(BlockSequence, state).lanes]
 
-    @torch.no_grad()
-    def _extend(self, state: BlockSequence, extend: Extend) -> ExtendOutput:
+    def lay_out(self, state: SequenceState, call: ModelCall, feed: Feed) -> Finisher:
+        state = cast(BlockSequence, state)
         if state.block is None:
             raise RuntimeError("the 'block' engine got a call before its block started")
-        start, stop = state.block
+        finishers = [self._extend(state, e, i, feed) for i, e in enumerate(call.extends)]
+        return lambda scores: tuple(finish(scores) for finish in finishers)
+
+    def _extend(self, state: BlockSequence, extend: Extend, index: int, feed: Feed) -> Any:
+        start, stop = state.block  # type: ignore[misc]  # checked by lay_out
         wanted = extend.positions.cpu()
         if len(wanted) and (int(wanted.min()) < start or int(wanted.max()) >= stop):
             raise ConfigError(
                 f"the 'block' engine answers positions of the current block {start}:{stop} only; got {wanted.tolist()}."
             )
-        first = 0 if self.recompute else state.cached
+        if self.recompute:
+            state.table.length = 0
+        first = state.table.length
         keep = self.model.block_start(start, state.prompt_length)  # the model block's first position
         if first > keep:  # pragma: no cover - blocks only move forward
             raise RuntimeError("internal error: the block cache runs past the current block")
+        table = state.table
+        if index:  # a further extend of the call: a lane of its own, from a copy of the cached columns
+            while len(state.lanes) < index:
+                state.lanes.append(self.kvm.table())
+            table = state.lanes[index - 1]
+            if first:
+                feed.write(feed.lane(state, table), 0, self.kv.entries(state.table, 0, first))
         window = torch.full((stop - first,), self.model.mask_token_id, dtype=torch.long)
         context = state.context
         inside = (context.positions >= first) & (context.positions < stop)
         window[context.positions[inside] - first] = context.tokens[inside]
         window[wanted - first] = extend.tokens.cpu()
-        positions = torch.arange(first, stop)
-        if self.recompute or state.kv is None:
-            state.kv = self.model.new_cache()
-        mask = self.model.block_mask(positions, torch.arange(0, stop), state.prompt_length)
-        device = self.device
-        scores = self.run_network(window[None].to(device), positions[None].to(device), mask, state.kv)[0]
-        n = stop - first
-        self.served({state: n}, pairs=n * stop, keys=first)
-        state.kv.crop(-(stop - keep))  # the current block changes: keep what precedes it only
-        state.cached = keep
-        return ExtendOutput(extend, scores[wanted - first], [], 0, 0, self.epoch, self.epoch.value)
+        positions = np.arange(first, stop)
+        spans = np.zeros((stop - first, 1, 2), dtype=np.int64)
+        spans[:, 0, 1] = _block_ends(self.model, positions, stop, state.prompt_length)
+        at = feed.add(feed.lane(state, table), window.numpy(), positions, positions, spans)
+        epoch = self.epoch
+
+        def finish(scores: Any) -> ExtendOutput:
+            if index == 0:
+                table.length = 0 if self.recompute else keep  # the current block changes: keep what precedes it
+            return ExtendOutput(extend, scores[at + (wanted - first)], [], 0, 0, epoch, epoch.value)
+
+        return finish
+
+
+def _block_ends(model: Any, positions: np.ndarray, stop: int, prompt_length: int) -> np.ndarray:
+    """One past the last column each query at ``positions`` sees: the end of its block (the model's block mask over
+    the keys ``0:stop``; a block-causal mask is a prefix of the keys)."""
+    mask = model.block_mask(torch.from_numpy(positions), torch.arange(0, stop), prompt_length)[0, 0]
+    allowed = mask if mask.dtype == torch.bool else mask == 0
+    return allowed.sum(-1).cpu().numpy().astype(np.int64)
 
 
 class BlockRecomputeEngine(BlockEngine):

@@ -110,11 +110,12 @@ def open_engine(
                 param="batch_invariant",
             )
         options["batch_invariant"] = True
-    can_reuse = "prefix_cache" in parameters and not invariant
+    reuses = "prefix_cache" in parameters and bool(getattr(cls, "reuses_prefixes", True))
+    can_reuse = reuses and not invariant
     if prefix_cache and not can_reuse:
         raise ConfigError(
             f"`prefix_cache` needs an engine that reuses prompt prefixes without `batch_invariant`; engine "
-            f"{cls.name!r} {'does not' if 'prefix_cache' not in parameters else 'cannot under batch_invariant'} "
+            f"{cls.name!r} {'does not' if not reuses else 'cannot under batch_invariant'} "
             "(the 'branch' engine does, for causal models).",
             param="prefix_cache",
         )

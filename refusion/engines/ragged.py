@@ -22,6 +22,7 @@ the model's own implementation when called without a layout).
 
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from typing import Any
 
@@ -38,7 +39,7 @@ class RaggedLayout:
 
     ``rows``: number of sequences; ``n_max``: most queries of one row;
     ``dest`` ``(T,)``: flat index ``row * n_max + i`` of each packed token;
-    ``row_of`` / ``col_of`` ``(T,)``: its row and column; ``mask``
+    ``row_of`` / ``col_of`` ``(T,)``: its row and the last column it sees; ``mask``
     ``(rows, 1, n_max, keys)`` boolean, or ``None`` when a single query sees
     every key; ``keys``: key columns used. ``writes`` ``(T,)``: the pool slot
     of each fed token; ``reads`` ``(rows, keys)``: the pool slot of each row's
@@ -103,9 +104,17 @@ class RaggedCache:
         return 0
 
 
+_CURRENT = threading.local()
+
+
 def ragged_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Attention for packed queries ``(1, heads, T, dim)`` against per-row keys ``(rows, kv_heads, keys, dim)``."""
+    """Attention for packed queries ``(1, heads, T, dim)`` against per-row keys ``(rows, kv_heads, keys, dim)``.
+
+    The layout arrives as the attention mask, or, for networks whose mask creation drops a mask it does not know
+    (transformers' bidirectional ones), from the forward that :func:`switched` is running in this thread."""
     layout = attention_mask
+    if not isinstance(layout, RaggedLayout):
+        layout = getattr(_CURRENT, "layout", None)
     if not isinstance(layout, RaggedLayout):  # an ordinary call of the model while switched: its own attention
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
         from transformers.models.llama.modeling_llama import eager_attention_forward
@@ -185,15 +194,19 @@ def register() -> None:
 
 
 @contextmanager
-def switched(config: Any):
-    """The model's attention implementation is ``refusion-ragged`` inside this block, its own again after."""
+def switched(config: Any, layout: RaggedLayout | None = None):
+    """The model's attention implementation is ``refusion-ragged`` inside this block, its own again after; ``layout``
+    is the packed forward's (read by :func:`ragged_attention` in this thread when the mask does not carry it)."""
     register()
     inner = config._attn_implementation
     config._refusion_inner_attention = inner
     config._attn_implementation_internal = NAME
+    previous = getattr(_CURRENT, "layout", None)
+    _CURRENT.layout = layout
     try:
         yield inner
     finally:
+        _CURRENT.layout = previous
         config._attn_implementation_internal = inner
 
 

@@ -69,16 +69,20 @@ class CanvasDenoiserLM(ModelAdapter):
 
         return DynamicCache(config=self.text_config)
 
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: Any) -> Any:
+    def encode(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: Any, positions: torch.Tensor | None = None
+    ) -> Any:
         """Run the causal encoder over ``input_ids`` ``(batch, n)``, the entries not yet in ``cache``.
 
         ``attention_mask`` ``(batch, cached + n)`` (bool, 1 = attend) covers the
-        cached entries and these. Positions continue after the cache. Returns
-        the extended cache (transformers may return the same object).
+        cached entries and these (a batch of sequences: padding is 0). Positions continue after the cache
+        (``positions`` ``(batch, n)``: each row's own). Returns the extended cache (transformers may return the
+        same object).
         """
         self.forwards += 1
         cached = attention_mask.shape[1] - input_ids.shape[1]
-        positions = torch.arange(cached, attention_mask.shape[1], dtype=torch.int32, device=input_ids.device)[None]
+        if positions is None:
+            positions = torch.arange(cached, attention_mask.shape[1], dtype=torch.int32, device=input_ids.device)[None]
         encoder = self.model.model.encoder
         shape_only = torch.empty((input_ids.shape[0], input_ids.shape[1], 0), dtype=self.model.dtype)
         masks = encoder.create_masks_for_generate(
@@ -103,21 +107,33 @@ class CanvasDenoiserLM(ModelAdapter):
         )
 
     def denoise(
-        self, canvas: torch.Tensor, start: int, masks: Any, cache: Any, self_conditioning: torch.Tensor | None
+        self,
+        canvas: torch.Tensor,
+        start: int | torch.Tensor,
+        masks: Any,
+        cache: Any,
+        self_conditioning: torch.Tensor | None,
+        conditioned: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The denoiser's float32 logits ``(batch, canvas, vocab)`` for ``canvas`` ``(batch, canvas)`` at positions
-        ``start:start + canvas`` after the cached context (``start`` entries), given the previous step's
-        (processed) logits as ``self_conditioning`` (``None`` at a canvas's first step); ``masks`` from
+        ``start:start + canvas`` after the cached context (``start`` entries; a ``(batch,)`` tensor: each row's),
+        given the previous step's (processed) logits as ``self_conditioning`` (``None`` at a canvas's first step;
+        ``conditioned`` ``(batch,)`` bool: which rows have them, the others' are ignored); ``masks`` from
         :meth:`canvas_mask`. Reads ``cache`` without changing it."""
         self.forwards += 1
-        cached = start
-        positions = torch.arange(cached, cached + canvas.shape[1], dtype=torch.int32, device=canvas.device)[None]
+        steps = torch.arange(canvas.shape[1], dtype=torch.int32, device=canvas.device)
+        if isinstance(start, torch.Tensor):
+            positions = start.to(device=canvas.device, dtype=torch.int32)[:, None] + steps[None]
+        else:
+            positions = (steps + start)[None]
+        extra = {} if conditioned is None else {"self_conditioning_mask": conditioned.to(canvas.device)}
         out = self.model(
             decoder_input_ids=canvas,
             self_conditioning_logits=self_conditioning,
             decoder_attention_mask=masks,
             cache=cache,
             decoder_position_ids=positions,
+            **extra,
         )
         return out.logits
 

@@ -33,14 +33,14 @@ def block_decoder(selector, block_length, **extra):
 def recording(engine):
     """The engine, with the logits of every answered extend appended to ``engine.seen``."""
     engine.seen = []
-    answer = engine._extend
+    run = engine.run
 
-    def wrapped(state, extend):
-        out = answer(state, extend)
-        engine.seen.append(out.logits.clone())
-        return out
+    def wrapped(calls):
+        outputs = run(calls)
+        engine.seen.extend(out.logits.clone() for outs in outputs.values() for out in outs)
+        return outputs
 
-    engine._extend = wrapped
+    engine.run = wrapped
     return engine
 
 

@@ -89,10 +89,13 @@ def test_an_admission_whose_reuse_fails_gives_its_pages_back(monkeypatch):
     generator = Generator(model, Decoder.from_names(slot_size=2), engine=engine, gen_length=4)
     generator.submit([1, 2, 3, 4, 5]).wait()
 
-    def fail(state, prompt):
+    reuse = engine.kvm.reuse_prefix
+
+    def fail(owner, table, prompt):
+        reuse(owner, table, prompt)  # the pages are shared, then something fails
         raise RuntimeError("the copy failed")
 
-    monkeypatch.setattr(engine, "_reuse_prefix", fail)
+    monkeypatch.setattr(engine.kvm, "reuse_prefix", fail)
     with pytest.raises(RuntimeError, match="copy failed"):
         engine.admit(torch.tensor([1, 2, 3, 4, 6]), 4)
     assert not engine.reserved and engine.kv.pool.used == len(engine.prefixes)  # only the cache's pages are held

@@ -8,7 +8,7 @@ from refusion.config import DecoderSpec
 from refusion.config import preset as get_preset
 from refusion.config.spec import DEFAULT_GEN_LENGTH
 from refusion.decoding.decoder import Decoder
-from refusion.errors import ConfigError, RefusionWarning
+from refusion.errors import ConfigError, warn_caller
 from refusion.models.base import ModelAdapter
 from refusion.models.loading import load_model
 from refusion.prompts import encode_prompt
@@ -135,28 +135,31 @@ def fit_default_length(decoder: Decoder, adapter: ModelAdapter, prompts: list[An
     after the longest prompt.
 
     Used only when the caller did not ask for a length; a fitted length is
-    announced with a :class:`~refusion.errors.RefusionWarning`. A prompt that
-    leaves no room is left to the decoder's own length check.
+    announced with a :class:`~refusion.errors.RefusionWarning` (pointing at the
+    caller's line). A prompt that leaves no room is left to the decoder's own
+    length check.
     """
-    import warnings
-
-    limit = adapter.max_positions
     try:
         longest = max(len(p) for p in prompts)
     except TypeError:
         return wanted  # malformed prompts: the decoder's checks name them
-    if limit is None or longest + wanted <= limit or longest >= limit:
-        return wanted
-    n = decoder.nearest_lengths(limit - longest)[0]
+    n = fitted_length(decoder, adapter.max_positions, longest, wanted)
     if n is None:
         return wanted
-    warnings.warn(
+    warn_caller(
         f"`gen_length` not given: the preset's {wanted} tokens plus the {longest}-token prompt exceed the "
-        f"model's {limit} positions, so {n} tokens are generated; pass `gen_length` to choose.",
-        RefusionWarning,
-        stacklevel=3,
+        f"model's {adapter.max_positions} positions, so {n} tokens are generated; pass `gen_length` to choose."
     )
     return n
+
+
+def fitted_length(decoder: Decoder, limit: int | None, prompt_length: int, wanted: int) -> int | None:
+    """The longest length ``decoder``'s partitioner accepts that fits ``limit`` positions after a prompt of
+    ``prompt_length`` tokens, when a default length ``wanted`` does not fit; ``None`` when ``wanted`` fits, the
+    model states no limit, or no length fits (the decoder's own length check then names the problem)."""
+    if limit is None or prompt_length + wanted <= limit or prompt_length >= limit:
+        return None
+    return decoder.nearest_lengths(limit - prompt_length)[0]
 
 
 def is_batch(prompt: Any) -> bool:

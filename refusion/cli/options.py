@@ -116,8 +116,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--model",
         default=None,
-        help="checkpoint directory: LLaDA, Dream, SDAR and ReFusion checkpoints are recognised from "
-        "their config.json (default: the model shipped with refusion)",
+        help="checkpoint directory: LLaDA, Dream, SDAR, ReFusion, LLaDA 2.x and DiffusionGemma checkpoints are "
+        "recognised from their config.json (default: the model shipped with refusion)",
     )
     group.add_argument("--device", default=None, help="torch device for the model, e.g. cuda")
     group.add_argument("--dtype", default="auto", help="model dtype: auto, float32, bfloat16, ...")
@@ -209,8 +209,9 @@ def add_decoding_options(parser: argparse.ArgumentParser) -> None:
         "--preset",
         default=None,
         choices=sorted(PRESETS),
-        help="named configuration (default: the checkpoint's refusion.json, else its family's own: "
-        "llada, dream, sdar; paper otherwise)",
+        help="named configuration (default: the checkpoint's refusion.json, else its family's own: llada, "
+        "dream, sdar, llada2 or llada2.1, diffusion-gemma, with the checkpoint's generation defaults; paper "
+        "otherwise)",
     )
     group.add_argument(
         "--preset-file",
@@ -224,10 +225,10 @@ def add_decoding_options(parser: argparse.ArgumentParser) -> None:
         dest="gen_length",
         type=integer(1, MAX_GEN_LENGTH),
         default=None,
-        help="tokens to generate, exactly (the last slot or block may be shorter; a length the "
-        "partitioner cannot split is refused with the nearest allowed ones); --max-tokens is the same "
-        "flag under OpenAI's and vLLM's name. Default: the preset's, shortened to fit the model's "
-        "positions (the shipped model has 128) with a note",
+        help="the most tokens the answer may hold: it is cut at the first EOS, else after this many tokens "
+        "(the last slot or block may be shorter; a length the partitioner cannot split is refused with the "
+        "nearest allowed ones); --max-tokens is the same flag under OpenAI's and vLLM's name. Default: the "
+        "preset's, shortened to fit the model's positions (the shipped model has 128) with a note",
     )
     for kind in PART_KINDS:
         group.add_argument(f"--{kind}", default=None, help=f"{kind} name (`refusion plugins` lists them)")

@@ -310,13 +310,14 @@ def unknown_architecture(path: str, config: Mapping[str, Any]) -> ConfigError:
 
     families = "; ".join(f"{e.name} ({', '.join(e.cls.checkpoints)})" for e in registry().entries("model_family"))
     what = f"model_type {config.get('model_type')!r}, architectures {config.get('architectures')}"
-    return ConfigError(
+    error = ConfigError(
         f"`model` {path!r} ({what}) is not a family refusion loads, and transformers has no class for it. "
         f"Supported families: {families}. To run the checkpoint's own code instead, pass `trust_remote_code=True` "
         "(CLI: --trust-remote-code) and the adapter that fits it: `adapter='hf-causal'` (causal), 'hf-mdm' "
         "(bidirectional, with `logit_shift`) or 'hf-block' (block diffusion, with `block_length`).",
         param="model",
     )
+    return registry().unavailable(error)  # a family of a plugin that failed to import is named with its error
 
 
 def check_options(options: Mapping[str, Any], adapter_options: tuple[str, ...], owner: str) -> None:

@@ -73,6 +73,34 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
 
 BUILTIN = "built-in"
 
+#: the names :data:`DEFAULT_PLUGINS` register, by kind, known without importing them: the command line checks a
+#: part name against them while it parses (:func:`listed_names`); a test keeps them equal to the registry's
+BUILTIN_NAMES: dict[str, tuple[str, ...]] = {
+    "partitioner": ("fixed", "semi-ar"),
+    "selector": (
+        "threshold",
+        "leftmost",
+        "topk",
+        "margin",
+        "entropy",
+        "random",
+        "factor",
+        "llada-steps",
+        "dream-steps",
+        "dream-blocks",
+        "sdar-steps",
+        "wino",
+        "entropy-bound",
+        "llada2-steps",
+    ),
+    "infiller": ("parallel-ar", "greedy-verify", "draft"),
+    "reorderer": ("commit-order", "reencode", "prefix-cache", "dual-cache", "no-cache"),
+    "reviser": ("none", "wino", "editing"),
+    "model_adapter": ("hf-causal", "hf-mdm", "hf-block"),
+    "model_family": ("llada", "dream", "sdar", "refusion", "diffusion-gemma", "llada2"),
+    "engine": ("repeat", "branch", "canvas", "block", "block-recompute", "denoiser"),
+}
+
 #: the environment variable that turns entry-point plugins off: ``all`` (or ``*``), or a comma-separated list of
 #: entry-point names or distribution names (``REFUSION_DISABLE_PLUGINS=my_plugin,other-dist``)
 DISABLE_ENV = "REFUSION_DISABLE_PLUGINS"
@@ -113,6 +141,19 @@ def disabled_plugins(environ: Mapping[str, str] | None = None) -> frozenset[str]
 
 def _normal(name: str) -> str:
     return name.strip().lower().replace("_", "-")
+
+
+def listed_names(kind: str, group: str = ENTRY_POINT_GROUP) -> tuple[str, ...] | None:
+    """Every name registered for ``kind``, found without importing any part module: the built-ins'
+    (:data:`BUILTIN_NAMES`) when no entry-point plugin is on; ``None`` when one is (only importing it can tell
+    what it registers)."""
+    disabled = disabled_plugins()
+    if disabled is not None:
+        for dist in importlib.metadata.distributions():
+            for ep in dist.entry_points:
+                if ep.group == group and not {_normal(ep.name), _normal(dist.metadata["Name"] or "")} & disabled:
+                    return None
+    return BUILTIN_NAMES[kind]
 
 
 class PluginManager(pluggy.PluginManager):

@@ -6,6 +6,14 @@ Quick use::
     result = refusion.generate("What is 12+34?")          # the shipped default model
     result.text, result.forwards, result.tokens_per_forward
 
+Register a part of your own in this process, then name it like a built-in::
+
+    @refusion.register
+    class Mine(SlotSelector):                               # from refusion.strategies.base
+        name = "mine"
+        def select(self, plan): ...
+    refusion.generate("rev hello=", selector="mine")
+
 Compose your own decoder from parts (names, classes or instances)::
 
     from refusion import Decoder
@@ -52,6 +60,7 @@ _EXPORTS = {
     "Generator": "refusion.generator",
     "Progress": "refusion.generator",
     "Request": "refusion.generator",
+    "register": "refusion.plugins.registry",
     "registry": "refusion.plugins.registry",
     "run_batch": "refusion.batch.embedded",
     "run_sweep": "refusion.sweep.run",

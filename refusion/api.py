@@ -8,7 +8,7 @@ from refusion.config import DecoderSpec
 from refusion.config import preset as get_preset
 from refusion.config.spec import DEFAULT_GEN_LENGTH
 from refusion.decoding.decoder import Decoder
-from refusion.errors import ConfigError, RefusionWarning
+from refusion.errors import ConfigError, warn_caller
 from refusion.models.base import ModelAdapter
 from refusion.models.loading import load_model
 from refusion.prompts import encode_prompt
@@ -29,20 +29,32 @@ def decoder_spec(
 
     ``preset`` (a name or a spec, e.g. from :func:`refusion.load_preset`)
     defaults to the adapter's (:func:`~refusion.models.loading.load_model`:
-    the checkpoint's ``refusion.json``, else its family's), else ``"paper"``;
-    explicit parts and ``params`` override it by :meth:`DecoderSpec.merged`'s
-    one rule (a replaced part loses its parameters). A preset named after a
-    peer takes that peer function's own arguments among ``params``
+    the checkpoint's ``refusion.json``, else its family's), else ``"paper"``.
+    The family's preset takes the checkpoint's own generation defaults (e.g.
+    DiffusionGemma's ``generation_config.json``: the adapter's
+    ``preset_params``) whether it is the default or named. Explicit parts and
+    ``params`` override it by :meth:`DecoderSpec.merged`'s one rule (a
+    replaced part loses its parameters). A preset named after a peer takes
+    that peer function's own arguments among ``params``
     (:mod:`refusion.peers`), checked against ``adapter``.
     """
     if isinstance(preset, DecoderSpec):
         chosen = preset
     elif preset is not None:
-        chosen = get_preset(preset)
+        chosen = named_preset(adapter, preset)
     else:
         chosen = getattr(adapter, "preset", None) or get_preset("paper")
     parts = dict(partitioner=partitioner, selector=selector, infiller=infiller, reorderer=reorderer, reviser=reviser)
     return chosen.merged(parts, params, model=adapter)
+
+
+def named_preset(adapter: ModelAdapter | None, name: str) -> DecoderSpec:
+    """The preset called ``name`` as ``adapter``'s checkpoint sets it: its family's preset takes the checkpoint's
+    own generation defaults (the adapter's ``preset_params``, e.g. DiffusionGemma's ``generation_config.json``)
+    exactly as when no preset is named; any other preset is the registered one."""
+    chosen = get_preset(name)
+    own = (getattr(adapter, "preset_params", None) or {}).get(name)
+    return chosen.with_params(own) if own else chosen
 
 
 def build_decoder(adapter: ModelAdapter | None, **options: Any) -> tuple[Decoder, int | None]:
@@ -76,13 +88,17 @@ def generate(
     gives a list of results, in order (``seeds`` gives each its own sampling
     seed). ``preset`` picks part names, parameters and ``gen_length`` (default:
     the checkpoint's own ``refusion.json`` if it has one, else its family's
-    preset: ``llada``, ``dream``, ``sdar`` or ``paper``);
+    preset: ``llada``, ``dream``, ``sdar``, ``llada2``/``llada2.1``,
+    ``diffusion-gemma`` or ``paper``, with the checkpoint's generation
+    defaults, which the family's preset takes when named too);
     explicit part specs, ``gen_length`` and ``params`` (e.g. ``slot_size=16``,
     ``token_threshold=0.5``, ``temperature=0.7``, ``"selector.k"=2``) override
-    it. ``gen_length`` is honoured exactly (or refused, naming the nearest
-    lengths the partitioner accepts); when it is not given and the preset's
-    does not fit the model's positions, the longest length that fits is used,
-    announced with a :class:`~refusion.errors.RefusionWarning`. Returns
+    it. ``gen_length`` is the most tokens an answer holds (it ends at the
+    first EOS, else after ``gen_length`` tokens; a length the partitioner
+    cannot split is refused, naming the nearest it accepts); when it is not
+    given and the preset's does not fit the model's positions, the longest
+    length that fits is used, announced with a
+    :class:`~refusion.errors.RefusionWarning`. Returns
     :class:`~refusion.decoding.types.DecodeResult` (s) with ``text`` when a tokenizer is
     known. ``trace`` (a path) also writes the standard JSON Lines trace of the
     decode(s) there (:mod:`refusion.measure.trace`, ``docs/trace.md``);
@@ -135,28 +151,31 @@ def fit_default_length(decoder: Decoder, adapter: ModelAdapter, prompts: list[An
     after the longest prompt.
 
     Used only when the caller did not ask for a length; a fitted length is
-    announced with a :class:`~refusion.errors.RefusionWarning`. A prompt that
-    leaves no room is left to the decoder's own length check.
+    announced with a :class:`~refusion.errors.RefusionWarning` (pointing at the
+    caller's line). A prompt that leaves no room is left to the decoder's own
+    length check.
     """
-    import warnings
-
-    limit = adapter.max_positions
     try:
         longest = max(len(p) for p in prompts)
     except TypeError:
         return wanted  # malformed prompts: the decoder's checks name them
-    if limit is None or longest + wanted <= limit or longest >= limit:
-        return wanted
-    n = decoder.nearest_lengths(limit - longest)[0]
+    n = fitted_length(decoder, adapter.max_positions, longest, wanted)
     if n is None:
         return wanted
-    warnings.warn(
+    warn_caller(
         f"`gen_length` not given: the preset's {wanted} tokens plus the {longest}-token prompt exceed the "
-        f"model's {limit} positions, so {n} tokens are generated; pass `gen_length` to choose.",
-        RefusionWarning,
-        stacklevel=3,
+        f"model's {adapter.max_positions} positions, so {n} tokens are generated; pass `gen_length` to choose."
     )
     return n
+
+
+def fitted_length(decoder: Decoder, limit: int | None, prompt_length: int, wanted: int) -> int | None:
+    """The longest length ``decoder``'s partitioner accepts that fits ``limit`` positions after a prompt of
+    ``prompt_length`` tokens, when a default length ``wanted`` does not fit; ``None`` when ``wanted`` fits, the
+    model states no limit, or no length fits (the decoder's own length check then names the problem)."""
+    if limit is None or prompt_length + wanted <= limit or prompt_length >= limit:
+        return None
+    return decoder.nearest_lengths(limit - prompt_length)[0]
 
 
 def is_batch(prompt: Any) -> bool:

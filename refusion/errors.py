@@ -10,6 +10,9 @@ error a plugin causes is a :class:`PluginError` naming the plugin.
 from __future__ import annotations
 
 import copy
+import os
+import sys
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -147,6 +150,24 @@ def _printable(text: str | None) -> str | None:
 
 class RefusionWarning(UserWarning):
     """Something refusion did for the user that they did not ask for (e.g. a default length fitted to the model)."""
+
+
+#: the directory of refusion's own modules: frames there are not a warning's caller
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def warn_caller(message: str, category: type[Warning] = RefusionWarning) -> None:
+    """Warn with ``message``, attributed to the first frame outside refusion's package (the user's line that
+    called into refusion, however deep the call went: ``run_batch`` -> worker -> ``fit_default_length``).
+
+    When every frame is refusion's own (``python -m refusion.cli``), the warning points at the outermost one.
+    """
+    frame = sys._getframe(1)
+    level = 2  # warnings.warn's stacklevel of warn_caller's caller
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+        level += 1
+    warnings.warn(message, category, stacklevel=level)
 
 
 def bad_value(param: str, value: Any, allowed: str) -> ConfigError:

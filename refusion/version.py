@@ -1,3 +1,4 @@
-"""refusion's version (the same as pyproject.toml's)."""
+"""refusion's version: semantic versioning, one place (``pyproject.toml`` reads it; ``CHANGELOG.md`` says what
+each version changed)."""
 
-__version__ = "0.1.0"
+__version__ = "0.6.0"

@@ -38,3 +38,17 @@ def test_the_trace_picture_is_shown_with_the_command_that_made_it():
     assert commands
     assert all(len(found) == 1 for found in commands.values()), commands
     assert len({found[0] for found in commands.values()}) == 1, commands
+
+
+def test_both_tables_of_the_peers_arguments_have_a_row_for_every_peer_preset():
+    """docs/models.md's and docs/strategies.md's tables of peer arguments name every preset that reproduces a peer
+    (models.md's once lacked WINO, LLaDA 2.x and DiffusionGemma)."""
+    from refusion.config import PRESETS
+
+    peers = {name for name, spec in PRESETS.items() if spec.peer is not None}
+    for page in ("models.md", "strategies.md"):
+        text = (ROOT / "docs" / page).read_text()
+        table = text[text.index("| peer function | preset | arguments -> refusion |") :].split("\n\n")[0]
+        named = {n for row in table.splitlines()[2:] for n in re.findall(r"`([^`]+)`", row.split(" | ")[1])}
+        evals = {"gsm8k", "mbpp", "humaneval", "math", "gpqa", "arc-c", "mmlu-pro"}  # the row says `paper`, ...
+        assert peers - evals <= named, (page, peers - evals - named)

@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import sys
-import warnings
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -34,7 +33,7 @@ import attrs
 
 from refusion.batch.lines import unreadable
 from refusion.batch.output import row_key, row_line
-from refusion.errors import ConfigError, RefusionWarning
+from refusion.errors import ConfigError, warn_caller
 
 #: what a run without Ray says
 NEEDS_RAY = "`--ray` needs Ray: pip install 'refusion[ray]'"
@@ -148,7 +147,7 @@ def check_room(ray: Any, cpus_per_worker: float, gpus_per_worker: float, started
     )
     if started:
         raise ConfigError(message + ".", param=param)
-    warnings.warn(message + " yet; the run waits until the cluster has such a node.", RefusionWarning, stacklevel=3)
+    warn_caller(message + " yet; the run waits until the cluster has such a node.")
 
 
 def model_for_workers(model: Any) -> Any:

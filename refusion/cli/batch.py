@@ -19,6 +19,7 @@ from refusion.cli.options import (
     number,
 )
 from refusion.config import PART_KINDS
+from refusion.wording import counted
 
 #: run_batch()'s keywords spelled as this command's flags (errors name the flag)
 FLAGS = {
@@ -77,9 +78,9 @@ def run_batch_command(args: argparse.Namespace) -> int:
     else:
         loading = f", {summary.load_seconds:.1f} s of them loading the model" if summary.load_seconds else ""
         print(
-            f"{summary.rows} rows written to {args.out} ({summary.errors} errors, {summary.skipped} already there), "
-            f"{summary.tokens} tokens in {summary.seconds:.1f} s{loading}; {summary.tokens_per_second:.1f} tokens/s "
-            "while generating",
+            f"{counted(summary.rows, 'row')} written to {args.out} ({counted(summary.errors, 'error')}, "
+            f"{summary.skipped} already there), {counted(summary.tokens, 'token')} in {summary.seconds:.1f} s"
+            f"{loading}; {summary.tokens_per_second:.1f} tokens/s while generating",
             file=sys.stderr,
         )
     return 0

@@ -18,6 +18,7 @@ from refusion.cli.options import (
     prompts,
 )
 from refusion.errors import ConfigError
+from refusion.wording import counted
 
 
 def result_json(result: Any) -> dict:
@@ -45,10 +46,9 @@ def run_generate(args: argparse.Namespace) -> int:
             print(json.dumps(result_json(result)))
         else:
             print(result.text if result.text is not None else " ".join(map(str, result.tokens.tolist())))
-            iterations = result.num_iterations
             print(
-                f"[{len(result.tokens)} tokens, {result.forwards} forwards, {result.tokens_per_forward:.2f} "
-                f"tokens/forward, {iterations} iteration{'s' if iterations != 1 else ''}]",
+                f"[{counted(len(result.tokens), 'token')}, {counted(result.forwards, 'forward')}, "
+                f"{result.tokens_per_forward:.2f} tokens/forward, {counted(result.num_iterations, 'iteration')}]",
                 file=sys.stderr,
             )
     return 0
@@ -93,7 +93,8 @@ def run_visualize(args: argparse.Namespace) -> int:
         print(json.dumps({"files": written, **result_json(result)}))
     else:
         print(
-            f"{result.text!r}: {result.num_iterations} iterations, {result.forwards} forwards -> {', '.join(written)}"
+            f"{result.text!r}: {counted(result.num_iterations, 'iteration')}, {counted(result.forwards, 'forward')} "
+            f"-> {', '.join(written)}"
         )
     return 0
 

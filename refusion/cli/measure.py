@@ -13,6 +13,7 @@ from refusion.limits import MAX_EXAMPLES, MAX_GEN_LENGTH, MAX_PER_TASK
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    from refusion.api import named_preset
     from refusion.config import load_preset
     from refusion.config import preset as get_preset
     from refusion.decoding.decoder import Decoder
@@ -42,7 +43,7 @@ def run_bench(args: argparse.Namespace) -> int:
             name,
             model.preset
             if name == "model" and getattr(model, "preset", None)
-            else get_preset("paper" if name == "model" else name),
+            else named_preset(model, "paper" if name == "model" else name),
         )
         for name in names
     ]

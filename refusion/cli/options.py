@@ -17,7 +17,7 @@ from typing import Any
 
 from refusion.config import PART_KINDS, PRESETS
 from refusion.config.params import parse_param
-from refusion.errors import ConfigError
+from refusion.errors import ConfigError, unknown_name
 from refusion.limits import MAX_GEN_LENGTH, MAX_TOKEN_ID
 from refusion.validators import check_integer, check_number
 
@@ -103,6 +103,29 @@ def number(
     return parse
 
 
+def part_name(kind: str) -> Callable[[str], str]:
+    """An argparse ``type``: a ``kind`` name (``selector``, ``engine``, ...) or a ``"module:Class"`` path.
+
+    An unknown name is refused while parsing, listing the known ones, when
+    they can be known without importing anything (no entry-point plugin is on,
+    :func:`~refusion.plugins.manager.listed_names`); else the registry refuses
+    it once it is built.
+    """
+
+    def parse(text: str) -> str:
+        if ":" in text:
+            return text
+        from refusion.plugins.manager import listed_names
+
+        known = listed_names(kind)
+        if known is None or text in known:
+            return text
+        raise _argument_error(unknown_name(kind.replace("_", " "), text, known))  # the registry's own words
+
+    parse.__name__ = f"{kind} name"
+    return parse
+
+
 def _param(text: str) -> tuple[str, Any]:
     try:
         return parse_param(text)
@@ -116,8 +139,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--model",
         default=None,
-        help="checkpoint directory: LLaDA, Dream, SDAR and ReFusion checkpoints are recognised from "
-        "their config.json (default: the model shipped with refusion)",
+        help="checkpoint directory: LLaDA, Dream, SDAR, ReFusion, LLaDA 2.x and DiffusionGemma checkpoints are "
+        "recognised from their config.json (default: the model shipped with refusion)",
     )
     group.add_argument("--device", default=None, help="torch device for the model, e.g. cuda")
     group.add_argument("--dtype", default="auto", help="model dtype: auto, float32, bfloat16, ...")
@@ -132,6 +155,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--adapter",
+        type=part_name("model_adapter"),
         default=None,
         help="for architectures outside the supported families only: hf-causal (causal LMs), hf-mdm "
         "(bidirectional MDMs) or hf-block (block diffusion); default: recognised from config.json",
@@ -173,7 +197,7 @@ def model_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 #: decoding flags that set a spec parameter: flag, parameter, argparse keywords
-PARAMETER_FLAGS = (
+PARAMETER_FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("--slot-size", "slot_size", dict(type=integer(1), help="tokens per slot (partitioner `slot_size`)")),
     (
         "--serial-blocks",
@@ -194,9 +218,10 @@ PARAMETER_FLAGS = (
         "--engine",
         "engine",
         dict(
+            type=part_name("engine"),
             help="what runs the model calls: branch (batched, shared-prefix branches), repeat "
             "(the reference's), canvas (bidirectional models), block (block diffusion); "
-            "default: the best for the model"
+            "default: the best for the model",
         ),
     ),
 )
@@ -209,8 +234,9 @@ def add_decoding_options(parser: argparse.ArgumentParser) -> None:
         "--preset",
         default=None,
         choices=sorted(PRESETS),
-        help="named configuration (default: the checkpoint's refusion.json, else its family's own: "
-        "llada, dream, sdar; paper otherwise)",
+        help="named configuration (default: the checkpoint's refusion.json, else its family's own: llada, "
+        "dream, sdar, llada2 or llada2.1, diffusion-gemma, with the checkpoint's generation defaults; paper "
+        "otherwise)",
     )
     group.add_argument(
         "--preset-file",
@@ -224,13 +250,15 @@ def add_decoding_options(parser: argparse.ArgumentParser) -> None:
         dest="gen_length",
         type=integer(1, MAX_GEN_LENGTH),
         default=None,
-        help="tokens to generate, exactly (the last slot or block may be shorter; a length the "
-        "partitioner cannot split is refused with the nearest allowed ones); --max-tokens is the same "
-        "flag under OpenAI's and vLLM's name. Default: the preset's, shortened to fit the model's "
-        "positions (the shipped model has 128) with a note",
+        help="the most tokens the answer may hold: it is cut at the first EOS, else after this many tokens "
+        "(the last slot or block may be shorter; a length the partitioner cannot split is refused with the "
+        "nearest allowed ones); --max-tokens is the same flag under OpenAI's and vLLM's name. Default: the "
+        "preset's, shortened to fit the model's positions (the shipped model has 128) with a note",
     )
     for kind in PART_KINDS:
-        group.add_argument(f"--{kind}", default=None, help=f"{kind} name (`refusion plugins` lists them)")
+        group.add_argument(
+            f"--{kind}", type=part_name(kind), default=None, help=f"{kind} name (`refusion plugins` lists them)"
+        )
     for flag, _, options in PARAMETER_FLAGS:
         group.add_argument(flag, default=None, **options)
     group.add_argument(

@@ -11,6 +11,7 @@ from refusion.cli.options import add_model_options, integer, load, number
 from refusion.config import PRESETS
 from refusion.errors import ConfigError
 from refusion.limits import MAX_EXAMPLES, MAX_GEN_LENGTH, MAX_MINUTES, MAX_TRIALS, SEED_LIMIT
+from refusion.wording import counted
 
 
 def run_sweep_command(args: argparse.Namespace) -> int:
@@ -66,8 +67,8 @@ def run_sweep_command(args: argparse.Namespace) -> int:
         )
     else:
         print(
-            f"{result.mode} sweep: {len(result.records)} trials in the study ({result.new_trials} new); AR accuracy "
-            f"{result.ar['accuracy']:.1%}, {result.ar['forwards']} forwards"
+            f"{result.mode} sweep: {counted(len(result.records), 'trial')} in the study ({result.new_trials} new); "
+            f"AR accuracy {result.ar['accuracy']:.1%}, {counted(result.ar['forwards'], 'forward')}"
         )
         print(
             f"{'trial':>5} {'acc':>6} {'forwards':>8} {'tok/fwd':>7} {'fwd ratio':>9} {'speed-up':>8}  "

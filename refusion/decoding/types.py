@@ -404,5 +404,6 @@ class DecodeResult:
 
     @property
     def steps(self) -> tuple[IterationRecord, ...]:
-        """The former name of :attr:`iterations`."""
+        """The former name of :attr:`iterations`: each iteration's record, only when the decode was asked to
+        record them (``record=True`` or a trace), else empty (:attr:`num_iterations` still counts them)."""
         return self.iterations

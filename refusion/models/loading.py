@@ -1,8 +1,8 @@
 """``load_model``: a :class:`~refusion.models.base.ModelAdapter` from a checkpoint path, a network or an adapter.
 
 A checkpoint directory is recognised from its ``config.json``: a registered
-:class:`~refusion.models.families.ModelFamily` (LLaDA, Dream, SDAR, ReFusion)
-loads it into a maintained transformers class; a standard transformers
+:class:`~refusion.models.families.ModelFamily` (LLaDA, Dream, SDAR, ReFusion,
+LLaDA 2.x, DiffusionGemma) loads it into a maintained transformers class; a standard transformers
 architecture loads as a causal LM (``hf-causal``); anything else needs the
 user to say how (``adapter=`` and, for code shipped with the checkpoint,
 ``trust_remote_code=True``). transformers is always told whether remote code
@@ -60,10 +60,13 @@ def load_model(
     diffusion, ``logit_shift`` for ``hf-mdm``). The adapter's ``preset`` is
     the decoder the checkpoint recommends (its ``refusion.json``), else its
     family's own (LLaDA ``llada``, Dream ``dream``, SDAR ``sdar``, ReFusion
-    ``paper``), else ``None`` (``paper``). ``adapter`` names a registered
-    adapter (``hf-causal``, ``hf-mdm``, ``hf-block``) to use instead of the
-    family's, for architectures outside the families; the checkpoint's own
-    code runs only with ``trust_remote_code=True``.
+    ``paper``, LLaDA 2.x ``llada2``/``llada2.1``, DiffusionGemma
+    ``diffusion-gemma``, with the checkpoint's generation defaults: its
+    ``preset_params``, which that preset also takes when named), else
+    ``None`` (``paper``). ``adapter`` names a registered adapter
+    (``hf-causal``, ``hf-mdm``, ``hf-block``) to use instead of the family's,
+    for architectures outside the families; the checkpoint's own code runs
+    only with ``trust_remote_code=True``.
 
     ``compile`` runs the network's forward under ``torch.compile``
     (:func:`~refusion.models.compiled.compile_adapter`, ``docs/models.md``):
@@ -109,7 +112,9 @@ def load_model(
             loaded = _loading(model, adapter_cls.from_pretrained, model, trust_remote_code=trust_remote_code, **options)
             if tokenizer is not None:
                 loaded.tokenizer = tokenizer
-        loaded.preset = preset or family_preset(family, model)  # type: ignore[attr-defined]
+        own = checkpoint_preset_params(family, model)
+        loaded.preset_params = own  # type: ignore[attr-defined]
+        loaded.preset = preset or family_preset(family, model, own)  # type: ignore[attr-defined]
         return loaded
     if hasattr(model, "config") and callable(model):
         return registry().get("model_adapter", adapter or "hf-causal")(model, tokenizer, **options)
@@ -151,19 +156,41 @@ def read_model_preset(path: str, *, trust_remote_code: bool = False) -> Any:
     return spec
 
 
-def family_preset(family: Any, path: str | None = None) -> Any:
+def family_preset(family: Any, path: str | None = None, own: Mapping[str, Any] | None = None) -> Any:
     """The preset (a :class:`~refusion.config.spec.DecoderSpec`) a model family decodes with, or ``None``; with
-    the checkpoint's own defaults (:meth:`ModelFamily.preset_params`) when ``path`` is given."""
+    the checkpoint's own defaults (:func:`checkpoint_preset_params`, read from ``path`` unless given as ``own``)
+    when ``path`` is given."""
     from refusion.config import preset
 
+    name = family_preset_name(family, path)
+    if name is None:
+        return None
+    if own is None:
+        own = checkpoint_preset_params(family, path)
+    params = own.get(name)
+    return preset(name).with_params(params) if params else preset(name)
+
+
+def family_preset_name(family: Any, path: str | None = None) -> str | None:
+    """The name of the preset a model family decodes the checkpoint at ``path`` with (``None``: none)."""
     name = getattr(family, "default_preset", None)
     if path is not None and hasattr(family, "preset_name"):
         name = family.preset_name(read_config(path))
-    if name is None:
-        return None
-    spec = preset(name)
-    params = family.preset_params(path) if path is not None else {}
-    return spec.with_params(params) if params else spec
+    return name
+
+
+def checkpoint_preset_params(family: Any, path: str | None) -> dict[str, dict[str, Any]]:
+    """``{preset name: parameters}``: what the checkpoint at ``path`` sets itself for its family's preset
+    (:meth:`ModelFamily.preset_params`, e.g. DiffusionGemma's ``generation_config.json``); empty without one.
+
+    Kept on the adapter as ``preset_params``, so the family's preset takes them whether it is the default or
+    named (``preset="diffusion-gemma"``): :func:`refusion.api.decoder_spec`.
+    """
+    name = family_preset_name(family, path)
+    if name is None or path is None:
+        return {}
+    params = family.preset_params(path)
+    return {name: dict(params)} if params else {}
 
 
 def _loading(path: str, load: Any, *args: Any, **kwargs: Any) -> ModelAdapter:
@@ -283,13 +310,14 @@ def unknown_architecture(path: str, config: Mapping[str, Any]) -> ConfigError:
 
     families = "; ".join(f"{e.name} ({', '.join(e.cls.checkpoints)})" for e in registry().entries("model_family"))
     what = f"model_type {config.get('model_type')!r}, architectures {config.get('architectures')}"
-    return ConfigError(
+    error = ConfigError(
         f"`model` {path!r} ({what}) is not a family refusion loads, and transformers has no class for it. "
         f"Supported families: {families}. To run the checkpoint's own code instead, pass `trust_remote_code=True` "
         "(CLI: --trust-remote-code) and the adapter that fits it: `adapter='hf-causal'` (causal), 'hf-mdm' "
         "(bidirectional, with `logit_shift`) or 'hf-block' (block diffusion, with `block_length`).",
         param="model",
     )
+    return registry().unavailable(error)  # a family of a plugin that failed to import is named with its error
 
 
 def check_options(options: Mapping[str, Any], adapter_options: tuple[str, ...], owner: str) -> None:

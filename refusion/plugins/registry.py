@@ -110,6 +110,32 @@ class Registry:
                         f"Plugin {plugin!r} ({source}) raised in hook {hook_name}: {exc}", plugin=plugin, source=source
                     ) from exc
 
+    def add(self, cls: Any, *, replace: bool = False) -> Registration:
+        """Register the part class ``cls`` from running code (no entry point, no plugin module): its kind is the
+        interface it subclasses, its key its own ``name``; checked like any registration (source ``"local"``,
+        plugin: the class's module). ``replace=True`` replaces an earlier in-process registration of that name
+        (re-running a notebook cell); a built-in's or an entry-point plugin's part is never replaced."""
+        interfaces = _interfaces()
+        kinds = [kind for kind, interface in interfaces.items() if inspect.isclass(cls) and issubclass(cls, interface)]
+        if not kinds:
+            raise RegistrationError(
+                f"{cls!r} cannot be registered: it subclasses none of refusion's part interfaces "
+                f"({', '.join(i.__name__ for i in interfaces.values())})."
+            )
+        kind = kinds[0]
+        name = cls.__dict__.get("name")
+        existing = self._entries[kind].get(name) if isinstance(name, str) else None
+        replaced = replace and existing is not None and existing.source == "local"
+        if replaced:
+            del self._entries[kind][name]
+        try:
+            self._add(kind, interfaces[kind], cls, cls.__module__, "local")
+        except RegistrationError:
+            if replaced and existing is not None:  # a refused replacement leaves the earlier registration in place
+                self._entries[kind][name] = existing
+            raise
+        return self._entries[kind][name]
+
     def _add(self, kind: str, interface: type, cls: Any, plugin: str, source: str) -> None:
         where = f"plugin {plugin!r} ({source})"
         if not inspect.isclass(cls) or not issubclass(cls, interface):
@@ -146,10 +172,27 @@ class Registry:
             yield from entries.values()
 
     def entry(self, kind: str, name: str) -> Registration:
+        """The registration of ``name``; an unknown name's error lists the known names and, when entry-point
+        plugins failed to import, names them and their errors (one of them may have provided it)."""
         entries = self._kind(kind)
         if name not in entries:
-            raise unknown_name(kind.replace("_", " "), name, entries)
+            raise self.unavailable(unknown_name(kind.replace("_", " "), name, entries))
         return entries[name]
+
+    def unavailable(self, error: ConfigError) -> ConfigError:
+        """``error`` (something asked for is not registered) with the entry-point plugins that failed to import
+        named in its message, the first one's import error chained as its cause; ``error`` itself when none
+        failed."""
+        failures = list(getattr(self.pm, "failures", {}).values())
+        if not failures:
+            return error
+        named = "; ".join(f.describe() for f in failures)
+        out = type(error)(
+            f"{error} It may be provided by a plugin that was skipped: {named} ({failures[0].remedy()}).",
+            param=error.param,
+        )
+        out.__cause__ = failures[0].error
+        return out
 
     def get(self, kind: str, name: str) -> Any:
         """The class registered as ``name`` for ``kind``; the error lists the known names."""
@@ -234,6 +277,24 @@ def import_class(path: str, param: str | None = None) -> type:
 
 
 _REGISTRY: Registry | None = None
+
+
+def register(cls: type | None = None, *, replace: bool = False) -> Any:
+    """Register a part class in this process's registry, so that its ``name`` works wherever a registered name
+    does (``refusion.generate(selector="mine")``, ``Decoder.from_names``, a ``Generator`` or a server started
+    in this process). Returns the class, so it also works as a decorator (``@refusion.register`` or
+    ``@refusion.register(replace=True)``).
+
+    The kind is the interface ``cls`` subclasses (``SlotSelector``, ``Infiller``, ..., ``ModelFamily``,
+    ``Engine``); it is checked as an entry point's part is (its own ``name``, no abstract method, no duplicate
+    name: :class:`~refusion.errors.RegistrationError`). ``replace=True`` replaces an earlier in-process
+    registration of the same name. A registry rebuilt by :func:`reset_registry` starts without it; other
+    processes (``refusion`` commands, Ray workers) need an entry point (``docs/plugin_hooks.md``).
+    """
+    if cls is None:
+        return lambda c: register(c, replace=replace)
+    registry().add(cls, replace=replace)
+    return cls
 
 
 def registry() -> Registry:

@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from refusion.api import build_decoder
+from refusion.api import build_decoder, fitted_length
 from refusion.config import PART_KINDS, SAMPLING_PARAMS
 from refusion.config.params import parse_param
 from refusion.config.trust import is_import_path, refuse_import_paths
@@ -64,7 +64,11 @@ class ServeDefaults:
 
 @attrs.frozen
 class RequestPlan:
-    """A checked request: prompt ids, the decoder (``None``: the generator's own), length, seed and stop strings."""
+    """A checked request: prompt ids, the decoder (``None``: the generator's own), length, seed and stop strings.
+
+    ``gen_length`` is the client's ``max_tokens``, else the server's default, shortened to fit the model after
+    the prompt (``note`` then says so).
+    """
 
     prompt_ids: list[int]
     decoder: Decoder | None
@@ -74,6 +78,8 @@ class RequestPlan:
     options: Mapping[str, Any]  # what ``refusion.generate`` takes for the same tokens
     prompt_field: str = "prompt"
     request_params: frozenset[str] = frozenset()
+    #: set when the request sent no ``max_tokens`` and the server's default was shortened to fit the model
+    note: str | None = None
 
     def config_error(self, error: ConfigError) -> APIError:
         """The 400 for a :class:`ConfigError` that the generator raised at submit, naming this request's field."""
@@ -276,11 +282,29 @@ def plan_request(
                 param=prompt_field,
                 code="context_length_exceeded",
             )
-        length = body.length if isinstance(body, ChatCompletionRequest) else body.max_tokens
-        length = length or defaults.gen_length or generator.gen_length
+        asked = body.length if isinstance(body, ChatCompletionRequest) else body.max_tokens
+        length, note = (
+            (asked, None)
+            if asked is not None
+            else default_length(decoder or generator.decoder, model, ids, defaults.gen_length or generator.gen_length)
+        )
     except ConfigError as exc:
         raise bad_request(exc, prompt_field=prompt_field, params=own) from None
     offline = dict(options, gen_length=length)
     if body.seed is not None:
         offline["seed"] = body.seed
-    return RequestPlan(ids, decoder, length, body.seed, body.stops, offline, prompt_field, frozenset(own))
+    return RequestPlan(ids, decoder, length, body.seed, body.stops, offline, prompt_field, frozenset(own), note)
+
+
+def default_length(decoder: Decoder, model: Any, ids: list[int], wanted: int) -> tuple[int, str | None]:
+    """The length of a request that sent no ``max_tokens``: the server's default ``wanted``, or, when that does
+    not fit the model after the prompt, the longest length that fits, with a note saying so (as
+    ``refusion.generate`` shortens a default it chose; a ``max_tokens`` the client sent is never shortened)."""
+    fitted = fitted_length(decoder, model.max_positions, len(ids), wanted)
+    if fitted is None:
+        return wanted, None
+    return fitted, (
+        f"`max_tokens` not given: the server's default {wanted} plus the {len(ids)}-token prompt exceed the "
+        f"model's {model.max_positions} positions, so at most {fitted} tokens are generated; send `max_tokens` "
+        "to choose."
+    )

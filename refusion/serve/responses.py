@@ -1,8 +1,9 @@
 """The OpenAI response objects: completions, chat completions, their stream chunks, usage.
 
 Every object also carries ``refusion``: the answer's token ids (and, at the
-end, the forwards it took), or with ``stream_steps`` each step's committed
-slots.
+end, the forwards it took, the ``max_tokens`` it was decoded for and, when the
+server shortened its default ``max_tokens`` to fit the model, a ``note``), or
+with ``stream_steps`` each step's committed slots.
 """
 
 from __future__ import annotations
@@ -25,10 +26,22 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-def refusion_info(tokens: Any, forwards: int | None = None) -> dict[str, Any]:
+#: the response header that tells the client how many tokens the answer may hold (its ``max_tokens`` or the
+#: server's default, shortened to fit the model when the client sent none)
+MAX_TOKENS_HEADER = "X-Refusion-Max-Tokens"
+
+
+def refusion_info(
+    tokens: Any, forwards: int | None = None, max_tokens: int | None = None, note: str | None = None
+) -> dict[str, Any]:
+    """The ``refusion`` object of a finished answer: its token ids, forwards, ``max_tokens`` and any note."""
     info: dict[str, Any] = {"tokens": list(tokens)}
     if forwards is not None:
         info["forwards"] = forwards
+    if max_tokens is not None:
+        info["max_tokens"] = max_tokens
+    if note is not None:
+        info["note"] = note
     return info
 
 
@@ -41,6 +54,8 @@ def completion(
     prompt_tokens: int,
     tokens: Any,
     forwards: int | None,
+    max_tokens: int | None = None,
+    note: str | None = None,
 ) -> dict[str, Any]:
     """A whole ``text_completion`` or ``chat.completion`` object."""
     if chat:
@@ -59,7 +74,7 @@ def completion(
         "model": model,
         "choices": [choice],
         "usage": usage(prompt_tokens, len(tokens)),
-        "refusion": refusion_info(tokens, forwards),
+        "refusion": refusion_info(tokens, forwards, max_tokens, note),
     }
 
 

@@ -17,6 +17,8 @@ class StreamText:
 
     ``finish_reason`` becomes ``"stop"`` (EOS or a stop string) or
     ``"length"`` (``max_tokens`` reached); after that ``feed`` returns ``""``.
+    ``tokens`` are the answer's tokens: after a stop string, only those of
+    the text returned (what ``usage.completion_tokens`` counts).
     """
 
     def __init__(self, tokenizer: Any, eos_ids: Iterable[int], *, max_tokens: int, stops: tuple[str, ...] = ()):
@@ -54,12 +56,15 @@ class StreamText:
 
     def _delta(self, final: bool) -> str:
         text = self.text_so_far()
+        cut = False
         for stop in self.stops:
             at = text.find(stop)
             if at >= 0:
-                text = text[:at]
+                text, cut = text[:at], True
                 self.finish_reason = "stop"
                 final = True
+        if cut:
+            self._keep_tokens_of(text)
         if not final:
             text = text[: len(text) - self._held_back(text)]
         if not text.startswith(self.sent):  # later tokens changed how sent bytes decode: sent text stays
@@ -67,6 +72,15 @@ class StreamText:
         delta = text[len(self.sent) :]
         self.sent = text
         return delta
+
+    def _keep_tokens_of(self, text: str) -> None:
+        """Drop the tokens past those that make ``text`` (the answer cut before a stop string): the fewest
+        leading tokens whose text starts with it (a token holding both the answer's end and the stop's start
+        stays). Scans back from the end: only the tokens past the stop are decoded again."""
+        n = len(self.tokens)
+        while n > 0 and self.tokenizer.decode(self.tokens[: n - 1], skip_special_tokens=True).startswith(text):
+            n -= 1
+        del self.tokens[n:]
 
     def text_so_far(self) -> str:
         if self.tokenizer is None:

@@ -60,9 +60,13 @@ class SweepResult:
 
 
 def base_preset(adapter: Any, name: str | None) -> DecoderSpec:
+    """The preset a sweep starts from: ``adapter``'s own (``None`` or ``"model"``), else ``name`` as the
+    checkpoint sets it (:func:`refusion.api.named_preset`)."""
+    from refusion.api import named_preset
+
     if name is None or name == "model":
         return getattr(adapter, "preset", None) or get_preset("paper")
-    return get_preset(name)
+    return named_preset(adapter, name)
 
 
 def _ar_metrics(ar: Result) -> dict[str, Any]:

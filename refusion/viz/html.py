@@ -18,6 +18,7 @@ from typing import Any
 
 from refusion.decoding.types import DecodeResult
 from refusion.viz.plot import HTML_FORMATS, checked_output, token_labels
+from refusion.wording import counted
 
 #: colour ramp for iterations (dark blue -> green -> yellow, like matplotlib's viridis)
 _RAMP = ((68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37))
@@ -121,7 +122,8 @@ def render_html(result: DecodeResult, path: str | Path, *, tokenizer: Any = None
     labels = token_labels(result, tokenizer)
     steps = result.num_iterations
     heading = title or (
-        f"{len(result.partition.slots)} slots, {steps} iterations, {result.forwards} forwards, "
+        f"{counted(len(result.partition.slots), 'slot')}, {counted(steps, 'iteration')}, "
+        f"{counted(result.forwards, 'forward')}, "
         f"{result.tokens_per_forward:.2f} tokens/forward"
     )
     text = "" if result.text is None else f"<p>answer: <code>{html.escape(result.text)}</code></p>"

@@ -18,6 +18,7 @@ from typing import Any
 
 from refusion.decoding.types import DecodeResult
 from refusion.errors import ConfigError
+from refusion.wording import counted
 
 
 def token_labels(result: DecodeResult, tokenizer: Any) -> list[str]:
@@ -88,7 +89,8 @@ def _figure(result: DecodeResult, tokenizer: Any, upto: int | None, title: str |
     done = "all" if upto is None else f"{upto + 1}/{steps}"
     ax.set_title(
         title
-        or f"{len(slots)} slots, {steps} iterations ({done}), {result.forwards} forwards, "
+        or f"{counted(len(slots), 'slot')}, {counted(steps, 'iteration')} ({done}), "
+        f"{counted(result.forwards, 'forward')}, "
         f"{result.tokens_per_forward:.2f} tokens/forward",
         fontsize=9,
     )

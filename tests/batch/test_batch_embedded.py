@@ -2,6 +2,7 @@
 error rows naming the field, options are refused before the model loads."""
 
 import json
+import warnings
 
 import pytest
 
@@ -11,7 +12,7 @@ from refusion.batch import worker as batch_worker
 from refusion.batch.embedded import run_batch
 from refusion.batch.rows import parse_line
 from refusion.cli import main
-from refusion.errors import ConfigError, RowError
+from refusion.errors import ConfigError, RefusionWarning, RowError
 
 #: rows without `gen_length` under the 128-token "paper" preset get the longest length that fits, with a note
 pytestmark = pytest.mark.filterwarnings("ignore::refusion.errors.RefusionWarning")
@@ -294,3 +295,14 @@ def test_rows_too_large_for_kv_memory_are_error_rows_naming_it_and_the_flag_sets
     parser = build_parser()
     assert parser.parse_args(["batch", "in.jsonl", "--out", "o.jsonl", "--kv-memory", "2GiB"]).kv_memory == 2 << 30
     assert server_options(parser.parse_args(["serve", "--kv-memory", "512MiB"]))[0]["kv_memory"] == 512 << 20
+
+
+def test_a_fitted_length_warning_points_at_the_line_that_called_refusion(model, tmp_path):
+    prompt = "rev " + "a" * (model.max_positions - 15) + "="  # leaves 10 positions, fewer than the preset's length
+    rows = write_jsonl(tmp_path / "rows.jsonl", [{"id": 1, "prompt": prompt}])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_batch(rows, tmp_path / "out.jsonl", model=model, progress=False)
+        refusion.generate(prompt, model)
+    fitted = [w for w in caught if w.category is RefusionWarning and "`gen_length` not given" in str(w.message)]
+    assert len(fitted) == 2 and {w.filename for w in fitted} == {__file__}

@@ -229,4 +229,4 @@ def test_a_run_that_starts_its_own_ray_prints_none_of_rays_notes(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("1 rows written"), done.stderr
+    assert len(lines) == 1 and lines[0].startswith("1 row written"), done.stderr

@@ -104,8 +104,10 @@ def test_every_preset_builds_and_decodes(name, checkpoint):
         from refusion.models.loading import load_model
 
         fixture = Path(__file__).resolve().parents[1] / "fixtures" / "peers" / "diffusion_gemma"
-        result = generate([4, 45], load_model(str(fixture)), preset=name, max_denoising_steps=2)
-        assert result.partition.gen_length == preset.gen_length >= len(result.tokens)  # cut after an EOS
+        adapter = load_model(str(fixture))
+        result = generate([4, 45], adapter, preset=name, max_denoising_steps=2)
+        # named, the preset takes the checkpoint's generation_config.json length as the default does
+        assert result.partition.gen_length == adapter.preset.gen_length >= len(result.tokens)  # cut after an EOS
         return
     if preset.selector.name == "sdar-steps" or name in ("llada2", "llada2.1"):
         block = 4 if name == "sdar" else 32

@@ -80,3 +80,22 @@ def test_the_summary_line_counts_iterations_in_good_english(capsys):
     summary = capsys.readouterr().err.strip().splitlines()[-1]
     iterations = int(summary.split(" iteration")[0].rsplit(" ", 1)[1])
     assert summary.endswith("1 iteration]") if iterations == 1 else summary.endswith(" iterations]")
+
+
+@pytest.mark.parametrize("n, word", [(0, "iterations"), (1, "iteration"), (2, "iterations"), (11, "iterations")])
+def test_counts_in_words_agree_with_their_number(n, word):
+    from refusion.wording import counted
+
+    assert counted(n, "iteration") == f"{n} {word}"
+    assert counted(n, "query", "queries") == f"{n} {'query' if n == 1 else 'queries'}"
+
+
+def test_every_summary_line_says_1_in_the_singular(tmp_path, capsys):
+    """A one-token answer in one iteration: generate's and visualize's lines say 1 token, 1 iteration."""
+    assert main(["generate", "rev a=", "--gen-length", "1"]) == 0
+    generate = capsys.readouterr().err.strip().splitlines()[-1]
+    assert main(["visualize", "rev a=", "--gen-length", "1", "--out", str(tmp_path / "t.png")]) == 0
+    visualize = capsys.readouterr().out.strip()
+    for line in (generate, visualize):
+        assert "1 iteration," in line or line.endswith("1 iteration]"), line
+        assert "1 iterations" not in line and "1 tokens" not in line and " 1 forwards" not in line

@@ -38,6 +38,10 @@ BAD_FLAGS = [
     (["bench", "--per-task", "0"], "`--per-task`"),
     (["eval", "--tasks", "x", "--num-fewshot", "-1"], "`--num-fewshot`"),
     (["eval", "--tasks", "x", "--batch-size", "auto"], "`--batch-size`: invalid int value: 'auto'"),
+    (["generate", "x", "--selector", "nope"], "`--selector`: Unknown selector 'nope'. Known selectors: dream-blocks"),
+    (["serve", "--infiller", "nope"], "`--infiller`: Unknown infiller 'nope'. Known infillers: draft, greedy-verify"),
+    (["visualize", "x", "--engine", "nope"], "`--engine`: Unknown engine 'nope'. Known engines: block,"),
+    (["generate", "x", "--adapter", "nope"], "`--adapter`: Unknown model adapter 'nope'. Known model adapters: hf"),
     (["sweep", "--trials", "0"], "`--trials`"),
     (["sweep", "--minutes", "0"], "`--minutes` must be a finite number in (0, 43200]"),
     (["train", "--out", "x", "--steps", "0"], "`--steps`"),
@@ -103,3 +107,29 @@ def test_the_current_directory_never_shadows_an_installed_module(tmp_path, monke
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
     search_current_directory()
     assert sys.path[-1] == str(tmp_path) and sys.path.count(str(tmp_path)) == 1
+
+
+def test_the_part_names_known_while_parsing_are_the_ones_the_built_ins_register():
+    from refusion.plugins.manager import BUILTIN_NAMES, listed_names, make_plugin_manager
+    from refusion.plugins.registry import Registry
+
+    built = Registry(make_plugin_manager(entry_points=False))
+    assert {kind: sorted(names) for kind, names in BUILTIN_NAMES.items()} == {
+        kind: sorted(built.names(kind)) for kind in built.kinds()
+    }
+    assert listed_names("selector") == BUILTIN_NAMES["selector"]  # no entry-point plugin in the test environment
+
+
+def test_a_part_name_while_parsing_is_left_to_the_registry_when_an_entry_point_plugin_is_on(monkeypatch):
+    import importlib.metadata
+
+    from refusion.plugins import manager
+
+    class Dist:
+        metadata = {"Name": "refusion-extra"}
+        entry_points = [importlib.metadata.EntryPoint("extra", "refusion_extra", manager.ENTRY_POINT_GROUP)]
+
+    monkeypatch.setattr(importlib.metadata, "distributions", lambda: [Dist()])
+    assert manager.listed_names("selector") is None  # its selectors are known only once it is imported
+    monkeypatch.setenv(manager.DISABLE_ENV, "extra")
+    assert manager.listed_names("selector") == manager.BUILTIN_NAMES["selector"]

@@ -81,6 +81,20 @@ def test_the_checkpoint_generation_config_sets_the_defaults():
     assert (spec.gen_length, spec.max_denoising_steps, spec.selector.params["entropy_bound"]) == (32, 8, 0.1)
 
 
+def test_naming_the_family_preset_takes_the_checkpoint_generation_defaults_as_no_preset_does():
+    from refusion.api import decoder_spec
+
+    named, default = decoder_spec(model(), preset="diffusion-gemma"), decoder_spec(model())
+    registered = refusion.PRESETS["diffusion-gemma"]
+    assert (registered.gen_length, registered.max_denoising_steps) != (default.gen_length, default.max_denoising_steps)
+    assert named == default
+    assert decoder_spec(model(), preset="diffusion-gemma", max_denoising_steps=3).max_denoising_steps == 3
+    call = next(c for c in GOLDEN["calls"] if c["dtype"] == "float32" and not c["kwargs"])
+    plain = refusion.generate(call["prompt_ids"], model(), seed=call["seed"])
+    chosen = refusion.generate(call["prompt_ids"], model(), seed=call["seed"], preset="diffusion-gemma")
+    assert (chosen.tokens.tolist(), chosen.forwards) == (plain.tokens.tolist(), plain.forwards)
+
+
 def test_tokens_are_sealed_canvas_by_canvas():
     call = next(c for c in GOLDEN["calls"] if c["case"] == "three-canvases" and c["dtype"] == "float32")
     result, _ = decode(call, record=True)

@@ -4,15 +4,16 @@ import inspect
 import json
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
 
 from refusion.config import DecoderSpec
 from refusion.decoding.decoder import Decoder
-from refusion.errors import ConfigError, PluginError, RegistrationError, UnknownNameError
+from refusion.errors import ConfigError, PluginError, RefusionWarning, RegistrationError, UnknownNameError
 from refusion.plugins import hookspecs
-from refusion.plugins.manager import DEFAULT_PLUGINS, hookimpl, make_plugin_manager
+from refusion.plugins.manager import DEFAULT_PLUGINS, DISABLE_ENV, hookimpl, make_plugin_manager
 from refusion.plugins.registry import HOOKS, Registry, registry, reset_registry
 from refusion.strategies.base import SlotSelector
 from tests.support.helpers import tiny
@@ -190,13 +191,73 @@ def test_entry_point_plugins_are_loaded_with_their_distribution(tmp_path, monkey
     assert entry.plugin == "fake"
 
 
-def test_an_entry_point_that_fails_to_import_names_plugin_and_distribution(tmp_path, monkeypatch):
-    _fake_distribution(tmp_path, monkeypatch, "raise ImportError('missing dependency xyz')\n")
-    with pytest.raises(PluginError) as err:
-        make_plugin_manager(entry_points=True)
-    assert "Plugin 'fake'" in str(err.value) and "refusion-fake 1.2.3" in str(err.value)
-    assert "missing dependency xyz" in str(err.value)
-    assert err.value.plugin == "fake"
+BROKEN = "raise ImportError('missing dependency xyz')\n"
+FIRST = """
+from refusion.plugins import hookimpl
+from refusion.strategies.selectors.leftmost import Leftmost
+
+class First(Leftmost):
+    name = "first"
+
+@hookimpl
+def register_selectors(register):
+    register(First)
+"""
+
+
+def test_an_entry_point_that_fails_to_import_is_skipped_with_a_warning_naming_it_and_how_to_disable_it(
+    tmp_path, monkeypatch
+):
+    _fake_distribution(tmp_path, monkeypatch, BROKEN)
+    with pytest.warns(RefusionWarning) as caught:
+        reg = Registry(make_plugin_manager(entry_points=True))
+    (warning,) = [w for w in caught if "it is skipped" in str(w.message)]
+    message = str(warning.message)
+    assert (
+        message.startswith("Plugin 'fake'") and "refusion-fake 1.2.3" in message and "missing dependency xyz" in message
+    )
+    assert f"{DISABLE_ENV}=fake" in message and warning.filename == __file__
+    assert reg.get("selector", "threshold") is not None and not reg.pm.has_plugin("fake")
+    assert set(reg.pm.failures) == {"fake"}
+
+
+def test_the_shipped_model_loads_and_decodes_beside_a_plugin_that_fails_to_import(tmp_path, monkeypatch):
+    _fake_distribution(tmp_path, monkeypatch, BROKEN)
+    with pytest.warns(RefusionWarning, match="Plugin 'fake' .* failed to import"):
+        reset_registry(Registry(make_plugin_manager(entry_points=True)))
+    import refusion
+
+    assert refusion.generate("rev abc=").text == "cba"
+
+
+def test_asking_for_a_part_only_the_failing_plugin_provides_fails_with_its_import_error(tmp_path, monkeypatch):
+    _fake_distribution(tmp_path, monkeypatch, BROKEN)
+    with pytest.warns(RefusionWarning):
+        reset_registry(Registry(make_plugin_manager(entry_points=True)))
+    with pytest.raises(UnknownNameError) as err:
+        Decoder.from_names(selector="first")
+    message = str(err.value)
+    assert "Unknown selector 'first'" in message and "threshold" in message  # the known names, as before
+    assert "plugin 'fake'" in message and "refusion-fake 1.2.3" in message and "missing dependency xyz" in message
+    assert isinstance(err.value.__cause__, ImportError) and err.value.param == "selector"
+
+
+@pytest.mark.parametrize("setting", ["fake", "refusion_fake", "Refusion-Fake", "other, fake", "all", "*"])
+def test_the_environment_variable_disables_entry_point_plugins_by_name_distribution_or_all(
+    tmp_path, monkeypatch, setting
+):
+    _fake_distribution(tmp_path, monkeypatch, BROKEN)
+    monkeypatch.setenv(DISABLE_ENV, setting)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a disabled plugin is not even imported: no warning
+        pm = make_plugin_manager(entry_points=True)
+    assert not pm.failures and not pm.has_plugin("fake")
+
+
+def test_a_plugin_the_environment_variable_does_not_name_stays_on(tmp_path, monkeypatch):
+    _fake_distribution(tmp_path, monkeypatch, FIRST)
+    monkeypatch.setenv(DISABLE_ENV, "another-plugin,other-dist")
+    assert Registry(make_plugin_manager(entry_points=True)).entry("selector", "first").plugin == "fake"
 
 
 def test_build_accepts_names_classes_instances_and_import_paths():
@@ -253,3 +314,45 @@ def test_two_distributions_with_the_same_entry_point_name_are_refused(tmp_path, 
     monkeypatch.syspath_prepend(str(other))
     with pytest.raises(PluginError, match="Entry point name 'fake' .* is already taken"):
         make_plugin_manager(entry_points=True)
+
+
+def test_a_part_registered_in_process_decodes_by_name_as_its_class_does():
+    import refusion
+    from refusion.strategies.selectors.topk import TopKConfidence
+
+    @refusion.register
+    class TopTwo(TopKConfidence):
+        name = "top-two"
+
+    assert registry().entry("selector", "top-two").source == "local"
+    by_name = refusion.generate("rev hello=", selector="top-two", k=2)
+    by_class = refusion.generate("rev hello=", selector=TopKConfidence(k=2))
+    assert by_name.tokens.tolist() == by_class.tokens.tolist()
+
+
+def test_registering_in_process_is_checked_like_any_plugin_and_replaces_only_on_request():
+    import refusion
+    from refusion.strategies.selectors.leftmost import Leftmost
+
+    class NotAPart:
+        name = "nothing"
+
+    class Again(Leftmost):
+        name = "threshold"
+
+    with pytest.raises(RegistrationError, match="subclasses none of refusion's part interfaces"):
+        refusion.register(NotAPart)
+    with pytest.raises(RegistrationError, match="does not implement: select"):
+        refusion.register(type("Abstract", (SlotSelector,), {"name": "abstract"}))
+    with pytest.raises(RegistrationError, match="'threshold' is registered twice"):
+        refusion.register(Again, replace=True)  # a built-in is never replaced
+
+    first = refusion.register(type("Mine", (Leftmost,), {"name": "mine"}))
+    second = type("Mine", (Leftmost,), {"name": "mine"})  # a notebook cell run again
+    with pytest.raises(RegistrationError, match="'mine' is registered twice"):
+        refusion.register(second)
+    assert registry().get("selector", "mine") is first
+    assert refusion.register(replace=True)(second) is second and registry().get("selector", "mine") is second
+    with pytest.raises(RegistrationError, match="does not implement"):  # a refused replacement keeps the earlier
+        refusion.register(type("Mine", (SlotSelector,), {"name": "mine"}), replace=True)
+    assert registry().get("selector", "mine") is second

@@ -152,18 +152,14 @@ class ModelFamily(ABC):
 
     def tokenizer(self, path: str) -> Any:
         """The checkpoint's tokenizer without its code; ``None`` (with a warning) when it cannot be read so."""
-        import warnings
-
-        from refusion.errors import RefusionWarning
+        from refusion.errors import warn_caller
 
         try:
             return load_tokenizer(path, fallback=self.tokenizer_class)
         except (OSError, ValueError) as exc:
-            warnings.warn(
+            warn_caller(
                 f"`model` {path!r}: its tokenizer could not be loaded without running its code ({exc}); "
-                "prompts must be token ids, or pass `tokenizer=`.",
-                RefusionWarning,
-                stacklevel=4,
+                "prompts must be token ids, or pass `tokenizer=`."
             )
             return None
 

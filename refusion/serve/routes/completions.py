@@ -105,13 +105,16 @@ async def answer(request: Request, schema: Any, endpoint: str) -> Any:
             raise server.unavailable(str(exc), "shutting_down") from None
         raise plan.config_error(exc) from None
     server.metrics.prompt_tokens.inc(len(plan.prompt_ids))
+    length = {responses.MAX_TOKENS_HEADER: str(plan.gen_length)}
     if body.stream:
         return StreamingResponse(
             stream(server, live, body, endpoint),
             media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **length},
         )
-    return await whole(server, live, request, endpoint)
+    response = await whole(server, live, request, endpoint)
+    response.headers.update(length)
+    return response
 
 
 async def whole(server: ServerState, live: LiveRequest, request: Request, endpoint: str) -> JSONResponse:
@@ -141,6 +144,8 @@ async def whole(server: ServerState, live: LiveRequest, request: Request, endpoi
             len(live.plan.prompt_ids),
             last.tokens,
             last.forwards,
+            live.plan.gen_length,
+            live.plan.note,
         )
     )
 
@@ -174,7 +179,9 @@ async def stream(server: ServerState, live: LiveRequest, body: Any, endpoint: st
             reason = piece.finish_reason
             if piece.text or steps:
                 yield responses.sse(responses.chunk(ident, name, chat, piece.text, extra=steps))
-            final = {"refusion": responses.refusion_info(piece.tokens, piece.forwards)}
+            final = {
+                "refusion": responses.refusion_info(piece.tokens, piece.forwards, live.plan.gen_length, live.plan.note)
+            }
             yield responses.sse(responses.chunk(ident, name, chat, None, reason, extra=final))
             if body.stream_options is not None and body.stream_options.include_usage:
                 yield responses.sse(

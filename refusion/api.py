@@ -114,6 +114,9 @@ def generate(
                 f"Give `gen_length` ({gen_length}) or `max_new_tokens` ({params['max_new_tokens']}), not both."
             )
         gen_length = params["max_new_tokens"]
+    adapter = call_model(adapter, preset, params)
+    if gen_length is not None:  # a peer function that reads it (LLaDA 2.x caps its steps by it) sees it too
+        params["gen_length"] = gen_length
     decoder, default_length = build_decoder(
         adapter,
         preset=preset,
@@ -144,6 +147,23 @@ def generate(
 
         write_trace(results, trace, tokenizer=adapter.tokenizer, decoder=decoder)
     return results
+
+
+def call_model(adapter: ModelAdapter, preset: str | DecoderSpec | None, params: dict[str, Any]) -> ModelAdapter:
+    """The model a peer preset's call runs on: the loaded one, with what the call's arguments set on the model
+    itself (LLaDA 2.x's ``mask_id``, ``eos_id``, ``block_length``:
+    :attr:`~refusion.peers.base.PeerFunction.model_for`)."""
+    if isinstance(preset, DecoderSpec):
+        chosen: DecoderSpec | None = preset
+    elif preset is not None:
+        chosen = get_preset(preset)
+    else:
+        chosen = getattr(adapter, "preset", None)
+    if chosen is None or chosen.peer is None:
+        return adapter
+    from refusion.peers import peer_function
+
+    return peer_function(chosen.peer).model(params, adapter)
 
 
 def fit_default_length(decoder: Decoder, adapter: ModelAdapter, prompts: list[Any], wanted: int) -> int:

@@ -165,7 +165,7 @@ def check_part(part: Any, *, trials: int = 6, seed: int = 0) -> None:
 def check_result(result: Any, model: ModelAdapter) -> None:
     """Completeness invariants of a :class:`~refusion.decoding.types.DecodeResult` (decoded with ``record=True``)."""
     tokens = result.tokens
-    g = result.partition.gen_length
+    g = result.partition.answer_length or result.partition.gen_length  # a region padded past the answer is cut
     assert 1 <= len(tokens) <= g, f"{len(tokens)} tokens for a region of {g}"
     assert not bool((tokens == model.mask_token_id).any()), "a mask token was left in the output"
     assert bool((result.commit_step[: len(tokens)] >= 0).all()), "a position before the end was never committed"

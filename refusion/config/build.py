@@ -6,8 +6,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from refusion.errors import ConfigError
+from refusion.plugins.registry import PART_KINDS
 
-PART_KINDS = ("partitioner", "selector", "infiller", "reorderer", "reviser")
+__all__ = ["PART_KINDS", "build_part", "class_path", "part_class", "part_parameters"]
 
 
 def class_path(cls: Any) -> str:

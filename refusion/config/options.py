@@ -5,7 +5,13 @@ file may give it and the check a :class:`~refusion.decoding.decoder.Decoder`
 runs when it is built. ``Decoder``'s fields, ``DecoderSpec``'s fields, the
 spec format's field names and its type checks all come from :data:`OPTIONS`
 (:func:`decoder_option`, :func:`spec_option`); adding an option is one entry
-here plus one annotated line in each of the two classes.
+here plus one annotated line in each of the two classes, and its name in
+:data:`refusion.plugins.hookspecs.DECODER_NAMES` (checked on import): a name
+belongs to the decoder or to parts, never both, so no part may declare it.
+
+What only one part reads is that part's parameter, not an option here: the
+canvas-denoising loop's settings are the ``denoise`` infiller's
+(:class:`~refusion.strategies.infillers.denoise.Denoise`).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import Any
 import attrs
 
 from refusion.errors import ConfigError, bad_value
+from refusion.plugins.hookspecs import DECODER_NAMES
 from refusion.validators import check_boolean, is_integer, is_number
 
 
@@ -49,29 +56,6 @@ def _cfg_scale(value: Any) -> None:
         )
 
 
-def _max_denoising_steps(value: Any) -> None:
-    if not is_integer(value) or value < 1:
-        raise bad_value("max_denoising_steps", value, "an integer >= 1")
-
-
-def _temperature_end(name: str) -> Callable[[Any], None]:
-    def check(value: Any) -> None:
-        if not is_number(value) or not value >= 0:
-            raise bad_value(name, value, "a finite number >= 0")
-
-    return check
-
-
-def _stability_threshold(value: Any) -> None:
-    if not is_integer(value) or value < 0:
-        raise bad_value("stability_threshold", value, "an integer >= 0 (0: every canvas counts as stable)")
-
-
-def _confidence_threshold(value: Any) -> None:
-    if not is_number(value) or not value > 0:
-        raise bad_value("confidence_threshold", value, "a finite number > 0 (mean entropy in nats)")
-
-
 @attrs.frozen
 class Option:
     """One decoder option: ``name``, ``default``, the ``types`` a decoder file may hold for it and ``check``
@@ -103,53 +87,18 @@ OPTIONS: tuple[Option, ...] = (
         lambda v: check_boolean("batch_invariant", v),
         "each prompt's tokens identical alone and in any batch, in every dtype",
     ),
-    # -- the canvas-denoising loop (models with `capabilities.denoiser`, e.g. DiffusionGemma) --------------------
-    Option(
-        "max_denoising_steps",
-        48,
-        (int,),
-        _max_denoising_steps,
-        "canvas-denoising models: denoiser passes per canvas at most (the temperature schedule's length)",
-    ),
-    Option("t_min", 0.4, (int, float), _temperature_end("t_min"), "canvas-denoising models: last step's temperature"),
-    Option("t_max", 0.8, (int, float), _temperature_end("t_max"), "canvas-denoising models: first step's temperature"),
-    Option(
-        "stability_threshold",
-        1,
-        (int,),
-        _stability_threshold,
-        "canvas-denoising models: a canvas stops once its argmax held for this many earlier steps ...",
-    ),
-    Option(
-        "confidence_threshold",
-        0.005,
-        (int, float),
-        _confidence_threshold,
-        "... and its mean entropy (nats, at the step's temperature) is below this",
-    ),
-    Option(
-        "renoise",
-        True,
-        (bool,),
-        lambda v: check_boolean("renoise", v),
-        "canvas-denoising models: positions not accepted become fresh noise (False: keep their last token)",
-    ),
-)
-
-#: the options of the canvas-denoising loop (they change nothing for plan-and-infill decoding)
-DENOISING_OPTIONS: tuple[str, ...] = (
-    "max_denoising_steps",
-    "t_min",
-    "t_max",
-    "stability_threshold",
-    "confidence_threshold",
-    "renoise",
 )
 
 #: the options by name
 BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 #: the decoder's own options, besides its parts and sampler (``Decoder`` and ``DecoderSpec`` fields of these names)
 DECODER_OPTIONS: tuple[str, ...] = tuple(BY_NAME)
+
+if not set(DECODER_OPTIONS) <= set(DECODER_NAMES):  # one owner per name: no part may declare a decoder option
+    raise RuntimeError(
+        f"decoder options {sorted(set(DECODER_OPTIONS) - set(DECODER_NAMES))} are missing from "
+        "refusion.plugins.hookspecs.DECODER_NAMES (the names no part may declare)"
+    )
 
 
 def decoder_option(name: str) -> Any:

@@ -227,6 +227,7 @@ DEFINITIONS: dict[str, dict] = {
             temperature=0.0,
             precision="float32",
             stop_at_eos=False,
+            ties="model-block",
         ),
         partitioner="semi-ar",
         selector="threshold",
@@ -239,11 +240,12 @@ DEFINITIONS: dict[str, dict] = {
         "model's `canvas_length` from uniform noise; per step (`max_denoising_steps` 48 at most) a denoiser pass, "
         "the linear temperature `t_max` 0.8 -> `t_min` 0.4, a draw per position, the entropy-bound rule accepts "
         "(`entropy_bound` 0.1), the rest re-noised; a canvas stops when stable (`stability_threshold` 1) and "
-        "confident (`confidence_threshold` 0.005); the canvas's argmax is sealed; stops after the canvas with an EOS",
+        "confident (`confidence_threshold` 0.005); the canvas's argmax is sealed; stops after the canvas with an EOS "
+        "(the denoising options are the `denoise` infiller's)",
         gen_length=256,
         params=dict(entropy_bound=0.1),
         selector="entropy-bound",
-        infiller="draft",
+        infiller="denoise",
         reorderer="no-cache",
         peer="diffusion_gemma.generate",
     ),

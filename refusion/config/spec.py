@@ -46,6 +46,19 @@ FORMAT = "refusion.decoder/1"
 MAX_SPEC_BYTES = 16 * 2**20
 #: fields of the JSON format besides the parts
 SPEC_FIELDS = ("format", "description", "gen_length", "peer", "sampler", *DECODER_OPTIONS)
+#: part parameters that mean one thing to every part declaring them (the model's block), so a flat one goes to each;
+#: any other flat parameter declared by parts of two kinds must be named with its part (``"selector.x"``)
+SHARED_PART_PARAMS = ("block_length",)
+#: fields the format had before the canvas-denoising options moved to the ``denoise`` infiller, with their defaults
+#: (read back from earlier files: onto that infiller, or dropped where they hold the defaults)
+MOVED_TO_DENOISE = {
+    "max_denoising_steps": 48,
+    "t_min": 0.4,
+    "t_max": 0.8,
+    "stability_threshold": 1,
+    "confidence_threshold": 0.005,
+    "renoise": True,
+}
 
 
 def _frozen(params: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -199,12 +212,6 @@ class DecoderSpec:
     cfg_scale: float = spec_option("cfg_scale")
     calls_per_token: int = spec_option("calls_per_token")
     batch_invariant: bool = spec_option("batch_invariant")
-    max_denoising_steps: int = spec_option("max_denoising_steps")
-    t_min: float = spec_option("t_min")
-    t_max: float = spec_option("t_max")
-    stability_threshold: int = spec_option("stability_threshold")
-    confidence_threshold: float = spec_option("confidence_threshold")
-    renoise: bool = spec_option("renoise")
     gen_length: int | None = None
     description: str = ""
     peer: str | None = None
@@ -306,6 +313,13 @@ class DecoderSpec:
                 parts[kind][field] = value
             else:
                 owners = [kind for kind in PART_KINDS if key in declared[kind]]
+                if len(owners) > 1 and key not in SHARED_PART_PARAMS:
+                    named = " and ".join(f"{kind} {getattr(self, kind).name!r}" for kind in owners)
+                    raise ConfigError(
+                        f"`{key}` is a parameter of {named}, which read it differently: name the part it is for "
+                        f"({' or '.join(f'`{kind}.{key}`' for kind in owners)}).",
+                        param=key,
+                    )
                 if not owners:
                     listing = "; ".join(
                         f"{kind} {getattr(self, kind).name!r}: {', '.join(sorted(declared[kind])) or 'none'}"
@@ -416,6 +430,7 @@ class DecoderSpec:
         ):
             return cls._from_earlier(data, where)
         data.setdefault("format", FORMAT)  # a spec written by hand may leave it out
+        moved = {name: data.pop(name) for name in MOVED_TO_DENOISE if name in data}
         if data["format"] != FORMAT:
             raise ConfigError(f"{where}: field `format` must be {FORMAT!r}; got {data['format']!r}.", param="format")
         unknown = sorted(set(data) - set(SPEC_FIELDS) - set(PART_KINDS))
@@ -450,7 +465,7 @@ class DecoderSpec:
         for name in ("description", "gen_length", "peer", *DECODER_OPTIONS):
             if name in data:
                 fields[name] = data[name]
-        return _checked_fields(cls(**fields), where)
+        return _checked_fields(_moved_to_denoise(cls(**fields), moved, where), where)
 
     @classmethod
     def _from_earlier(cls, data: dict[str, Any], where: str) -> DecoderSpec:
@@ -488,11 +503,12 @@ class DecoderSpec:
                     f"{where}: field `sample` must be 'greedy' or an object; got {sample!r:.80}.", param="sample"
                 )
             _check_sampler_params(sampler, where)
+            moved = {name: data.pop(name) for name in MOVED_TO_DENOISE if name in data}
             known = set(DECODER_OPTIONS)
             unknown = sorted(set(data) - known)
             if unknown:
                 raise ConfigError(f"{where}: unknown field(s) {', '.join(unknown)}.", param=unknown[0])
-            return _checked_fields(cls(**parts, sampler=sampler, **data), where)
+            return _checked_fields(_moved_to_denoise(cls(**parts, sampler=sampler, **data), moved, where), where)
         allowed = {"description", "gen_length", "params", "peer", *PART_KINDS}
         unknown = sorted(set(data) - allowed)
         if unknown:
@@ -566,6 +582,27 @@ def _check_part_params(kind: str, part: PartSpec, where: str) -> PartSpec:
             param=field,
         )
     return part
+
+
+def _moved_to_denoise(spec: DecoderSpec, moved: Mapping[str, Any], where: str) -> DecoderSpec:
+    """A spec written before the canvas-denoising options moved from the decoder to the ``denoise`` infiller: the
+    values go onto that infiller (an earlier ``draft`` infiller with any of them changed from its default was the
+    diffusion-gemma preset's, so it becomes ``denoise``); left at their defaults they changed nothing elsewhere
+    and are dropped; changed on a spec with another infiller they are refused, naming the field."""
+    if not moved:
+        return spec
+    if spec.infiller.name == "denoise":
+        return attrs.evolve(spec, infiller=PartSpec("denoise", {**moved, **spec.infiller.params}))
+    changed = [name for name, value in moved.items() if value != MOVED_TO_DENOISE[name]]
+    if not changed:
+        return spec
+    if spec.infiller.name == "draft" and not spec.infiller.params:
+        return attrs.evolve(spec, infiller=PartSpec("denoise", moved))
+    raise ConfigError(
+        f"{where}: field `{changed[0]}` is no longer a decoder field: it is a parameter of the `denoise` infiller "
+        f"(canvas-denoising models; see docs/migration.md), and this spec's infiller is {spec.infiller.name!r}.",
+        param=changed[0],
+    )
 
 
 def _check_sampler_params(sampler: SamplerSpec, where: str) -> None:

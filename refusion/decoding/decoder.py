@@ -101,20 +101,6 @@ class Decoder:
     seed: int = decoder_option("seed")
     cfg_scale: float = decoder_option("cfg_scale")
     batch_invariant: bool = decoder_option("batch_invariant")
-    max_denoising_steps: int = decoder_option("max_denoising_steps")
-    t_min: float = decoder_option("t_min")
-    t_max: float = decoder_option("t_max")
-    stability_threshold: int = decoder_option("stability_threshold")
-    confidence_threshold: float = decoder_option("confidence_threshold")
-    renoise: bool = decoder_option("renoise")
-
-    def __attrs_post_init__(self) -> None:
-        if not self.t_max > self.t_min:
-            raise ConfigError(
-                f"`t_max` ({self.t_max}) must be greater than `t_min` ({self.t_min}): the denoising temperature "
-                "falls from t_max at a canvas's first step to t_min at its last.",
-                param="t_max",
-            )
 
     @classmethod
     def from_names(
@@ -232,8 +218,15 @@ class Decoder:
             )
 
     def _check_denoiser(self, model: ModelAdapter) -> None:
-        """A canvas-denoising model decodes with the selector and the denoising options only
+        """A canvas-denoising model decodes with the selector and the ``denoise`` infiller's options only
         (:mod:`refusion.decoding.denoising`): refuse what it cannot honour."""
+        if getattr(self.infiller, "requires", {}).get("denoiser") is not True:
+            raise ConfigError(
+                f"infiller {self.infiller.name!r}: {type(model).__name__} denoises whole canvases; the loop's "
+                "options (max_denoising_steps, t_min, t_max, stability_threshold, confidence_threshold, renoise) "
+                "are the 'denoise' infiller's: use infiller 'denoise' (the diffusion-gemma preset's).",
+                param="infiller",
+            )
         if self.reviser.revises:
             raise ConfigError(
                 f"reviser {self.reviser.name!r}: {type(model).__name__} re-decides every position of its canvas at "
@@ -397,10 +390,12 @@ def presets_for(model: ModelAdapter) -> list[str]:
 @functools.lru_cache(maxsize=1024)
 def canvas_partition(canvas_length: int, prompt_length: int, gen_length: int) -> Partition:
     """A canvas-denoising model's partition: ``gen_length`` rounded up to whole canvases of ``canvas_length``
-    from the region's start, one length-1 slot per position, one serial block per canvas."""
+    from the region's start, one length-1 slot per position, one serial block per canvas; the answer is the
+    whole canvases, as transformers' ``generate`` returns them."""
     from refusion.strategies.partitioners.semi_ar import SemiAutoregressive
 
-    return SemiAutoregressive(block_length=canvas_length, pad=True).partition_after(prompt_length, gen_length)
+    padded = SemiAutoregressive(block_length=canvas_length, pad=True).partition_after(prompt_length, gen_length)
+    return attrs.evolve(padded, answer_length=None)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -8,7 +8,8 @@ a serial block of the partition):
 1. the encoder appends the pending tokens (the prompt, then the previous
    canvas) to the context;
 2. the canvas starts as uniformly random tokens (there is no mask token);
-3. per step, ``max_denoising_steps`` at most, with the step counted down
+3. per step, ``max_denoising_steps`` at most (the options are the decoder's
+   ``denoise`` infiller's: :class:`~refusion.strategies.infillers.denoise.Denoise`), with the step counted down
    from ``max_denoising_steps`` to 1: one denoiser pass (with the previous
    step's logits as self-conditioning); the logits divided by the linear
    temperature ``t_min + (t_max - t_min) * step / max_denoising_steps``; a
@@ -39,7 +40,7 @@ import torch
 
 from refusion.decoding.checks import checked_selection, checks_answers
 from refusion.decoding.protocol import Denoise, Encode, Selection
-from refusion.decoding.types import DecodeResult, IterationRecord, KVBytes, Partition, Plan
+from refusion.decoding.types import DecodeResult, IterationRecord, KVBytes, Partition, Plan, answer_end
 from refusion.models.denoiser import CanvasDenoiserLM
 from refusion.strategies.selectors.entropy_bound import token_entropy
 
@@ -149,16 +150,17 @@ class DenoisingSession:
         """Denoise one canvas to its stop; returns the argmax canvas of the last step (1-D, on the host).
         ``since``: (clock, forwards, fed entries) where the canvas's first record starts (before its encoding)."""
         d, model, g = self.decoder, self.model, self.generator
+        o = d.infiller  # the `denoise` infiller: the loop's options
         length, vocab, device = model.canvas_length, model.vocab_size, model.device
         canvas = torch.randint(0, vocab, (1, length), generator=g, device=device)[0]
         conditioning = None
-        stop = StableAndConfident(d.stability_threshold, d.confidence_threshold)
+        stop = StableAndConfident(o.stability_threshold, o.confidence_threshold)
         positions = torch.arange(length) + self.prompt_len + slots[0].offset
         argmax = canvas
-        for step in reversed(range(1, d.max_denoising_steps + 1)):
+        for step in reversed(range(1, o.max_denoising_steps + 1)):
             started, forwards, logged = since
             (logits,) = yield Denoise(canvas, conditioning)
-            logits = logits / temperature(step, d.t_min, d.t_max, d.max_denoising_steps, device)
+            logits = logits / temperature(step, o.t_min, o.t_max, o.max_denoising_steps, device)
             probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
             drawn = torch.multinomial(probs, num_samples=1, generator=g).squeeze(-1)
             argmax = torch.argmax(logits, dim=-1)
@@ -168,7 +170,7 @@ class DenoisingSession:
             accepted = torch.zeros(length, dtype=torch.bool, device=device)
             accepted[list(chosen)] = True
             canvas = torch.where(accepted, drawn, canvas)
-            if d.renoise:
+            if o.renoise:
                 noise = torch.randint(0, vocab, (1, length), generator=g, device=device)[0]
                 canvas = torch.where(accepted, canvas, noise)
             finished = stop(argmax, logits)
@@ -204,7 +206,7 @@ class DenoisingSession:
         return self.eos_offset is not None
 
     def _result(self) -> DecodeResult:
-        end = self.partition.gen_length if self.eos_offset is None else self.eos_offset + 1
+        end, stopped = answer_end(self.partition, self.eos_offset)
         counters = self.state.counters
         return DecodeResult(
             tokens=self.tokens[:end].clone(),
@@ -212,7 +214,7 @@ class DenoisingSession:
             partition=self.partition,
             commit_step=self.commit_step,
             forwards=self.forwards,
-            stopped_at_eos=self.eos_offset is not None,
+            stopped_at_eos=stopped,
             num_iterations=len(self.committed),
             iterations=tuple(self.records),
             region_tokens=[int(t) if s >= 0 else -1 for t, s in zip(self.tokens.tolist(), self.commit_step.tolist())],

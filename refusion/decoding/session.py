@@ -41,6 +41,7 @@ from refusion.decoding.types import (
     KVBytes,
     Partition,
     Plan,
+    answer_end,
 )
 from refusion.dtypes import reduction_dtype
 from refusion.models.base import ModelAdapter
@@ -599,7 +600,7 @@ class DecodeSession:
         if self.eos_offset is None and self.model.eos_token_ids:  # stop_at_eos off: cut at the first EOS now
             hits = torch.isin(self.tokens, torch.tensor(sorted(self.model.eos_token_ids))).nonzero()
             self.eos_offset = int(hits[0]) if len(hits) else None
-        end = self.partition.gen_length if self.eos_offset is None else self.eos_offset + 1
+        end, stopped = answer_end(self.partition, self.eos_offset)
         if bool((self.commit_step[:end] < 0).any()):  # pragma: no cover - guarded by the checks above
             raise RuntimeError("internal error: a position before the end of the answer was never committed")
         counters = self.state.counters
@@ -609,7 +610,7 @@ class DecodeSession:
             partition=self.partition,
             commit_step=self.commit_step,
             forwards=self.forwards,
-            stopped_at_eos=self.eos_offset is not None,
+            stopped_at_eos=stopped,
             num_iterations=len(self.committed),
             iterations=tuple(self.records),
             region_tokens=[int(t) if s >= 0 else -1 for t, s in zip(self.tokens.tolist(), self.commit_step.tolist())],

@@ -47,11 +47,28 @@ class Partition:
     ``slots`` cover ``0:gen_length`` exactly once, in position order;
     ``blocks[b]`` lists the indices of the slots of block ``b``. Blocks are
     decoded left to right, the slots inside a block in any order.
+    ``answer_length``: where the answer ends when the region was padded past
+    it (a partitioner decoding the model's whole last block, as SDAR and
+    LLaDA 2.x do): the padding is decoded, never returned
+    (:func:`answer_end`); ``None``: the whole region is the answer.
     """
 
     gen_length: int
     slots: tuple[Slot, ...]
     blocks: tuple[tuple[int, ...], ...]
+    answer_length: int | None = None
+
+
+def answer_end(partition: Partition, eos_offset: int | None) -> tuple[int, bool]:
+    """``(end, stopped_at_eos)``: where a decode's answer ends in its generation region, the one length rule of
+    every decoder. The answer is the region's first ``partition.answer_length`` positions (the whole region when
+    none is set), cut after the first EOS (``eos_offset``, a region offset, or ``None``) when that EOS lies inside
+    it: the peers' own cut, ``x[:, prompt_length : prompt_length + gen_length]`` then the first EOS, however far
+    their decode padded the region to the model's block grid."""
+    length = partition.gen_length if partition.answer_length is None else partition.answer_length
+    if eos_offset is not None and eos_offset < length:
+        return eos_offset + 1, True
+    return length, False
 
 
 class Drafts:

@@ -102,6 +102,22 @@ class ModelAdapter(ABC):
     def device(self) -> torch.device:
         """Device the model's inputs must live on."""
 
+    def with_ids(self, *, mask_token_id: int | None = None, eos_token_ids: Any = None) -> ModelAdapter:
+        """This adapter (the same network, tokenizer and counters' kind) with another mask id and/or EOS ids:
+        what a peer's call sets when it passes its own (LLaDA 2.x's ``mask_id``, ``eos_id``). ``None`` keeps the
+        adapter's; ids outside the vocabulary are a :class:`~refusion.errors.ConfigError` naming the field."""
+        import copy
+
+        from refusion.validators import check_integer
+
+        twin = copy.copy(self)
+        if mask_token_id is not None:
+            twin.mask_token_id = check_integer("mask_token_id", mask_token_id, 0, self.vocab_size - 1)
+        if eos_token_ids is not None:
+            ids = [eos_token_ids] if not isinstance(eos_token_ids, (list, tuple, set, frozenset)) else eos_token_ids
+            twin.eos_token_ids = frozenset(check_integer("eos_token_id", i, 0, self.vocab_size - 1) for i in ids)
+        return twin
+
     @abstractmethod
     def new_cache(self) -> Any:
         """An empty key/value cache for one sequence (a transformers ``Cache``)."""

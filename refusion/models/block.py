@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import attrs
 import torch
 
 from refusion.errors import bad_value
@@ -72,6 +73,21 @@ class HFBlockDiffusionLM(HFCausalLM):
         self.block_length = block_length
         self.layout = layout
         self.capabilities = ModelCapabilities(causal=False, logit_shift=0, kv_cache=True, block_length=block_length)
+
+    def with_block_length(self, block_length: int) -> HFBlockDiffusionLM:
+        """The same network attending in blocks of ``block_length`` (shared weights, tokenizer and ids): what a
+        peer's call sets when its code builds the attention mask from its own ``block_length`` (LLaDA 2.x's
+        ``generate``). Returns ``self`` when the length is already the adapter's."""
+        import copy
+
+        if not is_integer(block_length) or block_length < 1:
+            raise bad_value("block_length", block_length, "an integer >= 1")
+        if block_length == self.block_length:
+            return self
+        twin = copy.copy(self)
+        twin.block_length = block_length
+        twin.capabilities = attrs.evolve(self.capabilities, block_length=block_length)
+        return twin
 
     def block_start(self, position: int, prompt_length: int) -> int:
         """The first position of the model block that holds ``position``."""

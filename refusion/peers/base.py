@@ -44,6 +44,16 @@ class PeerFunction:
     translate: Callable[[Mapping[str, Any], Any], PeerCall] = attrs.field(repr=False)
     #: model capabilities the function's models have (``{"denoiser": True}``: DiffusionGemma's only)
     requires: Mapping[str, Any] = attrs.field(factory=dict)
+    #: ``model_for(args, model) -> model``: the model the call runs on, for arguments the authors' code applies to
+    #: the model itself (LLaDA 2.x's ``mask_id``, ``eos_id``, and ``block_length``, from which it builds the
+    #: attention mask); :func:`refusion.generate` decodes on it. ``None``: the model as loaded.
+    model_for: Callable[[Mapping[str, Any], Any], Any] | None = attrs.field(default=None, repr=False)
+
+    def model(self, args: Mapping[str, Any], model: Any) -> Any:
+        """The model a call with ``args`` runs on (see :attr:`model_for`); ``model`` itself when none applies."""
+        if self.model_for is None or model is None:
+            return model
+        return self.model_for(args, model)
 
 
 def refuse(function: str, arg: str, value: Any, why: str) -> ConfigError:

@@ -16,6 +16,28 @@ hookspec = pluggy.HookspecMarker("refusion")
 
 Register = Callable[[type], type]
 
+#: names a part's parameters may not take: the decoder's own (its options, its sampler and the sampler's
+#: parameters, its length, description and peer function). A flat parameter of one of these names always goes to
+#: the decoder (:meth:`~refusion.config.spec.DecoderSpec.with_params`), so a part declaring one would never get it
+#: by that name: the registry refuses such a part when it is registered. ``refusion.config.options`` defines the
+#: options and checks, when it is imported, that each is listed here.
+DECODER_NAMES: tuple[str, ...] = (
+    "engine",
+    "seed",
+    "stop_at_eos",
+    "cfg_scale",
+    "calls_per_token",
+    "batch_invariant",
+    "sample",
+    "sampler",
+    "temperature",
+    "top_k",
+    "top_p",
+    "gen_length",
+    "description",
+    "peer",
+)
+
 
 @hookspec
 def register_partitioners(register: Register) -> None:

@@ -47,6 +47,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "refusion.strategies.infillers.parallel_ar",
     "refusion.strategies.infillers.greedy_verify",
     "refusion.strategies.infillers.draft",
+    "refusion.strategies.infillers.denoise",
     "refusion.strategies.reorderers.commit_order",
     "refusion.strategies.reorderers.reencode",
     "refusion.strategies.reorderers.fast_dllm",

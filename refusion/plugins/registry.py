@@ -14,6 +14,7 @@ from typing import Any
 import attrs
 
 from refusion.errors import ConfigError, PluginError, RegistrationError, unknown_name
+from refusion.plugins.hookspecs import DECODER_NAMES
 from refusion.plugins.manager import PluginManager, make_plugin_manager
 from refusion.validators import finite_fields
 
@@ -35,6 +36,9 @@ def _interfaces() -> dict[str, type]:
         "engine": Engine,
     }
 
+
+#: the kinds of decoding parts (their parameters are routed by name: see :data:`DECODER_NAMES`)
+PART_KINDS = ("partitioner", "selector", "infiller", "reorderer", "reviser")
 
 #: Kind of part -> the hook that registers it.
 HOOKS = {
@@ -148,13 +152,22 @@ class Registry:
         name = cls.__dict__.get("name")
         if not isinstance(name, str) or not name:
             raise RegistrationError(f"{where} registered {cls.__name__} without a `name` class attribute of its own.")
+        entry = Registration(kind, name, cls, plugin, source)
+        if kind in PART_KINDS:
+            taken = [p for p in entry.parameters() if p in DECODER_NAMES]
+            if taken:
+                raise RegistrationError(
+                    f"{where} registered {kind} {name!r} with parameter `{taken[0]}`, a name the decoder owns "
+                    f"({', '.join(DECODER_NAMES)}): a value given as `{taken[0]}` goes to the decoder and could never "
+                    "reach the part. Rename the parameter."
+                )
         existing = self._entries[kind].get(name)
         if existing is not None:
             raise RegistrationError(
                 f"{kind} name {name!r} is registered twice: by {existing.cls.__module__}.{existing.cls.__qualname__} "
                 f"(plugin {existing.plugin!r}) and by {cls.__module__}.{cls.__qualname__} ({where})."
             )
-        self._entries[kind][name] = Registration(kind, name, cls, plugin, source)
+        self._entries[kind][name] = entry
 
     # -- look-up -------------------------------------------------------------
     def kinds(self) -> tuple[str, ...]:

@@ -22,12 +22,6 @@ OPTION_VALUES = {
     "cfg_scale": 0.0,
     "calls_per_token": 5,
     "batch_invariant": True,
-    "max_denoising_steps": 5,
-    "t_min": 0.3,
-    "t_max": 0.9,
-    "stability_threshold": 2,
-    "confidence_threshold": 0.01,
-    "renoise": False,
 }
 #: each registered sampler with its parameters set
 SAMPLER_VALUES = {

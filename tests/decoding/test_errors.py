@@ -74,7 +74,7 @@ def test_a_model_without_a_mask_token_is_refused():
 
 def test_unknown_strategy_name():
     with pytest.raises(
-        UnknownNameError, match="Unknown infiller 'fast'. Known infillers: draft, greedy-verify, parallel-ar"
+        UnknownNameError, match="Unknown infiller 'fast'. Known infillers: denoise, draft, greedy-verify, parallel-ar"
     ):
         Decoder.from_names(infiller="fast")
 

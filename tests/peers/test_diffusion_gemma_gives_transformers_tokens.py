@@ -78,7 +78,11 @@ def test_a_batch_gives_each_prompt_its_tokens_alone():
 
 def test_the_checkpoint_generation_config_sets_the_defaults():
     spec = model().preset
-    assert (spec.gen_length, spec.max_denoising_steps, spec.selector.params["entropy_bound"]) == (32, 8, 0.1)
+    assert (spec.gen_length, spec.infiller.params["max_denoising_steps"], spec.selector.params["entropy_bound"]) == (
+        32,
+        8,
+        0.1,
+    )
 
 
 def test_naming_the_family_preset_takes_the_checkpoint_generation_defaults_as_no_preset_does():

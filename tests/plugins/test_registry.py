@@ -46,7 +46,7 @@ def test_builtins_are_registered_under_their_names():
         "entropy-bound",
         "llada2-steps",
     }
-    assert set(reg.names("infiller")) == {"parallel-ar", "greedy-verify", "draft"}
+    assert set(reg.names("infiller")) == {"parallel-ar", "greedy-verify", "draft", "denoise"}
     assert reg.names("reviser") == ("none", "wino", "editing")
     assert set(reg.names("reorderer")) == {"commit-order", "reencode", "no-cache", "prefix-cache", "dual-cache"}
     assert reg.names("partitioner") == ("fixed", "semi-ar")
@@ -296,7 +296,7 @@ def test_cli_lists_plugins_as_json(capsys):
     names = {(r["kind"], r["name"]) for r in rows}
     assert ("selector", "threshold") in names and ("model_adapter", "hf-causal") in names
     threshold = next(r for r in rows if r["name"] == "threshold")
-    assert threshold["parameters"] == {"slot_threshold": 0.9, "inclusive": False, "ties": "lowest"}
+    assert threshold["parameters"] == {"slot_threshold": 0.9, "inclusive": False, "ties": "lowest", "block_length": 0}
     assert threshold["source"] == "built-in"
 
 

@@ -11,7 +11,10 @@ from refusion.testing import check_part
 @pytest.mark.parametrize("kind", ["partitioner", "selector", "infiller", "reorderer"])
 def test_builtins_pass_the_conformance_check(kind):
     for name in registry().names(kind):
-        check_part(registry().build(kind, name), trials=3)
+        part = registry().build(kind, name)
+        if getattr(part, "requires", {}).get("denoiser"):  # canvas-denoising models only: tests/peers decode them
+            continue
+        check_part(part, trials=3)
 
 
 @attrs.frozen

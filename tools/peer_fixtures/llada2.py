@@ -73,6 +73,112 @@ CASES = (
     (2, 19, 0.9, 0.6, 8, {"temperature": 1.2, "top_p": 0.9, "seed": 3}),
 )
 
+#: later cases, each the authors' call as a researcher writes it (every keyword passed as given, the prompt's bos
+#: included): prompt + gen_length off the block grid (the authors decode the padded last block and return
+#: `x[:, :prompt_length + gen_length]`), `minimal_topk`, more steps than the block, `eos_early_stop`, another
+#: `block_length` than the loaded model's, sampling with `top_p` (exact ties between confidences); appended after
+#: the cases above so that their indices stay (cpu.json)
+EXTRA_20 = (
+    dict(prompt=0, seed=0, gen_length=10, steps=8, threshold=0.95),
+    dict(prompt=1, seed=6, gen_length=12, steps=4, threshold=0.9, temperature=0.8, top_k=5),
+    dict(prompt=2, seed=0, gen_length=20, steps=8, threshold=0.3, eos_id=2),
+    dict(prompt=1, seed=0, gen_length=16, steps=8, threshold=0.95, minimal_topk=4),
+    dict(prompt=0, seed=0, gen_length=13, steps=12, threshold=0.95),
+    dict(prompt=0, seed=0, gen_length=30, block_length=16, minimal_topk=2, steps=32, threshold=0.95),
+    dict(prompt=0, seed=0, gen_length=13, steps=8, threshold=0.95, eos_id=7, eos_early_stop=True),
+    dict(
+        prompt=0,
+        seed=0,
+        gen_length=30,
+        block_length=16,
+        minimal_topk=2,
+        steps=32,
+        threshold=0.95,
+        eos_id=7,
+        eos_early_stop=True,
+    ),
+    dict(prompt=1, seed=8, gen_length=14, steps=8, threshold=1.0, temperature=0.8, top_p=0.9),
+)
+EXTRA_21 = (
+    dict(prompt=0, seed=0, gen_length=10, threshold=0.95, editing_threshold=0.9, max_post_steps=16),
+    dict(prompt=2, seed=0, gen_length=9, threshold=0.5, editing_threshold=0.5, max_post_steps=4),
+    dict(
+        prompt=1,
+        seed=4,
+        gen_length=12,
+        threshold=0.7,
+        editing_threshold=0.6,
+        max_post_steps=8,
+        temperature=1.0,
+        top_p=0.9,
+    ),
+    dict(
+        prompt=0,
+        seed=5,
+        gen_length=20,
+        threshold=0.8,
+        editing_threshold=0.7,
+        max_post_steps=8,
+        temperature=1.0,
+        top_p=0.9,
+    ),
+    dict(
+        prompt=2,
+        seed=6,
+        gen_length=15,
+        threshold=0.9,
+        editing_threshold=0.9,
+        max_post_steps=16,
+        temperature=1.0,
+        top_p=0.9,
+    ),
+    dict(
+        prompt=1,
+        seed=0,
+        gen_length=21,
+        threshold=0.95,
+        editing_threshold=0.9,
+        max_post_steps=16,
+        eos_id=13,
+        eos_early_stop=True,
+    ),
+    dict(
+        prompt=0,
+        seed=0,
+        gen_length=30,
+        block_length=16,
+        minimal_topk=2,
+        steps=32,
+        threshold=0.95,
+        editing_threshold=0.9,
+        max_post_steps=16,
+        eos_id=7,
+        eos_early_stop=True,
+    ),
+    # threshold 1.0: no mask is ever above it, so each step falls back to torch.topk over the block, where the
+    # top_p filter leaves many confidences exactly 1.0 (ties broken by the authors' topk, not by position)
+    dict(
+        prompt=0,
+        seed=5,
+        gen_length=14,
+        threshold=1.0,
+        editing_threshold=0.9,
+        max_post_steps=4,
+        temperature=0.8,
+        top_p=0.9,
+    ),
+    dict(
+        prompt=0,
+        seed=12,
+        gen_length=14,
+        threshold=1.0,
+        editing_threshold=0.9,
+        max_post_steps=4,
+        temperature=0.8,
+        top_p=0.9,
+    ),
+)
+
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -183,6 +289,7 @@ def generate_all(out: str, classes) -> list:
 
     model, forwards = counting(classes["llada21"][1].from_pretrained(out, torch_dtype=torch.bfloat16).eval())
     calls = generate_20(out, classes)
+    model_20, forwards_20 = counting(classes["llada2"][1].from_pretrained(out, torch_dtype=torch.bfloat16).eval())
     for prompt_index, gen_length, threshold, editing, post, *more in CASES:
         extra = dict(more[0]) if more else {}
         eos_id = extra.pop("eos_id", EOS)
@@ -224,7 +331,47 @@ def generate_all(out: str, classes) -> list:
                 forwards=forwards[0],
             )
         )
+    for function, model_, forwards_, cases in (
+        ("llada2.generate", model_20, forwards_20, EXTRA_20),
+        ("llada21.generate", model, forwards, EXTRA_21),
+    ):
+        for case in cases:
+            calls.append(authors_call(function, model_, forwards_, dict(case)))
     return calls
+
+
+def authors_call(function: str, model, forwards, case: dict) -> dict:
+    """One call of the authors' ``generate`` with the case's keywords as given (``mask_id=3``, the fixture's),
+    greedy unless a temperature is given, after ``torch.manual_seed(seed)``. LLaDA 2.0's ``eos_early_stop`` path
+    returns the prompt too (``x[:, :eos_pos + 1]``): the record's ``tokens`` are the answer after it, and
+    ``returned_prompt`` says so."""
+    import torch
+    from pf_tokenizer import BOS, EOS, MASK, encode_chars
+
+    prompt_index, seed = case.pop("prompt"), case.pop("seed")
+    ids = [BOS, *encode_chars(PROMPTS[prompt_index])]
+    kwargs = dict(block_length=BLOCK, eos_id=EOS)  # the authors' default eos_id (156892) is outside this vocabulary
+    kwargs.update(case)
+    forwards[0] = 0
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), mask_id=MASK, **kwargs)[0].tolist()
+    returned_prompt = bool(
+        kwargs.get("eos_early_stop") and len(out) > len(ids) and out[: len(ids)] == ids and out[-1] == kwargs["eos_id"]
+    )
+    record = dict(
+        function=function,
+        dtype="bfloat16",
+        prompt=PROMPTS[prompt_index],
+        prompt_ids=ids,
+        seed=seed,
+        kwargs=dict(mask_id=MASK, **kwargs),
+        tokens=out[len(ids) :] if returned_prompt else out,
+        forwards=forwards[0],
+    )
+    if returned_prompt:
+        record["returned_prompt"] = True
+    return record
 
 
 def counting(model):

@@ -626,6 +626,30 @@ class SDAR(Family):
                 )
         return out
 
+    def extra_calls(self):
+        """``low_confidence_dynamic`` at ``confidence_threshold`` 0.5 (not SDAR's default 0.85: the value must
+        reach the strategy), prompt + gen_length on and off the block grid, in every dtype; after the calls
+        above so that their indices stay (cpu.json)."""
+        out = []
+        for dtype in self.dtypes:
+            for p in range(3):
+                for gen_length in ({0: 15, 1: 16, 2: 13}[p], {0: 16, 1: 13, 2: 16}[p]):
+                    args = dict(
+                        mask_id=MASK,
+                        gen_length=gen_length,
+                        block_length=4,
+                        denoising_steps=4,
+                        temperature=1.0,
+                        top_k=0,
+                        top_p=1.0,
+                        remasking_strategy="low_confidence_dynamic",
+                        confidence_threshold=0.5,
+                        stopping_criteria_idx=None,
+                    )
+                    note = f"dynamic at 0.5; prompt + gen_length = {len(prompts()[p]) + gen_length}"
+                    out.append(Call("sdar.block_diffusion_generate", p, args, 0, True, note, dtype))
+        return out
+
     def run(self, model, call, prompt):
         x = self.gen.block_diffusion_generate(model, {"input_ids": prompt}, **call.args)
         P = prompt.shape[1]

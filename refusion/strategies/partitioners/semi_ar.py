@@ -31,11 +31,12 @@ class SemiAutoregressive(SlotPartitioner):
 
     ``pad=True`` decodes whole blocks: when the answer ends inside a block,
     the region grows to that block's end (the partition's ``gen_length`` is
-    then larger than asked). With ``align="absolute"`` (the ``sdar``
-    preset) that is SDAR's ``block_diffusion_generate``: the last block is
-    decoded with all of its positions masked, and its tokens are the
-    answer's end; with ``align="region"`` the answer is a whole number of
-    blocks, as DiffusionGemma's canvases.
+    then larger than asked, its ``answer_length`` the length asked). With
+    ``align="absolute"`` (the ``sdar``, ``llada2`` and ``llada2.1`` presets)
+    that is SDAR's ``block_diffusion_generate`` and LLaDA 2.x's ``generate``:
+    the last block is decoded with all of its positions masked (the padding
+    takes part in the block's decisions) and the answer is cut at the length
+    asked, as LLaDA 2.x's ``x[:, :prompt_length + gen_length]``.
     """
 
     name = "semi-ar"
@@ -72,7 +73,7 @@ class SemiAutoregressive(SlotPartitioner):
 
     def partition_after(self, prompt_length: int, gen_length: int) -> Partition:
         check_gen_length(gen_length)
-        gen_length = self.padded_length(prompt_length, gen_length)
+        asked, gen_length = gen_length, self.padded_length(prompt_length, gen_length)
         first = self.block_length
         if self.align == "absolute" and prompt_length % self.block_length:
             first = self.block_length - prompt_length % self.block_length
@@ -83,7 +84,7 @@ class SemiAutoregressive(SlotPartitioner):
             block = slots_of(offset, end - offset, self.slot_size, len(slots), b)
             blocks.append(tuple(s.index for s in block))
             slots.extend(block)
-        return Partition(gen_length, tuple(slots), tuple(blocks))
+        return Partition(gen_length, tuple(slots), tuple(blocks), asked if gen_length != asked else None)
 
 
 @hookimpl

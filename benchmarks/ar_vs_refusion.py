@@ -27,7 +27,8 @@ from common import fmt_ratio, fmt_spread, greedy_loop, header, hf_generate, inte
 
 from refusion.api import load_model
 from refusion.decoding.decoder import Decoder
-from refusion.engines import drive, open_engine
+from refusion.decoding.loop import drive
+from refusion.engines import open_engine
 from refusion.training.tasks import held_out, is_correct
 
 GEN_LENGTH = 32
@@ -76,7 +77,7 @@ def main(argv=None) -> int:
             if columnar:  # the public path: the whole-batch loop where the composition has one
                 return decoder.decode(adapter, prompt, GEN_LENGTH, engine=engine)
             session = decoder.start(adapter, engine, decoder.prepare(adapter, prompt, GEN_LENGTH))
-            return drive(engine, [session], columnar=False)[0]  # the per-sequence program
+            return drive(engine, [session], batched=False)[0]  # the per-sequence program
 
         def run():
             results = [one(p) for p in prompts]
@@ -89,7 +90,7 @@ def main(argv=None) -> int:
         competitors[name] = ours(Decoder.from_names(serial_num_blocks=1, **params))
     preset = next(iter(CONFIGS))
     competitors["  the same, per-sequence program"] = ours(
-        Decoder.from_names(serial_num_blocks=1, **CONFIGS[preset]), columnar=False
+        Decoder.from_names(serial_num_blocks=1, **CONFIGS[preset]), batched=False
     )
     print(header())
     print(f"# {len(examples)} held-out examples, gen_length {GEN_LENGTH}, batch 1, {args.rounds} rounds interleaved")

@@ -28,11 +28,12 @@ from refusion.models.tiny import tiny_qwen3
 
 def programs(decoder, adapter, prompts, gen_length) -> list:
     """``decode_batch`` with every row run as its per-sequence program (no whole-batch loop, no records)."""
-    from refusion.engines import drive, open_engine
+    from refusion.decoding.loop import drive
+    from refusion.engines import open_engine
 
     engine = open_engine(adapter, decoder, None)
     prepared = [decoder.prepare(adapter, p, gen_length) for p in prompts]
-    return drive(engine, [decoder.start(adapter, engine, p) for p in prepared], columnar=False)
+    return drive(engine, [decoder.start(adapter, engine, p) for p in prepared], batched=False)
 
 
 def race(network, adapter, decoder, prompts, padded, gen_length, mask) -> dict:

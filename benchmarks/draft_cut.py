@@ -3,7 +3,7 @@
 Run:  python benchmarks/draft_cut.py [--models 20m,100m] [--gen 64] [--batches 1,8,32] [--rounds 4]
 
 Random weights (built in code, vocabulary 32,000, no EOS) make guesses that are never right: every guess the
-whole-batch lossless loop feeds costs network time for nothing. ``LosslessColumns.min_draft_probability`` feeds a
+whole-batch lossless loop feeds costs network time for nothing. ``Lossless.min_draft_probability`` feeds a
 guess only while it is that likely under the prediction that made it; this benchmark runs the ``ar`` composition
 (slot 8) with the floor at 0 (every guess the acceptance-adaptive sizing allows is fed) and at its default, and
 ``generate``, interleaved round by round in one process, 1 torch thread. Reported per batch: CPU seconds (median
@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import fmt_ratio, fmt_spread, header, hf_generate, interleave, random_qwen3
 
-from refusion.decoding.columnar import LosslessColumns
 from refusion.decoding.decoder import Decoder
+from refusion.decoding.forms.lossless import Lossless as LosslessColumns
 from refusion.decoding.scores import Scores
 from refusion.models.hf import HFCausalLM
 

@@ -39,9 +39,10 @@ from typing import Any
 import attrs
 
 from refusion.decoding.decoder import Decoder, Prepared, with_text
+from refusion.decoding.loop import DecodeLoop
 from refusion.decoding.session import DecodeSession
 from refusion.decoding.types import DecodeResult, IterationRecord
-from refusion.engines import Runner, engine_class, open_engine
+from refusion.engines import engine_class, open_engine
 from refusion.engines.choose import check_invariance
 from refusion.errors import CallbackError, ConfigError, QueueFull, StalledError
 from refusion.validators import check_boolean, check_integer
@@ -272,7 +273,7 @@ class Generator:
         self.max_rows = max_rows
         self.max_tokens = max_tokens
         self.engine = open_engine(self.model, decoder, engine, prefix_cache=prefix_cache, kv_memory=kv_memory)
-        self._runner = Runner(self.engine)
+        self._runner = DecodeLoop(self.engine)
         self._ids = itertools.count()
         self._waiting: deque[Request] = deque()
         self._running: dict[int, Request] = {}  # id(session) -> request
@@ -394,11 +395,10 @@ class Generator:
             try:
                 self._cancel_requested(events)
                 self._admit(events)
-                if self._runner:
+                if len(self._runner):
                     try:
                         finished = self._runner.step()
-                    except Exception as error:  # the runner freed every live sequence: fail their requests only
-                        self._runner.failures.extend((r.session, error) for r in self._running.values())
+                    except Exception:  # the loop failed every live row with the step's error: their requests only
                         self._failed(events)
                         return events
                     for session, result in finished:
@@ -577,13 +577,18 @@ class Generator:
             self._work.notify_all()
 
     def _loop(self) -> None:
+        from refusion.decoding.forms.program import contained
+
         while True:
             with self._lock:
                 while not self._closing and not self._waiting and not self._running:
                     self._work.wait()
                 if self._closing and not self._running and not self._waiting:
                     return
-            self.step()
+            try:
+                self.step()
+            except BaseException as error:  # nothing a request's code raises ends this thread: its requests fail
+                self._fail_running(contained(error), [])
 
     def close(self, *, drain: bool = True, timeout: float | None = None) -> None:
         """Take no new requests; finish the queued and live ones (``drain``) or cancel them, stop the thread."""

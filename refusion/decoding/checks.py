@@ -59,6 +59,11 @@ def plugin_error(part: Any, message: str) -> PluginError:
     return PluginError(f"{describe(part)} {message}", plugin=getattr(part, "name", None), source=type(part).__module__)
 
 
+#: what a part may raise that the decoder turns into a PluginError naming it (a plugin's ``sys.exit()`` or
+#: ``KeyboardInterrupt`` ends its own request, never the decoding thread that ran it)
+PART_FAILURES = (Exception, SystemExit, KeyboardInterrupt)
+
+
 def guarded(check: Any) -> Any:
     """Make a ``checked_*(part, ...)`` function turn anything unexpected that reading the part's answer raises
     (a lazy sequence that fails, an attribute that is missing) into a PluginError naming the part."""
@@ -69,7 +74,7 @@ def guarded(check: Any) -> Any:
             return check(part, *args)
         except RefusionError:
             raise
-        except Exception as exc:
+        except PART_FAILURES as exc:
             raise plugin_error(
                 part, f"returned a malformed answer: reading it raised {type(exc).__name__}: {exc}"
             ) from exc
@@ -91,12 +96,13 @@ def integer_tensor(part: Any, value: Any, what: str) -> torch.Tensor:
 
 
 def call_part(part: Any, method: Any, *args: Any) -> Any:
-    """Call a part's method; anything it raises (other than a refusion error) becomes a PluginError naming it."""
+    """Call a part's method; anything it raises (other than a refusion error; ``SystemExit`` and
+    ``KeyboardInterrupt`` included) becomes a PluginError naming it."""
     try:
         return method(*args)
     except RefusionError:
         raise
-    except Exception as exc:
+    except PART_FAILURES as exc:
         raise plugin_error(part, f"raised {type(exc).__name__}: {exc}") from exc
 
 
@@ -271,7 +277,7 @@ def bounded(
         return stop.value
     except PluginError:
         raise
-    except Exception as exc:
+    except PART_FAILURES as exc:
         raise plugin_error(infiller, f"raised {type(exc).__name__}: {exc}") from exc
 
 

@@ -347,7 +347,8 @@ class Decoder:
         ``engine`` (name, class or live instance) overrides the decoder's;
         ``record`` keeps each result's iteration records (``DecodeResult.iterations``).
         """
-        from refusion.engines import drive, open_engine
+        from refusion.decoding.loop import drive
+        from refusion.engines import open_engine
 
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not len(prompts):
             raise ConfigError("`prompts` must be a non-empty list of token-id sequences.", param="prompts")

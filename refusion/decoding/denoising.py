@@ -120,7 +120,7 @@ class DenoisingSession:
 
     def run(self) -> DecodeResult:
         """Run :meth:`program` to the end on the session's engine."""
-        from refusion.engines import drive
+        from refusion.decoding.loop import drive
 
         return drive(self.engine, [self])[0]
 

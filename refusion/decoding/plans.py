@@ -49,12 +49,14 @@ def _rows(plans: Sequence[Plan]) -> Sequence[Plan]:
 class Plans:
     """One plan per row; stacked views of their slot scores (computed on first use, once).
 
-    ``stacked``: views already known (a whole-batch loop gives ``first_confidence`` and ``lengths`` from its
-    columns), read instead of stacking the rows' plans.
+    ``stacked``: views already known for every row (a batched form gives ``first_confidence`` and ``lengths`` from
+    its columns), read instead of stacking the rows' plans; ``known``: per view, each row's values where known
+    (``None`` where the row's plan must give them), so that a selector reading only those makes no plan.
     """
 
     plans: Sequence[Plan] = attrs.field(converter=_rows)
     stacked: Mapping[str, torch.Tensor] = attrs.field(factory=dict)
+    known: Mapping[str, Sequence[torch.Tensor | None]] = attrs.field(factory=dict)
 
     def __len__(self) -> int:
         return len(self.plans)
@@ -81,9 +83,14 @@ class Plans:
         """``(rows, width)``: True where the row has a slot."""
         return torch.arange(self.width)[None, :] < self.lengths[:, None]
 
-    def stack(self, per_plan: Callable[[Plan], torch.Tensor], pad: float) -> torch.Tensor:
-        """``per_plan(plan)`` (one value per slot) of every row, as ``(rows, width)``, ``pad`` where no slot."""
-        values = [per_plan(p).reshape(-1) for p in self.plans]
+    def stack(self, per_plan: Callable[[Plan], torch.Tensor], pad: float, view: str | None = None) -> torch.Tensor:
+        """``per_plan(plan)`` (one value per slot) of every row, as ``(rows, width)``, ``pad`` where no slot (a row's
+        value of ``view`` taken from ``known`` where given)."""
+        known = self.known.get(view) if view is not None else None
+        values = []
+        for i in range(len(self.plans)):
+            value = known[i] if known is not None else None
+            values.append((value if value is not None else per_plan(self.plans[i])).reshape(-1))
         # compared in their own dtype, as each row would be (rows of different dtypes: the widest)
         dtype = functools.reduce(torch.promote_types, (v.dtype for v in values)) if values else torch.float32
         out = torch.full((len(values), self.width), pad, dtype=dtype)
@@ -96,7 +103,7 @@ class Plans:
         """Each slot's first-draft-token probability, ``(rows, width)``, ``-inf`` where no slot."""
         if "first_confidence" in self.stacked:
             return self.stacked["first_confidence"]
-        return self.stack(lambda p: p.first_confidence, float("-inf"))
+        return self.stack(lambda p: p.first_confidence, float("-inf"), "first_confidence")
 
     @functools.cached_property
     def first_margin(self) -> torch.Tensor:

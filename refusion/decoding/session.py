@@ -60,9 +60,6 @@ class DecodeSession:
     iteration committed are kept.
     """
 
-    #: a plan-and-infill decode: the runner may give its row to a whole-batch loop (:mod:`refusion.decoding.columnar`)
-    plan_and_infill = True
-
     def __init__(
         self,
         decoder: Any,
@@ -134,7 +131,7 @@ class DecodeSession:
 
     def run(self) -> DecodeResult:
         """Run :meth:`program` to the end on the session's engine."""
-        from refusion.engines import drive
+        from refusion.decoding.loop import drive
 
         return drive(self.engine, [self])[0]
 
@@ -576,13 +573,10 @@ class DecodeSession:
             self.open[c.slot.index] = False
         return editor
 
-    def settled(
-        self, order: torch.Tensor, encoded: int, forwards: int, fed_tokens: int, token_bytes: int
-    ) -> DecodeResult:
-        """A whole-batch loop (:mod:`refusion.decoding.columnar`) finished this session's row: its cache holds the
-        prompt, then the answer's region offsets ``order`` in commit order, the first ``encoded`` of them all with
-        keys/values; the loop's ``forwards`` and ``fed_tokens`` (``token_bytes`` each, written) join the counters.
-        Returns the result."""
+    def settled(self, order: torch.Tensor, encoded: int) -> DecodeResult:
+        """A batched form (:mod:`refusion.decoding.forms`) finished this session's row: its cache holds the prompt,
+        then the answer's region offsets ``order`` in commit order, the first ``encoded`` of them all with
+        keys/values (the forwards and tokens that served it are on its counters already). Returns the result."""
         cache = self.cache
         prompt = self.prompt_len
         cache.tokens = torch.cat((cache.tokens[:prompt], self.tokens[order]))
@@ -590,10 +584,6 @@ class DecodeSession:
         cache.encoded = encoded
         cache.chunks = [Chunk(0, encoded, 0)]
         cache.last_scores = None
-        counters = self.state.counters
-        counters.forwards += forwards
-        counters.fed_tokens += fed_tokens
-        counters.copied(new=fed_tokens * token_bytes)
         return self._result()
 
     def _result(self) -> DecodeResult:

@@ -2,6 +2,5 @@
 
 from refusion.engines.base import Engine, SequenceState
 from refusion.engines.choose import choose_engine, engine_class, open_engine
-from refusion.engines.driver import Runner, drive
 
-__all__ = ["Engine", "Runner", "SequenceState", "choose_engine", "drive", "engine_class", "open_engine"]
+__all__ = ["Engine", "SequenceState", "choose_engine", "engine_class", "open_engine"]

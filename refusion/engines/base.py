@@ -87,6 +87,13 @@ class Engine(ABC):
     priority: ClassVar[int] = 0
     #: whether one forward may hold several sequences' tokens (then batch-invariance tiles its linear layers)
     mixes_sequences: ClassVar[bool] = True
+    #: a trait: the engine lays calls out into a shared :class:`~refusion.engines.feed.Feed` (:meth:`lay_out`)
+    #: and runs it in one forward (:meth:`forward`), so batched forms can add their rows' tokens to the same forward
+    #: (:class:`~refusion.engines.paged.PagedEngine`); else the loop hands programs' calls to :meth:`run`
+    lays_out: ClassVar[bool] = False
+    #: a trait: every sequence's lane holds its encoded context in columns ``0:len``, in cache order, as a causal
+    #: chain, and tokens fed after it see it (the ``branch`` engine): causal batched forms run on it
+    causal_lanes: ClassVar[bool] = False
 
     def __init__(self, model: Any, *, batch_invariant: bool = False):
         from refusion.errors import ConfigError
@@ -130,6 +137,15 @@ class Engine(ABC):
         Must encode a sequence's pending context entries before (or together
         with) its extends, and must not change its committed context otherwise.
         """
+
+    def lay_out(self, state: SequenceState, call: ModelCall, feed: Any) -> Any:
+        """Engines that lay calls out (trait ``lays_out``): add ``call`` to ``feed`` and return what finishes it
+        once :meth:`forward` ran (see :class:`~refusion.engines.paged.PagedEngine`)."""
+        raise NotImplementedError(f"engine {self.name!r} runs calls (`run`); it lays nothing out")
+
+    def forward(self, feed: Any) -> Any:
+        """Engines that lay calls out (trait ``lays_out``): one forward over every token of ``feed``."""
+        raise NotImplementedError(f"engine {self.name!r} runs calls (`run`); it takes no feed")
 
     def guide(self, state: SequenceState, cfg_scale: float) -> None:
         """Apply classifier-free guidance with ``cfg_scale`` (> 0) to every call of ``state`` (LLaDA, Sec. 2.4).

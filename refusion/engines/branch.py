@@ -48,6 +48,7 @@ class BranchEngine(PagedEngine):
     name = "branch"
     priority = 20
     reuses_prefixes = True
+    causal_lanes = True
 
     @classmethod
     def unsupported(cls, model: Any) -> str | None:
@@ -134,74 +135,6 @@ class BranchEngine(PagedEngine):
             return tuple(outputs)
 
         return finish
-
-    # -- whole-batch loops -------------------------------------------------------------
-    def run_columns(self, states: list[BranchSequence], tokens: torch.Tensor, counts: torch.Tensor) -> Any:
-        """One packed forward for whole-batch decode loops (:mod:`refusion.decoding.columnar`).
-
-        Row ``i`` feeds ``tokens[i, :counts[i]]`` (host tensors: ids ``(rows, width)``, counts ``(rows,)``)
-        right after its cached entries, causally, at positions equal to their columns (a left-to-right cache:
-        entry ``j`` at position ``j``). Returns the :class:`~refusion.decoding.scores.Scores` of the packed
-        tokens, row after row. Nothing is committed: :meth:`keep_columns` says how many of each row's fed tokens
-        stay cached. Counts the forward in the engine's totals only (the loop counts its rows' own).
-        """
-        starts = np.array([state.table.length for state in states], dtype=np.int64)
-        fed = counts.numpy()
-        valid = np.arange(tokens.shape[1])[None, :] < fed[:, None]
-        row_of, local = np.nonzero(valid)
-        column = starts[row_of] + local
-        ids = tokens[torch.from_numpy(valid)]
-        return self.run_flat(states, ids, row_of, column, column, starts[row_of], starts)
-
-    def run_flat(
-        self,
-        states: list[BranchSequence],
-        ids: torch.Tensor,
-        row_of: np.ndarray,
-        positions: np.ndarray,
-        columns: np.ndarray,
-        lows: np.ndarray,
-        contexts: np.ndarray,
-    ) -> Any:
-        """One packed forward of whole-batch loops: token ``t`` (ids ``(T,)``, numpy arrays ``(T,)`` grouped by row,
-        rows in ``states`` order) belongs to row ``row_of[t]``, sits at ``positions[t]`` and is written at column
-        ``columns[t]`` of its sequence; it sees its row's first ``contexts[row]`` columns and the columns ``lows[t]
-        .. columns[t]``. Returns the :class:`~refusion.decoding.scores.Scores` of the tokens, in order. Lengths are
-        not changed (:meth:`hold_columns`); counts the forward in the engine's totals only.
-        """
-        feed = Feed()
-        ids_np = ids.numpy() if isinstance(ids, torch.Tensor) else np.asarray(ids)
-        spans: np.ndarray = np.zeros((len(row_of), 2, 2), dtype=np.int64)
-        spans[:, 0, 1] = contexts[row_of]
-        spans[:, 1, 0] = lows
-        spans[:, 1, 1] = columns + 1
-        bounds: np.ndarray = np.asarray(np.searchsorted(row_of, np.arange(len(states) + 1)))
-        for r, state in enumerate(states):
-            a, b = int(bounds[r]), int(bounds[r + 1])
-            lane = feed.lane(state, state.table)
-            if b > a:
-                feed.add(lane, ids_np[a:b], positions[a:b], columns[a:b], spans[a:b])
-        return self.forward(feed, count_rows=False)
-
-    def keep_columns(self, states: list[BranchSequence], kept: list[int]) -> None:
-        """After :meth:`run_columns`: the first ``kept[i]`` fed tokens of row ``i`` stay cached (the rest of what
-        it fed is dropped: a length change and its pages given back, no copy)."""
-        size = self.kv.page_size
-        for state, k in zip(states, kept):
-            table = state.table
-            table.length += k
-            if len(table.pages) * size >= table.length + size:  # a page past the kept columns
-                self.kvm.trim(table)
-        self._publish(states)
-
-    def hold_columns(self, states: list[BranchSequence], used: list[int]) -> None:
-        """Row ``i`` (``states`` order) uses its first ``used[i]`` columns: what lies there is kept (a loop's
-        uncommitted branches included); the pages past them are given back."""
-        for state, u in zip(states, used):
-            table = state.table
-            table.length = u
-            self.kvm.trim(table)
-        self._publish(states)
 
 
 def _widen(spans: np.ndarray, width: int) -> np.ndarray:

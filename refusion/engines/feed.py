@@ -90,6 +90,19 @@ class Feed:
         self.size += len(ids)
         return at
 
+    def checkpoint(self) -> tuple:
+        """A mark to :meth:`rollback` to (what a producer added after it is dropped, e.g. when it failed midway)."""
+        return (len(self.parts), len(self.writes), self.size, len(self.lanes), self._last_lane, set(self._closed))
+
+    def rollback(self, mark: tuple) -> None:
+        """Forget every run, write and lane added since :meth:`checkpoint` returned ``mark``."""
+        parts, writes, size, lanes, last, closed = mark
+        del self.parts[parts:], self.writes[writes:]
+        for _, table in self.lanes[lanes:]:
+            del self._index[id(table)]
+        del self.lanes[lanes:]
+        self.size, self._last_lane, self._closed = size, last, closed
+
     def write(self, lane: int, column: int, kv: Any) -> None:
         """Put ``kv`` ``(layers, 2, heads, n, dim)`` at columns ``column ..`` of lane ``lane`` before the forward."""
         self.writes.append((lane, column, kv))

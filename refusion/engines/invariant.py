@@ -171,11 +171,12 @@ class InvariantHead:
         temperature: float = 1.0,
         *,
         targets: torch.Tensor | None = None,
+        lse: bool = True,
     ):
         """``(tokens, best, lse[, picked])`` per row of ``hidden`` ``(n, d)``, as
-        :meth:`LMHead.stats <refusion.models.head.LMHead.stats>`."""
+        :meth:`LMHead.stats <refusion.models.head.LMHead.stats>` (``lse=False``: the log-sum-exp may be ``None``)."""
         if self.tile is None:
-            return self.head.stats(hidden, exclude, temperature, targets=targets, **self._options)
+            return self.head.stats(hidden, exclude, temperature, targets=targets, lse=lse, **self._options)
         wanted = None
         if targets is not None:
             wanted = torch.full(
@@ -190,13 +191,17 @@ class InvariantHead:
                     temperature,
                     **self._options,
                     targets=None if wanted is None else wanted[start : start + self.tile],
+                    lse=lse,
                 ),
                 stop - start,
             )
             for start, stop, tile in _rows(hidden, self.tile)
         ]
         width = len(parts[0][0])
-        return tuple(torch.cat([out[i][:count] for out, count in parts])[: hidden.shape[0]] for i in range(width))
+        return tuple(
+            None if parts[0][0][i] is None else torch.cat([out[i][:count] for out, count in parts])[: hidden.shape[0]]
+            for i in range(width)
+        )
 
     def token_logits(self, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """The logit of ``tokens[i]`` at row ``i`` (shape ``(n,)``)."""

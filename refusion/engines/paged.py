@@ -74,6 +74,7 @@ class PagedEngine(Engine):
 
     #: whether prompts' pages can be shared across sequences (their keys/values depend on the prompt only)
     reuses_prefixes = False
+    lays_out = True
 
     def __init__(
         self,
@@ -230,6 +231,26 @@ class PagedEngine(Engine):
         """Every block table ``state`` holds (its lane; a subclass adds guided or extra lanes)."""
         table = getattr(state, "table", None)
         return [] if table is None else [table]
+
+    def keep_columns(self, states: list[Any], kept: list[int]) -> None:
+        """After a forward of a batched form: the first ``kept[i]`` tokens row ``i`` fed after its context stay
+        cached (the rest of what it fed is dropped: a length change and its pages given back, no copy)."""
+        size = self.kv.page_size
+        for state, k in zip(states, kept):
+            table = state.table
+            table.length += k
+            if len(table.pages) * size >= table.length + size:  # a page past the kept columns
+                self.kvm.trim(table)
+        self._publish(states)
+
+    def hold_columns(self, states: list[Any], used: list[int]) -> None:
+        """Row ``i`` (``states`` order) uses its first ``used[i]`` columns: what lies there is kept (a loop's
+        uncommitted branches included); the pages past them are given back."""
+        for state, u in zip(states, used):
+            table = state.table
+            table.length = u
+            self.kvm.trim(table)
+        self._publish(states)
 
     # -- laying out and running ----------------------------------------------------------
     def lay_out(self, state: SequenceState, call: ModelCall, feed: Feed) -> Finisher:

@@ -29,11 +29,11 @@ The result of ``cpu()``/``numpy()``/``.to(<host device>)`` of device data is
 host data: counted once, returned untagged (an alias on the CPU, so a decode
 gives the same tokens measured or not).
 
-Reads are attributed to engine steps (:meth:`Runner.step
-<refusion.engines.driver.Runner.step>`) and to call sites (the first frame in
+Reads are attributed to engine steps (:meth:`DecodeLoop.step
+<refusion.decoding.loop.DecodeLoop.step>`) and to call sites (the first frame in
 refusion, plus the innermost frame when that is elsewhere, e.g. transformers).
 Only the thread that entered the context is observed; ``Engine.run_network`` and
-``Runner.step`` are wrapped on their classes for the context's duration.
+``DecodeLoop.step`` are wrapped on their classes for the context's duration.
 Limits: reads inside C++ that never reach Python (a tensor passed where a
 Python number is expected) are not seen; a device given as a string other
 than ``"cpu"`` is not followed.
@@ -360,12 +360,12 @@ class HostReads(PerStep, TorchFunctionMode):
             delattr(t, self._attr)
 
     def __enter__(self) -> HostReads:
+        from refusion.decoding.loop import DecodeLoop
         from refusion.engines.base import Engine
-        from refusion.engines.driver import Runner
 
         self._thread = threading.get_ident()
         probe = self
-        original_scores, original_step = Engine.run_network, Runner.step
+        original_scores, original_step = Engine.run_network, DecodeLoop.step
 
         def scores(engine, *args, **kwargs):
             if threading.get_ident() != probe._thread:
@@ -385,11 +385,11 @@ class HostReads(PerStep, TorchFunctionMode):
                 probe.steps.append(StepReads(live, probe._step_reads, probe._step_placed, probe._step_forwards))
 
         setattr(Engine, "run_network", scores)  # noqa: B010 - patched for the probe's lifetime, put back by _undo
-        setattr(Runner, "step", step)  # noqa: B010
+        setattr(DecodeLoop, "step", step)  # noqa: B010
 
         def restore() -> None:
             setattr(Engine, "run_network", original_scores)  # noqa: B010
-            setattr(Runner, "step", original_step)  # noqa: B010
+            setattr(DecodeLoop, "step", original_step)  # noqa: B010
 
         self._undo.append(restore)
         for module in _modules(self.model):

@@ -6,8 +6,8 @@ that makes the host wait warns: a copy between the device and pageable host
 memory in either direction (``item``, ``tolist``, ``cpu()``, ``bool()``,
 ``tensor.to("cuda")`` of host data), ops whose output size depends on the
 data (``nonzero``, boolean indexing, ...) and stream synchronisations. It
-counts those warnings per engine step (:meth:`Runner.step
-<refusion.engines.driver.Runner.step>`) and per call site. Where
+counts those warnings per engine step (:meth:`DecodeLoop.step
+<refusion.decoding.loop.DecodeLoop.step>`) and per call site. Where
 :class:`~refusion.measure.host_reads.HostReads` follows device data on the
 CPU and counts the reads a GPU would make, this counts what the GPU did,
 uploads of host data included. Needs CUDA; one context at a time, and it
@@ -75,11 +75,11 @@ class CudaSyncs(PerStep):
         return None
 
     def __enter__(self) -> CudaSyncs:
-        from refusion.engines.driver import Runner
+        from refusion.decoding.loop import DecodeLoop
 
         if not torch.cuda.is_available():
             raise RuntimeError("CudaSyncs counts CUDA synchronisations and needs CUDA")
-        probe, original_step = self, Runner.step
+        probe, original_step = self, DecodeLoop.step
 
         def step(runner, *args, **kwargs):
             if probe._in_step:
@@ -95,8 +95,8 @@ class CudaSyncs(PerStep):
         self._warnings.__enter__()
         warnings.filterwarnings("always", message=".*" + _MESSAGE)
         self._show, warnings.showwarning = warnings.showwarning, self._seen
-        setattr(Runner, "step", step)  # noqa: B010 (a method patched for the probe's lifetime)
-        self._undo.append(lambda: setattr(Runner, "step", original_step))
+        setattr(DecodeLoop, "step", step)  # noqa: B010 (a method patched for the probe's lifetime)
+        self._undo.append(lambda: setattr(DecodeLoop, "step", original_step))
         self._thread = threading.get_ident()
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("warn")

@@ -94,7 +94,7 @@ BUILTIN_NAMES: dict[str, tuple[str, ...]] = {
         "entropy-bound",
         "llada2-steps",
     ),
-    "infiller": ("parallel-ar", "greedy-verify", "draft"),
+    "infiller": ("parallel-ar", "greedy-verify", "draft", "denoise"),
     "reorderer": ("commit-order", "reencode", "prefix-cache", "dual-cache", "no-cache"),
     "reviser": ("none", "wino", "editing"),
     "model_adapter": ("hf-causal", "hf-mdm", "hf-block"),

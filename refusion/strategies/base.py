@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 from abc import ABC, abstractmethod
 from collections.abc import Generator, Mapping, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import attrs
 import torch
@@ -42,11 +42,24 @@ class Part(ABC):
     ``requires`` names model capabilities the part depends on, as
     :class:`~refusion.models.base.ModelCapabilities` field -> value (e.g.
     ``{"causal": True}``); the decoder refuses a model that lacks them.
+
+    ``traits`` are what a kind of part may declare about itself so that the decode loop can decide rows together
+    (:mod:`refusion.decoding.forms`): trait name -> ``(default, methods)``. A declared trait speaks for the methods
+    named beside it: a subclass that overrides one of them without declaring the trait again in its own class body
+    gets the default back (it runs per sequence until its author says otherwise). The loop never asks which class a
+    part is, only its traits.
     """
 
     name: ClassVar[str]
     kind: ClassVar[str]
     requires: ClassVar[dict[str, object]] = {}
+    traits: ClassVar[dict[str, tuple[Any, tuple[str, ...]]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for trait, (default, methods) in cls.traits.items():
+            if trait not in cls.__dict__ and any(method in cls.__dict__ for method in methods):
+                setattr(cls, trait, default)
 
 
 class SlotPartitioner(Part):
@@ -106,10 +119,14 @@ class SlotSelector(Part):
     """Chooses which drafted slots to infill in this iteration."""
 
     kind = "selector"
+    traits = {"leftmost_only": (False, ("candidates", "select", "choose"))}
 
     #: False when :meth:`select` never reads the plan's scores, tokens or confidences (then the
     #: decoder may skip the plan's forward when the infiller needs no drafts either).
     reads_scores: ClassVar[bool] = True
+    #: True when :meth:`candidates` is always 1, so every choice is the block's leftmost open slot (``leftmost``):
+    #: a batched infiller may then decide without a plan (a trait, see :class:`Part`)
+    leftmost_only: ClassVar[bool] = False
 
     @abstractmethod
     def select(self, plan: Plan) -> Sequence[int]:
@@ -203,9 +220,17 @@ def _id_tensor(ids: frozenset[int]) -> torch.Tensor:
 
 
 class Infiller(Part):
-    """Finishes chosen slots, verifying drafts with the model."""
+    """Finishes chosen slots, verifying drafts with the model.
+
+    ``batched`` (a trait, see :class:`Part`) names this infiller's batched form: a
+    :class:`~refusion.decoding.forms.base.BatchedForm` subclass (or its ``"module:Class"`` path) that decides the
+    rows of every decoder it accepts together, with tensor operations and one forward for all; ``None``: each row
+    runs :meth:`infill` as its own program (the per-sequence adapter, on the same forwards).
+    """
 
     kind = "infiller"
+    traits = {"batched": (None, ("infill", "needs_drafts"))}
+    batched: ClassVar[Any] = None
 
     @abstractmethod
     def infill(self, ctx: InfillContext, plan: Plan, chosen: tuple[int, ...]) -> InfillGenerator:
@@ -228,9 +253,16 @@ class Infiller(Part):
 
 
 class CacheReorderer(Part):
-    """Places committed slots into the context cache."""
+    """Places committed slots into the context cache.
+
+    ``commit_order`` (a trait, see :class:`Part`): True when :meth:`reorder` appends every commit with the
+    infiller's keys/values right after the context, in commit order, and :meth:`start_block` asks for nothing
+    (``commit-order``): a batched infiller may then keep the cache itself.
+    """
 
     kind = "reorderer"
+    traits = {"commit_order": (False, ("reorder", "start_block"))}
+    commit_order: ClassVar[bool] = False
 
     @abstractmethod
     def reorder(self, cache: CacheEditor, result: InfillResult) -> None:
@@ -317,6 +349,7 @@ class Reviser(Part):
     """
 
     kind = "reviser"
+    traits = {"revises": (True, ("revise",))}
     #: False only for ``none``: commits are sealed at once
     revises: ClassVar[bool] = True
     #: the plan's forward also runs a leave-one-out row per position of the open block (``Extend.verify``; the

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from refusion.decoding.columnar import whole_batch_loop
 from refusion.decoding.decoder import Decoder
+from refusion.decoding.forms import ProgramForm, form_for
 from refusion.engines import open_engine
 from refusion.generator import Generator
 from tests.support.helpers import tiny
@@ -29,7 +29,7 @@ COMPOSITIONS = {
 
 def _decoder(name: str, model) -> Decoder:
     decoder = Decoder.from_names(**COMPOSITIONS[name])
-    assert whole_batch_loop(decoder, open_engine(model, decoder, None), record=False) is not None
+    assert form_for(decoder, open_engine(model, decoder, None), record=False)[0] is not ProgramForm
     return decoder
 
 

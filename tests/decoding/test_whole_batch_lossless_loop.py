@@ -10,10 +10,12 @@ from hypothesis import strategies as st
 
 import refusion
 from refusion.api import build_decoder
-from refusion.decoding.columnar import columnar_reason
 from refusion.decoding.decoder import Decoder
+from refusion.decoding.forms import form_for
+from refusion.decoding.forms.lossless import Lossless
 from refusion.engines import open_engine
 from refusion.engines.branch import BranchEngine
+from refusion.strategies.infillers.greedy_verify import GreedyVerify
 from tests.support.helpers import decode_counting_loop_forwards, hf_greedy, tiny
 
 
@@ -68,7 +70,7 @@ def test_the_loop_gives_every_row_the_tokens_and_slots_of_its_program(
 def test_guesses_less_likely_than_the_floor_are_not_fed(monkeypatch, floor, guesses):
     """Above every prediction's probability, no guess is fed after the first step's masks: one token per row and
     forward, as AR decoding; at 0 the mask rows' guesses are fed. Tokens are greedy AR either way."""
-    from refusion.decoding.columnar import LosslessColumns
+    from refusion.decoding.forms.lossless import Lossless as LosslessColumns
 
     monkeypatch.setattr(LosslessColumns, "min_draft_probability", floor)
     model = tiny(seed=4)
@@ -100,9 +102,10 @@ def test_on_the_shipped_model_accepted_drafts_save_forwards():
 @pytest.mark.parametrize(
     "options, reason",
     [
-        (dict(selector="topk"), "leftmost + greedy-verify"),
-        (dict(infiller="parallel-ar"), "leftmost + greedy-verify"),
+        (dict(selector="topk"), "trait `leftmost_only`"),
+        (dict(infiller=GreedyVerify(adaptive=False)), "not adaptive"),
         (dict(stop_at_eos="block"), "stop_at_eos='block'"),
+        (dict(sampler="categorical", temperature=0.7), "draws at random"),
     ],
 )
 def test_other_compositions_run_as_programs(options, reason):
@@ -110,16 +113,16 @@ def test_other_compositions_run_as_programs(options, reason):
     parts = dict(selector="leftmost", infiller="greedy-verify", serial_num_blocks=1) | options
     decoder = Decoder.from_names(**parts)
     engine = open_engine(model, decoder, None)
-    assert reason in columnar_reason(decoder, engine, record=False)
+    assert reason in form_for(decoder, engine, record=False)[1]
 
 
-def test_records_and_batch_invariance_keep_the_programs():
+def test_records_keep_the_programs_and_batch_invariance_keeps_the_batched_form():
     model = tiny()
     decoder = Decoder.from_names(selector="leftmost", infiller="greedy-verify", serial_num_blocks=1)
-    assert columnar_reason(decoder, open_engine(model, decoder, None), record=False) is None
-    assert "records" in columnar_reason(decoder, open_engine(model, decoder, None), record=True)
+    assert form_for(decoder, open_engine(model, decoder, None), record=False) == (Lossless, None)
+    assert "records" in form_for(decoder, open_engine(model, decoder, None), record=True)[1]
     invariant = BranchEngine(model, batch_invariant=True)
-    assert "batch-variant" in columnar_reason(decoder, invariant, record=False)
+    assert form_for(decoder, invariant, record=False) == (Lossless, None)
     result = decoder.decode(model, [1, 2, 3], 6, record=True)
     assert len(result.iterations) == result.num_iterations > 0
     assert torch.equal(result.tokens, decoder.decode(model, [1, 2, 3], 6).tokens)

@@ -11,9 +11,11 @@ from hypothesis import strategies as st
 
 import refusion
 from refusion.api import build_decoder
-from refusion.decoding.columnar import parallel_reason, whole_batch_loop
 from refusion.decoding.decoder import Decoder
-from refusion.engines import drive, open_engine
+from refusion.decoding.forms import form_for
+from refusion.decoding.forms.plan_infill import PlanInfill
+from refusion.decoding.loop import drive
+from refusion.engines import open_engine
 from refusion.errors import PluginError
 from refusion.strategies.base import SlotSelector
 from tests.support.helpers import decode_counting_loop_forwards, tiny
@@ -129,7 +131,7 @@ def test_in_bfloat16_the_loop_gives_the_programs_tokens(seed):
 def test_the_shipped_models_preset_runs_in_the_loop_with_its_programs_tokens():
     model = refusion.load_model(None, dtype="float32")
     decoder = build_decoder(model)[0]
-    assert whole_batch_loop(decoder, open_engine(model, decoder, None), record=False) is not None
+    assert form_for(decoder, open_engine(model, decoder, None), record=False) == (PlanInfill, None)
     prompts = [model.tokenizer.encode(p) for p in ("rev abcdef=", "rep 3 ab=", "copy hello=", "sort dcba=")]
     together, _, calls = decode_counting_loop_forwards(decoder, model, prompts, 32, columnar=True)
     programs, _, _ = decode_counting_loop_forwards(decoder, model, prompts, 32, columnar=False)
@@ -149,7 +151,7 @@ class Empty(SlotSelector):
 def test_a_plugin_selectors_bad_answer_is_named_in_the_loop_too():
     model = tiny()
     decoder = Decoder.from_names(selector=Empty(), infiller="parallel-ar", slot_size=2)
-    assert parallel_reason(decoder, open_engine(model, decoder, None), record=False) is None
+    assert form_for(decoder, open_engine(model, decoder, None), record=False) == (PlanInfill, None)
     with pytest.raises(PluginError, match="selector 'empty-test'.*empty selection"):
         decoder.decode(model, [1, 2], 4)
 
@@ -157,21 +159,21 @@ def test_a_plugin_selectors_bad_answer_is_named_in_the_loop_too():
 @pytest.mark.parametrize(
     "options, reason",
     [
-        (dict(infiller="draft"), "parallel-ar"),
-        (dict(reorderer="reencode"), "commit-order"),
+        (dict(infiller="draft"), "no batched form"),
+        (dict(reorderer="reencode"), "commit order"),
         (dict(cfg_scale=1.5), "guidance"),
     ],
 )
 def test_other_compositions_run_as_programs(options, reason):
     model = tiny()
     decoder = Decoder.from_names(**(dict(selector="threshold", infiller="parallel-ar") | options))
-    assert reason in parallel_reason(decoder, open_engine(model, decoder, None), record=False)
+    assert reason in form_for(decoder, open_engine(model, decoder, None), record=False)[1]
 
 
 def test_records_keep_the_program_and_give_the_same_tokens():
     model = tiny(seed=3)
     decoder = Decoder.from_names(selector="threshold", infiller="parallel-ar", slot_size=2, token_threshold=0.4)
-    assert "records" in parallel_reason(decoder, open_engine(model, decoder, None), record=True)
+    assert "records" in form_for(decoder, open_engine(model, decoder, None), record=True)[1]
     recorded = decoder.decode(model, [1, 2, 3], 8, record=True)
     assert len(recorded.iterations) == recorded.num_iterations > 0
     assert torch.equal(recorded.tokens, decoder.decode(model, [1, 2, 3], 8).tokens)

@@ -33,14 +33,19 @@ def block_decoder(selector, block_length, **extra):
 def recording(engine):
     """The engine, with the logits of every answered extend appended to ``engine.seen``."""
     engine.seen = []
-    run = engine.run
+    lay_out = engine.lay_out
 
-    def wrapped(calls):
-        outputs = run(calls)
-        engine.seen.extend(out.logits.clone() for outs in outputs.values() for out in outs)
-        return outputs
+    def wrapped(state, call, feed):
+        finish = lay_out(state, call, feed)
 
-    engine.run = wrapped
+        def done(scores):
+            outputs = finish(scores)
+            engine.seen.extend(out.logits.clone() for out in outputs)
+            return outputs
+
+        return done
+
+    engine.lay_out = wrapped
     return engine
 
 

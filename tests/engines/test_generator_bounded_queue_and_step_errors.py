@@ -47,16 +47,16 @@ def test_an_engine_error_fails_the_live_requests_and_the_generator_goes_on():
     engine = generator.engine
     calls = []
 
-    def broken(run):  # the second forward fails, whether a program's call or the whole-batch loop's
-        def forward(*args):
+    def broken(run):  # the second forward fails, whatever its rows decode
+        def forward(*args, **kwargs):
             calls.append(1)
             if len(calls) == 2:
                 raise RuntimeError("device lost")
-            return run(*args)
+            return run(*args, **kwargs)
 
         return forward
 
-    engine.run, engine.run_flat = broken(engine.run), broken(engine.run_flat)
+    engine.run, engine.forward = broken(engine.run), broken(engine.forward)
     generator.start()
     for request in live:
         with pytest.raises(RuntimeError, match="device lost"):

@@ -113,8 +113,8 @@ def test_a_decode_is_attributed_to_engine_steps():
 
 
 def test_the_context_restores_the_engine_and_driver():
+    from refusion.decoding.loop import DecodeLoop as Runner
     from refusion.engines.base import Engine
-    from refusion.engines.driver import Runner
 
     scores, step = Engine.run_network, Runner.step
     with HostReads():

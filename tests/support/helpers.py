@@ -16,17 +16,16 @@ def tiny(vocab=24, seed=0, scale=8.0, eos=None, **kw) -> HFCausalLM:
 
 
 def decode_counting_loop_forwards(decoder, model, prompts, gen_length, *, columnar):
-    """``drive`` the prompts together: the results, the sessions and how many whole-batch loop forwards ran
-    (``run_flat`` calls; ``columnar=False``: every session as its per-sequence program, none)."""
-    from refusion.engines import drive, open_engine
+    """Decode the prompts together: the results, the sessions and how many forwards a batched form fed
+    (``columnar=False``: every session as its per-sequence program, none)."""
+    from refusion.decoding.loop import DecodeLoop, run_to_end
+    from refusion.engines import open_engine
 
     prepared = [decoder.prepare(model, p, gen_length) for p in prompts]
     engine = open_engine(model, decoder, None)
-    calls = []
-    run_flat = engine.run_flat
-    engine.run_flat = lambda *a: calls.append(1) or run_flat(*a)
+    loop = DecodeLoop(engine, batched=columnar)
     sessions = [decoder.start(model, engine, p) for p in prepared]
-    return drive(engine, sessions, columnar=columnar), sessions, len(calls)
+    return run_to_end(loop, sessions), sessions, loop.batched_forwards
 
 
 def hf_greedy(adapter: HFCausalLM, prompt, max_new_tokens):

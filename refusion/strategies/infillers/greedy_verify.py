@@ -67,6 +67,7 @@ class GreedyVerify(Infiller):
 
     name = "greedy-verify"
     requires = {"causal": True, "kv_cache": True}
+    batched = "refusion.decoding.forms.lossless:Lossless"
 
     adaptive: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     probe_every: int = attrs.field(default=8, validator=positive_int)

@@ -68,6 +68,7 @@ class ParallelAR(Infiller):
 
     name = "parallel-ar"
     requires = {"causal": True, "kv_cache": True}
+    batched = "refusion.decoding.forms.plan_infill:PlanInfill"
 
     token_threshold: float = attrs.field(default=0.9, validator=probability)
     precision: str = attrs.field(default="float32", validator=one_of(PRECISIONS))

@@ -22,6 +22,7 @@ class CommitOrder(CacheReorderer):
     """
 
     name = "commit-order"
+    commit_order = True
 
     def reorder(self, cache: CacheEditor, result: InfillResult) -> None:
         anchor, previous_chain = len(cache), None

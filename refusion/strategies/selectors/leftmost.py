@@ -18,6 +18,7 @@ class Leftmost(SlotSelector):
 
     name = "leftmost"
     reads_scores = False
+    leftmost_only = True
 
     def candidates(self, remaining: int) -> int:
         return 1

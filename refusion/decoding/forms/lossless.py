@@ -1,31 +1,13 @@
-"""Whole-batch lossless decoding: the columnar form of left-to-right greedy verification.
+"""The batched form of ``greedy-verify``: lossless decoding of every row at once, the AR tokens in fewer forwards.
 
-A decoder composed of the ``leftmost`` selector, the ``greedy-verify`` infiller (adaptive), a greedy sampler, the
-``commit-order`` reorderer and no revising reviser (the ``ar`` preset, and every decoder built that way) decodes
-exactly what greedy autoregressive decoding gives. :class:`LosslessColumns` runs such decoders for all their rows at
-once, on the ``branch`` engine's packed forwards: the rows' state lives in tensors (one entry per row), every
-decision of a step is a tensor operation over all rows, and the host reads two small tensors per step (the
-predictions and their probabilities), whatever the batch. The per-sequence program
-(:class:`~refusion.decoding.session.DecodeSession.program`) stays the form every other composition runs in, and the
-one a run that asks for iteration records gets.
-
-Each step, row ``i`` feeds, after its cached entries: its pending tokens (the prompt at its first step, then the
-token the previous step produced), its ``G`` guesses for the next positions, then ``M`` mask tokens. The row of the
-last pending token predicts the first guess's position, the row of guess ``j`` the next one: the guesses that equal
-those predictions are accepted (each prediction is conditioned only on accepted tokens, so every accepted token is
-the greedy AR token), and the prediction after the accepted ones is one more token. Every step gains at least one
-token. The next guesses are the mask rows' predictions for their own positions (when every guess was accepted: the
-plan's drafts) or the predictions after the first rejected guess (Jacobi iteration). How many are fed follows how
-many were accepted, per row, as a speculative decoder sizes its speculation: a row starts with a slot's worth (a
-trained model's drafts pay from the first step; starting narrower cost the shipped model 1.8x the forwards at
-``gen_length`` 32), doubles after a step that accepted every guess and shrinks to what was accepted otherwise, up to
-the slot length; at zero a row decodes one token per forward and tries one guess again after ``probe_every`` slots'
-worth of tokens, waiting twice as long after each probe that is rejected (a model whose drafts are never right pays
-a few probes per answer, not one per ``probe_every`` slots). A guess is fed only while it and the guesses before it
-have at least ``min_draft_probability`` (0.05) under the prediction that made it, the draft-confidence cut of
-speculative decoders (random weights' guesses are never that likely, the shipped model's accepted ones always are);
-a row whose guesses are cut narrows as after a rejection. Masks are fed only when a row has no guesses left.
-Rejected guesses and masks leave the cache by a length change (no copy).
+A decoder whose selector always takes the leftmost open slot (trait ``leftmost_only``), whose infiller is the
+adaptive ``greedy-verify``, whose reorderer keeps commit order (trait ``commit_order``), with no reviser that
+revises, a deterministic draft (the argmax, in any arithmetic) and no guidance, on an engine whose lanes hold each
+sequence's context as a causal chain (trait ``causal_lanes``: the ``branch`` engine), decodes exactly what greedy
+autoregressive decoding gives. :class:`Lossless` decides for all such rows at once: their state lives in arrays
+(one entry per row), every decision of a step is an array operation over all rows, and the host reads two small
+tensors per step (the predictions and their probabilities), whatever the batch. Its tokens join the step's
+forward with every other row's.
 
 Slots are reported (``DecodeSession.committed``) as they fill, in order, so streams see the same pieces as from
 the per-sequence program; the tokens are the same as that program's and as transformers' ``generate``; the
@@ -34,34 +16,39 @@ number of forwards is not (the drafts ride with the verification instead of a fo
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any
 
 import numpy as np
 import torch
 
-from refusion.decoding.types import DecodeResult
+from refusion.decoding.forms.base import BatchedForm, hashable
+from refusion.decoding.sampling import apply_sampler, is_greedy
+from refusion.engines.feed import causal_spans
 
 
-def _shared_reason(decoder: Any, engine: Any, record: bool, any_sampler: bool = False) -> str | None:
-    """What every whole-batch loop needs: no records, drafting without guidance, commit-order caching with no
-    reviser, the packed batch-variant ``branch`` engine, a causal model whose masks predict their own position.
-    ``any_sampler``: any sampler (each row drawing from its own generator), else argmax on refusion's fused path."""
-    from refusion.decoding.sampling import is_greedy
-    from refusion.engines.branch import BranchEngine
-    from refusion.strategies.reorderers.commit_order import CommitOrder
+def deterministic(sampler: Any) -> bool:
+    """Whether ``sampler`` drafts the argmax (in whatever arithmetic): each row's token depends on its logits
+    alone and nothing is drawn at random."""
+    return is_greedy(sampler) or (bool(getattr(sampler, "rowwise", False)) and not getattr(sampler, "draws", False))
 
+
+def shared_reason(decoder: Any, engine: Any, record: bool) -> str | None:
+    """What every batched form of a causal decode needs of the decoder and the engine, from their declared
+    traits: no records, commit-order caching with no reviser, no guidance, no block stop, an engine whose lanes
+    are causal chains, a causal model whose masks predict their own position."""
     if record:
         return "iteration records are asked for"
-    if type(decoder.reorderer) is not CommitOrder or decoder.reviser.revises:
-        return "the reorderer is not commit-order, or a reviser revises"
+    if not getattr(decoder.reorderer, "commit_order", False):
+        return "the reorderer does not keep commit order (trait `commit_order`)"
+    if decoder.reviser.revises:
+        return "a reviser revises"
     if bool(getattr(decoder, "cfg_scale", False)):
         return "classifier-free guidance is on"
-    if not (any_sampler or is_greedy(decoder.sample)):
-        return "the sampler draws"
     if decoder.stop_at_eos == "block":
         return "stop_at_eos='block'"
-    if type(engine) is not BranchEngine or not engine.packed or engine.batch_invariant:
-        return "the engine is not the branch engine with packed, batch-variant forwards"
+    if not getattr(engine, "causal_lanes", False):
+        return "the engine does not keep each sequence's context as a causal chain (trait `causal_lanes`)"
     model = engine.model
     caps = model.capabilities
     if not caps.causal or not caps.kv_cache or caps.logit_shift != 0 or model.mask_token_id is None:
@@ -69,77 +56,47 @@ def _shared_reason(decoder: Any, engine: Any, record: bool, any_sampler: bool = 
     return None
 
 
-def columnar_reason(decoder: Any, engine: Any, record: bool) -> str | None:
-    """Why ``decoder``'s sessions on ``engine`` cannot run in a :class:`LosslessColumns` loop, or ``None``."""
-    from refusion.strategies.infillers.greedy_verify import GreedyVerify
-    from refusion.strategies.selectors.leftmost import Leftmost
+class Lossless(BatchedForm):
+    """All live rows of equal lossless decoders, decided together (see the module docstring).
 
-    if type(decoder.selector) is not Leftmost or type(decoder.infiller) is not GreedyVerify:
-        return "the parts are not leftmost + greedy-verify"
-    if not decoder.infiller.adaptive:
-        return "the greedy-verify infiller is not adaptive"
-    return _shared_reason(decoder, engine, record)
-
-
-def parallel_reason(decoder: Any, engine: Any, record: bool) -> str | None:
-    """Why ``decoder``'s sessions on ``engine`` cannot run in a
-    :class:`~refusion.decoding.parallel_columns.ParallelColumns` loop, or ``None``."""
-    from refusion.strategies.infillers.parallel_ar import ParallelAR
-
-    if type(decoder.infiller) is not ParallelAR:
-        return "the infiller is not parallel-ar"
-    return _shared_reason(decoder, engine, record, any_sampler=True)
-
-
-def whole_batch_loop(decoder: Any, engine: Any, record: bool) -> tuple[Any, Any] | None:
-    """``(key, make)`` of the whole-batch loop ``decoder``'s sessions on ``engine`` join (``make()`` builds it;
-    sessions with equal keys share one: the key holds every part and option the loop reads from its decoder), or
-    ``None`` when they run as per-sequence programs."""
-    if columnar_reason(decoder, engine, record) is None:
-        key: tuple = ("lossless", decoder.infiller, bool(decoder.stop_at_eos))
-        return key, lambda: LosslessColumns(engine, decoder.infiller, bool(decoder.stop_at_eos))
-    if parallel_reason(decoder, engine, record) is None:
-        from refusion.decoding.parallel_columns import ParallelColumns
-
-        key = ("parallel", _key(decoder.selector), decoder.infiller, _key(decoder.sample), bool(decoder.stop_at_eos))
-        return key, lambda: ParallelColumns(engine, decoder)
-    return None
-
-
-def _key(part: Any) -> Any:
-    """A part as a dictionary key: itself when hashable (equal parts share a loop), else its identity."""
-    try:
-        hash(part)
-    except TypeError:
-        return ("id", id(part))
-    return part
-
-
-class LosslessColumns:
-    """All live rows of the lossless decoders of one engine, decided together (see the module docstring).
-
-    :meth:`admit` takes a :class:`~refusion.decoding.session.DecodeSession` whose state the engine has just admitted
-    (its prompt pending); :meth:`step` runs one forward for every row and returns the sessions that finished, with
-    their results; :meth:`cancel` and :meth:`abort` free rows. The loop writes each session's ``tokens``,
-    ``commit_step``, ``committed`` and counters as its slots fill, and its cache when it finishes; it never reads
-    what another loop or program keeps.
+    It writes each session's ``tokens``, ``commit_step``, ``committed`` as its slots fill, and its cache when it
+    finishes; it never reads what another form keeps.
     """
 
     #: a guess is fed only while it and the guesses before it have at least this probability under the prediction
     #: that made it (random weights' guesses never reach it, the shipped model's accepted ones always do)
     min_draft_probability = 0.05
 
-    def __init__(self, engine: Any, infiller: Any, stop_at_eos: bool):
-        self.engine = engine
+    @classmethod
+    def refuses(cls, decoder: Any, engine: Any, record: bool) -> str | None:
+        if not getattr(decoder.selector, "leftmost_only", False):
+            return "the selector may choose another slot than the leftmost (trait `leftmost_only`)"
+        if not getattr(decoder.infiller, "adaptive", False):
+            return "the infiller is not adaptive (this form sizes each row's speculation itself)"
+        if not deterministic(decoder.sample):
+            return "the sampler draws at random"
+        return shared_reason(decoder, engine, record)
+
+    @classmethod
+    def key(cls, decoder: Any) -> Hashable:
+        return (cls, decoder.infiller, bool(decoder.stop_at_eos), hashable(decoder.sample))
+
+    def __init__(self, loop: Any, decoder: Any):
+        super().__init__(loop, decoder)
+        engine = self.engine
         #: an EOS ends its row (else every position is decoded and the answer is cut at the first EOS after)
-        self.stop_at_eos = bool(stop_at_eos)
+        self.stop_at_eos = bool(decoder.stop_at_eos)
+        self.sample = decoder.sample
+        #: the argmax on refusion's fused LM-head path (else the sampler's arithmetic on the rows' logits)
+        self.fused = is_greedy(decoder.sample)
         self.limit_cap = 0
-        self.probe_every = infiller.probe_every
+        self.probe_every = decoder.infiller.probe_every
         self.mask = int(engine.model.mask_token_id)
         self.sessions: list[Any] = []
         self.prompts: list[np.ndarray | None] = []  # a row's prompt until its first step feeds it
         self.stops: list[list[int]] = []  # per row: the stop offset of each slot, in order
         self._eos = np.array(sorted(engine.model.eos_token_ids), dtype=np.int64)
+        self._step: tuple | None = None
         self._grow(0, 8, 8)
 
     # -- columns (one entry per row; ``guess`` and ``out`` one row each) ---------------
@@ -210,11 +167,12 @@ class LosslessColumns:
         self.gen[i], self.width[i], self.limit[i], self.boundary[i] = gen, limit, limit, slots[0].stop
 
     # -- one step ------------------------------------------------------------------
-    def step(self) -> list[tuple[Any, DecodeResult]]:
-        """One forward for every row; returns the sessions that finished, with their results."""
+    def feed(self, feed: Any) -> None:
+        """Every row's pending token (its prompt at its first step), guesses and masks after its context."""
         n = len(self.sessions)
+        self._step = None
         if not n:
-            return []
+            return
         mask, k = self.mask, self.guess.shape[1]
         produced, gen, width = self.produced[:n], self.gen[:n], self.width[:n]
         remaining = gen - produced  # >= 1 for a live row
@@ -243,17 +201,34 @@ class LosslessColumns:
         else:
             tokens = np.concatenate((self.last[:n, None], body), axis=1)
         states = [session.state for session in self.sessions]
-        scores = self.engine.run_columns(states, torch.from_numpy(tokens), torch.from_numpy(counts))
+        at: np.ndarray = np.zeros(n, dtype=np.int64)
+        for i, state in enumerate(states):
+            table = state.table
+            c = int(counts[i])
+            columns = np.arange(table.length, table.length + c)
+            at[i] = feed.add(feed.lane(state, table), tokens[i, :c], columns, columns, causal_spans(columns))
+        self._step = (n, states, pending, guesses, masks, counts, at)
 
+    def absorb(self, scores: Any, decisions: Any) -> None:
+        """Accept each row's guesses that equal the predictions, gain one more token, draft the next guesses."""
+        if self._step is None:
+            return
+        n, states, pending, guesses, masks, counts, offsets = self._step
+        self._step = None
+        mask, k = self.mask, self.guess.shape[1]
+        produced, gen, width = self.produced[:n], self.gen[:n], self.width[:n]
         # the rows read: the last pending token's, each guess's and each mask's (prediction index 0 .. G + M)
-        offsets = np.cumsum(counts) - counts
         read = guesses + masks
         wanted = np.arange(int(read.max()) + 1)[None, :] <= read[:, None]
         rows = (offsets + pending - 1)[:, None] + np.arange(wanted.shape[1])[None, :]
         predicted = np.full(wanted.shape, -1, dtype=np.int64)
         read_rows = scores[torch.from_numpy(rows[wanted])]
         probability = None  # of each prediction, when some row guesses (a guess is fed only if likely enough)
-        if (width > 0).any():
+        if not self.fused:  # the sampler's own arithmetic (e.g. the peers' softmax in the logits' dtype)
+            picked, confidence = apply_sampler(self.sample, read_rows, mask, None)
+            probability = np.zeros(wanted.shape)
+            probability[wanted] = confidence.double().cpu().numpy()
+        elif (width > 0).any():
             picked, best, lse = read_rows.stats(mask)
             probability = np.zeros(wanted.shape)
             probability[wanted] = torch.exp(best - lse).cpu().numpy()
@@ -313,7 +288,8 @@ class LosslessColumns:
             self._report(i, bool(finished[i]))
             if finished[i]:
                 done.append(i)
-        return [self._finish(i) for i in sorted(done, reverse=True)]
+        for i in sorted(done, reverse=True):
+            self._finish(i)
 
     def _report(self, i: int, finished: bool) -> None:
         """Row ``i`` filled slots (or ``finished``): write their tokens into its session, each slot reported as one
@@ -336,44 +312,31 @@ class LosslessColumns:
         if index < len(stops):
             self.boundary[i] = stops[index]
 
-    def _finish(self, i: int) -> tuple[Any, DecodeResult]:
-        """Row ``i`` is done: settle its session's cache and counters, free its row, return its result."""
+    def _finish(self, i: int) -> None:
+        """Row ``i`` is done: settle its session's cache, free its row, report its result to the loop."""
         session = self.sessions[i]
         produced = int(self.produced[i])
         eos: Any = np.nonzero(np.isin(self.out[i, :produced], self._eos))[0] if self.stop_at_eos else ()
         if len(eos):
             session.eos_offset = int(eos[0])
             session.open = [False] * len(session.open)
-        result = session.settled(  # the answer is cached left to right; its last token is still pending
-            torch.arange(produced),
-            len(session.state.store),
-            int(self.steps[i]),
-            int(self.fed[i]),
-            self.engine.kv.token_bytes,
-        )
+        # the answer is cached left to right; its last token is still pending
+        result = session.settled(torch.arange(produced), session.state.table.length)
         self._remove(i)
-        return session, result
+        self.loop.finish(session, result)
 
     def _remove(self, i: int) -> None:
-        """Free row ``i``: the last row moves into its place in the columns (the engine gives its pages back)."""
-        session = self.sessions[i]
+        """Free row ``i``: the last row moves into its place in the columns."""
         last = len(self.sessions) - 1
         for name in self._COLUMNS:
             column = getattr(self, name)
             column[i] = column[last]
         self.sessions[i], self.prompts[i], self.stops[i] = self.sessions[last], self.prompts[last], self.stops[last]
         del self.sessions[last], self.prompts[last], self.stops[last]
-        self.engine.release(session.state)
 
-    def cancel(self, session: Any) -> bool:
-        """Stop ``session``'s row and free it; False if it is not in this loop."""
+    def remove(self, session: Any) -> bool:
         for i, s in enumerate(self.sessions):
             if s is session:
                 self._remove(i)
                 return True
         return False
-
-    def abort(self) -> None:
-        """Free every row (a step raised)."""
-        while self.sessions:
-            self._remove(len(self.sessions) - 1)

@@ -1,17 +1,19 @@
-"""Whole-batch plan-and-infill: ReFusion's slot selection and parallel-AR verification for every row at once.
+"""The batched form of ``parallel-ar``: ReFusion's slot selection and parallel-AR verification for every row at once.
 
-A decoder composed of any selector, the ``parallel-ar`` infiller (any ``precision``), the ``commit-order``
-reorderer, no revising reviser and any sampler without guidance (the shipped model's preset, ReFusion's algorithm
-with every tuned threshold, and the same with temperature, top-k/top-p, LLaDA's Gumbel noise or SDAR's block
-multinomial) runs here for all its rows together, on the ``branch`` engine's packed forwards. A sampler that draws
-is called per row with that row's own generator, on exactly the rows its program draws at once (a plan's masks, a
-branch's masks), so a seeded row draws the same alone and in any batch. Each row is in one phase of the paper's
-iteration, and every step runs one forward for all rows, whatever their phases:
+A decoder composed of any selector, the ``parallel-ar`` infiller (any ``precision``), a reorderer that keeps
+commit order (trait ``commit_order``), no revising reviser and any sampler without guidance (the shipped model's
+preset, ReFusion's algorithm with every tuned threshold, and the same with temperature, top-k/top-p, LLaDA's Gumbel
+noise or SDAR's block multinomial) runs here for all its rows together, on an engine whose lanes are causal chains
+(the ``branch`` engine). A sampler that draws is called per row with that row's own generator, on exactly the rows
+its program draws at once (a plan's masks, a branch's masks), so a seeded row draws the same alone and in any
+batch. Each row is in one phase of the paper's iteration, and its tokens join the step's one forward with every
+other row's, whatever their phases:
 
 - ``plan``: the open slots the selector may choose, as masks after the context (with the prompt at a row's first
   step). Every row's slot confidences are read at once and the selector's batched
-  :meth:`~refusion.strategies.base.SlotSelector.choose` decides for all rows of the step together (a selector
-  without a batched form gets each row's :class:`~refusion.decoding.types.Plan` through the per-sequence adapter).
+  :meth:`~refusion.strategies.base.SlotSelector.choose` decides for all rows of the step that use it, whatever
+  form they are in (:class:`~refusion.decoding.decisions.Decisions`; a selector without a batched form gets each
+  row's :class:`~refusion.decoding.types.Plan` through the per-sequence adapter).
 - ``verify``: the chosen slots' drafts concatenated (global verification). The accepted prefix of every row comes
   out of one head pass: each slot's first token always, later tokens while their AR probability is above
   ``token_threshold``. A prefix with an EOS or whole slots is committed with this pass's keys/values.
@@ -30,16 +32,18 @@ another arithmetic the sampler over the draft rows and the infiller's probabilit
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable
 from typing import Any
 
 import numpy as np
 import torch
 
-from refusion.decoding.checks import call_part, checked_candidates, checked_selection, checks_answers, plugin_error
-from refusion.decoding.plans import LazyPlans, Plans
-from refusion.decoding.sampling import Greedy, apply_sampler, is_greedy, token_probability
-from refusion.decoding.types import DecodeResult, Drafts, Plan
+from refusion.decoding.checks import checked_candidates
+from refusion.decoding.forms.base import BatchedForm, hashable
+from refusion.decoding.forms.lossless import deterministic, shared_reason
+from refusion.decoding.sampling import apply_sampler, is_greedy, token_probability
+from refusion.decoding.types import Drafts, Plan
+from refusion.engines.feed import Feed
 
 PLAN, VERIFY, DRAFT, CHECK = range(4)
 
@@ -58,8 +62,6 @@ class _Row:
         "block",
         "open",
         "phase",
-        "steps",
-        "fed",
         "chosen",
         "tokens",
         "starts",
@@ -83,8 +85,6 @@ class _Row:
     blocks: list[np.ndarray]
     block: int
     phase: int
-    steps: int
-    fed: int
     planned: np.ndarray  # the slots the current plan drafts
     plan_at: int  # the packed index of the plan's first mask
     chosen: np.ndarray  # the chosen slots, in position order
@@ -111,7 +111,6 @@ class _Row:
         self.block = 0
         self.open = np.array(session.open, dtype=bool)
         self.phase = PLAN
-        self.steps = self.fed = 0
         self.order: list[int] = []  # the cache's tokens after the prompt, in commit order (region offsets)
 
     def used(self) -> int:
@@ -130,18 +129,30 @@ class _Row:
         return self.blocks[0][:0]
 
 
-class ParallelColumns:
-    """All live rows of one plan-and-infill decoder on one engine, decided together (see the module docstring).
+class PlanInfill(BatchedForm):
+    """All live rows of equal plan-and-infill decoders, decided together (see the module docstring).
 
-    :meth:`admit` takes a :class:`~refusion.decoding.session.DecodeSession` the engine has just admitted;
-    :meth:`step` runs one forward for every row and returns the sessions that finished with their results;
-    :meth:`cancel` and :meth:`abort` free rows. The loop writes each session's tokens, ``commit_step``,
-    ``committed``, ``sealed``, ``open`` and counters as its iterations finish, and its cache when it finishes.
+    It writes each session's tokens, ``commit_step``, ``committed``, ``sealed``, ``open`` as its iterations finish,
+    and its cache when it finishes.
     """
 
-    def __init__(self, engine: Any, decoder: Any):
-        self.engine = engine
-        self.decoder = decoder
+    @classmethod
+    def refuses(cls, decoder: Any, engine: Any, record: bool) -> str | None:
+        return shared_reason(decoder, engine, record)
+
+    @classmethod
+    def key(cls, decoder: Any) -> Hashable:
+        return (
+            cls,
+            hashable(decoder.selector),
+            decoder.infiller,
+            hashable(decoder.sample),
+            bool(decoder.stop_at_eos),
+        )
+
+    def __init__(self, loop: Any, decoder: Any):
+        super().__init__(loop, decoder)
+        engine = self.engine
         self.selector = decoder.selector
         self.threshold = float(decoder.infiller.token_threshold)
         #: the infiller's arithmetic for token probabilities (:data:`~refusion.decoding.sampling.PRECISIONS`)
@@ -149,7 +160,7 @@ class ParallelColumns:
         #: greedy drafts and float32 probabilities on refusion's fused head: one pass gives both
         self.fused = is_greedy(decoder.sample) and self.precision == "float32"
         #: the sampler draws: each row's drafts come from its own generator, in its program's calls
-        self.draws = not (is_greedy(decoder.sample) or type(decoder.sample) is Greedy)
+        self.draws = not deterministic(decoder.sample)
         #: the dtype of the drafts' confidences (known from the first plan; verification compares in it)
         self.confidence_dtype = torch.float32
         self.stop_at_eos = bool(decoder.stop_at_eos)
@@ -158,8 +169,8 @@ class ParallelColumns:
         #: whether each token id is an EOS (ids past the table, e.g. out-of-vocabulary drafts, are not)
         self._is_eos: np.ndarray = np.zeros(max(eos, default=-1) + 1, dtype=bool)
         self._is_eos[eos] = True
-        self._check_selector = checks_answers(self.selector)
         self.rows: list[_Row] = []
+        self._step: tuple[_Batch, list[tuple[_Row, int]]] | None = None
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -172,72 +183,83 @@ class ParallelColumns:
         """Add ``session``'s row (its engine state was just admitted: the prompt is pending)."""
         self.rows.append(_Row(session))
 
-    # -- one step ------------------------------------------------------------------
-    def step(self) -> list[tuple[Any, DecodeResult]]:
-        """One forward for every row; returns the sessions that finished, with their results."""
-        rows = self.rows
-        if not rows:
-            return []
-        batch = _Batch()
-        phases = [row.phase for row in rows]  # what each row fed this step (selection moves planned rows on)
-        for r, row in enumerate(rows):
-            if row.phase == PLAN:
-                self._feed_plan(row, r, batch)
-            elif row.phase == VERIFY:
-                self._feed_verify(row, r, batch)
-            else:
-                self._feed_branches(row, r, batch)
-        states = [row.session.state for row in rows]
-        contexts = np.array([row.context for row in rows], dtype=np.int64)
-        ids, row_of, positions, columns, lows = batch.arrays()
-        scores = self.engine.run_flat(states, torch.from_numpy(ids), row_of, positions, columns, lows, contexts)
-        for r, count in enumerate(np.bincount(row_of, minlength=len(rows)).tolist()):
-            rows[r].steps += 1
-            rows[r].fed += count
-        for r, pending in batch.encoded.items():
-            rows[r].context += pending
-        answers = batch.answers(scores, self)  # the step's head pass and host read
+    def remove(self, session: Any) -> bool:
+        for r, row in enumerate(self.rows):
+            if row.session is session:
+                del self.rows[r]
+                return True
+        return False
 
-        planned = [r for r, phase in enumerate(phases) if phase == PLAN]
-        if planned:
-            self._select(planned, answers, scores)
-        finished: list[int] = []
-        for r, (row, phase) in enumerate(zip(rows, phases)):
-            if phase == VERIFY:
-                self._after_verify(row, answers.get(r))
+    # -- one step ------------------------------------------------------------------
+    def feed(self, feed: Feed) -> None:
+        """Each row's phase of the paper's iteration (its plan's masks, its verification, its branches)."""
+        batch = _Batch(feed)
+        fed: list[tuple[_Row, int]] = []  # each row that fed, with its phase
+        for row in list(self.rows):
+            phase = row.phase
+            if phase == PLAN:
+                try:
+                    width = checked_candidates(self.selector, len(row.remaining()))
+                except Exception as error:  # the selector failed for this row: it alone leaves
+                    self.loop.fail(row.session, error)
+                    continue
+                self._feed_plan(row, width, batch)
+            elif phase == VERIFY:
+                self._feed_verify(row, batch)
+            else:
+                self._feed_branches(row, batch)
+            fed.append((row, phase))
+        self._step = (batch, fed)
+
+    def absorb(self, scores: Any, decisions: Any) -> None:
+        """Decide every row that fed: selections for the planned ones (with the other forms' rows), acceptance for
+        the verified and the infilled ones; report the rows that finished."""
+        if self._step is None:
+            return
+        batch, fed = self._step
+        self._step = None
+        for row, pending in batch.encoded.items():
+            row.context += pending
+        answers = batch.answers(scores, self)  # the step's head pass and host read
+        finished: list[_Row] = []
+        for row, phase in fed:
+            if phase == PLAN:
+                self._ask(row, answers[id(row)], scores, decisions)
+            elif phase == VERIFY:
+                self._after_verify(row, answers.get(id(row)))
             elif phase == DRAFT:
-                self._after_draft(row, answers.get(r))
+                self._after_draft(row, answers.get(id(row)))
             elif phase == CHECK:
-                self._after_check(row, answers.get(r))
+                self._after_check(row, answers.get(id(row)))
             if row.phase == PLAN and not len(row.remaining()):
-                finished.append(r)
-        self.engine.hold_columns(states, [row.used() for row in rows])
-        return [self._finish(r) for r in sorted(finished, reverse=True)]
+                finished.append(row)
+        self.engine.hold_columns([row.session.state for row, _ in fed], [row.used() for row, _ in fed])
+        for row in finished:
+            self._finish(row)
 
     # -- what each phase feeds ----------------------------------------------------
-    def _feed_plan(self, row: _Row, r: int, batch: _Batch) -> None:
+    def _feed_plan(self, row: _Row, width: int, batch: _Batch) -> None:
         left = row.remaining()
-        width = checked_candidates(self.selector, len(left))
         row.planned = left[:width]
         positions: np.ndarray = _spans(row.offset[row.planned], row.length[row.planned]) + row.region
         pending = 0
         if row.prompt is not None:  # the first step encodes the prompt before the masks (it stays cached)
             pending = len(row.prompt)
-            batch.feed(r, row.prompt, np.arange(row.context, row.context + pending), row.context, row.context)
+            batch.feed(row, row.prompt, np.arange(row.context, row.context + pending), row.context, row.context)
             row.prompt = None
-            batch.encoded[r] = pending
+            batch.encoded[row] = pending
         # the masks: a causal chain after the context and the prompt
         masks: np.ndarray = np.full(len(positions), self.mask, dtype=np.int64)
-        at = batch.feed(r, masks, positions, row.context + pending, row.context)
+        at = batch.feed(row, masks, positions, row.context + pending, row.context)
         row.positions, row.plan_at = positions, at
-        batch.read(r, np.arange(at, at + len(positions)), plan=positions)
+        batch.read(row, np.arange(at, at + len(positions)), plan=positions)
 
-    def _feed_verify(self, row: _Row, r: int, batch: _Batch) -> None:
-        at = batch.feed(r, row.tokens, row.positions, row.context, row.context)
+    def _feed_verify(self, row: _Row, batch: _Batch) -> None:
+        at = batch.feed(row, row.tokens, row.positions, row.context, row.context)
         if len(row.tokens) > 1:  # the row of token j scores token j + 1
-            batch.read(r, np.arange(at, at + len(row.tokens) - 1), row.tokens[1:])
+            batch.read(row, np.arange(at, at + len(row.tokens) - 1), row.tokens[1:])
 
-    def _feed_branches(self, row: _Row, r: int, batch: _Batch) -> None:
+    def _feed_branches(self, row: _Row, batch: _Batch) -> None:
         drafting = row.phase == DRAFT
         for b in row.active:
             a, z = int(row.starts[b]), int(row.starts[b + 1])
@@ -247,49 +269,39 @@ class ParallelColumns:
             tokens = row.tokens[a + cached : z].copy()
             if drafting:
                 tokens[accepted - cached :] = self.mask
-            at = batch.feed(r, tokens, row.positions[a + cached : z], row.context + a + cached, row.context + a)
+            at = batch.feed(row, tokens, row.positions[a + cached : z], row.context + a + cached, row.context + a)
             if drafting:  # the masks predict their own positions
-                batch.read(r, np.arange(at + accepted - cached, at + z - a - cached))
+                batch.read(row, np.arange(at + accepted - cached, at + z - a - cached))
             elif accepted + 1 < z - a:  # the tokens after the forced one, each scored by the row before it
                 index = np.arange(at + accepted - cached, at + z - a - cached - 1)
-                batch.read(r, index, row.tokens[a + accepted + 1 : z])
+                batch.read(row, index, row.tokens[a + accepted + 1 : z])
 
     # -- what each phase decides --------------------------------------------------
-    def _select(self, planned: list[int], answers: dict, scores: Any) -> None:
-        """The selector decides for every planned row at once; the chosen slots' drafts go to verification."""
-        rows = [self.rows[r] for r in planned]
-        firsts, drafts = [], []
-        for r, row in zip(planned, rows):
-            top, confidence = answers[r][:2]
-            lengths = row.length[row.planned]
-            starts = np.concatenate(([0], np.cumsum(lengths)))
-            firsts.append(confidence[torch.from_numpy(starts[:-1])])
-            drafts.append((top, confidence, starts, row.positions))
-        width = max(len(f) for f in firsts)
-        if len(rows) == 1:
-            stacked = firsts[0][None]
-        else:  # -inf where a row has fewer slots
-            stacked = torch.full((len(rows), width), float("-inf"), dtype=firsts[0].dtype)
-            for i, f in enumerate(firsts):
-                stacked[i, : len(f)] = f
-        lengths = torch.tensor([len(f) for f in firsts], dtype=torch.long)
+    def _ask(self, row: _Row, answer: tuple, scores: Any, decisions: Any) -> None:
+        """Ask for the planned row's choice (decided with every other row that uses the selector)."""
+        top, confidence = answer[:2]
+        lengths = row.length[row.planned]
+        starts = np.concatenate(([0], np.cumsum(lengths)))
+        drafted = (top, confidence, starts, row.positions)
+        firsts = confidence[torch.from_numpy(starts[:-1])]
+        decisions.select(
+            self.selector,
+            lambda: self._plan(row, drafted, scores),
+            lambda chosen: self._chosen(row, drafted, chosen),
+            lambda error: self.loop.fail(row.session, error),
+            first_confidence=firsts,
+            length=len(firsts),
+        )
 
-        def plan_of(i: int) -> Plan:
-            return self._plan(rows[i], drafts[i], scores)
-
-        plans = Plans(LazyPlans(len(rows), plan_of), stacked={"first_confidence": stacked, "lengths": lengths})
-        choices = call_part(self.selector, self.selector.choose, plans)
-        if not isinstance(choices, Sequence) or len(choices) != len(rows):
-            raise plugin_error(self.selector, f"choose returned {choices!r:.80}; expected one selection per plan.")
-        for i, (row, chosen) in enumerate(zip(rows, choices)):
-            picked = checked_selection(self.selector, plans[i], chosen) if self._check_selector else sorted(chosen)
-            top, _, starts, _ = drafts[i]
-            slots = row.planned[list(picked)]
-            row.chosen = slots
-            row.tokens = np.concatenate([top[starts[j] : starts[j + 1]] for j in picked])
-            row.positions = _spans(row.offset[slots], row.length[slots]) + row.region
-            row.starts = np.concatenate(([0], np.cumsum(row.length[slots])))
-            row.phase = VERIFY
+    def _chosen(self, row: _Row, drafted: tuple, picked: tuple[int, ...]) -> None:
+        """The chosen slots' drafts go to global verification."""
+        top, _, starts, _ = drafted
+        slots = row.planned[list(picked)]
+        row.chosen = slots
+        row.tokens = np.concatenate([top[starts[j] : starts[j + 1]] for j in picked])
+        row.positions = _spans(row.offset[slots], row.length[slots]) + row.region
+        row.starts = np.concatenate(([0], np.cumsum(row.length[slots])))
+        row.phase = VERIFY
 
     def _after_verify(self, row: _Row, answer: Any) -> None:
         """Global verification: commit the accepted prefix's EOS or whole slots, else infill in parallel."""
@@ -430,33 +442,14 @@ class ParallelColumns:
         )
 
     # -- rows leaving ---------------------------------------------------------------
-    def _finish(self, r: int) -> tuple[Any, DecodeResult]:
-        """Row ``r`` is done: settle its session's cache and counters, free its row, return its result."""
-        row = self.rows[r]
+    def _finish(self, row: _Row) -> None:
+        """The row is done: settle its session's cache, free its row, report its result to the loop."""
         session = row.session
         if session.eos_offset is not None:
             session.open = [False] * len(session.open)
-        order = torch.tensor(row.order, dtype=torch.long)
-        result = session.settled(order, row.context, row.steps, row.fed, self.engine.kv.token_bytes)
-        self._remove(r)
-        return session, result
-
-    def _remove(self, r: int) -> None:
-        row = self.rows.pop(r)
-        self.engine.release(row.session.state)
-
-    def cancel(self, session: Any) -> bool:
-        """Stop ``session``'s row and free it; False if it is not in this loop."""
-        for r, row in enumerate(self.rows):
-            if row.session is session:
-                self._remove(r)
-                return True
-        return False
-
-    def abort(self) -> None:
-        """Free every row (a step raised)."""
-        while self.rows:
-            self._remove(len(self.rows) - 1)
+        result = session.settled(torch.tensor(row.order, dtype=torch.long), row.context)
+        self.remove(session)
+        self.loop.finish(session, result)
 
 
 def _leading(flags: np.ndarray) -> int:
@@ -484,48 +477,36 @@ def _spans(offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 
 class _Batch:
-    """What one step feeds (segments of rows, in row order) and reads (rows of the forward, per loop row)."""
+    """What the form's rows feed in one step (runs of tokens added to the step's feed) and read (rows of the
+    forward, per form row)."""
 
-    def __init__(self) -> None:
-        self.segments: list[tuple[int, np.ndarray, np.ndarray, int, int]] = []  # row, ids, positions, column, low
-        self.size = 0
+    def __init__(self, feed: Feed) -> None:
+        self.feed_ = feed
         #: row, packed indices, targets, the plan's positions (a plan's drafts)
-        self.reads: list[tuple[int, np.ndarray, np.ndarray | None, np.ndarray | None]] = []
+        self.reads: list[tuple[_Row, np.ndarray, np.ndarray | None, np.ndarray | None]] = []
         #: per row, the prompt tokens this step encodes (they stay cached)
-        self.encoded: dict[int, int] = {}
+        self.encoded: dict[_Row, int] = {}
 
-    def feed(self, row: int, ids: np.ndarray, positions: np.ndarray, column: int, low: int) -> int:
-        """Feed ``ids`` at ``positions`` into buffer columns ``column ..``, seeing the context and the columns
+    def feed(self, row: _Row, ids: np.ndarray, positions: np.ndarray, column: int, low: int) -> int:
+        """Feed ``ids`` at ``positions`` into the row's columns ``column ..``, seeing its context and the columns
         ``low ..`` before each; returns the packed index of the first."""
-        at = self.size
-        self.segments.append((row, ids, positions, column, low))
-        self.size += len(ids)
-        return at
+        n = len(ids)
+        columns = np.arange(column, column + n)
+        spans: np.ndarray = np.zeros((n, 2, 2), dtype=np.int64)
+        spans[:, 0, 1] = row.context
+        spans[:, 1, 0] = low
+        spans[:, 1, 1] = columns + 1
+        state = row.session.state
+        return self.feed_.add(self.feed_.lane(state, state.table), ids, positions, columns, spans)
 
     def read(
-        self, row: int, index: np.ndarray, targets: np.ndarray | None = None, plan: np.ndarray | None = None
+        self, row: _Row, index: np.ndarray, targets: np.ndarray | None = None, plan: np.ndarray | None = None
     ) -> None:
         """Read packed rows ``index`` for ``row``: their drafts (the sampler's tokens and confidences; ``plan``: the
         positions of a plan's masks, drawn as the program draws a plan), or ``targets``' probability."""
         self.reads.append((row, index, targets, plan))
 
-    def arrays(self) -> tuple[np.ndarray, ...]:
-        """``ids, row_of, positions, columns, lows`` of the packed tokens."""
-        segments = self.segments
-        sizes = np.array([len(s[1]) for s in segments], dtype=np.int64)
-        if len(segments) == 1:
-            row, ids, positions, column, low = segments[0]
-            n = len(ids)
-            return ids, np.full(n, row, dtype=np.int64), positions, column + np.arange(n), np.full(n, low)
-        ids = np.concatenate([s[1] for s in segments])
-        positions = np.concatenate([s[2] for s in segments])
-        within = np.arange(len(ids)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
-        columns = np.repeat(np.array([s[3] for s in segments], dtype=np.int64), sizes) + within
-        lows: np.ndarray = np.repeat(np.array([s[4] for s in segments], dtype=np.int64), sizes)
-        row_of: np.ndarray = np.repeat(np.array([s[0] for s in segments], dtype=np.int64), sizes)
-        return ids, row_of, positions, columns, lows
-
-    def answers(self, scores: Any, loop: ParallelColumns) -> _Answers:
+    def answers(self, scores: Any, loop: PlanInfill) -> _Answers:
         """The rows read, decided in the decoder's arithmetic: each row's draft (the sampler's token, never the
         mask, and its confidence) and whether its target's probability is above ``token_threshold`` (compared in
         the confidences' dtype, as global verification compares, and in the probabilities' own, as a branch's
@@ -569,11 +550,11 @@ class _Batch:
         at = 0
         for row, rows, *_ in self.reads:
             n = len(rows)
-            out.add(row, top[at : at + n], confidence[at : at + n], verified[at : at + n], checked[at : at + n])
+            out.add(id(row), top[at : at + n], confidence[at : at + n], verified[at : at + n], checked[at : at + n])
             at += n
         return out
 
-    def _drawn(self, picked: Any, loop: ParallelColumns) -> tuple[torch.Tensor, torch.Tensor]:
+    def _drawn(self, picked: Any, loop: PlanInfill) -> tuple[torch.Tensor, torch.Tensor]:
         """The draft reads' tokens and confidences, each read drawn from its row's generator by the call its program
         makes: a plan's rows at once (:meth:`~refusion.decoding.session.DecodeSession.draw`), a branch's masks with
         the infiller's sampler (so a row draws what it draws alone, whatever the batch)."""
@@ -582,7 +563,7 @@ class _Batch:
         for row, rows, targets, plan in self.reads:
             n = len(rows)
             if targets is None:
-                session = loop.rows[row].session
+                session = row.session
                 scores = picked[at : at + n]
                 top, conf = (
                     session.draw(scores, torch.from_numpy(plan))
@@ -599,7 +580,7 @@ class _Answers(dict):
     """Per loop row, of the rows it read in order: ``(draft tokens, their confidences (a tensor), target above the
     threshold as verification compares, as a branch's check compares)``."""
 
-    def add(self, row: int, *columns: Any) -> None:
+    def add(self, row: int, *columns: Any) -> None:  # row: the id of the form's row
         if row in self:
             self[row] = tuple(
                 torch.cat((a, b)) if isinstance(a, torch.Tensor) else np.concatenate((a, b))

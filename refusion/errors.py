@@ -95,6 +95,12 @@ def _row_error(message: str, param: str | None, row_id: str | None, line: int | 
     return RowError(message, param=param, row_id=row_id, line=line)
 
 
+class ImportRefused(ConfigError):
+    """A ``"module:Class"`` name in input that may not run code (a checkpoint's ``refusion.json``, a request, a
+    batch row, a record), refused before anything was imported; ``param`` names the field
+    (:mod:`refusion.config.trust`)."""
+
+
 class InvalidJSON(ConfigError):
     """A request body that is not one JSON object (the message says why; ``param`` names the field when one is at
     fault, e.g. a ``NaN`` in ``temperature``)."""

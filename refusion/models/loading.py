@@ -131,23 +131,26 @@ def read_model_preset(path: str, *, trust_remote_code: bool = False) -> Any:
 
     A part or engine it names by ``"module:Class"`` path would import and run
     that module (the checkpoint folder's own, from the current directory): it is
-    refused, naming the field, unless ``trust_remote_code``. Nothing is imported here.
+    refused, naming the field, unless ``trust_remote_code``. Nothing is imported
+    before that decision: the raw file is checked before it is parsed, and the
+    parsing runs with imports refused (:func:`~refusion.config.trust.no_imports`).
     """
-    from pathlib import Path
-
-    from refusion.config import load_preset
-    from refusion.config.trust import refuse_import_paths
-    from refusion.files import where
+    from refusion.config import DecoderSpec, load_preset
+    from refusion.config.spec import MAX_SPEC_BYTES
+    from refusion.config.trust import no_imports, refuse_import_paths
+    from refusion.files import read_json, where
 
     file = Path(path) / PRESET_FILE
     if not file.is_file():
         return None
-    spec = load_preset(file)
-    if not trust_remote_code:
-        try:
-            refuse_import_paths(spec, where=where("`model` preset file", file), opt_in=PRESET_OPT_IN)
-        except ConfigError as exc:
-            raise ConfigError(str(exc), param="model") from None
+    if trust_remote_code:
+        return load_preset(file)
+    data = read_json(file, what="`preset file`", param="preset_file", max_bytes=MAX_SPEC_BYTES)
+    untrusted = {"where": where("`model` preset file", file), "opt_in": PRESET_OPT_IN, "param": "model"}
+    refuse_import_paths(data, **untrusted)  # the raw file, in every form the reader takes, before it is parsed
+    with no_imports(**untrusted):
+        spec = DecoderSpec.from_dict(data, where=where("`preset file`", file))
+    refuse_import_paths(spec, **untrusted)
     return spec
 
 

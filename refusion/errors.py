@@ -161,7 +161,11 @@ def bad_value(param: str, value: Any, allowed: str) -> ConfigError:
     >>> str(bad_value("slot_size", 0, "an integer >= 1"))
     '`slot_size` must be an integer >= 1; got 0.'
     """
-    return ConfigError(f"`{param}` must be {allowed}; got {value!r}.", param=param)
+    try:
+        got = repr(value)
+    except ValueError:  # an int too long to print
+        got = f"an integer of about {int(value.bit_length() * 0.30103)} digits"
+    return ConfigError(f"`{param}` must be {allowed}; got {got:.200}.", param=param)
 
 
 def unknown_name(kind: str, name: str, known: Iterable[str]) -> UnknownNameError:

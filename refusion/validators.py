@@ -21,6 +21,7 @@ from typing import Any
 import attrs
 
 from refusion.errors import ConfigError, bad_value
+from refusion.limits import MAX_STEPS
 
 
 def shown(value: Any, width: int = 80) -> str:
@@ -111,6 +112,20 @@ def non_negative_int(instance: Any, attribute: Any, value: Any) -> None:
     """An integer >= 0."""
     if not is_integer(value) or value < 0:
         raise bad_value(attribute.name, value, "an integer >= 0")
+
+
+def int_in(low: int, high: int, why: str = "") -> Callable[[Any, Any, Any], None]:
+    """A validator for an integer in ``[low, high]``; ``why`` names the limit (``"refusion.limits.MAX_STEPS"``)."""
+
+    def check(instance: Any, attribute: Any, value: Any) -> None:
+        check_integer(attribute.name, value, low, high, why)
+
+    return check
+
+
+def schedule_steps(instance: Any, attribute: Any, value: Any) -> None:
+    """The steps of a selector's schedule: an integer in [1, :data:`~refusion.limits.MAX_STEPS`]."""
+    check_integer(attribute.name, value, 1, MAX_STEPS, "a schedule's steps: refusion.limits.MAX_STEPS")
 
 
 def probability(instance: Any, attribute: Any, value: Any) -> None:

@@ -16,7 +16,8 @@ from typing import Any
 import attrs
 
 from refusion.errors import ConfigError, bad_value
-from refusion.validators import check_boolean, is_integer, is_number
+from refusion.limits import MAX_CALLS_PER_TOKEN, MAX_DENOISING_STEPS
+from refusion.validators import check_boolean, check_integer, is_integer, is_number
 
 
 def _engine(value: Any) -> None:
@@ -38,8 +39,7 @@ def _stop_at_eos(value: Any) -> None:
 
 
 def _calls_per_token(value: Any) -> None:
-    if not is_integer(value) or value < 1:
-        raise bad_value("calls_per_token", value, "an integer >= 1")
+    check_integer("calls_per_token", value, 1, MAX_CALLS_PER_TOKEN, "refusion.limits.MAX_CALLS_PER_TOKEN")
 
 
 def _cfg_scale(value: Any) -> None:
@@ -50,8 +50,9 @@ def _cfg_scale(value: Any) -> None:
 
 
 def _max_denoising_steps(value: Any) -> None:
-    if not is_integer(value) or value < 1:
-        raise bad_value("max_denoising_steps", value, "an integer >= 1")
+    check_integer(
+        "max_denoising_steps", value, 1, MAX_DENOISING_STEPS, "a forward each: refusion.limits.MAX_DENOISING_STEPS"
+    )
 
 
 def _temperature_end(name: str) -> Callable[[Any], None]:

@@ -30,6 +30,7 @@ from refusion.decoding.checks import (
     check_length,
     check_prompt,
     checked_partition,
+    checked_post_fill_passes,
     checks_answers,
     plugin_error,
 )
@@ -109,6 +110,7 @@ class Decoder:
     renoise: bool = decoder_option("renoise")
 
     def __attrs_post_init__(self) -> None:
+        checked_post_fill_passes(self.reviser)  # a loop count: bounded (refusion.limits) before any decode
         if not self.t_max > self.t_min:
             raise ConfigError(
                 f"`t_max` ({self.t_max}) must be greater than `t_min` ({self.t_min}): the denoising temperature "
@@ -208,7 +210,8 @@ class Decoder:
                     raise ConfigError(
                         f"{part.kind} {part.name!r} needs a model with `{field}={wanted}`, but {type(model).__name__} "
                         f"has `{field}={getattr(caps, field)}` ({caps}). Pick another {part.kind} (see `refusion "
-                        f"plugins`), or a preset that runs on this model: {', '.join(presets_for(model))}."
+                        f"plugins`), or a preset that runs on this model: {', '.join(presets_for(model))}.",
+                        param=part.kind,
                     )
         self._check_pairing()
 

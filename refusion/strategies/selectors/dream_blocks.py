@@ -14,7 +14,7 @@ from refusion.plugins import hookimpl
 from refusion.strategies.base import SlotSelector
 from refusion.strategies.selectors.dream_steps import dream_scores
 from refusion.strategies.selectors.scored import TIES, note_block, ranked
-from refusion.validators import one_of, open_unit_interval, optional, positive_int, probability
+from refusion.validators import one_of, open_unit_interval, optional, positive_int, probability, schedule_steps
 
 ALGS = ("confidence_threshold", "entropy")
 
@@ -46,7 +46,7 @@ class DreamBlocks(SlotSelector):
 
     alg: str = attrs.field(default="confidence_threshold", validator=one_of(ALGS))
     threshold: float = attrs.field(default=0.9, validator=probability)
-    steps: int = attrs.field(default=128, validator=positive_int)
+    steps: int = attrs.field(default=128, validator=schedule_steps)
     eps: float = attrs.field(default=1e-3, validator=open_unit_interval)
     precision: str = attrs.field(default="float32", validator=one_of(PRECISIONS))
     confidence_top_k: int | None = attrs.field(default=None, validator=optional(positive_int))

@@ -11,7 +11,7 @@ from refusion.decoding.types import Plan
 from refusion.plugins import hookimpl
 from refusion.strategies.base import SlotSelector
 from refusion.strategies.selectors.scored import TIES, ranked
-from refusion.validators import one_of, positive_int, probability
+from refusion.validators import one_of, positive_int, probability, schedule_steps
 
 STRATEGIES = ("low_confidence_dynamic", "low_confidence_static", "sequential")
 
@@ -50,7 +50,7 @@ class SDARSteps(SlotSelector):
     #: decides by the masks left in a block, which only shrink; a denoising canvas re-decides every position
     requires: ClassVar[dict[str, object]] = {"denoiser": False}
 
-    denoising_steps: int = attrs.field(default=4, validator=positive_int)
+    denoising_steps: int = attrs.field(default=4, validator=schedule_steps)
     remasking_strategy: str = attrs.field(default="low_confidence_dynamic", validator=one_of(STRATEGIES))
     confidence_threshold: float = attrs.field(default=0.85, validator=probability)
     block_length: int = attrs.field(default=4, validator=positive_int)

@@ -6,7 +6,8 @@ parameter, the value and the fix; none loads a model or allocates a tensor.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import operator
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,40 @@ def check_token_ids(name: str, ids: Iterable[int], vocab_size: int) -> None:
         raise ConfigError(
             f"`{name}` must be token ids in [0, {vocab_size}) (the model's vocabulary); got {bad}.", param=name
         )
+
+
+def token_id(value: Any) -> int | None:
+    """``value`` as a token id if it is an integer (a Python, NumPy or 0-d torch integer; never a bool, a float
+    or text), else ``None``."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def check_adapter_options(options: Mapping[str, Any]) -> None:
+    """Refuse, before anything is loaded, an adapter option of the wrong type: ``mask_token_id`` (a token id),
+    ``eos_token_id`` (a token id or a non-empty list of them), ``block_length`` (an integer >= 1). Their range
+    against the model (its vocabulary) is checked when the adapter is built."""
+    from refusion.validators import check_integer, shown
+
+    mask = options.get("mask_token_id")
+    if mask is not None and (token_id(mask) is None or token_id(mask) < 0):
+        raise ConfigError(
+            f"`mask_token_id` must be a token id (an integer >= 0); got {shown(mask)}.", param="mask_token_id"
+        )
+    eos = options.get("eos_token_id")
+    if eos is not None:
+        listed = list(eos) if isinstance(eos, (list, tuple, set, frozenset)) else [eos]
+        if not listed or any(token_id(t) is None or token_id(t) < 0 for t in listed):
+            raise ConfigError(
+                f"`eos_token_id` must be a token id (an integer >= 0) or a non-empty list of them; got {shown(eos)}.",
+                param="eos_token_id",
+            )
+    if options.get("block_length") is not None:
+        check_integer("block_length", options["block_length"], 1)
 
 
 #: a checkpoint's size fields and the largest value each may hold (far beyond any published model)

@@ -25,6 +25,18 @@ ARGUMENTS_20 = (
 )
 
 
+def check_counts(args: Mapping[str, Any]) -> None:
+    """``steps`` and ``minimal_topk``, when given, are integers >= 1 (``'8'``, ``[1]``, ``0``, ``True`` are
+    refused naming them, before anything compares them), ``steps`` within :data:`~refusion.limits.MAX_STEPS`."""
+    from refusion.limits import MAX_GEN_LENGTH, MAX_STEPS
+    from refusion.validators import check_integer
+
+    if args.get("steps") is not None:
+        check_integer("steps", args["steps"], 1, MAX_STEPS, "a schedule's steps: refusion.limits.MAX_STEPS")
+    if args.get("minimal_topk") is not None:
+        check_integer("minimal_topk", args["minimal_topk"], 1, MAX_GEN_LENGTH, "tokens per step at least")
+
+
 def model_block(function: str, args: Mapping[str, Any], model: Any) -> dict[str, Any]:
     """``block_length`` must be the model's (and the mask and EOS ids its own); the block as parameters."""
     if model is None:
@@ -52,6 +64,7 @@ def translate_generate_20(args: Mapping[str, Any], model: Any) -> PeerCall:
     ``minimal_topk`` is accepted (it caps ``steps`` at ``gen_length // minimal_topk``: give ``steps`` no larger);
     ``eos_id`` and ``mask_id`` must be the model's; refused: ``eos_early_stop=True`` (its return in the middle of
     a block), ``steps`` > ``block_length`` (steps due no token: forwards that change nothing)."""
+    check_counts(args)
     params = model_block(NAME_20, args, model)
     if args.get("eos_early_stop"):
         raise refuse(
@@ -87,6 +100,7 @@ def translate_generate(args: Mapping[str, Any], model: Any) -> PeerCall:
     ``gen_length`` is ``refusion.generate``'s own; ``steps`` and ``minimal_topk`` change nothing (LLaDA 2.1
     computes its steps and never reads them); ``eos_id`` and ``mask_id`` must be the model's. Refused:
     ``eos_early_stop=True``, ``num_to_transfer`` other than 1."""
+    check_counts(args)
     params = model_block(NAME, args, model)
     if args.get("eos_early_stop"):
         raise refuse(NAME, "eos_early_stop", True, "every block is decoded and the answer cut at the first EOS.")

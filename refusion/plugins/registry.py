@@ -38,6 +38,15 @@ def _interfaces() -> dict[str, type]:
     }
 
 
+def part_interface(kind: str) -> type:
+    """The interface every ``kind`` part implements (:class:`~refusion.strategies.base.Reviser` for
+    ``"reviser"``); :class:`ConfigError` for an unknown kind."""
+    interfaces = _interfaces()
+    if kind not in interfaces:
+        raise ConfigError(f"`kind` must be one of {', '.join(interfaces)}; got {kind!r}.", param="kind")
+    return interfaces[kind]
+
+
 #: Kind of part -> the hook that registers it.
 HOOKS = {
     "partitioner": "register_partitioners",

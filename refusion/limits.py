@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from refusion.errors import ConfigError
+from refusion.validators import int_in
 
 #: tokens generated per prompt, whatever the model's positions (those are checked too, once it is loaded)
 MAX_GEN_LENGTH = 65_536
@@ -47,6 +48,8 @@ MAX_DENOISING_STEPS = 1024
 #: edit-only passes over a filled block (a reviser's ``post_fill_passes``, the ``editing`` reviser's
 #: ``max_post_steps``; LLaDA 2.1's default 16): one model forward each, per block
 MAX_POST_FILL_PASSES = 64
+#: the attrs validator of a selector's schedule steps: an integer in [1, MAX_STEPS]
+schedule_steps = int_in(1, MAX_STEPS, "a schedule's steps: refusion.limits.MAX_STEPS")
 #: ``calls_per_token``: an infiller's model calls per chosen token, and a revising block's iterations per token
 #: (each plus 8), before the part is stopped with an error
 MAX_CALLS_PER_TOKEN = 64

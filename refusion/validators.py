@@ -21,7 +21,6 @@ from typing import Any
 import attrs
 
 from refusion.errors import ConfigError, bad_value
-from refusion.limits import MAX_STEPS
 
 
 def shown(value: Any, width: int = 80) -> str:
@@ -121,11 +120,6 @@ def int_in(low: int, high: int, why: str = "") -> Callable[[Any, Any, Any], None
         check_integer(attribute.name, value, low, high, why)
 
     return check
-
-
-def schedule_steps(instance: Any, attribute: Any, value: Any) -> None:
-    """The steps of a selector's schedule: an integer in [1, :data:`~refusion.limits.MAX_STEPS`]."""
-    check_integer(attribute.name, value, 1, MAX_STEPS, "a schedule's steps: refusion.limits.MAX_STEPS")
 
 
 def probability(instance: Any, attribute: Any, value: Any) -> None:

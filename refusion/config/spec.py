@@ -100,12 +100,13 @@ class PartSpec:
                 f"of one; got {shown(part)}.",
                 param=kind,
             )
+        part_type: Any = type(part)
         params = (
-            {(f.alias or f.name): getattr(part, f.name) for f in attrs.fields(type(part)) if f.init}
-            if attrs.has(type(part))
+            {(f.alias or f.name): getattr(part, f.name) for f in attrs.fields(part_type) if f.init}
+            if attrs.has(part_type)
             else {}
         )
-        return cls(_name_of(kind, type(part)), params, cls=type(part), instance=part)
+        return cls(_name_of(kind, part_type), params, cls=part_type, instance=part)
 
     @property
     def readable(self) -> bool:

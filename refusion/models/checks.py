@@ -112,14 +112,16 @@ def check_adapter_options(options: Mapping[str, Any]) -> None:
     from refusion.validators import check_integer, shown
 
     mask = options.get("mask_token_id")
-    if mask is not None and (token_id(mask) is None or token_id(mask) < 0):
+    mask_id = None if mask is None else token_id(mask)
+    if mask is not None and (mask_id is None or mask_id < 0):
         raise ConfigError(
             f"`mask_token_id` must be a token id (an integer >= 0); got {shown(mask)}.", param="mask_token_id"
         )
     eos = options.get("eos_token_id")
     if eos is not None:
         listed = list(eos) if isinstance(eos, (list, tuple, set, frozenset)) else [eos]
-        if not listed or any(token_id(t) is None or token_id(t) < 0 for t in listed):
+        ids = [token_id(t) for t in listed]
+        if not ids or any(t is None or t < 0 for t in ids):
             raise ConfigError(
                 f"`eos_token_id` must be a token id (an integer >= 0) or a non-empty list of them; got {shown(eos)}.",
                 param="eos_token_id",

@@ -240,7 +240,8 @@ def read_generation_config(path: str, config: Mapping[str, Any] | None = None) -
             param="model",
         )
     config = config or {}
-    text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else {}
+    nested = config.get("text_config")
+    text: Mapping[str, Any] = nested if isinstance(nested, Mapping) else {}
     vocab = config.get("vocab_size", text.get("vocab_size"))
     check_token_fields(data, vocab, path, "generation_config.json field `")
     return data

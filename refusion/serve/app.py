@@ -103,4 +103,3 @@ async def unexpected_error(request: Request, error: Exception) -> JSONResponse:
             code="internal_error",
         )
     )
-

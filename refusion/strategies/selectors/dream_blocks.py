@@ -10,11 +10,12 @@ import torch
 
 from refusion.decoding.sampling import PRECISIONS
 from refusion.decoding.types import Plan
+from refusion.limits import schedule_steps
 from refusion.plugins import hookimpl
 from refusion.strategies.base import SlotSelector
 from refusion.strategies.selectors.dream_steps import dream_scores
 from refusion.strategies.selectors.scored import TIES, note_block, ranked
-from refusion.validators import one_of, open_unit_interval, optional, positive_int, probability, schedule_steps
+from refusion.validators import one_of, open_unit_interval, optional, positive_int, probability
 
 ALGS = ("confidence_threshold", "entropy")
 

@@ -8,11 +8,12 @@ from typing import ClassVar
 import attrs
 
 from refusion.decoding.types import Plan
+from refusion.limits import schedule_steps
 from refusion.plugins import hookimpl
 from refusion.strategies.base import SlotSelector
 from refusion.strategies.selectors.llada_steps import even_schedule
 from refusion.strategies.selectors.scored import TIES, ranked
-from refusion.validators import one_of, positive_int, probability, schedule_steps
+from refusion.validators import one_of, positive_int, probability
 
 
 @attrs.frozen

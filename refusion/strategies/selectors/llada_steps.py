@@ -9,10 +9,11 @@ import attrs
 import torch
 
 from refusion.decoding.types import Plan
+from refusion.limits import schedule_steps
 from refusion.plugins import hookimpl
 from refusion.strategies.base import SlotSelector
 from refusion.strategies.selectors.scored import TIES, note_block, ranked
-from refusion.validators import one_of, schedule_steps
+from refusion.validators import one_of
 
 REMASKING = ("low_confidence", "random")
 

@@ -8,10 +8,11 @@ from typing import ClassVar
 import attrs
 
 from refusion.decoding.types import Plan
+from refusion.limits import schedule_steps
 from refusion.plugins import hookimpl
 from refusion.strategies.base import SlotSelector
 from refusion.strategies.selectors.scored import TIES, ranked
-from refusion.validators import one_of, positive_int, probability, schedule_steps
+from refusion.validators import one_of, positive_int, probability
 
 STRATEGIES = ("low_confidence_dynamic", "low_confidence_static", "sequential")
 

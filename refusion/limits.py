@@ -48,6 +48,11 @@ MAX_DENOISING_STEPS = 1024
 #: edit-only passes over a filled block (a reviser's ``post_fill_passes``, the ``editing`` reviser's
 #: ``max_post_steps``; LLaDA 2.1's default 16): one model forward each, per block
 MAX_POST_FILL_PASSES = 64
+#: a block's or a slot's length (``block_length`` of ``semi-ar``, ``sdar-steps``, ``llada2-steps`` and of a
+#: block-diffusion model, ``slot_size`` of ``semi-ar``): a selector ranks a row of that many positions each step
+MAX_BLOCK_LENGTH = MAX_GEN_LENGTH
+#: the attrs validator of a block's or a slot's length: an integer in [1, MAX_BLOCK_LENGTH]
+block_positions = int_in(1, MAX_BLOCK_LENGTH, "positions: refusion.limits.MAX_BLOCK_LENGTH")
 #: the attrs validator of a selector's schedule steps: an integer in [1, MAX_STEPS]
 schedule_steps = int_in(1, MAX_STEPS, "a schedule's steps: refusion.limits.MAX_STEPS")
 #: ``calls_per_token``: an infiller's model calls per chosen token, and a revising block's iterations per token

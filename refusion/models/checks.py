@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from refusion.errors import ConfigError
+from refusion.limits import MAX_BLOCK_LENGTH
 from refusion.validators import is_integer
 
 
@@ -127,7 +128,7 @@ def check_adapter_options(options: Mapping[str, Any]) -> None:
                 param="eos_token_id",
             )
     if options.get("block_length") is not None:
-        check_integer("block_length", options["block_length"], 1)
+        check_integer("block_length", options["block_length"], 1, MAX_BLOCK_LENGTH, "refusion.limits.MAX_BLOCK_LENGTH")
 
 
 #: a checkpoint's size fields and the largest value each may hold (far beyond any published model)

@@ -37,6 +37,7 @@ CASES = [
         "max_post_steps",
     ),
     ("llada2 selector steps for ever", "llada2", "llada2", {"selector.steps": 10**9}, "steps"),
+    ("llada2 a block of a billion", "llada2", "llada2", {"selector.block_length": 10**9}, "block_length"),
     ("llada steps for ever", "llada", "llada", {"steps": 10**9}, "steps"),
     ("sdar steps for ever", "sdar", "sdar", {"denoising_steps": 10**9}, "denoising_steps"),
     ("dream steps for ever", "dream", "dream", {"steps": 10**9, "max_new_tokens": 16}, "steps"),

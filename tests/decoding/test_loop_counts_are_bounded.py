@@ -14,7 +14,13 @@ from hypothesis import strategies as st
 import refusion
 from refusion.decoding.decoder import Decoder
 from refusion.errors import ConfigError, PluginError
-from refusion.limits import MAX_CALLS_PER_TOKEN, MAX_DENOISING_STEPS, MAX_POST_FILL_PASSES, MAX_STEPS
+from refusion.limits import (
+    MAX_BLOCK_LENGTH,
+    MAX_CALLS_PER_TOKEN,
+    MAX_DENOISING_STEPS,
+    MAX_POST_FILL_PASSES,
+    MAX_STEPS,
+)
 from refusion.models.mdm import tiny_bidirectional
 from refusion.strategies.base import Reviser, Revision
 
@@ -30,8 +36,12 @@ COUNTS = [
     ({"reviser": "editing", "infiller": "draft", "partitioner": "semi-ar"}, "max_post_steps", MAX_POST_FILL_PASSES, 0),
     ({}, "max_denoising_steps", MAX_DENOISING_STEPS, 1),
     ({}, "calls_per_token", MAX_CALLS_PER_TOKEN, 1),
+    # the rows a selector ranks and a partition's blocks: positions allocated per step
+    ({"selector": "llada2-steps"}, "block_length", MAX_BLOCK_LENGTH, 1),
+    ({"selector": "sdar-steps"}, "block_length", MAX_BLOCK_LENGTH, 1),
+    ({"partitioner": "semi-ar"}, "block_length", MAX_BLOCK_LENGTH, 1),
 ]
-IDS = [f"{names.get('selector') or names.get('reviser') or 'decoder'}.{field}" for names, field, _, _ in COUNTS]
+IDS = [f"{next(iter(names.values()), 'decoder')}.{field}" for names, field, _, _ in COUNTS]
 
 
 @pytest.mark.parametrize("names, field, limit, low", COUNTS, ids=IDS)
@@ -46,13 +56,20 @@ def test_a_loop_count_past_its_limit_is_refused_naming_it_and_the_limit(names, f
         Decoder.from_names(**names, **{field: limit + 1})
 
 
+def test_a_slot_past_the_block_limit_is_refused_naming_slot_size():
+    Decoder.from_names(partitioner="semi-ar", block_length=MAX_BLOCK_LENGTH, slot_size=MAX_BLOCK_LENGTH)
+    with pytest.raises(ConfigError, match="refusion.limits.MAX_BLOCK_LENGTH") as caught:
+        Decoder.from_names(partitioner="semi-ar", block_length=MAX_BLOCK_LENGTH, slot_size=10**9)
+    assert caught.value.param in ("slot_size", "partitioner.slot_size")
+
+
 @settings(max_examples=30, deadline=None)
 @given(case=st.sampled_from(range(len(COUNTS))), value=st.integers(-(2**70), 2**70))
 def test_a_loop_count_is_accepted_exactly_within_its_limit(case, value):
     names, field, limit, low = COUNTS[case]
     if low <= value <= limit:
         decoder = Decoder.from_names(**names, **{field: value})
-        owner = next(o for o in (decoder, decoder.selector, decoder.reviser) if hasattr(o, field))
+        owner = next(o for o in (decoder, decoder.partitioner, decoder.selector, decoder.reviser) if hasattr(o, field))
         assert getattr(owner, field) == value
     else:
         with pytest.raises(ConfigError):

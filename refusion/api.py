@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from refusion.config import DecoderSpec
+from refusion.config import PART_KINDS, DecoderSpec
 from refusion.config import preset as get_preset
 from refusion.config.spec import DEFAULT_GEN_LENGTH
 from refusion.decoding.decoder import Decoder
 from refusion.errors import ConfigError, warn_caller
+from refusion.limits import MAX_GEN_LENGTH
 from refusion.models.base import ModelAdapter
 from refusion.models.loading import load_model
 from refusion.prompts import encode_prompt
+from refusion.validators import check_integer
 
 
 def decoder_spec(
@@ -44,8 +46,21 @@ def decoder_spec(
         chosen = named_preset(adapter, preset)
     else:
         chosen = getattr(adapter, "preset", None) or get_preset("paper")
+    if isinstance(preset, str) and adapter is not None and chosen.peer is not None:
+        from refusion.peers import peer_function
+
+        function, caps = peer_function(chosen.peer), adapter.capabilities
+        missing = {field: wanted for field, wanted in function.requires.items() if getattr(caps, field) != wanted}
+        if missing:
+            needs = ", ".join(f"`{field}={wanted}`" for field, wanted in missing.items())
+            raise wrong_family(preset, adapter, f"it reproduces {function.name}, which decodes models with {needs}.")
     parts = dict(partitioner=partitioner, selector=selector, infiller=infiller, reorderer=reorderer, reviser=reviser)
-    return chosen.merged(parts, params, model=adapter)
+    try:
+        return chosen.merged(parts, params, model=adapter)
+    except ConfigError as exc:  # a peer function refusing the model it was given: the preset does not fit it
+        if exc.param == "model" and isinstance(preset, str) and adapter is not None:
+            raise wrong_family(preset, adapter, str(exc)) from None
+        raise
 
 
 def named_preset(adapter: ModelAdapter | None, name: str) -> DecoderSpec:
@@ -58,9 +73,33 @@ def named_preset(adapter: ModelAdapter | None, name: str) -> DecoderSpec:
 
 
 def build_decoder(adapter: ModelAdapter | None, **options: Any) -> tuple[Decoder, int | None]:
-    """``(decoder, gen_length)`` of :func:`decoder_spec` with the same arguments: the spec built, and its length."""
+    """``(decoder, gen_length)`` of :func:`decoder_spec` with the same arguments: the spec built, and its length.
+
+    With a model, a preset named for it that cannot run on it (a part of the preset, not one the caller gave,
+    needs a capability the model lacks) is a :class:`ConfigError` naming ``preset``."""
     spec = decoder_spec(adapter, **options)
-    return Decoder.from_spec(spec), spec.gen_length
+    decoder = Decoder.from_spec(spec)
+    named = options.get("preset")
+    if adapter is not None and isinstance(named, str):
+        try:
+            decoder.check_model(adapter)
+        except ConfigError as exc:
+            if exc.param is None or (exc.param in PART_KINDS and options.get(exc.param) is None):
+                raise wrong_family(named, adapter, str(exc)) from None
+            raise
+    return decoder, spec.gen_length
+
+
+def wrong_family(preset: str, adapter: ModelAdapter, why: str) -> ConfigError:
+    """The error for a named preset that does not run on ``adapter``: names ``preset`` and those that do."""
+    from refusion.decoding.decoder import presets_for
+
+    family = getattr(adapter, "family", None) or type(adapter).__name__
+    return ConfigError(
+        f"`preset` {preset!r} does not run on this model ({family}): {why} Presets that run on it: "
+        f"{', '.join(name for name in presets_for(adapter) if name != preset)}.",
+        param="preset",
+    )
 
 
 def generate(
@@ -109,6 +148,7 @@ def generate(
     """
     adapter = load_model(model, tokenizer=tokenizer)
     if "max_new_tokens" in params:  # a peer's name for the length (Dream): honoured exactly, like gen_length
+        check_integer("max_new_tokens", params["max_new_tokens"], 1, MAX_GEN_LENGTH, "tokens to generate")
         if gen_length is not None and gen_length != params["max_new_tokens"]:
             raise ConfigError(
                 f"Give `gen_length` ({gen_length}) or `max_new_tokens` ({params['max_new_tokens']}), not both."

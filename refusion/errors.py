@@ -98,6 +98,12 @@ def _row_error(message: str, param: str | None, row_id: str | None, line: int | 
     return RowError(message, param=param, row_id=row_id, line=line)
 
 
+class ImportRefused(ConfigError):
+    """A ``"module:Class"`` name in input that may not run code (a checkpoint's ``refusion.json``, a request, a
+    batch row, a record), refused before anything was imported; ``param`` names the field
+    (:mod:`refusion.config.trust`)."""
+
+
 class InvalidJSON(ConfigError):
     """A request body that is not one JSON object (the message says why; ``param`` names the field when one is at
     fault, e.g. a ``NaN`` in ``temperature``)."""
@@ -176,7 +182,11 @@ def bad_value(param: str, value: Any, allowed: str) -> ConfigError:
     >>> str(bad_value("slot_size", 0, "an integer >= 1"))
     '`slot_size` must be an integer >= 1; got 0.'
     """
-    return ConfigError(f"`{param}` must be {allowed}; got {value!r}.", param=param)
+    try:
+        got = repr(value)
+    except ValueError:  # an int too long to print
+        got = f"an integer of about {int(value.bit_length() * 0.30103)} digits"
+    return ConfigError(f"`{param}` must be {allowed}; got {got:.200}.", param=param)
 
 
 def unknown_name(kind: str, name: str, known: Iterable[str]) -> UnknownNameError:

@@ -1,11 +1,13 @@
 """Continuous batching: requests join and leave a running engine between steps.
 
-A :class:`Generator` owns one live engine for one model. :meth:`Generator.submit`
+A :class:`Generator` owns one live engine for one model and a
+:class:`~refusion.scheduler.Scheduler` over it. :meth:`Generator.submit`
 checks a request at once (bad input fails there, not later) and queues it;
-each :meth:`Generator.step` admits queued requests while there is room
-(``max_rows`` live sequences, ``max_tokens`` reserved context positions),
-runs one engine step for every live request and reports what each gained as
-:class:`Progress` events. Finished and cancelled requests leave at once and
+each :meth:`Generator.step` lets the scheduler admit queued requests while
+there is room (the :class:`~refusion.config.runtime.RuntimeConfig`'s
+``max_rows`` live rows, ``max_batch_tokens`` reserved positions, the engine's
+key/value memory) and run one step of the decode loop for every live
+request, and reports what each gained as :class:`Progress` events. Finished and cancelled requests leave at once and
 their rows and keys/values are reused. Requests may differ in everything a
 decoder holds (parts, parameters, sampling, seed) and in ``gen_length``; a
 request's tokens are the same as decoding it alone.
@@ -38,18 +40,16 @@ from typing import Any
 
 import attrs
 
+from refusion.config.runtime import RuntimeConfig
 from refusion.decoding.decoder import Decoder, Prepared, with_text
-from refusion.decoding.loop import DecodeLoop
 from refusion.decoding.session import DecodeSession
 from refusion.decoding.types import DecodeResult, IterationRecord
-from refusion.engines import engine_class, open_engine
+from refusion.engines import engine_class
 from refusion.engines.choose import check_invariance
 from refusion.errors import CallbackError, ConfigError, QueueFull, StalledError
-from refusion.validators import check_boolean, check_integer
+from refusion.scheduler import HOLD_FOR_PREFIX, Scheduler, Ticket
 
-#: steps a request may wait, at the head of the queue, for a live request to publish prompt pages it shares (it
-#: then reuses them instead of computing them: one forward of waiting; SGLang's in-batch prefix caching does the same)
-HOLD_FOR_PREFIX = 2
+__all__ = ["HOLD_FOR_PREFIX", "CommittedSlot", "Generator", "Progress", "Request"]
 
 
 @attrs.frozen
@@ -124,7 +124,8 @@ class Request:
         self._cancel = False
         self._callback_error: CallbackError | None = None
         self._changed = threading.Condition()
-        self._held = 0  # steps it waited for a live request to publish the prompt pages it shares
+        #: what the scheduler knows of it
+        self.ticket = Ticket(decoder, prepared, record=record, owner=self)
 
     @property
     def prompt_length(self) -> int:
@@ -209,15 +210,17 @@ class Generator:
     ``model``: a model adapter, a transformers model or a checkpoint path
     (default: the shipped model). The default decoder comes from ``decoder``
     or from ``preset`` and ``params`` as in :func:`refusion.generate`;
-    ``gen_length`` is the default length (else the preset's). ``engine``
-    (name, class or live instance) runs the calls (default: the best for the
-    model). At most ``max_rows`` requests are live at once and, if given,
-    their prompts plus generation regions reserve at most ``max_tokens``
-    positions; others wait in the queue (a single request larger than
-    ``max_tokens`` is refused at submit). With ``max_queue`` set, a submit
-    that finds that many requests waiting raises
-    :class:`~refusion.errors.QueueFull`. If an engine step raises, the
-    requests it was running fail with that error and the generator goes on.
+    ``gen_length`` is the default length (else the preset's). ``runtime`` (a
+    :class:`~refusion.config.runtime.RuntimeConfig`) says which engine runs the
+    calls and what it may hold: at most ``max_rows`` requests are live at once,
+    their prompts plus generation regions reserve at most ``max_batch_tokens``
+    positions, their keys/values at most ``kv_memory`` bytes; others wait in
+    the queue (a single request that can never fit is refused at submit).
+    ``engine``, ``max_rows``, ``max_tokens`` (``max_batch_tokens``),
+    ``prefix_cache`` and ``kv_memory`` may be given as keywords instead. With
+    ``max_queue`` set, a submit that finds that many requests waiting raises
+    :class:`~refusion.errors.QueueFull`. If a step raises, the requests it was
+    running fail with that error and the generator goes on.
     ``prefix_cache``: requests whose prompts start alike reuse the keys and
     values of the full pages they share (:mod:`refusion.cache.prefix`) instead
     of computing them; ``None`` (default) turns it on where the engine can
@@ -233,8 +236,9 @@ class Generator:
         model: Any = None,
         decoder: Decoder | None = None,
         *,
+        runtime: RuntimeConfig | None = None,
         engine: Any = None,
-        max_rows: int = 16,
+        max_rows: int | None = None,
         max_tokens: int | None = None,
         max_queue: int | None = None,
         gen_length: int | None = None,
@@ -247,18 +251,16 @@ class Generator:
     ):
         from refusion.api import build_decoder, load_model
 
-        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
-            raise ConfigError(f"`max_rows` must be an integer >= 1; got {max_rows!r}.", param="max_rows")
-        if max_tokens is not None and (
-            isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
-        ):
-            raise ConfigError(f"`max_tokens` must be None or an integer >= 1; got {max_tokens!r}.", param="max_tokens")
+        runtime = RuntimeConfig.of(
+            runtime,
+            engine=engine,
+            max_rows=max_rows,
+            max_tokens=max_tokens,
+            prefix_cache=prefix_cache,
+            kv_memory=kv_memory,
+        )
         if max_queue is not None and (isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1):
             raise ConfigError(f"`max_queue` must be None or an integer >= 1; got {max_queue!r}.", param="max_queue")
-        if prefix_cache is not None:
-            check_boolean("prefix_cache", prefix_cache)
-        if kv_memory is not None:
-            check_integer("kv_memory", kv_memory, 1)
         self.max_queue = max_queue
         self.model = load_model(model, tokenizer=tokenizer)
         if decoder is None:
@@ -270,18 +272,27 @@ class Generator:
         self.decoder = decoder
         self.gen_length = default_length if gen_length is None else gen_length
         self.chat = chat
-        self.max_rows = max_rows
-        self.max_tokens = max_tokens
-        self.engine = open_engine(self.model, decoder, engine, prefix_cache=prefix_cache, kv_memory=kv_memory)
-        self._runner = DecodeLoop(self.engine)
+        self.runtime = RuntimeConfig.for_decoder(decoder, runtime)
+        self.engine = self.runtime.open(self.model, decoder)
+        self.scheduler = Scheduler(
+            self.engine, self.model, max_rows=self.runtime.max_rows, max_batch_tokens=self.runtime.max_batch_tokens
+        )
         self._ids = itertools.count()
-        self._waiting: deque[Request] = deque()
-        self._running: dict[int, Request] = {}  # id(session) -> request
+        self._requests: dict[int, Request] = {}  # id(ticket) -> request, while waiting or live
         self._lock = threading.Lock()  # guards the queue
         self._step_lock = threading.Lock()  # one step at a time
         self._work = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
         self._closing = False
+
+    @property
+    def max_rows(self) -> int:
+        return self.runtime.max_rows
+
+    @property
+    def max_tokens(self) -> int | None:
+        """The positions the live requests may reserve (``max_batch_tokens``)."""
+        return self.runtime.max_batch_tokens
 
     # -- requests ----------------------------------------------------------------
     def submit(
@@ -317,8 +328,14 @@ class Generator:
             raise ConfigError("This generator is closed; it takes no new requests.")
         if decoder is not None and (preset is not None or params):
             raise ConfigError("Pass either `decoder` or `preset`/parameters, not both.")
+        length = self.gen_length if gen_length is None else gen_length
         if decoder is None:
-            decoder = build_decoder(self.model, preset=preset, **params)[0] if (preset or params) else self.decoder
+            if preset or params:
+                params = dict(params)
+                params.setdefault("gen_length", length)  # a peer's arguments may depend on it (its step cap)
+                decoder = build_decoder(self.model, preset=preset, **params)[0]
+            else:
+                decoder = self.decoder
         if decoder.engine is not None and engine_class(decoder.engine) is not type(self.engine):
             raise ConfigError(
                 f"`engine` {decoder.engine!r} differs from this generator's engine {self.engine.name!r}.",
@@ -326,21 +343,16 @@ class Generator:
             )
         check_invariance(self.engine, decoder.batch_invariant)
         ids = encode_prompt(prompt, self.model.tokenizer, self.chat, allow_special=allow_special)
-        prepared = decoder.prepare(self.model, ids, self.gen_length if gen_length is None else gen_length, seed=seed)
-        need = prepared.prompt.shape[0] + prepared.partition.gen_length
-        if self.max_tokens is not None and need > self.max_tokens:
-            raise ConfigError(
-                f"The request needs {need} positions (prompt plus generation), more than `max_tokens` "
-                f"({self.max_tokens}); use a shorter prompt or gen_length."
-            )
-        room = self.engine.admission(prepared.prompt.shape[0], prepared.partition.gen_length, alone=True)
-        if room is not None:
-            raise ConfigError(f"The request cannot run: {room}.", param="kv_memory")
+        prepared = decoder.prepare(self.model, ids, length, seed=seed)
         request = Request(self, next(self._ids), decoder, prepared, on_event, record=bool(record))
+        refused = self.scheduler.refusal(request.ticket)
+        if refused is not None:
+            raise refused
         with self._lock:
-            if self.max_queue is not None and len(self._waiting) >= self.max_queue:
+            if self.max_queue is not None and self.scheduler.waiting >= self.max_queue:
                 raise QueueFull(f"The queue holds `max_queue` ({self.max_queue}) waiting requests; retry later.")
-            self._waiting.append(request)
+            self._requests[id(request.ticket)] = request
+            self.scheduler.submit(request.ticket)
             self._work.notify_all()
         return request
 
@@ -358,17 +370,17 @@ class Generator:
     @property
     def live_rows(self) -> int:
         """Requests decoding now."""
-        return len(self._running)
+        return len(self.scheduler.running)
 
     @property
     def waiting(self) -> int:
         """Requests queued for admission."""
-        return len(self._waiting)
+        return self.scheduler.waiting
 
     @property
     def reserved_tokens(self) -> int:
         """Positions (prompt plus generation region) reserved by the live requests."""
-        return sum(r.prompt_length + r.region_length for r in list(self._running.values()))
+        return self.scheduler.reserved_tokens
 
     @property
     def closing(self) -> bool:
@@ -381,10 +393,10 @@ class Generator:
         return self._thread is not None and self._thread.is_alive()
 
     def idle(self) -> bool:
-        return not self._running and not self._waiting
+        return self.scheduler.idle()
 
     def step(self) -> list[Progress]:
-        """Apply cancellations, admit what fits, run one engine step; return the events it produced.
+        """Apply cancellations, admit what fits, run one step of the decode loop; return the events it produced.
 
         Never raises for a request's failure: an engine or plugin error fails
         the requests that step was running (their ``error``), a raising
@@ -393,117 +405,65 @@ class Generator:
         with self._step_lock:
             events: list[Progress] = []
             try:
-                self._cancel_requested(events)
-                self._admit(events)
-                if len(self._runner):
-                    try:
-                        finished = self._runner.step()
-                    except Exception:  # the loop failed every live row with the step's error: their requests only
-                        self._failed(events)
-                        return events
-                    for session, result in finished:
-                        self._report(self._running.pop(id(session)), events, result)
-                    self._failed(events)
-                    for request in list(self._running.values()):
-                        self._report(request, events, None)
-                self._cancel_requested(events)  # callbacks that raised during this step
+                self._mark_cancelled()
+                outcome = self.scheduler.step()
+                for ticket in outcome.cancelled:
+                    self._end_cancelled(ticket.owner, events)
+                for ticket in outcome.started:
+                    request = ticket.owner
+                    request.session, request.status = ticket.session, "running"
+                finished = {id(ticket) for ticket, _ in outcome.finished}
+                for ticket, result in outcome.finished:
+                    self._report(ticket.owner, events, result)
+                for ticket, error in outcome.failed:
+                    self._fail(ticket.owner, error, events)
+                for ticket in outcome.running:
+                    if id(ticket) not in finished:
+                        self._report(ticket.owner, events, None)
+                self._mark_cancelled()
+                for ticket in self.scheduler.drop_cancelled():  # callbacks that raised during this step
+                    self._end_cancelled(ticket.owner, events)
             except Exception as error:  # a fault of the generator's own bookkeeping: fail what was live, go on
                 self._fail_running(error, events)
             return events
 
+    def _mark_cancelled(self) -> None:
+        for request in list(self._requests.values()):
+            if request._cancel:
+                self.scheduler.cancel(request.ticket)
+
     def _step_for(self, request: Request) -> None:
         """One :meth:`step` on behalf of ``request`` (a caller stepping the generator to wait for it)."""
         events = self.step()
-        if not request.done and not events and not self._running and request not in self._waiting:
+        if not request.done and not events and not self.scheduler.holds(request.ticket):
             raise StalledError(
                 f"Request {request.id} is {request.status!r} but nothing of it is queued or decoding; "
                 "it can make no more progress."
             )
 
     def _fail_running(self, error: Exception, events: list[Progress]) -> None:
-        for key, request in list(self._running.items()):
-            try:
-                self._runner.cancel(request.session)
-            except Exception:
-                pass
-            del self._running[key]
-            request.status, request.error, request.session = "failed", error, None
-            events.append(self._final_failure(request, error))
+        for ticket in self.scheduler.fail_running(error):
+            self._fail(ticket.owner, error, events)
+
+    def _fail(self, request: Request, error: BaseException, events: list[Progress]) -> None:
+        self._requests.pop(id(request.ticket), None)
+        request.status, request.error, request.session = "failed", error, None
+        events.append(self._final_failure(request, error))
 
     def _final_failure(self, request: Request, error: BaseException) -> Progress:
         event = Progress(request, None, (), (), request.prefix, finished=True, error=error)
         request._emit(event)
         return event
 
-    def _failed(self, events: list[Progress]) -> None:
-        for session, error in self._runner.failures:
-            request = self._running.pop(id(session))
-            request.status, request.error, request.session = "failed", error, None
-            events.append(self._final_failure(request, error))
-        self._runner.failures.clear()
-
     def run_until_idle(self) -> None:
         """Step until no request is waiting or live."""
         while not self.idle():
             self.step()
 
-    def _admit(self, events: list[Progress]) -> None:
-        while True:
-            with self._lock:
-                if not self._waiting or len(self._running) >= self.max_rows:
-                    return
-                request = self._waiting[0]
-                need = request.prompt_length + request.region_length
-                if self.max_tokens is not None and self.reserved_tokens + need > self.max_tokens:
-                    return
-                short = self.engine.admission(request.prompt_length, request.region_length)
-                if short is not None and self._running:
-                    return  # it fits once a running request gives its pages back (submit checked it fits alone)
-                if (
-                    self._running
-                    and request._held < HOLD_FOR_PREFIX
-                    and self.engine.awaited_prefix(request.prepared.prompt)
-                ):
-                    request._held += 1  # a live request is encoding pages of this prompt: take them next step
-                    return
-                self._waiting.popleft()
-            if request._cancel:
-                self._end_cancelled(request, events)
-                continue
-            if short is not None:  # nothing runs and it still does not fit (the device lost memory): no waiting
-                request.status = "failed"
-                request.error = ConfigError(f"The request cannot be admitted: {short}.", param="kv_memory")
-                events.append(self._final_failure(request, request.error))
-                continue
-            try:
-                session = request.decoder.start(self.model, self.engine, request.prepared, record=request.record)
-            except Exception as error:  # e.g. no room for its cache: this request alone fails
-                request.status, request.error = "failed", error
-                events.append(self._final_failure(request, error))
-                continue
-            request.session, request.status = session, "running"
-            self._running[id(session)] = request
-            done = self._runner.add(session)
-            if done is not None:
-                self._report(self._running.pop(id(session)), events, done)
-            self._failed(events)
-
-    def _cancel_requested(self, events: list[Progress]) -> None:
-        with self._lock:
-            queued = [r for r in self._waiting if r._cancel]
-            for r in queued:
-                self._waiting.remove(r)
-        for request in queued:
-            self._end_cancelled(request, events)
-        for key, request in list(self._running.items()):
-            if request._cancel:
-                self._runner.cancel(request.session)
-                del self._running[key]
-                request.session = None
-                self._end_cancelled(request, events)
-
     def _end_cancelled(self, request: Request, events: list[Progress]) -> None:
         """End a request taken out of the queue or the batch: cancelled, or failed if its callback raised."""
+        self._requests.pop(id(request.ticket), None)
+        request.session = None
         if request._callback_error is not None:
             request.status, request.error = "failed", request._callback_error
             events.append(self._final_failure(request, request._callback_error))
@@ -537,6 +497,7 @@ class Generator:
             events.append(event)
             request._emit(event)
         if result is not None:
+            self._requests.pop(id(request.ticket), None)
             request.result, request.status, request.session = result, "finished", None
             events.append(self._final(request, result))
 
@@ -581,9 +542,9 @@ class Generator:
 
         while True:
             with self._lock:
-                while not self._closing and not self._waiting and not self._running:
+                while not self._closing and self.scheduler.idle():
                     self._work.wait()
-                if self._closing and not self._running and not self._waiting:
+                if self._closing and self.scheduler.idle():
                     return
             try:
                 self.step()
@@ -594,7 +555,7 @@ class Generator:
         """Take no new requests; finish the queued and live ones (``drain``) or cancel them, stop the thread."""
         with self._lock:
             self._closing = True
-            pending = list(self._waiting) + list(self._running.values())
+            pending = list(self._requests.values())
             self._work.notify_all()
         if not drain:
             for request in pending:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from refusion.errors import ConfigError
+from refusion.validators import int_in
 
 #: tokens generated per prompt, whatever the model's positions (those are checked too, once it is loaded)
 MAX_GEN_LENGTH = 65_536
@@ -31,8 +32,32 @@ SEED_LIMIT = 2**32
 MAX_TOKEN_ID = 2**31 - 1
 #: the default bound on a server's request body, in bytes (``refusion serve --max-body-bytes``)
 MAX_BODY_BYTES = 256 * 1024
+#: the memory a command may give keys/values (``--kv-memory``, ``kv_memory=``): 1 EiB, past any machine
+MAX_KV_MEMORY = 2**60
 #: prompt text may hold this many characters per model position; longer text is refused before it is tokenised
 CHARS_PER_POSITION = 8
+
+# -- loop counts: every count a request, a row or a checkpoint can set that makes a decode loop, bounded ------------
+#: steps of a selector's schedule (``steps`` of ``llada-steps``, ``dream-steps``, ``dream-blocks``,
+#: ``llada2-steps``; SDAR's ``denoising_steps``): steps that would unmask nothing are skipped, so more steps than
+#: tokens change nothing, but the schedule is still computed step by step
+MAX_STEPS = MAX_GEN_LENGTH
+#: denoiser passes per canvas of a canvas-denoising model (``max_denoising_steps``; DiffusionGemma's default 48):
+#: one model forward each
+MAX_DENOISING_STEPS = 1024
+#: edit-only passes over a filled block (a reviser's ``post_fill_passes``, the ``editing`` reviser's
+#: ``max_post_steps``; LLaDA 2.1's default 16): one model forward each, per block
+MAX_POST_FILL_PASSES = 64
+#: a block's or a slot's length (``block_length`` of ``semi-ar``, ``sdar-steps``, ``llada2-steps`` and of a
+#: block-diffusion model, ``slot_size`` of ``semi-ar``): a selector ranks a row of that many positions each step
+MAX_BLOCK_LENGTH = MAX_GEN_LENGTH
+#: the attrs validator of a block's or a slot's length: an integer in [1, MAX_BLOCK_LENGTH]
+block_positions = int_in(1, MAX_BLOCK_LENGTH, "positions: refusion.limits.MAX_BLOCK_LENGTH")
+#: the attrs validator of a selector's schedule steps: an integer in [1, MAX_STEPS]
+schedule_steps = int_in(1, MAX_STEPS, "a schedule's steps: refusion.limits.MAX_STEPS")
+#: ``calls_per_token``: an infiller's model calls per chosen token, and a revising block's iterations per token
+#: (each plus 8), before the part is stopped with an error
+MAX_CALLS_PER_TOKEN = 64
 
 
 def prompt_chars(max_positions: int | None) -> int | None:

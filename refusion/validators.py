@@ -113,6 +113,15 @@ def non_negative_int(instance: Any, attribute: Any, value: Any) -> None:
         raise bad_value(attribute.name, value, "an integer >= 0")
 
 
+def int_in(low: int, high: int, why: str = "") -> Callable[[Any, Any, Any], None]:
+    """A validator for an integer in ``[low, high]``; ``why`` names the limit (``"refusion.limits.MAX_STEPS"``)."""
+
+    def check(instance: Any, attribute: Any, value: Any) -> None:
+        check_integer(attribute.name, value, low, high, why)
+
+    return check
+
+
 def probability(instance: Any, attribute: Any, value: Any) -> None:
     """A finite number in [0, 1]."""
     if not is_number(value) or not 0.0 <= float(value) <= 1.0:

@@ -25,7 +25,7 @@ import attrs
 from refusion.batch.lines import count_pending, input_lines, is_dataset, pending_lines
 from refusion.batch.output import ResultWriter, check_output
 from refusion.errors import ConfigError
-from refusion.limits import MAX_GEN_LENGTH
+from refusion.limits import MAX_GEN_LENGTH, MAX_KV_MEMORY
 from refusion.validators import check_boolean, check_integer, check_number
 
 
@@ -113,7 +113,7 @@ def check_options(
     if prefix_cache is not None:
         check_boolean(shown.get("prefix_cache", "prefix_cache"), prefix_cache)
     if kv_memory is not None:
-        check_integer(shown.get("kv_memory", "kv_memory"), kv_memory, 1)
+        check_integer(shown.get("kv_memory", "kv_memory"), kv_memory, 1, MAX_KV_MEMORY, "bytes")
     if ray is None:
         for name, value, default in (
             ("workers", workers, 1),

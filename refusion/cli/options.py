@@ -19,7 +19,7 @@ from refusion.config import PART_KINDS, PRESETS
 from refusion.config.params import parse_param
 from refusion.errors import ConfigError, unknown_name
 from refusion.limits import MAX_GEN_LENGTH, MAX_TOKEN_ID
-from refusion.validators import check_integer, check_number
+from refusion.validators import check_integer, check_number, shown
 
 #: the largest sampling seed (a decode's generator takes 64 bits)
 MAX_SEED = 2**64 - 1
@@ -67,16 +67,22 @@ BYTE_UNITS = {
 def byte_size(text: str) -> int:
     """An argparse ``type``: a positive size in bytes, plain (``8589934592``) or with a unit (``512MiB``, ``8GB``)."""
     import re
+    from decimal import Decimal
+
+    from refusion.limits import MAX_KV_MEMORY
 
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
     unit = match.group(2).lower() if match else None
     if match is None or unit not in BYTE_UNITS:
         raise argparse.ArgumentTypeError(
-            f"invalid size: {text!r} (bytes, or a number with one of KB, MB, GB, KiB, MiB, GiB, TiB)"
+            f"invalid size: {shown(text)} (bytes, or a number with one of KB, MB, GB, KiB, MiB, GiB, TiB)"
         )
-    value = int(float(match.group(1)) * BYTE_UNITS[unit])
+    size = Decimal(match.group(1)) * BYTE_UNITS[unit]  # exact: a float overflows on a long number
+    if size > MAX_KV_MEMORY:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_KV_MEMORY} bytes (1 EiB); got {shown(text)}")
+    value = int(size)
     if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1 byte; got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte; got {shown(text)}")
     return value
 
 

@@ -21,9 +21,10 @@ from typing import Any
 
 import attrs
 
-from refusion.errors import ConfigError, bad_value
+from refusion.errors import ConfigError
+from refusion.limits import MAX_CALLS_PER_TOKEN
 from refusion.plugins.hookspecs import DECODER_NAMES
-from refusion.validators import check_boolean, is_integer, is_number
+from refusion.validators import check_boolean, check_integer, is_integer, is_number
 
 
 def _engine(value: Any) -> None:
@@ -45,8 +46,7 @@ def _stop_at_eos(value: Any) -> None:
 
 
 def _calls_per_token(value: Any) -> None:
-    if not is_integer(value) or value < 1:
-        raise bad_value("calls_per_token", value, "an integer >= 1")
+    check_integer("calls_per_token", value, 1, MAX_CALLS_PER_TOKEN, "refusion.limits.MAX_CALLS_PER_TOKEN")
 
 
 def _cfg_scale(value: Any) -> None:

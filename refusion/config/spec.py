@@ -97,18 +97,29 @@ class PartSpec:
     @classmethod
     def of(cls, kind: str, part: Any) -> PartSpec:
         """A spec for ``part``: a name or ``"module:Class"`` string, a class, or an instance."""
+        from refusion.plugins.registry import part_interface
+
         if isinstance(part, PartSpec):
             return part
         if isinstance(part, str):
             return cls(part)
-        if isinstance(part, type):
+        interface = part_interface(kind)
+        if isinstance(part, type) and issubclass(part, interface):
             return cls(_name_of(kind, part), cls=part)
+        if isinstance(part, type) or not isinstance(part, interface):  # 42, a function, a class of another kind
+            raise ConfigError(
+                f"`{kind}` must be a registered name, a `module:Class` path, "
+                f"{'an' if interface.__name__[0] in 'AEIOU' else 'a'} {interface.__name__} subclass or an instance "
+                f"of one; got {shown(part)}.",
+                param=kind,
+            )
+        part_type: Any = type(part)
         params = (
-            {(f.alias or f.name): getattr(part, f.name) for f in attrs.fields(type(part)) if f.init}
-            if attrs.has(type(part))
+            {(f.alias or f.name): getattr(part, f.name) for f in attrs.fields(part_type) if f.init}
+            if attrs.has(part_type)
             else {}
         )
-        return cls(_name_of(kind, type(part)), params, cls=type(part), instance=part)
+        return cls(_name_of(kind, part_type), params, cls=part_type, instance=part)
 
     @property
     def readable(self) -> bool:

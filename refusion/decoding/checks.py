@@ -329,3 +329,33 @@ def checked_result(
         )
         raise plugin_error(infiller, f"committed invalid token ids for slot {bad.slot.index} (out of range or mask).")
     return result
+
+
+def checked_post_fill_passes(reviser: Any) -> int:
+    """``reviser.post_fill_passes``, checked once when a decoder is built: an integer in
+    ``[0, MAX_POST_FILL_PASSES]`` (:mod:`refusion.limits`: each pass is a forward over a filled block).
+
+    A value set as the reviser's own parameter (an init field named ``post_fill_passes``) is the user's: a
+    :class:`ConfigError` naming it; a value the reviser computes, or a property that raises, is the plugin's: a
+    :class:`PluginError` naming the reviser. ``True`` is not ``1`` and ``3.0`` not ``3``.
+    """
+    import attrs
+
+    from refusion.limits import MAX_POST_FILL_PASSES
+    from refusion.validators import is_integer, shown
+
+    value = call_part(reviser, lambda: reviser.post_fill_passes)
+    if is_integer(value) and 0 <= value <= MAX_POST_FILL_PASSES:
+        return value
+    rule = (
+        f"an integer in [0, {MAX_POST_FILL_PASSES}] (edit-only passes over a filled block, a forward each: "
+        "refusion.limits.MAX_POST_FILL_PASSES)"
+    )
+    field = (attrs.fields_dict(type(reviser)) if attrs.has(type(reviser)) else {}).get("post_fill_passes")
+    if field is not None and field.init:
+        raise ConfigError(
+            f"reviser {getattr(reviser, 'name', type(reviser).__name__)!r}: `post_fill_passes` must be {rule}; "
+            f"got {shown(value)}.",
+            param="post_fill_passes",
+        )
+    raise plugin_error(reviser, f"has `post_fill_passes` = {shown(value)}; it must be {rule}.")

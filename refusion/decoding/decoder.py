@@ -30,6 +30,7 @@ from refusion.decoding.checks import (
     check_length,
     check_prompt,
     checked_partition,
+    checked_post_fill_passes,
     checks_answers,
     plugin_error,
 )
@@ -101,6 +102,9 @@ class Decoder:
     seed: int = decoder_option("seed")
     cfg_scale: float = decoder_option("cfg_scale")
     batch_invariant: bool = decoder_option("batch_invariant")
+
+    def __attrs_post_init__(self) -> None:
+        checked_post_fill_passes(self.reviser)  # a loop count: bounded (refusion.limits) before any decode
 
     @classmethod
     def from_names(
@@ -194,7 +198,8 @@ class Decoder:
                     raise ConfigError(
                         f"{part.kind} {part.name!r} needs a model with `{field}={wanted}`, but {type(model).__name__} "
                         f"has `{field}={getattr(caps, field)}` ({caps}). Pick another {part.kind} (see `refusion "
-                        f"plugins`), or a preset that runs on this model: {', '.join(presets_for(model))}."
+                        f"plugins`), or a preset that runs on this model: {', '.join(presets_for(model))}.",
+                        param=part.kind,
                     )
         self._check_pairing()
 
@@ -347,8 +352,8 @@ class Decoder:
         ``engine`` (name, class or live instance) overrides the decoder's;
         ``record`` keeps each result's iteration records (``DecodeResult.iterations``).
         """
-        from refusion.decoding.loop import drive
         from refusion.engines import open_engine
+        from refusion.scheduler import Ticket, decode_all
 
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not len(prompts):
             raise ConfigError("`prompts` must be a non-empty list of token-id sequences.", param="prompts")
@@ -362,7 +367,7 @@ class Decoder:
             self.prepare(model, p, gen_length, seed=None if seeds is None else seeds[i]) for i, p in enumerate(prompts)
         ]
         live = open_engine(model, self, engine)
-        results = drive(live, [self.start(model, live, p, record=record) for p in prepared])
+        results = decode_all(live, model, [Ticket(self, p, record=record) for p in prepared])
         return with_text(results, tokenizer if tokenizer is not None else getattr(model, "tokenizer", None))
 
 

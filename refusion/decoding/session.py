@@ -25,6 +25,7 @@ from refusion.decoding.checks import (
     bounded,
     call_part,
     checked_candidates,
+    checked_post_fill_passes,
     checked_result,
     checked_selection,
     checks_answers,
@@ -137,6 +138,8 @@ class DecodeSession:
 
     def program(self) -> Generator[ModelCall, Any, DecodeResult]:
         d = self.decoder
+        #: edit-only passes a filled block may get: read once, checked and bounded (refusion.limits)
+        self._post_fill_passes = checked_post_fill_passes(d.reviser) if self.revising else 0
         for block_index, block in enumerate(self.partition.blocks):
             open_slots = [self.partition.slots[i] for i in block if self.open[i]]
             if open_slots:
@@ -154,7 +157,7 @@ class DecodeSession:
             while True:
                 remaining = [i for i in block if self.open[i]]
                 if not remaining:
-                    if self.revising and post_fill < d.reviser.post_fill_passes:
+                    if self.revising and post_fill < self._post_fill_passes:
                         post_fill += 1  # an edit-only pass over the filled block
                         if (yield from self._review(block, block_index, post_fill)):
                             continue

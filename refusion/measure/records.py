@@ -24,7 +24,7 @@ from typing import Any
 import attrs
 
 from refusion.config.build import class_path
-from refusion.errors import ConfigError
+from refusion.errors import ConfigError, ImportRefused
 from refusion.files import read_json, where
 from refusion.limits import MAX_EXAMPLES, MAX_GEN_LENGTH, MAX_THREADS, SEED_LIMIT
 from refusion.validators import is_integer, is_number, shown
@@ -464,20 +464,21 @@ def _check_row(row: Any, i: int) -> None:
 
 
 def _check_decoder(decoder: Any, field: str) -> None:
-    """Read a recorded decoder spec back (errors name ``field``); one naming a ``"module:Class"`` part in the
-    earlier preset format is left to :func:`~refusion.measure.reproduce.reproduce`, which refuses it or, when
+    """Read a recorded decoder spec back (errors name ``field``), never importing anything: one naming a
+    ``"module:Class"`` part is left to :func:`~refusion.measure.reproduce.reproduce`, which refuses it or, when
     allowed, imports it."""
     from refusion.config.spec import DecoderSpec
-    from refusion.config.trust import import_paths
+    from refusion.config.trust import no_imports
 
     if decoder is None:
         return
     if not isinstance(decoder, dict):
         raise _fail(field, f"must be a decoder spec (an object) or null; got {shown(decoder)}.")
-    if "format" not in decoder and "sample" not in decoder and import_paths(decoder):
-        return
     try:
-        DecoderSpec.from_dict(decoder, where=f"field `{field}`")
+        with no_imports(where=f"field `{field}`", opt_in=""):
+            DecoderSpec.from_dict(decoder, where=f"field `{field}`")
+    except ImportRefused:
+        return
     except ConfigError as exc:
         raise type(exc)(str(exc), param=f"{field}.{exc.param}" if exc.param else field) from None
 

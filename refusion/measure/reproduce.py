@@ -18,7 +18,7 @@ import attrs
 
 from refusion.config import DecoderSpec
 from refusion.decoding.decoder import Decoder
-from refusion.errors import ConfigError
+from refusion.errors import ConfigError, ImportRefused
 from refusion.measure.records import check_model_options, check_record, environment
 
 #: environment entries whose change is reported (dotted paths into the environment)
@@ -127,12 +127,20 @@ def refuse_imports(record: Mapping[str, Any], source: str = "record") -> None:
     ``model_args`` do: reproducing it would import and run that module. The error's ``param`` is the field
     (``rows[1].decoder.selector``, ``settings.model_args.selector``). Nothing is imported."""
     from refusion.config.params import parse_param
-    from refusion.config.trust import refuse_import_paths
+    from refusion.config.trust import no_imports, refuse_import_paths
 
     def refuse(config: Any, field: str) -> None:
         try:
             refuse_import_paths(config, where=f"{source}: field `{field}`", opt_in=OPT_IN)
         except ConfigError as exc:
+            raise type(exc)(str(exc), param=f"{field}.{exc.param}") from None
+
+    def read(decoder: Any, field: str) -> DecoderSpec:
+        """The decoder spec, read with imports refused (the raw field was checked first)."""
+        try:
+            with no_imports(where=f"{source}: field `{field}`", opt_in=OPT_IN):
+                return DecoderSpec.from_dict(decoder, where=f"{source}: field `{field}`")
+        except ImportRefused as exc:
             raise type(exc)(str(exc), param=f"{field}.{exc.param}") from None
 
     decoders = (
@@ -143,8 +151,8 @@ def refuse_imports(record: Mapping[str, Any], source: str = "record") -> None:
     for field, decoder in decoders:
         if decoder is None:
             continue
-        refuse(decoder, field)  # the earlier preset format names parts by plain strings; read back, it imports
-        refuse(DecoderSpec.from_dict(decoder, where=f"{source}: field `{field}`"), field)
+        refuse(decoder, field)  # every form a record's decoder may take, before it is read
+        refuse(read(decoder, field), field)
     if record["kind"] == "eval":
         args = {}
         for item in filter(None, (a.strip() for a in record["settings"]["model_args"].split(","))):

@@ -6,11 +6,13 @@ parameter, the value and the fix; none loads a model or allocates a tensor.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import operator
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from refusion.errors import ConfigError
+from refusion.limits import MAX_BLOCK_LENGTH
 from refusion.validators import is_integer
 
 
@@ -91,6 +93,43 @@ def check_token_ids(name: str, ids: Iterable[int], vocab_size: int) -> None:
         raise ConfigError(
             f"`{name}` must be token ids in [0, {vocab_size}) (the model's vocabulary); got {bad}.", param=name
         )
+
+
+def token_id(value: Any) -> int | None:
+    """``value`` as a token id if it is an integer (a Python, NumPy or 0-d torch integer; never a bool, a float
+    or text), else ``None``."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def check_adapter_options(options: Mapping[str, Any]) -> None:
+    """Refuse, before anything is loaded, an adapter option of the wrong type: ``mask_token_id`` (a token id),
+    ``eos_token_id`` (a token id or a list of them; an empty list: the model has none), ``block_length`` (an integer >= 1). Their range
+    against the model (its vocabulary) is checked when the adapter is built."""
+    from refusion.validators import check_integer, shown
+
+    mask = options.get("mask_token_id")
+    mask_id = None if mask is None else token_id(mask)
+    if mask is not None and (mask_id is None or mask_id < 0):
+        raise ConfigError(
+            f"`mask_token_id` must be a token id (an integer >= 0); got {shown(mask)}.", param="mask_token_id"
+        )
+    eos = options.get("eos_token_id")
+    if eos is not None:
+        listed = list(eos) if isinstance(eos, (list, tuple, set, frozenset)) else [eos]
+        ids = [token_id(t) for t in listed]
+        if any(t is None or t < 0 for t in ids):
+            raise ConfigError(
+                f"`eos_token_id` must be a token id (an integer >= 0) or a list of them (empty: none); got "
+                f"{shown(eos)}.",
+                param="eos_token_id",
+            )
+    if options.get("block_length") is not None:
+        check_integer("block_length", options["block_length"], 1, MAX_BLOCK_LENGTH, "refusion.limits.MAX_BLOCK_LENGTH")
 
 
 #: a checkpoint's size fields and the largest value each may hold (far beyond any published model)

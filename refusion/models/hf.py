@@ -16,8 +16,9 @@ import torch
 from refusion.decoding.scores import Scores
 from refusion.errors import ConfigError
 from refusion.models.base import ModelAdapter, ModelCapabilities
-from refusion.models.checks import check_token_ids
+from refusion.models.checks import check_token_ids, token_id
 from refusion.plugins import hookimpl
+from refusion.validators import shown
 
 MASK_TOKEN_STRINGS = ("<|mask|>", "<mask>", "[MASK]")
 
@@ -55,16 +56,17 @@ def find_eos_token_ids(model: Any, tokenizer: Any | None) -> frozenset[int]:
 
 
 def eos_ids(given: Any, model: Any, tokenizer: Any | None, vocab_size: int) -> frozenset[int]:
-    """The EOS ids an adapter uses: ``given`` (an id or ids, checked against ``vocab_size``), else
-    :func:`find_eos_token_ids`."""
+    """The EOS ids an adapter uses: ``given`` (an id or ids, checked against ``vocab_size``; an empty list: none),
+    else :func:`find_eos_token_ids`."""
     if given is None:
         return find_eos_token_ids(model, tokenizer)
-    try:
-        ids = _ids(given)
-    except (TypeError, ValueError):
+    listed = [token_id(t) for t in (given if isinstance(given, (list, tuple, set, frozenset)) else [given])]
+    if None in listed:  # '1', 1.0 and True are not token ids
         raise ConfigError(
-            f"`eos_token_id` must be a token id or a list of them; got {given!r}.", param="eos_token_id"
-        ) from None
+            f"`eos_token_id` must be a token id (an integer) or a list of them (empty: none); got {shown(given)}.",
+            param="eos_token_id",
+        )
+    ids = frozenset(t for t in listed if t is not None)
     check_token_ids("eos_token_id", ids, vocab_size)
     return ids
 
@@ -111,9 +113,13 @@ class HFCausalLM(ModelAdapter):
                 "The model has no mask token: its config has no `mask_token_id` and its tokenizer no mask token. "
                 "Pass `mask_token_id=` (a ReFusion checkpoint sets it in config.json)."
             )
-        if not 0 <= int(mask) < self.vocab_size:
-            raise ConfigError(f"`mask_token_id` must be in [0, {self.vocab_size}); got {mask}.", param="mask_token_id")
-        self.mask_token_id = int(mask)
+        mask_id = token_id(mask)
+        if mask_id is None or not 0 <= mask_id < self.vocab_size:
+            raise ConfigError(
+                f"`mask_token_id` must be a token id in [0, {self.vocab_size}); got {shown(mask)}.",
+                param="mask_token_id",
+            )
+        self.mask_token_id = mask_id
         self.eos_token_ids = eos_ids(eos_token_id, model, tokenizer, self.vocab_size)
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
         #: the keyword of the network's cache argument (:func:`cache_keyword`)

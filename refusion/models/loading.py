@@ -17,7 +17,14 @@ from typing import Any
 
 from refusion.errors import ConfigError
 from refusion.models.base import ModelAdapter
-from refusion.models.checks import check_config, check_device, check_model_path, check_weights, torch_dtype
+from refusion.models.checks import (
+    check_adapter_options,
+    check_config,
+    check_device,
+    check_model_path,
+    check_weights,
+    torch_dtype,
+)
 from refusion.validators import check_boolean
 
 #: keywords :func:`load_model` passes on to transformers' ``from_pretrained``
@@ -98,7 +105,9 @@ def load_model(
         if "dtype" in options:
             options["dtype"] = torch_dtype(options["dtype"])
         check_device(options.get("device"))
+        check_adapter_options(options)
         config = read_config(model)
+        read_generation_config(model, config)  # its EOS ids end answers: refused when damaged, not skipped
         preset = read_model_preset(model, trust_remote_code=trust_remote_code)  # refused before any weight is read
         check_weights(model, config)
         family = None if adapter is not None else find_family(config)
@@ -136,23 +145,26 @@ def read_model_preset(path: str, *, trust_remote_code: bool = False) -> Any:
 
     A part or engine it names by ``"module:Class"`` path would import and run
     that module (the checkpoint folder's own, from the current directory): it is
-    refused, naming the field, unless ``trust_remote_code``. Nothing is imported here.
+    refused, naming the field, unless ``trust_remote_code``. Nothing is imported
+    before that decision: the raw file is checked before it is parsed, and the
+    parsing runs with imports refused (:func:`~refusion.config.trust.no_imports`).
     """
-    from pathlib import Path
-
-    from refusion.config import load_preset
-    from refusion.config.trust import refuse_import_paths
-    from refusion.files import where
+    from refusion.config import DecoderSpec, load_preset
+    from refusion.config.spec import MAX_SPEC_BYTES
+    from refusion.config.trust import no_imports, refuse_import_paths
+    from refusion.files import read_json, where
 
     file = Path(path) / PRESET_FILE
     if not file.is_file():
         return None
-    spec = load_preset(file)
-    if not trust_remote_code:
-        try:
-            refuse_import_paths(spec, where=where("`model` preset file", file), opt_in=PRESET_OPT_IN)
-        except ConfigError as exc:
-            raise ConfigError(str(exc), param="model") from None
+    if trust_remote_code:
+        return load_preset(file)
+    data = read_json(file, what="`preset file`", param="preset_file", max_bytes=MAX_SPEC_BYTES)
+    untrusted = {"where": where("`model` preset file", file), "opt_in": PRESET_OPT_IN, "param": "model"}
+    refuse_import_paths(data, **untrusted)  # the raw file, in every form the reader takes, before it is parsed
+    with no_imports(**untrusted):
+        spec = DecoderSpec.from_dict(data, where=where("`preset file`", file))
+    refuse_import_paths(spec, **untrusted)
     return spec
 
 
@@ -232,6 +244,34 @@ def read_config(path: str) -> dict[str, Any]:
         )
     check_config(config, path)
     return config
+
+
+def read_generation_config(path: str, config: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    """A local checkpoint's parsed and checked ``generation_config.json``, or ``None`` when it has none.
+
+    transformers drops a damaged one without a word (and with it the EOS ids
+    some families keep only there, LLaDA 2.x's): non-UTF-8 or invalid JSON,
+    anything but an object, and special-token fields that are not token ids
+    of the vocabulary (``config``'s) are ConfigErrors naming the file and field.
+    """
+    from refusion.files import read_json
+    from refusion.models.checks import check_token_fields
+
+    file = Path(path).expanduser() / "generation_config.json"
+    if not file.is_file():
+        return None
+    data = read_json(file, what="`model` generation_config.json", param="model", max_bytes=16 * 2**20)
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"`model` {path!r}: generation_config.json must hold a JSON object; got {type(data).__name__}.",
+            param="model",
+        )
+    config = config or {}
+    nested = config.get("text_config")
+    text: Mapping[str, Any] = nested if isinstance(nested, Mapping) else {}
+    vocab = config.get("vocab_size", text.get("vocab_size"))
+    check_token_fields(data, vocab, path, "generation_config.json field `")
+    return data
 
 
 def checkpoint_file(path: str, name: str) -> str:

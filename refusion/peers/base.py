@@ -106,6 +106,17 @@ def check_no_padding(function: str, value: Any) -> None:
         )
 
 
+def length_argument(args: Mapping[str, Any], name: str = "max_new_tokens") -> int | None:
+    """The call's generation-length argument ``name`` (``None`` when not given), checked under its own name: an
+    integer in ``[1, MAX_GEN_LENGTH]`` (a peer's ``max_new_tokens`` of 0 is refused as ``max_new_tokens``, not
+    as refusion's ``gen_length``)."""
+    from refusion.limits import MAX_GEN_LENGTH
+    from refusion.validators import check_integer
+
+    value = args.get(name)
+    return None if value is None else check_integer(name, value, 1, MAX_GEN_LENGTH, "tokens to generate")
+
+
 def taken(args: Mapping[str, Any], *names: str) -> dict[str, Any]:
     """The arguments among ``names`` that the call gives, under the same names."""
     return {name: args[name] for name in names if name in args}

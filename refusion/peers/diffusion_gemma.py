@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from refusion.peers.base import PeerCall, PeerFunction, check_eos_ids, check_no_padding, refuse, taken
+from refusion.peers.base import PeerCall, PeerFunction, check_eos_ids, check_no_padding, length_argument, refuse, taken
 
 NAME = "transformers' DiffusionGemmaForBlockDiffusion.generate"
 
@@ -63,7 +63,7 @@ def translate_generate(args: Mapping[str, Any], model: Any) -> PeerCall:
                 "canvases start from the prompt's own noise and stop by the decoder's options; stream with "
                 "refusion's generator or `refusion serve`.",
             )
-    return PeerCall(params=params, gen_length=args.get("max_new_tokens"))
+    return PeerCall(params=params, gen_length=length_argument(args))
 
 
 GENERATE = PeerFunction(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from refusion.peers.base import PeerCall, PeerFunction, check_mask_id, check_no_padding, refuse, taken
+from refusion.peers.base import PeerCall, PeerFunction, check_mask_id, check_no_padding, length_argument, refuse, taken
 
 NAME = "Dream's diffusion_generate"
 
@@ -56,7 +56,7 @@ def translate_sampling(function: str, args: Mapping[str, Any], model: Any) -> Pe
         params = {k: v for k, v in params.items() if v is not None}
     else:  # Dream filters before its softmax at temperature 0 too: the confidences change, the argmax does not
         params.update({f"confidence_{k}": args[k] for k in ("top_k", "top_p") if k in args})
-    return PeerCall(params=params, gen_length=args.get("max_new_tokens"))
+    return PeerCall(params=params, gen_length=length_argument(args))
 
 
 def translate_generate(args: Mapping[str, Any], model: Any) -> PeerCall:

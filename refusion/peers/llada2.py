@@ -52,6 +52,18 @@ def model_for_call(args: Mapping[str, Any], model: Any) -> Any:
     return model
 
 
+def check_counts(args: Mapping[str, Any]) -> None:
+    """``steps`` and ``minimal_topk``, when given, are integers >= 1 (``'8'``, ``[1]``, ``0``, ``True`` are
+    refused naming them, before anything compares them), ``steps`` within :data:`~refusion.limits.MAX_STEPS`."""
+    from refusion.limits import MAX_GEN_LENGTH, MAX_STEPS
+    from refusion.validators import check_integer
+
+    if args.get("steps") is not None:
+        check_integer("steps", args["steps"], 1, MAX_STEPS, "a schedule's steps: refusion.limits.MAX_STEPS")
+    if args.get("minimal_topk") is not None:
+        check_integer("minimal_topk", args["minimal_topk"], 1, MAX_GEN_LENGTH, "tokens per step at least")
+
+
 def model_block(function: str, args: Mapping[str, Any], model: Any) -> dict[str, Any]:
     """``block_length`` must be the model's (and the mask and EOS ids its own): :func:`refusion.generate` gives
     the call's to the model first (:func:`model_for_call`); the block as parameters."""
@@ -117,6 +129,7 @@ def translate_generate_20(args: Mapping[str, Any], model: Any) -> PeerCall:
     stop after the block that holds an EOS, as here; with it they return as soon as the answer up to its first
     EOS is decoded, in the middle of the block: the same tokens (those before the EOS are final), fewer
     forwards."""
+    check_counts(args)
     params = model_block(NAME_20, args, model)
     if "eos_early_stop" in args and not isinstance(args["eos_early_stop"], bool):
         raise ConfigError(
@@ -150,6 +163,7 @@ def translate_generate(args: Mapping[str, Any], model: Any) -> PeerCall:
     ``steps`` and ``minimal_topk`` change nothing (LLaDA 2.1 computes its steps and never reads them; they are
     checked); ``eos_id`` and ``mask_id`` must be the model's (:func:`refusion.generate` makes them so).
     Refused: ``num_to_transfer`` other than 1."""
+    check_counts(args)
     params = model_block(NAME, args, model)
     early = args.get("eos_early_stop", False)
     if not isinstance(early, bool):

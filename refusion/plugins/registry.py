@@ -6,9 +6,11 @@ become objects; the decoder itself only ever sees instances.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import importlib
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import attrs
@@ -39,6 +41,16 @@ def _interfaces() -> dict[str, type]:
 
 #: the kinds of decoding parts (their parameters are routed by name: see :data:`DECODER_NAMES`)
 PART_KINDS = ("partitioner", "selector", "infiller", "reorderer", "reviser")
+
+
+def part_interface(kind: str) -> type:
+    """The interface every ``kind`` part implements (:class:`~refusion.strategies.base.Reviser` for
+    ``"reviser"``); :class:`ConfigError` for an unknown kind."""
+    interfaces = _interfaces()
+    if kind not in interfaces:
+        raise ConfigError(f"`kind` must be one of {', '.join(interfaces)}; got {kind!r}.", param="kind")
+    return interfaces[kind]
+
 
 #: Kind of part -> the hook that registers it.
 HOOKS = {
@@ -252,10 +264,35 @@ class Registry:
         return self._entries[self._kind_name(kind)]
 
 
+#: while untrusted input is read (a checkpoint's ``refusion.json``, a record): how to refuse a module path instead of
+#: importing it (``refusal(path, param)`` -> the error); ``None``: imports are allowed
+_REFUSAL: contextvars.ContextVar[Callable[[str, str | None], Exception] | None] = contextvars.ContextVar(
+    "refusion_import_refusal", default=None
+)
+
+
+@contextlib.contextmanager
+def imports_refused(refusal: Callable[[str, str | None], Exception]) -> Iterator[None]:
+    """Within the block, :func:`import_class` raises ``refusal(path, param)`` instead of importing anything.
+
+    For code that reads input which must not run code (:mod:`refusion.config.trust`): whatever path through the
+    configuration code reaches a ``"module:Class"`` name, no module is imported (not even a standard one).
+    """
+    token = _REFUSAL.set(refusal)
+    try:
+        yield
+    finally:
+        _REFUSAL.reset(token)
+
+
 def import_class(path: str, param: str | None = None) -> type:
     """The class a ``"module:Class"`` path names (imports the module); every failure is a :class:`ConfigError`
     naming the path and ``param``: a malformed or relative path, a module that cannot be imported or raises while
-    it is imported, a missing attribute, or one that is not a class."""
+    it is imported, a missing attribute, or one that is not a class. Inside :func:`imports_refused`, nothing is
+    imported: its refusal is raised."""
+    refusal = _REFUSAL.get()
+    if refusal is not None:
+        raise refusal(path, param)
     module_name, _, attr = path.partition(":")
     if (
         not module_name

@@ -66,6 +66,7 @@ def create_app(
     app.add_exception_handler(APIError, api_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, invalid_request)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, unexpected_error)
     for router in ROUTERS:
         app.include_router(router)
     return app
@@ -88,3 +89,17 @@ async def http_error(request: Request, error: HTTPException) -> JSONResponse:
     """Starlette's errors (404 for an unknown path, 405 for a wrong method) as OpenAI error bodies."""
     kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
     return error_response(APIError(error.status_code, str(error.detail), type=kind))
+
+
+async def unexpected_error(request: Request, error: Exception) -> JSONResponse:
+    """Anything else a route raised (a bug, not the client's): an OpenAI error body with status 500 naming the
+    error's type only (its text may hold server details; the server's log has the traceback), never Starlette's
+    plain-text page."""
+    return error_response(
+        APIError(
+            500,
+            f"The server failed on this request ({type(error).__name__}); its log has the details.",
+            type="server_error",
+            code="internal_error",
+        )
+    )

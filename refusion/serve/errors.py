@@ -23,7 +23,8 @@ REQUEST_FIELDS = {"gen_length": "max_tokens", "prompt_ids": "prompt"}
 def bad_request(error: ConfigError, *, prompt_field: str = "prompt", params: Any = ()) -> APIError:
     """A 400 for a :class:`ConfigError`, naming the request field from the error's ``param``.
 
-    A part parameter sent in ``params`` is named ``params.<key>``; the prompt
+    A part parameter sent in ``params`` is named ``params.<key>`` (``params.selector.steps`` when it was sent
+    for one part); the prompt
     is ``prompt_field`` (``messages`` for chat).
     """
     names = dict(REQUEST_FIELDS, prompt=prompt_field)
@@ -31,6 +32,10 @@ def bad_request(error: ConfigError, *, prompt_field: str = "prompt", params: Any
         names["prompt_ids"] = prompt_field
     if error.param is not None and error.param in params:
         names[error.param] = f"params.{error.param}"
+    elif error.param is not None:  # a part's parameter sent for one part (`selector.steps`): that key
+        dotted = [key for key in params if isinstance(key, str) and key.endswith(f".{error.param}")]
+        if len(dotted) == 1:
+            names[error.param] = f"params.{dotted[0]}"
     request = renamed(error, names)
     message = str(request).replace("gen_length <=", "max_tokens <=")
     return APIError(400, message, param=request.param, code="invalid_value")

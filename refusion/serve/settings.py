@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from refusion.errors import ConfigError
-from refusion.limits import MAX_THREADS
+from refusion.limits import MAX_KV_MEMORY, MAX_THREADS
 from refusion.validators import check_boolean, check_integer, check_number
 
 #: uvicorn's log levels
@@ -121,7 +121,7 @@ def check_server_options(
     if prefix_cache is not None:
         check_boolean(name("prefix_cache"), prefix_cache)
     if kv_memory is not None:
-        check_integer(name("kv_memory"), kv_memory, 1)
+        check_integer(name("kv_memory"), kv_memory, 1, MAX_KV_MEMORY, "bytes")
     if log_level not in LOG_LEVELS:
         raise ConfigError(
             f"`{name('log_level')}` must be one of {', '.join(LOG_LEVELS)}; got {log_level!r}.", param=name("log_level")

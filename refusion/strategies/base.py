@@ -19,6 +19,7 @@ configured by their (attrs) fields; each has a registry ``name``.
 from __future__ import annotations
 
 import functools
+import operator
 from abc import ABC, abstractmethod
 from collections.abc import Generator, Mapping, Sequence
 from typing import Any, ClassVar
@@ -324,14 +325,34 @@ class RevisionView:
     mask_token_id: int = -1
 
 
+def _integer(value: Any, what: str) -> int:
+    """``value`` as an int if it is an integer (Python, NumPy, a 0-d integer tensor); ``5.7``, ``'7'`` and
+    ``True`` raise TypeError (the decoder reports it as the reviser's error)."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise TypeError(f"{what} must be integers; got {value!r:.60}")
+
+
+def _offsets(value: Any) -> tuple[int, ...]:
+    return tuple(_integer(x, "Revision.remask offsets") for x in value)
+
+
+def _replacements(value: Any) -> dict[int, int]:
+    return {_integer(k, "Revision.replace offsets"): _integer(t, "Revision.replace tokens") for k, t in value.items()}
+
+
 @attrs.frozen
 class Revision:
     """A reviser's answer: region offsets to mask again (``remask``) and tokens to put instead of the accepted
     ones (``replace``: offset -> token id). Both may name only offsets of the view; re-masked slots are decoded
-    again, replaced tokens stay accepted."""
+    again, replaced tokens stay accepted. Offsets and tokens are integers: a float, text or a bool raises
+    TypeError (never rounded or read as 0/1)."""
 
-    remask: tuple[int, ...] = attrs.field(default=(), converter=lambda v: tuple(int(x) for x in v))
-    replace: Mapping[int, int] = attrs.field(factory=dict, converter=lambda v: {int(k): int(t) for k, t in v.items()})
+    remask: tuple[int, ...] = attrs.field(default=(), converter=_offsets)
+    replace: Mapping[int, int] = attrs.field(factory=dict, converter=_replacements)
 
     def __bool__(self) -> bool:
         return bool(self.remask or self.replace)
@@ -367,7 +388,9 @@ class Reviser(Part):
         """Edit-only passes a block may get once its last mask is filled: each runs one forward over the block
         and calls :meth:`revise` with nothing accepted now; the block is sealed after a pass that revises
         nothing, or after this many (default 0: sealed as soon as no mask is left and an iteration revised
-        nothing)."""
+        nothing). An integer in ``[0, MAX_POST_FILL_PASSES]`` (:mod:`refusion.limits`), the same for the
+        reviser's whole life: a decoder refuses another value when it is built (a ConfigError naming
+        ``post_fill_passes`` when it is the reviser's own parameter, else a PluginError)."""
         return 0
 
     @abstractmethod

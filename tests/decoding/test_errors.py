@@ -283,7 +283,8 @@ def test_float_prompt_ids_are_refused(model):
 
 
 def test_calls_per_token_is_validated():
-    with pytest.raises(ConfigError, match="`calls_per_token` must be an integer >= 1; got -5"):
+    limit = r"\[1, 64\] \(refusion.limits.MAX_CALLS_PER_TOKEN\)"
+    with pytest.raises(ConfigError, match=rf"`calls_per_token` must be an integer in {limit}; got -5"):
         attrs.evolve(paper(), calls_per_token=-5)
 
 
@@ -297,7 +298,7 @@ def test_an_import_path_to_a_non_class_is_refused():
 def test_a_wrong_kind_of_instance_is_refused():
     from refusion.strategies.selectors.leftmost import Leftmost
 
-    with pytest.raises(ConfigError, match="instance of Infiller; got Leftmost"):
+    with pytest.raises(ConfigError, match="an Infiller subclass or an instance of one; got Leftmost"):
         Decoder.from_names(infiller=Leftmost())
 
 

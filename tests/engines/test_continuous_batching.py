@@ -121,7 +121,7 @@ def test_admission_waits_for_a_free_row_and_for_reserved_tokens():
     assert peak_rows == 2 and peak_tokens <= 30
     for i, request in enumerate(requests):
         assert request.result.tokens.tolist() == decoder.decode(model, [1 + i, 2], 8, record=True).tokens.tolist()
-    with pytest.raises(ConfigError, match="needs 40 positions .* more than `max_tokens` \\(30\\)"):
+    with pytest.raises(ConfigError, match="needs 40 positions .* more than `max_batch_tokens` \\(30\\)"):
         generator.submit([1, 2, 3, 4, 5, 6, 7, 8], gen_length=32, record=True)
 
 

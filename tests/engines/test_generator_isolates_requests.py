@@ -90,7 +90,7 @@ def test_a_step_whose_bookkeeping_raises_fails_the_live_requests_and_the_generat
 def test_a_request_that_can_make_no_progress_raises_instead_of_waiting_forever(model):
     generator = Generator(model, **DECODER)
     request = generator.submit(PROMPTS[0], gen_length=6)
-    generator._waiting.clear()  # lost by a fault: neither queued nor decoding
+    generator.scheduler._waiting.clear()  # lost by a fault: neither queued nor decoding
     result = []
     thread = threading.Thread(target=lambda: result.append(pytest.raises(StalledError, request.wait)))
     thread.start()

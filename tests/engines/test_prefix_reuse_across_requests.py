@@ -155,7 +155,7 @@ def test_requests_arriving_together_compute_their_shared_prefix_once():
     for prompt, result in zip(prompts, results):
         reference = alone(model, decoder, prompt, 4, None, False)
         assert result.tokens.tolist() == reference.tokens.tolist()
-    assert [r._held for r in requests] == [0, 1, 0, 0]  # only the head of the queue waited, once
+    assert [r.ticket.held for r in requests] == [0, 1, 0, 0]  # only the head of the queue waited, once
 
 
 def test_a_request_waits_for_shared_pages_a_bounded_number_of_steps(monkeypatch):
@@ -171,5 +171,5 @@ def test_a_request_waits_for_shared_pages_a_bounded_number_of_steps(monkeypatch)
     assert first.status == "running" and later.status == "waiting"
     for _ in range(HOLD_FOR_PREFIX):
         generator.step()
-    assert later.status in ("running", "finished") and later._held == HOLD_FOR_PREFIX
+    assert later.status in ("running", "finished") and later.ticket.held == HOLD_FOR_PREFIX
     assert later.wait().tokens.tolist() == first.wait().tokens.tolist()

@@ -454,3 +454,40 @@ def test_a_part_named_by_an_object_with_a_class_path_is_seen_as_an_import():
         "selector": "evil.module:Sel"
     }
     assert import_paths({"params": {"engine": "x.y:Z"}}) == {"params.engine": "x.y:Z"}
+
+
+@pytest.mark.parametrize(
+    "decoder, field",
+    [
+        ({"gen_length": 32, "params": {"slot_threshold": 0.5}, "selector": "record_marker_mod:Selector"}, "selector"),
+        ({"gen_length": 32, "params": {"engine": "record_marker_mod:Engine"}}, "params.engine"),
+        (
+            {
+                "sample": "greedy",
+                **{k: {"name": n} for k, n in (("partitioner", "fixed"), ("infiller", "parallel-ar"))},
+                **{k: {"name": n} for k, n in (("reorderer", "commit-order"), ("reviser", "none"))},
+                "selector": {"name": "threshold", "class": "record_marker_mod:Selector"},
+            },
+            "selector",
+        ),
+    ],
+)
+def test_a_record_naming_a_module_imports_nothing_when_read_or_refused(no_model, decoder, field, tmp_path, monkeypatch):
+    """The module is importable (on sys.path) and writes a marker when imported: reading the record and refusing it
+    import nothing, in every form a recorded decoder may name a class."""
+    import sys
+
+    from refusion.errors import ImportRefused
+    from refusion.measure.reproduce import reproduce
+
+    (tmp_path / "record_marker_mod.py").write_text(
+        f"import pathlib\npathlib.Path({str(tmp_path / 'imported')!r}).write_text('x')\nclass Selector:\n    pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    record = _bench_record()
+    record["rows"][0]["decoder"] = decoder
+    check_record(record)
+    with pytest.raises(ImportRefused, match="--allow-imports") as err:
+        reproduce(record)
+    assert err.value.param == f"rows[0].decoder.{field}"
+    assert not (tmp_path / "imported").exists() and "record_marker_mod" not in sys.modules

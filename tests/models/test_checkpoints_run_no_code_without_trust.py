@@ -141,3 +141,127 @@ def test_no_hub_kernels_are_fetched_on_any_load_path(family, monkeypatch):
     path = FIXTURES / family if family == "llada" else default_model_path()
     refusion.load_model(str(path))
     assert seen and all(flag is False for flag in seen), seen
+
+
+# -- every form a refusion.json may name a class in, refused before any import, from inside the folder --------------
+def _spec(**parts):
+    return {"format": "refusion.decoder/1", "gen_length": 16, **parts}
+
+
+#: form -> refusion.json naming the folder's module ``mod`` (``this``: the standard module, imported with a print)
+PRESET_FORMS = {
+    "earlier-selector": lambda mod: {"gen_length": 16, "selector": f"{mod}:X"},
+    "earlier-selector-with-params": lambda mod: {"gen_length": 16, "selector": f"{mod}:X", "params": {"k": 1}},
+    "earlier-reviser": lambda mod: {"gen_length": 16, "reviser": f"{mod}:Rev", "params": {}},
+    "earlier-engine-param": lambda mod: {"gen_length": 16, "params": {"engine": f"{mod}:X"}},
+    "spec-reviser": lambda mod: _spec(reviser={"name": f"{mod}:Rev", "params": {"post_fill_passes": 3}}),
+    "spec-engine": lambda mod: _spec(engine=f"{mod}:X"),
+    "record-class": lambda mod: {
+        "sample": "greedy",
+        **{kind: {"name": name} for kind, name in (("partitioner", "fixed"), ("infiller", "parallel-ar"))},
+        **{kind: {"name": name} for kind, name in (("reorderer", "commit-order"), ("reviser", "none"))},
+        "selector": {"name": "threshold", "class": f"{mod}:X"},
+    },
+}
+
+
+@pytest.fixture
+def hostile_folders(tmp_path):
+    """One copy of the shipped model per form and module (its own ``mod_<form>.py``, or the standard ``this``),
+    all under ``tmp_path/folders``; markers under ``tmp_path/markers``."""
+    shipped = default_model_path()
+    (tmp_path / "markers").mkdir()
+    folders = []
+    for form, preset in PRESET_FORMS.items():
+        for module in (f"mod_{form.replace('-', '_')}", "this"):
+            folder = tmp_path / "folders" / f"{form}-{module}"
+            shutil.copytree(shipped, folder)
+            marker_module(folder, module if module != "this" else "unused", tmp_path / "markers" / module)
+            if module != "this":
+                (folder / f"{module}.py").write_text(
+                    (folder / f"{module}.py").read_text() + "class X:\n    pass\nclass Rev:\n    pass\n"
+                )
+            (folder / "refusion.json").write_text(json.dumps(preset(module)))
+            folders.append(folder)
+    return folders
+
+
+# each folder loaded from inside it (the current directory is on sys.path, as under `python -c`): refused, naming
+# `model` and the file, nothing imported; "this" must not be imported either (it prints the Zen of Python)
+PYTHON_LOADS = """
+import json, os, sys
+import refusion
+from refusion.errors import ConfigError
+out = {}
+for folder in sys.argv[1:]:
+    os.chdir(folder)
+    try:
+        refusion.load_model(".")
+        out[folder] = "loaded"
+    except ConfigError as exc:
+        out[folder] = [type(exc).__name__, exc.param, str(exc)]
+out["this imported"] = "this" in sys.modules
+print(json.dumps(out))
+"""
+
+CLI_LOADS = """
+import json, os, sys
+from refusion.cli import main
+codes = {}
+for folder in sys.argv[1:]:
+    os.chdir(folder)
+    codes[folder] = main(["generate", "ab", "--model", "."])
+codes["this imported"] = "this" in sys.modules
+print("CODES" + json.dumps(codes))
+"""
+
+
+def _refused_everywhere(folders, markers):
+    assert not any(markers.iterdir()), sorted(p.name for p in markers.iterdir())  # no module was imported
+
+
+def test_a_checkpoint_naming_a_module_in_any_form_imports_nothing_from_python(hostile_folders, tmp_path):
+    done = run(PYTHON_LOADS, tmp_path, *map(str, hostile_folders))
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out.pop("this imported") is False and "Beautiful is better" not in done.stdout
+    for folder, result in out.items():
+        assert result != "loaded", folder
+        kind, param, message = result
+        assert kind == "ImportRefused" and param == "model", (folder, result)
+        assert "refusion.json" in message and "trust_remote_code=True" in message, message
+    _refused_everywhere(hostile_folders, tmp_path / "markers")
+
+
+def test_a_checkpoint_naming_a_module_in_any_form_imports_nothing_from_the_command_line(hostile_folders, tmp_path):
+    done = run(CLI_LOADS, tmp_path, *map(str, hostile_folders))  # the CLI adds the current directory to sys.path
+    assert done.returncode == 0, done.stderr
+    codes = json.loads(done.stdout.split("CODES")[-1])
+    assert codes.pop("this imported") is False and "Beautiful is better" not in done.stdout
+    assert set(codes.values()) == {2}, codes
+    assert done.stderr.count("names a class by module path") == len(hostile_folders), done.stderr
+    assert "Traceback" not in done.stderr
+    _refused_everywhere(hostile_folders, tmp_path / "markers")
+
+
+def test_reading_a_spec_with_imports_refused_imports_nothing_by_any_path(tmp_path, monkeypatch):
+    """The guard under the raw check: whatever part of the spec reader reaches a module path is refused there."""
+    from refusion.config import DecoderSpec
+    from refusion.config.trust import no_imports
+    from refusion.decoding.decoder import Decoder
+    from refusion.errors import ImportRefused
+
+    marker_module(tmp_path, "guarded_mod", tmp_path / "imported")
+    (tmp_path / "guarded_mod.py").write_text((tmp_path / "guarded_mod.py").read_text() + "class X:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for form, preset in PRESET_FORMS.items():
+        with no_imports(where="test file", opt_in="Trust it."):
+            try:
+                Decoder.from_spec(DecoderSpec.from_dict(preset("guarded_mod"), where="test file"))
+            except ImportRefused as exc:
+                assert "guarded_mod:X" in str(exc) or "guarded_mod:Rev" in str(exc), (form, exc)
+                assert "Trust it." in str(exc)
+            else:
+                raise AssertionError(f"{form}: a module path was built with imports refused")
+        assert not (tmp_path / "imported").exists(), form
+    assert "guarded_mod" not in sys.modules

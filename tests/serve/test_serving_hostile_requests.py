@@ -364,3 +364,21 @@ def test_a_port_in_use_is_a_one_line_error_naming_host_and_port(capsys):
     err = capsys.readouterr().err
     assert err.startswith("refusion: error: ") and err.count("\n") == 1 and f"127.0.0.1:{port}" in err, err
     assert time.perf_counter() - started < 10  # refused before the model loads
+
+
+def test_a_bug_while_planning_is_a_json_500_naming_only_its_type(model, monkeypatch):
+    """A raw error a request reaches (a bug, not the client's) is an OpenAI error body, not Starlette's plain-text
+    page; its text, which may hold server details, stays in the log."""
+    import refusion.serve.routes.completions as app_module
+
+    def broken(*args, **kwargs):
+        raise TypeError("'>' not supported between instances of 'str' and 'int' (/srv/secret/path.py)")
+
+    monkeypatch.setattr(app_module, "plan_request", broken)
+    with TestClient(create_app(Generator(model)), raise_server_exceptions=False) as client:
+        response = client.post("/v1/completions", json=BODY)
+        assert response.status_code == 500 and response.headers["content-type"].startswith("application/json")
+        error = response.json()["error"]
+        assert error["type"] == "server_error" and error["code"] == "internal_error"
+        assert "TypeError" in error["message"] and "secret" not in error["message"]
+        assert client.get("/health").status_code == 200

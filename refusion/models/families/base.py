@@ -97,6 +97,12 @@ class ModelFamily(ABC):
     def adapter(self, model: Any, tokenizer: Any, config: Mapping[str, Any], **options: Any) -> ModelAdapter:
         """Wrap the loaded network; ``options`` are the caller's :attr:`adapter_options`."""
 
+    def check(self, path: str, config: Mapping[str, Any]) -> None:
+        """Refuse, before any weight is read, a ``config`` whose fields the maintained class would fail on deep
+        inside or build into nonsense (a :class:`ConfigError` naming the file and the field:
+        :func:`field_error`); the default checks nothing beyond :func:`~refusion.models.checks.check_config`."""
+        return None
+
     def preset_name(self, config: Mapping[str, Any]) -> str | None:
         """The preset a checkpoint with ``config`` decodes with when none is named: :attr:`default_preset`,
         unless the family tells its versions apart."""
@@ -131,6 +137,7 @@ class ModelFamily(ABC):
                 f"{self.name!r} checkpoints with transformers' own classes, never the checkpoint's code.",
                 param="trust_remote_code",
             )
+        self.check(path, config)
         stock = self.stock_config(config)
         model = from_pretrained(
             self.model_class(),
@@ -227,6 +234,30 @@ def plain_fields(config: Mapping[str, Any], drop: Iterable[str] = ()) -> dict[st
             "rope_parameters", {"rope_type": kind, **scaling, "rope_theta": fields.pop("rope_theta", 10000.0)}
         )
     return fields
+
+
+def field_error(path: str, field: str, value: Any, allowed: str, file: str = "config.json") -> ConfigError:
+    r"""The error for a checkpoint file's field: ``\`model\` 'path': config.json field \`n_group\` must be ...;
+    got ...`` (``param`` is ``model``)."""
+    from refusion.validators import shown
+
+    return ConfigError(
+        f"`model` {path!r}: {file} field `{field}` must be {allowed}; got {shown(value, 60)}.", param="model"
+    )
+
+
+def int_field(
+    path: str, section: Mapping[str, Any], field: str, default: Any, low: int, high: int, prefix: str = ""
+) -> int:
+    """``section[field]`` (``default`` when absent or null), refused with :func:`field_error` unless an integer in
+    ``[low, high]``; ``prefix`` names the section (``"text_config."``)."""
+    from refusion.validators import is_integer
+
+    value = section.get(field)
+    value = default if value is None else value
+    if not is_integer(value) or not low <= value <= high:
+        raise field_error(path, f"{prefix}{field}", value, f"an integer in [{low}, {high}]")
+    return value
 
 
 def refuse_fields(family: str, config: Mapping[str, Any], expected: Mapping[str, Any]) -> None:

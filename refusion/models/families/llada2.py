@@ -22,8 +22,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from refusion.errors import ConfigError
-from refusion.models.families.base import ModelFamily
+from refusion.models.families.base import ModelFamily, field_error, int_field
 from refusion.plugins import hookimpl
+from refusion.validators import is_number
 
 #: LLaDA 2.x's block length (``generate(block_length=32)``, SGLang's and dInfer's dLLM mode)
 DEFAULT_BLOCK_LENGTH = 32
@@ -82,6 +83,51 @@ class LLaDA2(ModelFamily):
         """``llada2.1`` (editing) for a checkpoint whose config says LLaDA 2.1 (``model_type`` ``llada21_moe``),
         else LLaDA 2.0's ``llada2``; either decodes the other's weights when named."""
         return "llada2.1" if config.get("model_type") == "llada21_moe" else "llada2"
+
+    def check(self, path: str, config: Mapping[str, Any]) -> None:
+        """The routing and rotary fields Glm4Moe would fail on (a group of experts that does not divide them, more
+        chosen groups than groups, more experts per token than experts) or silently misread (too few experts in
+        the chosen groups, no rotary dimension), refused naming the field."""
+        if config.get("num_experts") is None:
+            return  # an all-dense network: refused by stock_config
+        experts = int_field(path, config, "num_experts", None, 1, 2**16)
+        top_k = int_field(path, config, "num_experts_per_tok", 2, 1, experts)
+        groups = int_field(path, config, "n_group", 8, 1, experts)
+        if experts % groups or experts // groups < 2:
+            raise field_error(
+                path,
+                "n_group",
+                groups,
+                f"a divisor of `num_experts` ({experts}) leaving at least 2 experts per group (a group's score "
+                "is the sum of its top 2)",
+            )
+        chosen = int_field(path, config, "topk_group", 4, 1, groups)
+        if chosen * (experts // groups) < top_k:
+            raise field_error(
+                path,
+                "topk_group",
+                chosen,
+                f"large enough that its groups hold `num_experts_per_tok` ({top_k}) experts: at least "
+                f"{-(-top_k // (experts // groups))} of {groups} groups of {experts // groups}",
+            )
+        int_field(path, config, "moe_intermediate_size", None, 1, 2**20)
+        int_field(path, config, "num_shared_experts", 0, 0, 2**12)
+        int_field(
+            path, config, "first_k_dense_replace", 0, 0, int_field(path, config, "num_hidden_layers", 1, 1, 2**12)
+        )
+        factor = config.get("partial_rotary_factor", 0.5)
+        heads = config["num_attention_heads"]
+        head_dim = config.get("head_dim") or config["hidden_size"] // heads
+        if not is_number(factor) or not 0 < factor <= 1 or int(head_dim * factor) < 2 or int(head_dim * factor) % 2:
+            raise field_error(
+                path,
+                "partial_rotary_factor",
+                factor,
+                f"a number in (0, 1] leaving an even number (>= 2) of the head's {head_dim} dimensions to the rotary",
+            )
+        scaling = config.get("routed_scaling_factor", 2.5)
+        if not is_number(scaling) or not scaling > 0:
+            raise field_error(path, "routed_scaling_factor", scaling, "a finite number > 0")
 
     def stock_config(self, config: Mapping[str, Any]) -> Any:
         from transformers import Glm4MoeConfig

@@ -8,9 +8,10 @@ import attrs
 
 from refusion.decoding.types import Plan
 from refusion.errors import ConfigError, bad_value
+from refusion.limits import MAX_DENOISING_STEPS
 from refusion.plugins import hookimpl
 from refusion.strategies.base import InfillContext, Infiller, InfillGenerator
-from refusion.validators import boolean, is_number, non_negative_int, non_negative_number, positive_int
+from refusion.validators import boolean, int_in, is_number, non_negative_int, non_negative_number
 
 
 def _confidence(instance: Any, attribute: Any, value: Any) -> None:
@@ -36,7 +37,9 @@ class Denoise(Infiller):
     #: the options of a loop that only canvas-denoising models run
     requires: ClassVar[dict[str, object]] = {"denoiser": True}
 
-    max_denoising_steps: int = attrs.field(default=48, validator=positive_int)
+    max_denoising_steps: int = attrs.field(
+        default=48, validator=int_in(1, MAX_DENOISING_STEPS, "a forward each: refusion.limits.MAX_DENOISING_STEPS")
+    )
     t_min: float = attrs.field(default=0.4, validator=non_negative_number)
     t_max: float = attrs.field(default=0.8, validator=non_negative_number)
     stability_threshold: int = attrs.field(default=1, validator=non_negative_int)

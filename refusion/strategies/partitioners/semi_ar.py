@@ -5,10 +5,11 @@ from __future__ import annotations
 import attrs
 
 from refusion.decoding.types import Partition
+from refusion.limits import block_positions
 from refusion.plugins import hookimpl
 from refusion.strategies.base import SlotPartitioner
 from refusion.strategies.partitioners.fixed import check_gen_length, slots_of
-from refusion.validators import boolean, one_of, positive_int
+from refusion.validators import boolean, one_of
 
 ALIGNMENTS = ("region", "absolute")
 
@@ -41,8 +42,8 @@ class SemiAutoregressive(SlotPartitioner):
 
     name = "semi-ar"
 
-    block_length: int = attrs.field(default=32, validator=positive_int)
-    slot_size: int = attrs.field(default=1, validator=positive_int)
+    block_length: int = attrs.field(default=32, validator=block_positions)
+    slot_size: int = attrs.field(default=1, validator=block_positions)
     align: str = attrs.field(default="region", validator=one_of(ALIGNMENTS))
     pad: bool = attrs.field(default=False, validator=boolean)
 

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import attrs
 
+from refusion.limits import MAX_POST_FILL_PASSES
 from refusion.plugins import hookimpl
 from refusion.strategies.base import Reviser, Revision, RevisionView
-from refusion.validators import non_negative_int, probability
+from refusion.validators import int_in, probability
 
 
 @attrs.frozen
@@ -35,7 +36,9 @@ class EditingReviser(Reviser):
     predicts = True
 
     editing_threshold: float = attrs.field(default=0.9, validator=probability)
-    max_post_steps: int = attrs.field(default=16, validator=non_negative_int)
+    max_post_steps: int = attrs.field(
+        default=16, validator=int_in(0, MAX_POST_FILL_PASSES, "edit-only passes: refusion.limits.MAX_POST_FILL_PASSES")
+    )
 
     @property
     def post_fill_passes(self) -> int:

@@ -10,6 +10,7 @@ import torch
 
 from refusion.decoding.sampling import PRECISIONS
 from refusion.decoding.types import Plan
+from refusion.limits import schedule_steps
 from refusion.plugins import hookimpl
 from refusion.strategies.base import SlotSelector
 from refusion.strategies.selectors.dream_steps import dream_scores
@@ -46,7 +47,7 @@ class DreamBlocks(SlotSelector):
 
     alg: str = attrs.field(default="confidence_threshold", validator=one_of(ALGS))
     threshold: float = attrs.field(default=0.9, validator=probability)
-    steps: int = attrs.field(default=128, validator=positive_int)
+    steps: int = attrs.field(default=128, validator=schedule_steps)
     eps: float = attrs.field(default=1e-3, validator=open_unit_interval)
     precision: str = attrs.field(default="float32", validator=one_of(PRECISIONS))
     confidence_top_k: int | None = attrs.field(default=None, validator=optional(positive_int))

@@ -10,6 +10,7 @@ import torch
 
 from refusion.decoding.sampling import PRECISIONS, filtered, probabilities
 from refusion.decoding.types import Plan
+from refusion.limits import schedule_steps
 from refusion.plugins import hookimpl
 from refusion.strategies.base import SlotSelector
 from refusion.strategies.selectors.scored import TIES, note_block, ranked
@@ -66,7 +67,7 @@ class DreamSteps(SlotSelector):
     #: decides by the masks left in a block, which only shrink; a denoising canvas re-decides every position
     requires: ClassVar[dict[str, object]] = {"denoiser": False}
 
-    steps: int = attrs.field(default=128, validator=positive_int)
+    steps: int = attrs.field(default=128, validator=schedule_steps)
     eps: float = attrs.field(default=1e-3, validator=open_unit_interval)
     alg: str = attrs.field(default="maskgit_plus", validator=one_of(ALGS))
     precision: str = attrs.field(default="float32", validator=one_of(PRECISIONS))
@@ -91,8 +92,9 @@ class DreamSteps(SlotSelector):
                 chosen = list(range(n)) if last else (u < 1 - s / t).nonzero().flatten().tolist()
             else:
                 count = n if last else int(torch.tensor(float(n)) * (1 - s / t))
-                scores = dream_scores(plan, self.alg, self.precision, self.confidence_top_k, self.confidence_top_p)
-                chosen = ranked(plan, scores, count, self.ties) if count else ()
+                if count:  # a step due no token changes nothing: its scores are not computed
+                    scores = dream_scores(plan, self.alg, self.precision, self.confidence_top_k, self.confidence_top_p)
+                    chosen = ranked(plan, scores, count, self.ties)
         plan.memory[key] = step
         return chosen
 

@@ -8,11 +8,12 @@ from typing import ClassVar
 import attrs
 
 from refusion.decoding.types import Plan
+from refusion.limits import block_positions, schedule_steps
 from refusion.plugins import hookimpl
 from refusion.strategies.base import SlotSelector
 from refusion.strategies.selectors.llada_steps import even_schedule
 from refusion.strategies.selectors.scored import TIES, ranked
-from refusion.validators import one_of, positive_int, probability
+from refusion.validators import one_of, probability
 
 
 @attrs.frozen
@@ -28,9 +29,9 @@ class LLaDA2Steps(SlotSelector):
     #: decides by the masks left in a block, which only shrink; a denoising canvas re-decides every position
     requires: ClassVar[dict[str, object]] = {"denoiser": False}
 
-    steps: int = attrs.field(default=32, validator=positive_int)
+    steps: int = attrs.field(default=32, validator=schedule_steps)
     threshold: float = attrs.field(default=0.95, validator=probability)
-    block_length: int = attrs.field(default=32, validator=positive_int)
+    block_length: int = attrs.field(default=32, validator=block_positions)
     ties: str = attrs.field(default="model-block", validator=one_of(TIES))
 
     def select(self, plan: Plan) -> Sequence[int]:

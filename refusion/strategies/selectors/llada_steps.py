@@ -9,10 +9,11 @@ import attrs
 import torch
 
 from refusion.decoding.types import Plan
+from refusion.limits import schedule_steps
 from refusion.plugins import hookimpl
 from refusion.strategies.base import SlotSelector
 from refusion.strategies.selectors.scored import TIES, note_block, ranked
-from refusion.validators import one_of, positive_int
+from refusion.validators import one_of
 
 REMASKING = ("low_confidence", "random")
 
@@ -83,7 +84,7 @@ class LLaDASteps(SlotSelector):
     #: decides by the masks left in a block, which only shrink; a denoising canvas re-decides every position
     requires: ClassVar[dict[str, object]] = {"denoiser": False}
 
-    steps: int = attrs.field(default=128, validator=positive_int)
+    steps: int = attrs.field(default=128, validator=schedule_steps)
     remasking: str = attrs.field(default="low_confidence", validator=one_of(REMASKING))
     ties: str = attrs.field(default="lowest", validator=one_of(TIES))
 

@@ -8,10 +8,11 @@ from typing import ClassVar
 import attrs
 
 from refusion.decoding.types import Plan
+from refusion.limits import block_positions, schedule_steps
 from refusion.plugins import hookimpl
 from refusion.strategies.base import SlotSelector
 from refusion.strategies.selectors.scored import TIES, ranked
-from refusion.validators import one_of, positive_int, probability
+from refusion.validators import one_of, probability
 
 STRATEGIES = ("low_confidence_dynamic", "low_confidence_static", "sequential")
 
@@ -50,10 +51,10 @@ class SDARSteps(SlotSelector):
     #: decides by the masks left in a block, which only shrink; a denoising canvas re-decides every position
     requires: ClassVar[dict[str, object]] = {"denoiser": False}
 
-    denoising_steps: int = attrs.field(default=4, validator=positive_int)
+    denoising_steps: int = attrs.field(default=4, validator=schedule_steps)
     remasking_strategy: str = attrs.field(default="low_confidence_dynamic", validator=one_of(STRATEGIES))
     confidence_threshold: float = attrs.field(default=0.85, validator=probability)
-    block_length: int = attrs.field(default=4, validator=positive_int)
+    block_length: int = attrs.field(default=4, validator=block_positions)
     ties: str = attrs.field(default="lowest", validator=one_of(TIES))
 
     def select(self, plan: Plan) -> Sequence[int]:

@@ -108,8 +108,8 @@ def token_id(value: Any) -> int | None:
 
 def check_adapter_options(options: Mapping[str, Any]) -> None:
     """Refuse, before anything is loaded, an adapter option of the wrong type: ``mask_token_id`` (a token id),
-    ``eos_token_id`` (a token id or a list of them; an empty list: the model has none), ``block_length`` (an integer >= 1). Their range
-    against the model (its vocabulary) is checked when the adapter is built."""
+    ``eos_token_id`` (a token id or a list of them; an empty list: the model has none), ``block_length`` (an
+    integer >= 1). Their range against the model (its vocabulary) is checked when the adapter is built."""
     from refusion.validators import check_integer, shown
 
     mask = options.get("mask_token_id")

@@ -102,7 +102,8 @@ class DiffusionGemma(ModelFamily):
         fields = attrs.fields_dict(Denoise)  # the options' owner checks them
 
         def option(name: str) -> Any:
-            return lambda value: fields[name].validator(None, fields[name], value)
+            check: Any = fields[name].validator
+            return lambda value: check(None, fields[name], value)
 
         params = {
             ours: checked(data[theirs], option(ours))

@@ -70,11 +70,11 @@ def main(argv=None) -> int:
 
         return run
 
-    def ours(decoder, columnar=True):
+    def ours(decoder, batched=True):
         engine = open_engine(adapter, decoder)
 
         def one(prompt):
-            if columnar:  # the public path: the whole-batch loop where the composition has one
+            if batched:  # the public path: the batched form where the composition has one
                 return decoder.decode(adapter, prompt, GEN_LENGTH, engine=engine)
             session = decoder.start(adapter, engine, decoder.prepare(adapter, prompt, GEN_LENGTH))
             return drive(engine, [session], batched=False)[0]  # the per-sequence program

@@ -203,14 +203,12 @@ def run_batch(
         names=names,
         **decoder_options,
     )
-    worker_options = dict(
-        max_rows=max_rows,
-        max_batch_tokens=max_batch_tokens,
-        allow_imports=allow_imports,
-        prefix_cache=prefix_cache,
-        kv_memory=kv_memory,
-        **decoder_options,
+    from refusion.config.runtime import RuntimeConfig
+
+    runtime = RuntimeConfig(  # checked above with the caller's spellings; one value from here on
+        max_rows=max_rows, max_batch_tokens=max_batch_tokens, prefix_cache=prefix_cache, kv_memory=kv_memory
     )
+    worker_options = dict(runtime=runtime, allow_imports=allow_imports, **decoder_options)
     start = time.monotonic()
     counts = {"rows": 0, "skipped": 0, "errors": 0, "tokens": 0}
     load_seconds = 0.0

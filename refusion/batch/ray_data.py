@@ -315,7 +315,8 @@ class RayRun:
         import pyarrow
         import ray.data
 
-        max_rows = worker_options.get("max_rows", 16)
+        runtime = worker_options.get("runtime")
+        max_rows = runtime.max_rows if runtime is not None else worker_options.get("max_rows", 16)
         batch = max(1, min(BATCH_ROWS * max_rows, -(-len(items) // workers)))  # every worker gets one when few
         # one block per batch (from_items would split the rows evenly, and Ray Data bundle small blocks together)
         blocks = [

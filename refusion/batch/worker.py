@@ -40,12 +40,18 @@ def load(model: Any) -> Any:
     return load_model(model)
 
 
+#: positions (prompts plus generation regions) a batch's live rows reserve at most unless told otherwise
+DEFAULT_BATCH_TOKENS = 8192
+
+
 class BatchWorker:
     """Runs batch rows on one model with continuous batching.
 
-    ``model``: see :func:`load` (loaded once, here). At most ``max_rows``
-    requests decode at once, reserving at most ``max_batch_tokens`` positions
-    together; a row needing more is an error row. ``decoder_options`` are
+    ``model``: see :func:`load` (loaded once, here). ``runtime`` (a
+    :class:`~refusion.config.runtime.RuntimeConfig`, or its fields as
+    keywords): at most ``max_rows`` requests decode at once, reserving at most
+    ``max_batch_tokens`` positions together (default 8192); a row needing more
+    is an error row. ``decoder_options`` are
     every row's defaults, as :func:`refusion.generate` takes them
     (``preset``, part names, part parameters, sampling, ``seed``,
     ``gen_length``, ``chat``, ``allow_special``); a row's own fields override
@@ -59,20 +65,25 @@ class BatchWorker:
         self,
         model: Any = None,
         *,
-        max_rows: int = 16,
-        max_batch_tokens: int = 8192,
+        runtime: Any = None,
+        max_rows: int | None = None,
+        max_batch_tokens: int | None = None,
         allow_imports: bool = False,
         prefix_cache: bool | None = None,
         kv_memory: int | None = None,
         **decoder_options: Any,
     ):
+        from refusion.config.runtime import RuntimeConfig
         from refusion.generator import Generator
-        from refusion.validators import check_boolean, check_integer
 
-        if prefix_cache is not None:
-            check_boolean("prefix_cache", prefix_cache)
-        if kv_memory is not None:
-            check_integer("kv_memory", kv_memory, 1)
+        #: what runs the rows and what the running batch may hold (a batch's default: 8192 positions reserved)
+        self.runtime = RuntimeConfig.of(
+            runtime if runtime is not None else RuntimeConfig(max_batch_tokens=DEFAULT_BATCH_TOKENS),
+            max_rows=max_rows,
+            max_batch_tokens=max_batch_tokens,
+            prefix_cache=prefix_cache,
+            kv_memory=kv_memory,
+        )
         self.model = load(model)
         options = dict(decoder_options)
         self.gen_length = options.pop("gen_length", None)
@@ -85,14 +96,10 @@ class BatchWorker:
             check_chat(self.model.tokenizer)
         self.defaults = {k: v for k, v in options.items() if v is not None}
         self.generator = Generator(
-            self.model,
-            max_rows=max_rows,
-            max_tokens=max_batch_tokens,
-            prefix_cache=prefix_cache,
-            kv_memory=kv_memory,
-            **{k: v for k, v in self.defaults.items() if k != "seed"},
+            self.model, runtime=self.runtime, **{k: v for k, v in self.defaults.items() if k != "seed"}
         )
-        self.lookahead = max_rows + max(1, max_rows // 2)  # the live rows and a small queue to refill from
+        rows = self.runtime.max_rows
+        self.lookahead = rows + max(1, rows // 2)  # the live rows and a small queue to refill from
         self._decoders: OrderedDict[str, tuple[Any, int | None]] = OrderedDict()
 
     # -- one row ---------------------------------------------------------------------

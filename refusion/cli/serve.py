@@ -72,7 +72,8 @@ def server_options(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
         "prefix_cache": args.prefix_cache,
         "kv_memory": args.kv_memory,
     }
-    check_server_options(**options, names=FLAGS)
+    runtime = ("max_rows", "max_batch_tokens", "prefix_cache", "kv_memory")  # checked while parsing; RuntimeConfig's
+    check_server_options(**{k: v for k, v in options.items() if k not in runtime}, names=FLAGS)
     limits = {"max_body_bytes": args.max_body_bytes} if args.max_body_bytes is not None else {}
     policy = ServePolicy(
         **limits,

@@ -26,6 +26,7 @@ from typing import Any
 
 import attrs
 
+from refusion.config.runtime import RuntimeConfig
 from refusion.errors import ConfigError, RefusionError
 from refusion.serve.options import ServeDefaults, ServePolicy
 from refusion.serve.settings import address as host_port
@@ -83,12 +84,8 @@ class ReplicaSettings:
     model_name: str
     defaults: ServeDefaults
     policy: ServePolicy
-    max_rows: int
-    max_batch_tokens: int | None
+    runtime: RuntimeConfig
     max_queue: int | None
-    engine: Any
-    prefix_cache: bool | None
-    kv_memory: int | None
     retry_after: int
     torch_threads: int | None
 
@@ -111,11 +108,7 @@ def build_app(settings: ReplicaSettings) -> Any:
     generator = Generator(
         adapter,
         decoder,
-        engine=settings.engine,
-        prefix_cache=settings.prefix_cache,
-        kv_memory=settings.kv_memory,
-        max_rows=settings.max_rows,
-        max_tokens=settings.max_batch_tokens,
+        runtime=settings.runtime,
         max_queue=settings.max_queue,
         gen_length=defaults.gen_length or length,
     )
@@ -283,7 +276,8 @@ def deploy(
     port: int = 8000,
     model_name: str | None = None,
     defaults: ServeDefaults | None = None,
-    max_rows: int = 16,
+    runtime: RuntimeConfig | None = None,
+    max_rows: int | None = None,
     max_batch_tokens: int | None = None,
     max_queue: int | None = 256,
     engine: Any = None,
@@ -313,18 +307,22 @@ def deploy(
     the replicas fail to start (Ray Serve's replica logs have the traceback).
     ``on_connect()`` is called once connected to Ray, before Ray Serve starts.
     """
+    runtime = RuntimeConfig.of(
+        runtime,
+        engine=engine,
+        max_rows=max_rows,
+        max_batch_tokens=max_batch_tokens,
+        prefix_cache=prefix_cache,
+        kv_memory=kv_memory,
+    )
     check_server_options(
         host=host,
         port=port,
-        max_rows=max_rows,
-        max_batch_tokens=max_batch_tokens,
         max_queue=max_queue,
         retry_after=retry_after,
         shutdown_timeout=shutdown_timeout,
         log_level=log_level,
         torch_threads=torch_threads,
-        prefix_cache=prefix_cache,
-        kv_memory=kv_memory,
     )
     check_replicas(replicas)
     check_number("cpus_per_replica", cpus_per_replica, 0)
@@ -340,12 +338,8 @@ def deploy(
         model_name=model_name or model_name_of(model),
         defaults=defaults or ServeDefaults(),
         policy=policy or ServePolicy(),
-        max_rows=max_rows,
-        max_batch_tokens=max_batch_tokens,
+        runtime=runtime,
         max_queue=max_queue,
-        engine=engine,
-        prefix_cache=prefix_cache,
-        kv_memory=kv_memory,
         retry_after=retry_after,
         torch_threads=torch_threads,
     )
@@ -357,7 +351,7 @@ def deploy(
         serve.start(http_options={"host": host, "port": port})
         app = deployment(
             replicas=replicas,
-            max_rows=max_rows,
+            max_rows=runtime.max_rows,
             max_queue=max_queue,
             shutdown_timeout=shutdown_timeout,
             log_level=log_level,

@@ -12,6 +12,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from refusion.config.runtime import RuntimeConfig
 from refusion.serve.options import ServeDefaults, ServePolicy, check_guidance
 from refusion.serve.settings import address, bind, check_server_options, model_name_of
 
@@ -23,7 +24,8 @@ def serve(
     port: int = 8000,
     model_name: str | None = None,
     defaults: ServeDefaults | None = None,
-    max_rows: int = 16,
+    runtime: RuntimeConfig | None = None,
+    max_rows: int | None = None,
     max_batch_tokens: int | None = None,
     max_queue: int | None = 256,
     engine: Any = None,
@@ -40,27 +42,32 @@ def serve(
     """Serve ``model`` (default: the shipped one; a path or a loaded adapter) over HTTP until interrupted.
 
     ``defaults`` are the decoding defaults of every request, ``policy`` what a
-    request may send (:class:`ServePolicy`); ``max_rows``,
-    ``max_batch_tokens`` and ``max_queue`` bound the running batch and the
-    queue, ``prefix_cache`` turns prefix reuse across requests on (``None``: where
-    the engine can) or off, ``kv_memory`` bounds the bytes of keys/values (requests
-    wait for room; see :class:`~refusion.generator.Generator`). The options are checked
+    request may send (:class:`ServePolicy`); ``runtime`` (a
+    :class:`~refusion.config.runtime.RuntimeConfig`, or its fields ``engine``,
+    ``max_rows``, ``max_batch_tokens``, ``prefix_cache``, ``kv_memory`` as
+    keywords) says what runs the model and what the running batch may hold
+    (requests wait for room; see :class:`~refusion.generator.Generator`), and
+    ``max_queue`` bounds the queue. The options are checked
     and ``host:port`` is bound (or ``sock``, already bound, is used) before the
     model loads (``loader()``, when given, loads it instead of ``model``); bad
     values and a taken port raise :class:`ConfigError` naming them.
     """
+    runtime = RuntimeConfig.of(
+        runtime,
+        engine=engine,
+        max_rows=max_rows,
+        max_batch_tokens=max_batch_tokens,
+        prefix_cache=prefix_cache,
+        kv_memory=kv_memory,
+    )
     check_server_options(
         host=host,
         port=port,
-        max_rows=max_rows,
-        max_batch_tokens=max_batch_tokens,
         max_queue=max_queue,
         retry_after=retry_after,
         shutdown_timeout=shutdown_timeout,
         log_level=log_level,
         torch_threads=torch_threads,
-        prefix_cache=prefix_cache,
-        kv_memory=kv_memory,
     )
     listener = sock if sock is not None else bind(host, port)
     try:
@@ -72,12 +79,8 @@ def serve(
             port=port,
             model_name=model_name,
             defaults=defaults or ServeDefaults(),
-            max_rows=max_rows,
-            max_batch_tokens=max_batch_tokens,
+            runtime=runtime,
             max_queue=max_queue,
-            engine=engine,
-            prefix_cache=prefix_cache,
-            kv_memory=kv_memory,
             retry_after=retry_after,
             shutdown_timeout=shutdown_timeout,
             log_level=log_level,
@@ -97,12 +100,8 @@ def _run(
     port: int,
     model_name: str | None,
     defaults: ServeDefaults,
-    max_rows: int,
-    max_batch_tokens: int | None,
+    runtime: RuntimeConfig,
     max_queue: int | None,
-    engine: Any,
-    prefix_cache: bool | None,
-    kv_memory: int | None,
     retry_after: int,
     shutdown_timeout: float,
     log_level: str,
@@ -125,15 +124,7 @@ def _run(
     decoder, length = build_decoder(adapter, preset=defaults.preset, **defaults.parts, **defaults.params)
     decoder.check_model(adapter)  # a default that cannot run on the model is refused at start-up, naming those that can
     generator = Generator(
-        adapter,
-        decoder,
-        engine=engine,
-        prefix_cache=prefix_cache,
-        kv_memory=kv_memory,
-        max_rows=max_rows,
-        max_tokens=max_batch_tokens,
-        max_queue=max_queue,
-        gen_length=defaults.gen_length or length,
+        adapter, decoder, runtime=runtime, max_queue=max_queue, gen_length=defaults.gen_length or length
     )
     check_guidance(generator.decoder, generator.engine)
     app = create_app(

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from refusion.errors import ConfigError
-from refusion.limits import MAX_KV_MEMORY, MAX_THREADS
-from refusion.validators import check_boolean, check_integer, check_number
+from refusion.limits import MAX_THREADS
+from refusion.validators import check_integer, check_number
 
 #: uvicorn's log levels
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -87,18 +87,15 @@ def check_server_options(
     *,
     host: Any,
     port: Any,
-    max_rows: Any,
-    max_batch_tokens: Any,
     max_queue: Any,
     retry_after: Any,
     shutdown_timeout: Any,
     log_level: Any,
     torch_threads: Any,
-    prefix_cache: Any = None,
-    kv_memory: Any = None,
     names: Mapping[str, str] | None = None,
 ) -> None:
-    """Raise :class:`ConfigError` naming the first of :func:`serve`'s options that is out of range.
+    """Raise :class:`ConfigError` naming the first of :func:`serve`'s own options that is out of range (the
+    runtime's are :class:`~refusion.config.runtime.RuntimeConfig`'s to check).
 
     ``names`` spells an option as the caller's user knows it (the CLI's
     ``{"torch_threads": "--threads"}``); by default the keyword's name.
@@ -109,19 +106,12 @@ def check_server_options(
 
     check_host(host, name("host"))
     check_integer(name("port"), port, 1, 65535)
-    check_integer(name("max_rows"), max_rows, 1)
-    if max_batch_tokens is not None:
-        check_integer(name("max_batch_tokens"), max_batch_tokens, 1)
     if max_queue is not None:
         check_integer(name("max_queue"), max_queue, 1, why="None = unbounded")
     check_integer(name("retry_after"), retry_after, 0, why="seconds")
     check_number(name("shutdown_timeout"), shutdown_timeout, 0, why="seconds")
     if torch_threads is not None:
         check_integer(name("torch_threads"), torch_threads, 1, MAX_THREADS)
-    if prefix_cache is not None:
-        check_boolean(name("prefix_cache"), prefix_cache)
-    if kv_memory is not None:
-        check_integer(name("kv_memory"), kv_memory, 1, MAX_KV_MEMORY, "bytes")
     if log_level not in LOG_LEVELS:
         raise ConfigError(
             f"`{name('log_level')}` must be one of {', '.join(LOG_LEVELS)}; got {log_level!r}.", param=name("log_level")

@@ -251,5 +251,5 @@ def test_the_batch_budget_is_max_batch_tokens_and_max_tokens_the_answer_length(t
         )
         == 0
     )
-    assert seen["max_batch_tokens"] == 512 and seen["gen_length"] == 6
+    assert seen["runtime"].max_batch_tokens == 512 and seen["gen_length"] == 6
     assert len(results(tmp_path / "out.jsonl")[0]["tokens"]) <= 6

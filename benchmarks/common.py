@@ -29,7 +29,7 @@ from typing import Any
 import attrs
 import torch
 
-from refusion.decoding.counters import Counters, observe
+from refusion.counters import Counters, observe
 
 # -- models -------------------------------------------------------------------------
 SIZES = {

@@ -57,7 +57,7 @@ refusion: ``result.forwards``), generated tokens per forward, whether the tokens
 are identical (k of n prompts; every case is greedy or seeded, and
 tests/models/test_peer_checkpoints.py asserts identity for these functions), and where
 the CPU goes: inside the network per forward (peer: its top module, backbone and
-LM head; refusion: ``refusion.decoding.counters.observe``) and outside it per forward (the
+LM head; refusion: ``refusion.counters.observe``) and outside it per forward (the
 decoder's own work). Caveat: SDAR's network runs with the fixtures' plain-torch
 CPU stand-ins for ``flash_attn`` (``tools/peer_fixtures/stubs``), not the real library.
 The table is printed and written as CSV (``--out``, default
@@ -426,7 +426,7 @@ class PeerSession:
 def refusion_case(models: dict, case, prompts: list[list[int]]) -> list[dict]:
     """refusion's timed calls of one case: the peer function's preset with the peer's own arguments."""
     import refusion
-    from refusion.decoding.counters import Counters, observe
+    from refusion.counters import Counters, observe
     from refusion.peers import peer_functions
 
     _name, family, function, args, seed = case

@@ -56,7 +56,7 @@ _EXPORTS = {
     "Plan": "refusion.decoding.types",
     "Slot": "refusion.decoding.types",
     "Engine": "refusion.engines.base",
-    "choose_engine": "refusion.engines.choose",
+    "choose_engine": "refusion.engines.factory",
     "Generator": "refusion.generator",
     "Progress": "refusion.generator",
     "Request": "refusion.generator",

@@ -45,7 +45,7 @@ from refusion.decoding.decoder import Decoder, Prepared, with_text
 from refusion.decoding.session import DecodeSession
 from refusion.decoding.types import DecodeResult, IterationRecord
 from refusion.engines import engine_class
-from refusion.engines.choose import check_invariance
+from refusion.engines.factory import check_invariance
 from refusion.errors import CallbackError, ConfigError, QueueFull, StalledError
 from refusion.scheduler import HOLD_FOR_PREFIX, Scheduler, Ticket
 

@@ -177,3 +177,16 @@ def test_create_app_builds_the_app_from_route_modules():
         if isinstance(n, ast.AsyncFunctionDef) and any(ast.unparse(d).startswith("app.") for d in n.decorator_list)
     ]
     assert not routes, routes  # no routes or handlers as closures
+
+
+def test_the_kv_manager_is_on_the_ground_floor_and_the_decode_core_knows_no_entry_point():
+    """``cache/`` (pages, tables, the prefix cache, the key/value manager) imports nothing of the decoder; the decode
+    loop, its forms and the engines import no scheduler, generator, server or command line."""
+    known = modules()
+    graph = {name: imports(name, path, known)[0] for name, path in known.items()}
+    cache = {m: sorted(i for i in graph[m] if i.startswith("refusion.decoding")) for m in graph if ".cache" in m}
+    assert not any(cache.values()), cache
+    entry = ("refusion.scheduler", "refusion.generator", "refusion.serve", "refusion.cli", "refusion.batch")
+    core = [m for m in graph if m.startswith(("refusion.decoding.loop", "refusion.decoding.forms", "refusion.engines"))]
+    taken = {m: sorted(i for i in graph[m] if i.startswith(entry)) for m in core}
+    assert not any(taken.values()), taken

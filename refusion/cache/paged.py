@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 from refusion.cache.pages import PagePool
-from refusion.decoding.counters import Counters
-from refusion.decoding.protocol import KVSegment
+from refusion.cache.segment import KVSegment
+from refusion.counters import Counters
 
 
 @attrs.define(eq=False)
@@ -193,7 +193,7 @@ class PagedKV:
 
 
 class PagedStore:
-    """The store of one sequence on pages (the :class:`~refusion.cache.sequence.SequenceCache` interface:
+    """The store of one sequence on pages (the :class:`~refusion.decoding.context.SequenceCache` interface:
     ``append``, ``truncate``, ``len``). :meth:`detach` gives its pages back when the sequence leaves; the length is
     kept and further writes are refused."""
 

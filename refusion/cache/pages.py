@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from refusion.cache.stores import bytes_per_token
-from refusion.decoding.counters import Counters
+from refusion.counters import Counters
 
 #: tokens per page (vLLM's default block size)
 PAGE_SIZE = 16

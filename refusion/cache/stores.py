@@ -11,7 +11,7 @@ A store holds the encoded context of one sequence and offers three operations:
 * :class:`NoStore` - nothing, for engines that keep no per-sequence cache.
 
 The first two report the bytes of keys/values they move to the sequence's
-:class:`~refusion.decoding.counters.Counters`: copies of entries already cached
+:class:`~refusion.counters.Counters`: copies of entries already cached
 (``context``, the cost that grows with the sequence) apart from writes of new
 entries (``new``).
 """
@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from refusion.decoding.counters import Counters
-from refusion.decoding.protocol import KVSegment
+from refusion.cache.segment import KVSegment
+from refusion.counters import Counters
 
 
 def bytes_per_token(layers: int, heads: int, dim: int, dtype: torch.dtype) -> int:

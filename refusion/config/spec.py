@@ -194,7 +194,7 @@ def sampler_name(value: Any) -> str:
 def _engine(value: Any) -> Any:
     if value is None or isinstance(value, str):
         return value
-    from refusion.engines.choose import engine_class
+    from refusion.engines.factory import engine_class
 
     engine_class(value)  # a class or a live engine: refused here if it is not one
     return value

@@ -76,7 +76,7 @@ class Decoder:
     error naming it. ``engine`` names what runs the model calls (a registered
     engine name such as ``"branch"``, ``"repeat"`` or ``"canvas"``, or an
     :class:`~refusion.engines.base.Engine` subclass); ``None`` (default) takes
-    the best engine that can run the model (:func:`~refusion.engines.choose_engine`).
+    the best engine that can run the model (:func:`~refusion.engines.factory_engine`).
     ``stop_at_eos`` (default) drops every slot after a committed EOS (early
     stop); without it every position is decoded and the answer is cut at the
     first EOS at the end; ``"block"`` finishes the serial block in which an
@@ -276,7 +276,7 @@ class Decoder:
         :class:`~refusion.decoding.session.DecodeSession`, or on a canvas-denoising model a
         :class:`~refusion.decoding.denoising.DenoisingSession`."""
         if self.batch_invariant:
-            from refusion.engines.choose import check_invariance
+            from refusion.engines.factory import check_invariance
 
             check_invariance(engine, True)
         state = engine.admit(prepared.prompt, prepared.partition.gen_length)

@@ -20,7 +20,6 @@ from typing import Any
 import attrs
 import torch
 
-from refusion.cache.sequence import CacheEditor, Chunk
 from refusion.decoding.checks import (
     bounded,
     call_part,
@@ -31,6 +30,7 @@ from refusion.decoding.checks import (
     checks_answers,
     plugin_error,
 )
+from refusion.decoding.context import CacheEditor, Chunk
 from refusion.decoding.protocol import ROOT, BlockReuse, Extend, ModelCall, Projection, Selection
 from refusion.decoding.sampling import apply_sampler, is_greedy
 from refusion.decoding.types import (
@@ -118,7 +118,7 @@ class DecodeSession:
 
     @property
     def cache(self):
-        """The sequence's committed context (a :class:`~refusion.cache.sequence.SequenceCache`)."""
+        """The sequence's committed context (a :class:`~refusion.decoding.context.SequenceCache`)."""
         return self.state.context
 
     @property

@@ -10,7 +10,7 @@ them against one model:
 * :meth:`Engine.run` answers one pending call of each given sequence;
 * :meth:`Engine.release` gives a finished (or cancelled) sequence's memory back.
 
-Engines count their work in :class:`~refusion.decoding.counters.Counters`, per
+Engines count their work in :class:`~refusion.counters.Counters`, per
 sequence and in total, the same way: a forward is one call of the network; a
 sequence's forwards are those that served it. Built-ins: ``repeat``
 (:mod:`refusion.engines.repeat`), ``branch`` (:mod:`refusion.engines.branch`)
@@ -26,8 +26,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from refusion.cache.sequence import SequenceCache
-from refusion.decoding.counters import Counters, ForwardShape
+from refusion.counters import Counters, ForwardShape
+from refusion.decoding.context import SequenceCache
 from refusion.decoding.protocol import BlockReuse, Epoch, ExtendOutput, ModelCall
 from refusion.models.base import exclusive
 
@@ -67,7 +67,7 @@ class Engine(ABC):
     """Runs the model calls of many sequences on one model.
 
     ``name`` is the registry key; among the engines that can run a model,
-    :func:`~refusion.engines.choose.choose_engine` takes the one with the
+    :func:`~refusion.engines.factory.choose_engine` takes the one with the
     highest ``priority``. Subclasses implement :meth:`unsupported`,
     :meth:`admit` and :meth:`run`, call the network through :meth:`scores`
     (which holds the model's forward lock, so several engines may share one
@@ -75,7 +75,7 @@ class Engine(ABC):
     and every key/value copy on the sequence's counters.
 
     ``batch_invariant=True`` (the decoder option of that name, passed by
-    :func:`~refusion.engines.choose.open_engine`) makes every sequence's
+    :func:`~refusion.engines.factory.open_engine`) makes every sequence's
     tokens the ones it gets alone, in every dtype: :meth:`scores` runs each
     forward under an :class:`~refusion.engines.invariant.Invariance`. An
     engine whose forwards hold one sequence's tokens only sets

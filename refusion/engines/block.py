@@ -26,8 +26,8 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from refusion.cache.sequence import SequenceCache
 from refusion.cache.stores import NoStore
+from refusion.decoding.context import SequenceCache
 from refusion.decoding.protocol import BlockReuse, Extend, ExtendOutput, ModelCall
 from refusion.engines.base import SequenceState
 from refusion.engines.feed import Feed

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from refusion.cache.paged import PagedStore, TableReader
-from refusion.cache.sequence import SequenceCache
+from refusion.decoding.context import SequenceCache
 from refusion.decoding.protocol import ExtendOutput, ModelCall
 from refusion.engines.base import SequenceState
 from refusion.engines.feed import Feed, causal_spans

@@ -27,8 +27,8 @@ import attrs
 import numpy as np
 import torch
 
-from refusion.cache.sequence import SequenceCache
 from refusion.cache.stores import NoStore
+from refusion.decoding.context import SequenceCache
 from refusion.decoding.protocol import BlockReuse, Extend, ExtendOutput, ModelCall
 from refusion.decoding.scores import Scores
 from refusion.engines.base import SequenceState

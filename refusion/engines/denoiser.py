@@ -26,7 +26,7 @@ from refusion.plugins import hookimpl
 
 class DenoiserState(SequenceState):
     """One sequence of a canvas-denoising model: its encoder cache, the attention mask over it and the
-    current canvas's denoiser masks. Holds no :class:`~refusion.cache.sequence.SequenceCache` (``context``
+    current canvas's denoiser masks. Holds no :class:`~refusion.decoding.context.SequenceCache` (``context``
     is ``None``)."""
 
     def __init__(self, prompt: torch.Tensor, counters: Any, region_length: int, cache: Any):

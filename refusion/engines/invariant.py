@@ -17,7 +17,7 @@ a forward then stop depending on the other sequences:
   (:class:`RowTiles`): where a backend's result for a row depends on how many
   rows are multiplied with it, rows are multiplied in tiles of exactly
   :attr:`Invariance.tile` rows, the last tile padded with zeros. Whether it
-  does is measured, not assumed: :func:`~refusion.engines.rows.probe_rows`
+  does is measured, not assumed: :func:`~refusion.probe.probe_rows`
   multiplies a fixed random matrix with 1 to 70 rows once per process,
   device, dtype and thread count (on one AMD EPYC with torch 2.13, float32
   rows differ between 1, 2-3 and 4 or more rows and bfloat16/float16 rows
@@ -53,7 +53,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from refusion.engines.rows import probe_rows
+from refusion.probe import probe_rows
 
 #: rows per tile of linear layers and LM-head passes, where the row count changes a row's result
 ROW_TILE = 8

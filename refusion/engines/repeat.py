@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
-from refusion.cache.sequence import SequenceCache
 from refusion.cache.stores import DynamicStore
+from refusion.decoding.context import SequenceCache
 from refusion.decoding.protocol import Extend, ExtendOutput, ModelCall
 from refusion.engines.base import Engine, SequenceState
 from refusion.plugins import hookimpl

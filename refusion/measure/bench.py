@@ -3,7 +3,7 @@
 Every method decodes the same examples one at a time (batch 1) on the same
 model; the clock runs around decoding only (tokenisation and scoring
 excluded) after a warm-up. Forwards are counted in one
-:class:`~refusion.decoding.counters.Counters` per method: the engine's for
+:class:`~refusion.counters.Counters` per method: the engine's for
 refusion's decoders, a hook on the network's backbone for transformers'
 ``generate`` (both count one per network forward).
 Tokens are the generated tokens up to and including the first EOS; prompt
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from refusion.decoding.counters import Counters, observe
+from refusion.counters import Counters, observe
 from refusion.errors import ConfigError
 from refusion.limits import MAX_EXAMPLES, MAX_GEN_LENGTH, check_room
 from refusion.measure.results import Result

@@ -1,8 +1,8 @@
 """A roofline estimate of what a decode would cost on a GPU, from the shapes of its forwards.
 
 No GPU is needed: while recording, an engine's
-:class:`~refusion.decoding.counters.Counters` keep every forward's shape
-(:class:`~refusion.decoding.counters.ForwardShape`: sequences, tokens fed,
+:class:`~refusion.counters.Counters` keep every forward's shape
+(:class:`~refusion.counters.ForwardShape`: sequences, tokens fed,
 query-key pairs of attention, key/value tokens read) and every LM-head pass
 (rows projected). For a named
 model size (:data:`MODELS`, e.g. Qwen3-8B) and GPU (:data:`GPUS`), each
@@ -28,7 +28,7 @@ from collections.abc import Iterable
 
 import attrs
 
-from refusion.decoding.counters import Counters, ForwardShape
+from refusion.counters import Counters, ForwardShape
 from refusion.errors import ConfigError, unknown_name
 
 

@@ -34,7 +34,7 @@ class LMHead:
     Every projection gives a row the numbers the network's own head gives it
     in a forward of at least :attr:`min_rows` rows: where the backend's
     matrix product picks its kernel by the row count
-    (:func:`refusion.engines.rows.probe_rows`: on CPUs float32 rows
+    (:func:`refusion.probe.probe_rows`: on CPUs float32 rows
     differ between 1, 2-3 and 4 or more), fewer rows are padded with zero
     rows. So the statistics of the rows a decoder reads equal those of the
     plain projection of the whole forward, bit for bit, ties included
@@ -46,14 +46,14 @@ class LMHead:
         self.bias = bias
         #: when set (:func:`refusion.measure.costmodel.recording`), counters that record the rows of every pass
         self.counters = None
-        #: :class:`refusion.decoding.counters.observe` contexts timing the network (they are told of every pass)
+        #: :class:`refusion.counters.observe` contexts timing the network (they are told of every pass)
         self.observers: list = []
 
     @property
     def min_rows(self) -> int:
         """Rows a projection is padded to: from there on a row's numbers do not depend on the row count (1 where
         they never do; the probe's answer is cached per process)."""
-        from refusion.engines.rows import probe_rows
+        from refusion.probe import probe_rows
 
         found = probe_rows(self.weight.device, self.weight.dtype)
         return found.min_rows or 1

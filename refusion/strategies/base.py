@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 import attrs
 import torch
 
-from refusion.cache.sequence import CacheEditor
+from refusion.decoding.context import CacheEditor
 from refusion.decoding.plans import Plans
 from refusion.decoding.protocol import ROOT, BlockReuse, Branch, Extend, ExtendOutput, ModelCall
 from refusion.decoding.sampling import Sampler, greedy
@@ -267,7 +267,8 @@ class CacheReorderer(Part):
 
     @abstractmethod
     def reorder(self, cache: CacheEditor, result: InfillResult) -> None:
-        """Receive the sequence's context (a :class:`~refusion.cache.sequence.CacheEditor`) and the iteration's commits.
+        """Receive the sequence's context (a :class:`~refusion.decoding.context.CacheEditor`) and the iteration's
+        commits.
 
         EOS is already applied to ``result``. Must append every committed
         token exactly once (``cache.append``, in any order, with or without

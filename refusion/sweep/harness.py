@@ -124,7 +124,7 @@ def evaluate_harness(
     """Run the tasks with ``decoder`` (or, with ``None``, AR through transformers ``generate``)."""
     import lm_eval.evaluator
 
-    from refusion.decoding.counters import Counters, observe
+    from refusion.counters import Counters, observe
     from refusion.measure.bench import ar_method
     from refusion.measure.lmeval import RefusionLM
 

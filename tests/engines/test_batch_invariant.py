@@ -14,17 +14,18 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from refusion import probe as rows
 from refusion.config import PRESETS, DecoderSpec
 from refusion.decoding.decoder import Decoder
-from refusion.engines import invariant, open_engine, rows
+from refusion.engines import invariant, open_engine
 from refusion.engines.branch import BranchEngine
 from refusion.engines.invariant import InvariantHead, rows_depend_on_count, tiled_linear
-from refusion.engines.rows import probe_rows
 from refusion.errors import ConfigError
 from refusion.models.block import tiny_block_diffusion
 from refusion.models.hf import HFCausalLM
 from refusion.models.mdm import tiny_bidirectional
 from refusion.models.tiny import tiny_qwen3
+from refusion.probe import probe_rows
 
 ENGINES = ("branch", "branch-padded", "repeat", "canvas", "block", "block-recompute")
 

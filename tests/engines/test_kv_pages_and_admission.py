@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from refusion.decoding.decoder import Decoder
 from refusion.engines.branch import BranchEngine
-from refusion.engines.choose import open_engine
+from refusion.engines.factory import open_engine
 from refusion.errors import ConfigError
 from refusion.generator import Generator
 from refusion.models.mdm import tiny_bidirectional

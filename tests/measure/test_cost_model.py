@@ -2,7 +2,7 @@
 
 import pytest
 
-from refusion.decoding.counters import ForwardShape
+from refusion.counters import ForwardShape
 from refusion.decoding.decoder import Decoder
 from refusion.engines import open_engine
 from refusion.errors import ConfigError, UnknownNameError

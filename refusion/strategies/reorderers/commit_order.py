@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from refusion.cache.sequence import CacheEditor
+from refusion.decoding.context import CacheEditor
 from refusion.decoding.protocol import KVSegment
 from refusion.decoding.types import InfillResult
 from refusion.plugins import hookimpl

@@ -6,7 +6,7 @@ from typing import ClassVar, Literal
 
 import attrs
 
-from refusion.cache.sequence import CacheEditor
+from refusion.decoding.context import CacheEditor
 from refusion.decoding.protocol import BlockReuse
 from refusion.decoding.types import InfillResult
 from refusion.plugins import hookimpl

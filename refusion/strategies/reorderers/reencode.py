@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from refusion.cache.sequence import CacheEditor
+from refusion.decoding.context import CacheEditor
 from refusion.decoding.types import InfillResult
 from refusion.plugins import hookimpl
 from refusion.strategies.base import CacheReorderer

@@ -3,7 +3,7 @@
 import attrs
 import torch
 
-from refusion.cache.sequence import SequenceCache
+from refusion.decoding.context import SequenceCache
 from refusion.decoding.protocol import ExtendOutput
 from refusion.engines.base import Engine, SequenceState
 from refusion.models.families.refusion import ReFusion

@@ -16,7 +16,7 @@ import torch
 from refusion.decoding.protocol import ModelCall
 from refusion.decoding.types import Commit, InfillResult, Plan
 from refusion.plugins import hookimpl
-from refusion.strategies.base import InfillContext, Infiller, InfillGenerator
+from refusion.strategies.base import InfillContext, Infiller, InfillProgram
 from refusion.validators import probability
 
 
@@ -29,7 +29,7 @@ class OneStepJacobi(Infiller):
 
     keep_above: float = attrs.field(default=1.0, validator=probability)  # NaN, inf, -1 are refused here
 
-    def infill(self, ctx: InfillContext, plan: Plan, chosen: tuple[int, ...]) -> InfillGenerator:
+    def infill(self, ctx: InfillContext, plan: Plan, chosen: tuple[int, ...]) -> InfillProgram:
         firsts, extends = [], []
         for i in chosen:
             drafts, positions = plan.slot_tokens(i), plan.positions[plan.rows(i)]

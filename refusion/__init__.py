@@ -9,7 +9,7 @@ Quick use::
 Register a part of your own in this process, then name it like a built-in::
 
     @refusion.register
-    class Mine(SlotSelector):                               # from refusion.strategies.base
+    class Mine(SlotSelector):                               # from refusion.parts
         name = "mine"
         def select(self, plan): ...
     refusion.generate("rev hello=", selector="mine")
@@ -21,8 +21,8 @@ Compose your own decoder from parts (names, classes or instances)::
 
 Serve many requests on one running engine (continuous batching)::
 
-    generator = refusion.Generator(max_rows=16)
-    request = generator.submit("rev hello=", gen_length=32)
+    batcher = refusion.Batcher(max_rows=16)
+    request = batcher.submit("rev hello=", gen_length=32)
     for event in request:                                   # slots as they commit
         print(event.prefix_tokens)
 
@@ -57,9 +57,11 @@ _EXPORTS = {
     "Slot": "refusion.decoding.types",
     "Engine": "refusion.engines.base",
     "choose_engine": "refusion.engines.factory",
+    "Batcher": "refusion.batcher",
     "Generator": "refusion.generator",
-    "Progress": "refusion.generator",
-    "Request": "refusion.generator",
+    "Progress": "refusion.batcher",
+    "Request": "refusion.batcher",
+    "RuntimeConfig": "refusion.config.runtime",
     "register": "refusion.plugins.registry",
     "registry": "refusion.plugins.registry",
     "run_batch": "refusion.batch.embedded",

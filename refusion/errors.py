@@ -47,7 +47,7 @@ class UnknownNameError(ConfigError, LookupError):
 
 
 class QueueFull(RefusionError):
-    """A :class:`~refusion.generator.Generator`'s queue holds ``max_queue`` requests already: retry later."""
+    """A :class:`~refusion.batcher.Batcher`'s queue holds ``max_queue`` requests already: retry later."""
 
 
 class CallbackError(RefusionError):

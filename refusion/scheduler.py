@@ -13,7 +13,7 @@ A :class:`Scheduler` holds the requests waiting to be admitted (:class:`Ticket` 
 
 It reports what happened to each ticket (:class:`Outcome`). A ticket that could never fit is refused before it
 waits (:meth:`Scheduler.refusal`). It knows nothing of threads, events or streams (the
-:class:`~refusion.generator.Generator`'s) and nothing of how rows decode (the loop's).
+:class:`~refusion.batcher.Batcher`'s) and nothing of how rows decode (the loop's).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 One request per input row (:mod:`refusion.batch.rows`), results appended to
 the output as they finish (:mod:`refusion.batch.output`), a rerun resuming
 where the last one stopped. Embedded by default: one process, one
-continuous-batching generator (:mod:`refusion.batch.worker`,
+continuous-batching batcher (:mod:`refusion.batch.worker`,
 :mod:`refusion.batch.embedded`); with ``ray=`` the rows run on Ray Data
 (``refusion.batch.ray_data``, the ``[ray]`` extra). See ``docs/scaling.md``.
 """

@@ -123,7 +123,7 @@ def check_options(
             if value != default:
                 raise ConfigError(
                     f"`{shown[name]}` applies only to a run on Ray (`ray=`, `--ray`); "
-                    "an embedded run has one generator in this process.",
+                    "an embedded run has one batcher in this process.",
                     param=shown[name],
                 )
     if ray is not None and not isinstance(ray, str):

@@ -3,8 +3,8 @@
 :func:`run_on_ray` turns the rows still to run into a Ray Dataset of
 ``{"number", "line"}`` rows and maps it in batches (``map_batches``) onto
 ``workers`` actors, each loading the model once and decoding its batches on
-its own continuous-batching generator. A batch holds :data:`BATCH_ROWS`
-generators' worth of rows, so that the generator refills as rows finish
+its own continuous-batching batcher. A batch holds :data:`BATCH_ROWS`
+batchers' worth of rows, so that the batcher refills as rows finish
 instead of waiting for the slowest of a batch; its result rows come back
 when it ends, batches in order of completion, and the caller writes them
 (:class:`~refusion.batch.output.ResultWriter`).
@@ -37,7 +37,7 @@ from refusion.errors import ConfigError, warn_caller
 
 #: what a run without Ray says
 NEEDS_RAY = "`--ray` needs Ray: pip install 'refusion[ray]'"
-#: rows per batch, in generators' worth (``max_rows``): a worker's generator refills from its batch as rows finish
+#: rows per batch, in batchers' worth (``max_rows``): a worker's batcher refills from its batch as rows finish
 #: (measured: 1 gives two thirds of the embedded run's rows/s once started, 4 all of it)
 BATCH_ROWS = 4
 

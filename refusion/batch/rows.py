@@ -47,7 +47,7 @@ IMPORT_OPT_IN = "Trusted input may allow it with `--allow-imports` (`allow_impor
 @attrs.frozen
 class BatchRow:
     """A checked row: its ``id``, its ``prompt`` (text, token ids, or the ``messages`` list when ``chat``),
-    ``options``, the row's own keywords for :meth:`Generator.submit <refusion.generator.Generator.submit>`
+    ``options``, the row's own keywords for :meth:`Batcher.submit <refusion.batcher.Batcher.submit>`
     (``gen_length``, ``seed``, ``preset``, part names, flat part parameters, sampling), and its ``line`` in the
     input (from 1)."""
 

@@ -1,4 +1,4 @@
-"""``BatchWorker``: one model and one continuous-batching :class:`~refusion.generator.Generator` running rows.
+"""``BatchWorker``: one model and one continuous-batching :class:`~refusion.batcher.Batcher` running rows.
 
 A worker turns raw input lines into result rows (:func:`refusion.batch.output.result_row`).
 It is what the embedded run uses and what each Ray actor holds. Each row is
@@ -56,7 +56,7 @@ class BatchWorker:
     (``preset``, part names, part parameters, sampling, ``seed``,
     ``gen_length``, ``chat``, ``allow_special``); a row's own fields override
     them. ``allow_imports`` lets rows name parts by ``"module:Class"`` path;
-    ``prefix_cache`` and ``kv_memory`` are :class:`~refusion.generator.Generator`'s (``None``: rows
+    ``prefix_cache`` and ``kv_memory`` are :class:`~refusion.batcher.Batcher`'s (``None``: rows
     reuse shared prompt prefixes where the engine can; keys/values take the engine's default budget).
     Bad defaults raise :class:`ConfigError` here, before any row is read.
     """
@@ -73,8 +73,8 @@ class BatchWorker:
         kv_memory: int | None = None,
         **decoder_options: Any,
     ):
+        from refusion.batcher import Batcher
         from refusion.config.runtime import RuntimeConfig
-        from refusion.generator import Generator
 
         #: what runs the rows and what the running batch may hold (a batch's default: 8192 positions reserved)
         self.runtime = RuntimeConfig.of(
@@ -95,7 +95,7 @@ class BatchWorker:
 
             check_chat(self.model.tokenizer)
         self.defaults = {k: v for k, v in options.items() if v is not None}
-        self.generator = Generator(
+        self.batcher = Batcher(
             self.model, runtime=self.runtime, **{k: v for k, v in self.defaults.items() if k != "seed"}
         )
         rows = self.runtime.max_rows
@@ -165,7 +165,7 @@ class BatchWorker:
         return list(ids)
 
     def submit(self, row: BatchRow) -> Any:
-        """Queue ``row`` on the generator; its :class:`~refusion.generator.Request`. Raises :class:`ConfigError`."""
+        """Queue ``row`` on the batcher; its :class:`~refusion.batcher.Request`. Raises :class:`ConfigError`."""
         from refusion.api import fit_default_length
         from refusion.config.spec import DEFAULT_GEN_LENGTH
 
@@ -176,7 +176,7 @@ class BatchWorker:
         ids = self.prompt_ids(row)
         if gen_length is None:  # as refusion.generate chooses it
             gen_length = fit_default_length(decoder, self.model, [ids], preset_length or DEFAULT_GEN_LENGTH)
-        return self.generator.submit(ids, decoder=decoder, gen_length=gen_length, seed=seed)
+        return self.batcher.submit(ids, decoder=decoder, gen_length=gen_length, seed=seed)
 
     # -- many rows -------------------------------------------------------------------
     def run(self, lines: Iterable[tuple[int, str]]) -> Iterator[dict]:
@@ -211,7 +211,7 @@ class BatchWorker:
                     if exhausted:
                         return
                     continue
-                finished = [event for event in self.generator.step() if event.finished]
+                finished = [event for event in self.batcher.step() if event.finished]
                 for event in finished:
                     row_id, line = live.pop(event.request)
                     if event.error is not None:
@@ -220,7 +220,7 @@ class BatchWorker:
                         yield result_row(row_id, line, error="row: cancelled")
                     else:
                         yield result_row(row_id, line, event.result)
-                if not finished and self.generator.idle():  # nothing queued or decoding: what is left is stuck
+                if not finished and self.batcher.idle():  # nothing queued or decoding: what is left is stuck
                     for request, (row_id, line) in list(live.items()):
                         del live[request]
                         yield result_row(row_id, line, error=f"row: request stopped as {request.status!r}")
@@ -229,8 +229,8 @@ class BatchWorker:
                 request.cancel()
 
     def close(self) -> None:
-        """Cancel what is still queued or decoding and release the generator."""
-        self.generator.close(drain=False)
+        """Cancel what is still queued or decoding and release the batcher."""
+        self.batcher.close(drain=False)
 
     def __enter__(self) -> BatchWorker:
         return self

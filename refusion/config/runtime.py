@@ -5,7 +5,7 @@ once: ``engine``, ``max_rows`` (live rows), ``max_batch_tokens`` (prompt plus ge
 live rows), ``kv_memory`` (bytes of keys/values), ``prefix_cache`` (prompts' pages shared across requests),
 ``page_size`` (tokens per page) and ``batch_invariant`` (every row's numbers the ones it gets alone). It is checked
 once, when made (every field names itself in its error), and passed as it is through
-:class:`~refusion.generator.Generator`, :func:`refusion.serve`, :func:`refusion.run_batch`, the batch workers and
+:class:`~refusion.batcher.Batcher`, :func:`refusion.serve`, :func:`refusion.run_batch`, the batch workers and
 the Ray replicas. A :class:`~refusion.decoding.decoder.Decoder` says nothing of any of it but two requests: an
 ``engine`` by name and ``batch_invariant`` (:meth:`RuntimeConfig.for_decoder`).
 """

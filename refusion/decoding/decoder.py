@@ -10,7 +10,7 @@ so decoding ends after at most as many iterations as there are slots.
 A decode is a *program*: a generator that yields the model calls it needs and
 receives their outputs (:meth:`~refusion.decoding.session.DecodeSession.program`). Engines
 (:mod:`refusion.engines`) run them; :meth:`Decoder.decode_batch` runs a batch
-to the end, :class:`refusion.generator.Generator` lets requests join and leave
+to the end, :class:`refusion.batcher.Batcher` lets requests join and leave
 a running engine.
 """
 

@@ -104,7 +104,7 @@ class DenoisingSession:
         self.record = record
         self.committed: list[tuple[tuple[int, int], ...]] = []
         self.records: list[IterationRecord] = []
-        self.generator = torch.Generator(device=model.device).manual_seed(seed)
+        self.rng = torch.Generator(device=model.device).manual_seed(seed)
         self.memory: dict = {}
         self._checked = checks_answers(decoder.selector)
 
@@ -149,7 +149,7 @@ class DenoisingSession:
     ) -> Generator[Denoise | Selection, Any, torch.Tensor]:
         """Denoise one canvas to its stop; returns the argmax canvas of the last step (1-D, on the host).
         ``since``: (clock, forwards, fed entries) where the canvas's first record starts (before its encoding)."""
-        d, model, g = self.decoder, self.model, self.generator
+        d, model, g = self.decoder, self.model, self.rng
         o = d.infiller  # the `denoise` infiller: the loop's options
         length, vocab, device = model.canvas_length, model.vocab_size, model.device
         canvas = torch.randint(0, vocab, (1, length), generator=g, device=device)[0]

@@ -88,7 +88,7 @@ class DecodeSession:
         self.committed: list[tuple[tuple[int, int], ...]] = []
         #: per finished iteration, its record (only when ``record``)
         self.records: list[IterationRecord] = []
-        self.generator = torch.Generator().manual_seed(seed)
+        self.rng = torch.Generator().manual_seed(seed)
         #: the infiller's memory for this sequence across iterations (InfillContext.memory)
         self.memory: dict = {}
         #: drafts are argmaxes: a plan's rows are projected only when read
@@ -128,7 +128,7 @@ class DecodeSession:
 
     def sample(self, logits: Any, exclude: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The decoder's sampler, bound to this prompt's generator (Scores or logits)."""
-        return apply_sampler(self.decoder.sample, logits, exclude, self.generator)
+        return apply_sampler(self.decoder.sample, logits, exclude, self.rng)
 
     def run(self) -> DecodeResult:
         """Run :meth:`program` to the end on the session's engine."""
@@ -243,7 +243,7 @@ class DecodeSession:
         else:
             positions = torch.cat([torch.arange(s.offset, s.stop) for s in slots]) + self.prompt_len
         if not drafted:
-            return Plan(slots, positions, None, tuple(offsets), self.generator, **self._where())
+            return Plan(slots, positions, None, tuple(offsets), self.rng, **self._where())
         masks = torch.full_like(positions, self.model.mask_token_id)
         fused = self.greedy  # the slot scores are projected with the other sequences' rows (on the fused path only)
         reads = torch.as_tensor(offsets[:-1]) if fused and self.decoder.selector.reads_scores else None
@@ -264,7 +264,7 @@ class DecodeSession:
             exclude=self.model.mask_token_id,
             rowwise=drawn is None and getattr(self.decoder.sample, "rowwise", False),
         )
-        return Plan(slots, positions, scores, tuple(offsets), self.generator, drafts, **self._where())
+        return Plan(slots, positions, scores, tuple(offsets), self.rng, drafts, **self._where())
 
     def _span(self, block: Sequence[int]) -> tuple[int, int]:
         """Region offsets ``first, stop`` of serial block ``block`` (slot indices)."""
@@ -463,7 +463,7 @@ class DecodeSession:
             self.decoder.sample,
             scores,
             self.model.mask_token_id,
-            self.generator,
+            self.rng,
             positions=positions,
             canvas_length=canvas,
             block=block,

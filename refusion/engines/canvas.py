@@ -27,6 +27,7 @@ import attrs
 import numpy as np
 import torch
 
+from refusion.cache.pages import PAGE_SIZE
 from refusion.cache.stores import NoStore
 from refusion.decoding.context import SequenceCache
 from refusion.decoding.protocol import BlockReuse, Extend, ExtendOutput, ModelCall
@@ -95,10 +96,28 @@ class CanvasEngine(PagedEngine):
     name = "canvas"
     priority = 10
 
-    def __init__(self, model: Any, **options: Any):
-        if not model.capabilities.kv_cache:  # a network that takes no cache sees only what it is fed: padded
-            options.setdefault("packed", False)
-        super().__init__(model, **options)
+    def __init__(
+        self,
+        model: Any,
+        *,
+        packed: bool | None = None,
+        batch_invariant: bool = False,
+        prefix_cache: bool = False,
+        kv_memory: int | None = None,
+        page_size: int = PAGE_SIZE,
+        paged_kernel: bool | None = None,
+    ):
+        if packed is None and not model.capabilities.kv_cache:  # a network that takes no cache sees only what it
+            packed = False  # is fed: padded lanes
+        super().__init__(
+            model,
+            packed=packed,
+            batch_invariant=batch_invariant,
+            prefix_cache=prefix_cache,
+            kv_memory=kv_memory,
+            page_size=page_size,
+            paged_kernel=paged_kernel,
+        )
 
     @classmethod
     def unsupported(cls, model: Any) -> str | None:

@@ -5,7 +5,7 @@ Every argument of the authors' ``generate`` is taken as written. The ones their 
 itself (``mask_id``: the canvas's filler; ``eos_id``: where the answer stops; ``block_length``: the attention
 mask's blocks) give the model the call runs on (:attr:`~refusion.peers.base.PeerFunction.model_for`:
 :func:`refusion.generate` decodes on it); translated against a model that was not given them (a running
-:class:`~refusion.generator.Generator` or server decodes on the model it loaded), they must be its own.
+:class:`~refusion.batcher.Batcher` or server decodes on the model it loaded), they must be its own.
 """
 
 from __future__ import annotations

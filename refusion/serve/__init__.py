@@ -1,6 +1,6 @@
-"""``refusion serve``: an OpenAI-compatible HTTP server on a continuous-batching :class:`~refusion.generator.Generator`.
+"""``refusion serve``: an OpenAI-compatible HTTP server on a continuous-batching :class:`~refusion.batcher.Batcher`.
 
-``create_app`` builds the FastAPI application for a generator; ``serve``
+``create_app`` builds the FastAPI application for a batcher; ``serve``
 loads a model and runs it under uvicorn. ``ServeDefaults`` are every
 request's decoding defaults, ``ServePolicy`` what a request may send. Needs ``pip install refusion[serve]``.
 See docs/serving.md for the API, the request fields and the streaming rules.

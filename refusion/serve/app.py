@@ -1,9 +1,9 @@
-"""The FastAPI application: OpenAI's completions and chat completions on a running :class:`Generator`.
+"""The FastAPI application: OpenAI's completions and chat completions on a running :class:`Batcher`.
 
 Routes (:mod:`refusion.serve.routes`): ``POST /v1/completions``,
 ``POST /v1/chat/completions`` (plain or ``stream: true`` server-sent
 events), ``GET /v1/models``, ``GET /health``, ``GET /metrics``. Every error
-is an OpenAI error body. The app starts the generator's thread when it starts
+is an OpenAI error body. The app starts the batcher's thread when it starts
 and, when it stops, cancels what uvicorn's graceful shutdown left unfinished.
 Bodies are bounded (:class:`~refusion.serve.body_limit.BodyLimit`).
 """
@@ -18,8 +18,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from refusion.batcher import Batcher
 from refusion.errors import APIError
-from refusion.generator import Generator
 from refusion.serve.body_limit import BodyLimit
 from refusion.serve.errors import error_response, validation_error
 from refusion.serve.metrics import ServerMetrics
@@ -29,7 +29,7 @@ from refusion.serve.state import ServerState
 
 
 def create_app(
-    generator: Generator,
+    batcher: Batcher,
     *,
     model_name: str = "refusion",
     defaults: ServeDefaults | None = None,
@@ -37,27 +37,25 @@ def create_app(
     manage_generator: bool = True,
     policy: ServePolicy | None = None,
 ) -> FastAPI:
-    """An app serving ``generator`` under the name ``model_name``.
+    """An app serving ``batcher`` under the name ``model_name``.
 
     ``defaults`` are the decoding defaults of every request; ``policy`` what
     requests may send (body size, prompt length, imports, special tokens). A
     full queue answers 503 with ``Retry-After: retry_after``. With
-    ``manage_generator`` the app starts the generator's thread on start-up and
-    closes it on shutdown (leave it off to drive the generator yourself in
+    ``manage_generator`` the app starts the batcher's thread on start-up and
+    closes it on shutdown (leave it off to drive the batcher yourself in
     tests).
     """
     policy = policy or ServePolicy()
-    server = ServerState(
-        generator, model_name, defaults or ServeDefaults(), policy, ServerMetrics(generator), retry_after
-    )
+    server = ServerState(batcher, model_name, defaults or ServeDefaults(), policy, ServerMetrics(batcher), retry_after)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         if manage_generator:
-            generator.start()
+            batcher.start()
         yield
         if manage_generator:
-            await asyncio.to_thread(generator.close, drain=False, timeout=30)
+            await asyncio.to_thread(batcher.close, drain=False, timeout=30)
 
     app = FastAPI(title="refusion", lifespan=lifespan)
     app.state.server = server

@@ -23,12 +23,12 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 class _EngineCollector:
     """Reads the engine's forward count when scraped, and generated tokens per forward."""
 
-    def __init__(self, generator: Any, tokens: Any):
-        self.generator = generator
+    def __init__(self, batcher: Any, tokens: Any):
+        self.batcher = batcher
         self.tokens = tokens  # a callable: generated tokens so far
 
     def collect(self):
-        forwards = self.generator.engine.counters.forwards
+        forwards = self.batcher.engine.counters.forwards
         yield CounterMetricFamily(
             "refusion_forwards", "Model forwards run by the engine (prefills included).", value=forwards
         )
@@ -38,7 +38,7 @@ class _EngineCollector:
             "Generated tokens per model forward, since start.",
             value=tokens / forwards if forwards else 0.0,
         )
-        prefixes = getattr(self.generator.engine, "prefixes", None)  # made with the engine's first sequence
+        prefixes = getattr(self.batcher.engine, "prefixes", None)  # made with the engine's first sequence
         stats = prefixes.stats if prefixes is not None else None
         yield CounterMetricFamily(
             "refusion_prefix_cache_queries",
@@ -50,7 +50,7 @@ class _EngineCollector:
             "Prompt tokens found in the prefix cache (their keys/values reused, not computed).",
             value=stats.hits if stats else 0,
         )
-        pages = self.generator.engine.kv_pages() or (0, 0)
+        pages = self.batcher.engine.kv_pages() or (0, 0)
         yield GaugeMetricFamily(
             "refusion_prefix_cache_pages_used", "Pages the prefix cache holds.", value=len(prefixes or ())
         )
@@ -72,11 +72,11 @@ ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 
 
 class ServerMetrics:
-    """The metrics of a server on ``generator``; :meth:`render` gives the Prometheus text format."""
+    """The metrics of a server on ``batcher``; :meth:`render` gives the Prometheus text format."""
 
     content_type = "text/plain; version=0.0.4; charset=utf-8"
 
-    def __init__(self, generator: Any):
+    def __init__(self, batcher: Any):
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -101,13 +101,13 @@ class ServerMetrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        Gauge("refusion_queue_depth", "Requests waiting for a row.", registry=r).set_function(lambda: generator.waiting)
-        Gauge("refusion_live_rows", "Requests decoding now.", registry=r).set_function(lambda: generator.live_rows)
+        Gauge("refusion_queue_depth", "Requests waiting for a row.", registry=r).set_function(lambda: batcher.waiting)
+        Gauge("refusion_live_rows", "Requests decoding now.", registry=r).set_function(lambda: batcher.live_rows)
         Gauge("refusion_reserved_tokens", "Positions reserved by live requests.", registry=r).set_function(
-            lambda: generator.reserved_tokens
+            lambda: batcher.reserved_tokens
         )
         self.tokens_sent = 0
-        r.register(_EngineCollector(generator, lambda: self.tokens_sent))
+        r.register(_EngineCollector(batcher, lambda: self.tokens_sent))
         ProcessCollector(registry=r)
 
     def finished(self, endpoint: str, outcome: str, tokens: int, latency: float) -> None:

@@ -1,4 +1,4 @@
-"""From a request's fields to what the generator takes: prompt ids, a decoder, a length and a seed.
+"""From a request's fields to what the batcher takes: prompt ids, a decoder, a length and a seed.
 
 Everything is checked here, before the request is queued, so bad input is a
 400 naming the field and never reaches the running batch. The server's own
@@ -64,7 +64,7 @@ class ServeDefaults:
 
 @attrs.frozen
 class RequestPlan:
-    """A checked request: prompt ids, the decoder (``None``: the generator's own), length, seed and stop strings.
+    """A checked request: prompt ids, the decoder (``None``: the batcher's own), length, seed and stop strings.
 
     ``gen_length`` is the client's ``max_tokens``, else the server's default, shortened to fit the model after
     the prompt (``note`` then says so).
@@ -82,7 +82,7 @@ class RequestPlan:
     note: str | None = None
 
     def config_error(self, error: ConfigError) -> APIError:
-        """The 400 for a :class:`ConfigError` that the generator raised at submit, naming this request's field."""
+        """The 400 for a :class:`ConfigError` that the batcher raised at submit, naming this request's field."""
         return bad_request(error, prompt_field=self.prompt_field, params=self.request_params)
 
 
@@ -235,7 +235,7 @@ def check_part_names(options: Mapping[str, Any]) -> None:
 
 def plan_request(
     body: CompletionRequest | ChatCompletionRequest,
-    generator: Any,
+    batcher: Any,
     defaults: ServeDefaults,
     policy: ServePolicy | None = None,
 ) -> RequestPlan:
@@ -243,13 +243,13 @@ def plan_request(
 
     Under ``policy`` (default :class:`ServePolicy`): module paths are refused
     before anything is merged or built, prompt text is bounded before it is
-    tokenised, special-token text is refused. The generator's ``submit``
+    tokenised, special-token text is refused. The batcher's ``submit``
     makes the remaining checks (length against the model, seed); map its
     :class:`ConfigError` with :meth:`RequestPlan.config_error`.
     """
     policy = policy or ServePolicy()
     refuse_unhonoured(body)
-    model = generator.model
+    model = batcher.model
     chat = isinstance(body, ChatCompletionRequest)
     prompt_field = "messages" if chat else "prompt"
     own = request_params(body)
@@ -260,7 +260,7 @@ def plan_request(
     try:
         check_part_names(options)
         decoder = build_decoder(model, **options)[0] if options else None
-        check_guidance(decoder or generator.decoder, generator.engine)
+        check_guidance(decoder or batcher.decoder, batcher.engine)
         raw = (
             chat_prompt(body, model.tokenizer, policy.allow_special_tokens)
             if isinstance(body, ChatCompletionRequest)
@@ -286,7 +286,7 @@ def plan_request(
         length, note = (
             (asked, None)
             if asked is not None
-            else default_length(decoder or generator.decoder, model, ids, defaults.gen_length or generator.gen_length)
+            else default_length(decoder or batcher.decoder, model, ids, defaults.gen_length or batcher.gen_length)
         )
     except ConfigError as exc:
         raise bad_request(exc, prompt_field=prompt_field, params=own) from None

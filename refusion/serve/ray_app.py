@@ -1,9 +1,9 @@
 """``refusion serve --ray``: the OpenAI-compatible app as a Ray Serve deployment, on several replicas.
 
 Each replica is a Ray actor whose constructor loads the model once and
-builds its own :class:`~refusion.generator.Generator` and
+builds its own :class:`~refusion.batcher.Batcher` and
 :func:`~refusion.serve.app.create_app`'s FastAPI app, served through Ray
-Serve's ASGI ingress (``@serve.ingress``); the generator's thread starts and
+Serve's ASGI ingress (``@serve.ingress``); the batcher's thread starts and
 stops with the app's lifespan, which Ray Serve runs in the replica. Ray
 Serve's proxy is the one HTTP entry point on ``host:port`` and routes every
 request (``/metrics`` too) to one replica. A fixed number of replicas, or
@@ -91,9 +91,9 @@ class ReplicaSettings:
 
 
 def build_app(settings: ReplicaSettings) -> Any:
-    """In a replica: load the model, build the generator (not started) and the FastAPI app that starts it."""
+    """In a replica: load the model, build the batcher (not started) and the FastAPI app that starts it."""
     from refusion.api import build_decoder, load_model
-    from refusion.generator import Generator
+    from refusion.batcher import Batcher
     from refusion.serve.app import create_app
     from refusion.serve.options import check_guidance
 
@@ -105,16 +105,16 @@ def build_app(settings: ReplicaSettings) -> Any:
     defaults = settings.defaults
     decoder, length = build_decoder(adapter, preset=defaults.preset, **defaults.parts, **defaults.params)
     decoder.check_model(adapter)  # a default that cannot run on the model is refused at start-up
-    generator = Generator(
+    batcher = Batcher(
         adapter,
         decoder,
         runtime=settings.runtime,
         max_queue=settings.max_queue,
         gen_length=defaults.gen_length or length,
     )
-    check_guidance(generator.decoder, generator.engine)
+    check_guidance(batcher.decoder, batcher.engine)
     return create_app(
-        generator,
+        batcher,
         model_name=settings.model_name,
         defaults=defaults,
         retry_after=settings.retry_after,
@@ -134,7 +134,7 @@ def start_replica(settings: ReplicaSettings) -> None:
 
 class ReplicaApp:
     """The ingress app Ray Serve hands every request and the lifespan of a replica: the app the replica's constructor
-    built (:func:`build_app`), which starts its generator when the lifespan starts and closes it when it ends."""
+    built (:func:`build_app`), which starts its batcher when the lifespan starts and closes it when it ends."""
 
     def __init__(self) -> None:
         self.app: Any = None
@@ -145,11 +145,11 @@ class ReplicaApp:
         await self.app(scope, receive, send)
 
     def healthy(self) -> bool:
-        """Whether the generator's thread runs (or the app has not started yet)."""
+        """Whether the batcher's thread runs (or the app has not started yet)."""
         if self.app is None:
             return True
-        generator = self.app.state.server.generator
-        return generator.running or generator.closing
+        batcher = self.app.state.server.batcher
+        return batcher.running or batcher.closing
 
 
 def deployment(
@@ -169,7 +169,7 @@ def deployment(
 
     @serve.ingress(ReplicaApp())
     class Refusion:
-        """One replica: refusion's app on a model and generator of its own, built when the replica starts."""
+        """One replica: refusion's app on a model and batcher of its own, built when the replica starts."""
 
         def __init__(self, settings: ReplicaSettings):
             start_replica(settings)
@@ -177,7 +177,7 @@ def deployment(
         def check_health(self) -> None:
             app = getattr(self, "app", None)  # Ray Serve's ASGI wrapper exposes the ingress app as ``app``
             if isinstance(app, ReplicaApp) and not app.healthy():
-                raise RuntimeError("the generator's thread has stopped")
+                raise RuntimeError("the batcher's thread has stopped")
 
     queue = max_queue if max_queue is not None else UNBOUNDED_QUEUE
     options: dict[str, Any] = {

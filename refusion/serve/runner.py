@@ -1,4 +1,4 @@
-"""Run a server: check the options, bind the port, load the model, build the generator and the app, serve until
+"""Run a server: check the options, bind the port, load the model, build the batcher and the app, serve until
 stopped.
 
 On SIGINT/SIGTERM uvicorn stops taking connections and lets live streams
@@ -46,7 +46,7 @@ def serve(
     :class:`~refusion.config.runtime.RuntimeConfig`, or its fields ``engine``,
     ``max_rows``, ``max_batch_tokens``, ``prefix_cache``, ``kv_memory`` as
     keywords) says what runs the model and what the running batch may hold
-    (requests wait for room; see :class:`~refusion.generator.Generator`), and
+    (requests wait for room; see :class:`~refusion.batcher.Batcher`), and
     ``max_queue`` bounds the queue. The options are checked
     and ``host:port`` is bound (or ``sock``, already bound, is used) before the
     model loads (``loader()``, when given, loads it instead of ``model``); bad
@@ -113,7 +113,7 @@ def _run(
     import uvicorn
 
     from refusion.api import build_decoder, load_model
-    from refusion.generator import Generator
+    from refusion.batcher import Batcher
     from refusion.serve.app import create_app
 
     if torch_threads:
@@ -123,12 +123,10 @@ def _run(
     adapter = loader() if loader is not None else load_model(model)
     decoder, length = build_decoder(adapter, preset=defaults.preset, **defaults.parts, **defaults.params)
     decoder.check_model(adapter)  # a default that cannot run on the model is refused at start-up, naming those that can
-    generator = Generator(
-        adapter, decoder, runtime=runtime, max_queue=max_queue, gen_length=defaults.gen_length or length
-    )
-    check_guidance(generator.decoder, generator.engine)
+    batcher = Batcher(adapter, decoder, runtime=runtime, max_queue=max_queue, gen_length=defaults.gen_length or length)
+    check_guidance(batcher.decoder, batcher.engine)
     app = create_app(
-        generator,
+        batcher,
         model_name=model_name or model_name_of(model),
         defaults=defaults,
         retry_after=retry_after,

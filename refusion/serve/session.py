@@ -1,6 +1,6 @@
-"""One HTTP request on the generator: submit, receive its events in asyncio, stop early, cancel on abandon.
+"""One HTTP request on the batcher: submit, receive its events in asyncio, stop early, cancel on abandon.
 
-The generator's thread calls ``on_event``; events are handed to the event
+The batcher's thread calls ``on_event``; events are handed to the event
 loop with ``call_soon_threadsafe``. :func:`pieces` turns them into
 :class:`Piece` s of text for both the streaming and the plain responses.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from refusion.generator import Generator, Progress, Request
+from refusion.batcher import Batcher, Progress, Request
 from refusion.serve.options import RequestPlan
 from refusion.serve.text import StreamText
 
@@ -40,7 +40,7 @@ class Piece:
 class LiveRequest:
     """A submitted request and the asyncio queue its events arrive on; ``started`` is the submit time."""
 
-    def __init__(self, generator: Generator, plan: RequestPlan, loop: asyncio.AbstractEventLoop):
+    def __init__(self, batcher: Batcher, plan: RequestPlan, loop: asyncio.AbstractEventLoop):
         self.queue: asyncio.Queue[Progress] = asyncio.Queue()
         self.started = time.perf_counter()
         self.plan = plan
@@ -51,10 +51,10 @@ class LiveRequest:
             except RuntimeError:  # the event loop is closed: nobody listens any more
                 pass
 
-        self.request: Request = generator.submit(
+        self.request: Request = batcher.submit(
             plan.prompt_ids, decoder=plan.decoder, gen_length=plan.gen_length, seed=plan.seed, on_event=on_event
         )
-        model = generator.model
+        model = batcher.model
         self.text = StreamText(model.tokenizer, model.eos_token_ids, max_tokens=plan.gen_length, stops=plan.stops)
 
     def cancel(self) -> None:
@@ -67,7 +67,7 @@ def request_forwards(request: Any) -> int | None:
     session = request.session
     if session is not None:
         return session.forwards
-    result = request.result  # the generator sets the result before it drops the session
+    result = request.result  # the batcher sets the result before it drops the session
     return None if result is None else result.forwards
 
 

@@ -1,4 +1,4 @@
-"""What every route of a server reads: the generator, the served name, the defaults, the policy, the metrics.
+"""What every route of a server reads: the batcher, the served name, the defaults, the policy, the metrics.
 
 :func:`~refusion.serve.app.create_app` builds one :class:`ServerState` and
 keeps it on ``app.state.server``; a route reaches it with :func:`server_of`.
@@ -11,22 +11,22 @@ from typing import Any
 
 import attrs
 
+from refusion.batcher import Batcher
 from refusion.errors import APIError
-from refusion.generator import Generator
 from refusion.serve.metrics import ServerMetrics
 from refusion.serve.options import ServeDefaults, ServePolicy
 
 
 @attrs.define(eq=False)
 class ServerState:
-    """One server: ``generator`` served as ``model_name`` with every request's ``defaults`` under ``policy``.
+    """One server: ``batcher`` served as ``model_name`` with every request's ``defaults`` under ``policy``.
 
     A full queue answers 503 with ``Retry-After: retry_after``. ``planning``
     serialises request planning (the tokenizer and the registry are not
     promised to be thread-safe).
     """
 
-    generator: Generator
+    batcher: Batcher
     model_name: str
     defaults: ServeDefaults
     policy: ServePolicy

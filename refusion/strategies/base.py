@@ -34,7 +34,11 @@ from refusion.decoding.sampling import Sampler, greedy
 from refusion.decoding.scores import Scores
 from refusion.decoding.types import Commit, InfillResult, Partition, Plan, Slot
 
-InfillGenerator = Generator[ModelCall, "tuple[ExtendOutput, ...]", InfillResult]
+#: what :meth:`Infiller.infill` returns: a program (a Python generator) that yields model calls, receives their
+#: outputs and returns the :class:`InfillResult`
+InfillProgram = Generator[ModelCall, "tuple[ExtendOutput, ...]", InfillResult]
+#: the former name of :data:`InfillProgram`
+InfillGenerator = InfillProgram
 
 
 class Part(ABC):
@@ -411,6 +415,7 @@ __all__ = [
     "ExtendOutput",
     "InfillContext",
     "InfillGenerator",
+    "InfillProgram",
     "InfillResult",
     "Infiller",
     "ModelCall",

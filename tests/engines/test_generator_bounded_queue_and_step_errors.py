@@ -25,7 +25,7 @@ def test_a_full_queue_refuses_new_requests_until_one_is_admitted():
 
 @pytest.mark.parametrize("bad", [0, -1, True, 1.5])
 def test_max_queue_must_be_a_positive_integer(bad):
-    with pytest.raises(ConfigError, match="`max_queue` must be None or an integer >= 1"):
+    with pytest.raises(ConfigError, match="`max_queue` must be an integer >= 1 \\(None = unbounded\\)"):
         Generator(tiny(vocab=16, seed=1), Decoder.from_names(), max_queue=bad)
 
 

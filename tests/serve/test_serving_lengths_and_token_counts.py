@@ -46,7 +46,7 @@ def events(response) -> list[dict]:
 
 
 def test_a_request_without_max_tokens_gets_the_default_shortened_to_fit_with_a_note(client, model):
-    default = client.app.state.server.generator.gen_length
+    default = client.app.state.server.batcher.gen_length
     room = default - 10
     prompt = long_prompt(model, room)
     response = client.post("/v1/completions", json={"model": "refusion", "prompt": prompt})
@@ -62,7 +62,7 @@ def test_a_request_without_max_tokens_gets_the_default_shortened_to_fit_with_a_n
 
 
 def test_a_streamed_request_without_max_tokens_says_its_shortened_length_in_the_header_and_last_chunk(client, model):
-    room = client.app.state.server.generator.gen_length - 10
+    room = client.app.state.server.batcher.gen_length - 10
     chat = {"model": "refusion", "stream": True, "messages": [{"role": "user", "content": long_prompt(model, room)}]}
     response = client.post("/v1/chat/completions", json=chat)
     assert response.status_code == 200 and response.headers[MAX_TOKENS_HEADER] == str(room)
@@ -71,7 +71,7 @@ def test_a_streamed_request_without_max_tokens_says_its_shortened_length_in_the_
 
 
 def test_a_max_tokens_the_client_sent_is_refused_when_it_does_not_fit_naming_it(client, model):
-    default = client.app.state.server.generator.gen_length
+    default = client.app.state.server.batcher.gen_length
     prompt = long_prompt(model, default - 10)
     response = client.post("/v1/completions", json={"model": "refusion", "prompt": prompt, "max_tokens": default})
     assert response.status_code == 400
@@ -81,7 +81,7 @@ def test_a_max_tokens_the_client_sent_is_refused_when_it_does_not_fit_naming_it(
 
 def test_a_default_that_fits_is_kept_and_carries_no_note(client):
     response = client.post("/v1/completions", json={"model": "refusion", "prompt": "rev hello="})
-    default = client.app.state.server.generator.gen_length
+    default = client.app.state.server.batcher.gen_length
     assert response.headers[MAX_TOKENS_HEADER] == str(default)
     assert response.json()["refusion"]["max_tokens"] == default and "note" not in response.json()["refusion"]
 

@@ -436,7 +436,7 @@ class PlanInfill(BatchedForm):
             torch.from_numpy(positions),
             rows,
             tuple(starts.tolist()),
-            session.generator,
+            session.rng,
             drafts,
             **session._where(),
         )

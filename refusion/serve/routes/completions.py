@@ -64,10 +64,10 @@ def prepare(server: ServerState, raw: bytes, schema: Any) -> tuple[Any, RequestP
             param="model",
             code="model_not_found",
         )
-    if server.generator.closing:
+    if server.batcher.closing:
         raise server.unavailable("The server is shutting down; it takes no new requests.", "shutting_down")
     with server.planning:
-        return body, plan_request(body, server.generator, server.defaults, server.policy)
+        return body, plan_request(body, server.batcher, server.defaults, server.policy)
 
 
 def check_content_type(request: Request) -> None:
@@ -96,12 +96,12 @@ async def answer(request: Request, schema: Any, endpoint: str) -> Any:
         return Response(status_code=CLIENT_CLOSED)
     body, plan = await run_in_threadpool(prepare, server, raw, schema)
     try:
-        live = LiveRequest(server.generator, plan, asyncio.get_running_loop())
+        live = LiveRequest(server.batcher, plan, asyncio.get_running_loop())
     except QueueFull as exc:
         server.metrics.requests.labels(endpoint, "rejected").inc()
         raise server.unavailable(str(exc), "queue_full") from None
     except ConfigError as exc:
-        if server.generator.closing:
+        if server.batcher.closing:
             raise server.unavailable(str(exc), "shutting_down") from None
         raise plan.config_error(exc) from None
     server.metrics.prompt_tokens.inc(len(plan.prompt_ids))

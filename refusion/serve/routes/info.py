@@ -14,14 +14,14 @@ router = APIRouter()
 
 @router.get("/health")
 async def health(request: Request) -> JSONResponse:
-    """200 while the generator runs, 503 (``closing``) once it stops taking requests; its rows and queue."""
-    generator = server_of(request).generator
+    """200 while the batcher runs, 503 (``closing``) once it stops taking requests; its rows and queue."""
+    batcher = server_of(request).batcher
     body = {
-        "status": "closing" if generator.closing else "ok",
-        "live_rows": generator.live_rows,
-        "waiting": generator.waiting,
+        "status": "closing" if batcher.closing else "ok",
+        "live_rows": batcher.live_rows,
+        "waiting": batcher.waiting,
     }
-    return JSONResponse(body, status_code=503 if generator.closing or not generator.running else 200)
+    return JSONResponse(body, status_code=503 if batcher.closing or not batcher.running else 200)
 
 
 @router.get("/v1/models")

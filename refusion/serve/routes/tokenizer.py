@@ -46,7 +46,7 @@ class DetokenizeRequest(BaseModel):
 
 
 def _tokenizer(server: ServerState) -> Any:
-    tokenizer = server.generator.model.tokenizer
+    tokenizer = server.batcher.model.tokenizer
     if tokenizer is None:
         raise APIError(
             404,
@@ -97,7 +97,7 @@ async def tokenizer_info(request: Request) -> dict[str, Any]:
         "bos_token": tokenizer.bos_token,
         "pad_token": tokenizer.pad_token,
         "chat_template": getattr(tokenizer, "chat_template", None),
-        "model_max_length": server.generator.model.max_positions,
+        "model_max_length": server.batcher.model.max_positions,
     }
 
 
@@ -108,7 +108,7 @@ async def tokenize(request: Request) -> Any:
     if read is None:
         return Response(status_code=CLIENT_CLOSED)
     server, body, tokenizer = read
-    bound = server.policy.prompt_chars(server.generator.model)
+    bound = server.policy.prompt_chars(server.batcher.model)
     if bound is not None and len(body.prompt) > bound:
         raise APIError(
             400,
@@ -123,7 +123,7 @@ async def tokenize(request: Request) -> Any:
             return list(tokenizer(body.prompt, add_special_tokens=body.add_special_tokens)["input_ids"])
 
     tokens = await run_in_threadpool(encode)
-    return {"count": len(tokens), "max_model_len": server.generator.model.max_positions, "tokens": tokens}
+    return {"count": len(tokens), "max_model_len": server.batcher.model.max_positions, "tokens": tokens}
 
 
 @router.post("/detokenize")
@@ -133,7 +133,7 @@ async def detokenize(request: Request) -> Any:
     if read is None:
         return Response(status_code=CLIENT_CLOSED)
     server, body, tokenizer = read
-    vocab = server.generator.model.vocab_size
+    vocab = server.batcher.model.vocab_size
     bad = [t for t in body.tokens if not 0 <= t < vocab]
     if bad:
         raise APIError(

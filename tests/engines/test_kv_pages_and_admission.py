@@ -102,7 +102,7 @@ def open_live_engine_with_a_budget():
     [
         (lambda: BranchEngine(tiny(vocab=16), kv_memory=0), "kv_memory"),
         (lambda: Generator(tiny(vocab=16), kv_memory="8GiB"), "kv_memory"),
-        (lambda: Generator(tiny_bidirectional(vocab_size=16), kv_memory=1 << 20), "engine 'canvas' has none"),
+        (lambda: Generator(tiny(vocab=16), engine="repeat", kv_memory=1 << 20), "engine 'repeat' has none"),
         (lambda: open_live_engine_with_a_budget(), "live engine"),
     ],
 )

@@ -222,11 +222,12 @@ class Scheduler:
 def decode_all(engine: Any, model: Any, tickets: list[Ticket]) -> list[Any]:
     """Decode ``tickets`` to the end on ``engine`` (admitted as they fit, all at once where memory allows); their
     results in order. The first failure is raised once every other ticket is done or cancelled."""
+    scheduler = Scheduler(engine, model, max_rows=max(1, len(tickets)))
     for ticket in tickets:
-        refused = Scheduler(engine, model, max_rows=1).refusal(ticket)
+        refused = scheduler.refusal(ticket)
         if refused is not None:
             raise refused
-    scheduler = Scheduler(engine, model, max_rows=max(1, len(tickets)))
+    before = engine.counters.as_dict()  # an engine lent again: these tickets' part of its counters
     for ticket in tickets:
         scheduler.submit(ticket)
     results: dict[int, Any] = {}
@@ -244,5 +245,14 @@ def decode_all(engine: Any, model: Any, tickets: list[Ticket]) -> list[Any]:
                 raise RuntimeError("internal error: the scheduler stalled")
     if failure is not None:
         raise failure
-    totals = engine.counters.as_dict()
+    totals = _since(engine.counters.as_dict(), before)
     return [attrs.evolve(results[id(t)], engine_totals=totals) for t in tickets]
+
+
+def _since(now: Any, before: Any) -> Any:
+    """Counters (nested numbers) ``now`` less ``before``."""
+    if isinstance(now, dict):
+        return {key: _since(value, before.get(key, 0)) for key, value in now.items()}
+    if hasattr(now, "_asdict"):
+        return type(now)(*(a - b for a, b in zip(now, before)))
+    return now - before

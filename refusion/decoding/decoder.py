@@ -352,7 +352,7 @@ class Decoder:
         ``engine`` (name, class or live instance) overrides the decoder's;
         ``record`` keeps each result's iteration records (``DecodeResult.iterations``).
         """
-        from refusion.engines import open_engine
+        from refusion.engines.factory import lent_engine
         from refusion.scheduler import Ticket, decode_all
 
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not len(prompts):
@@ -366,8 +366,8 @@ class Decoder:
         prepared = [
             self.prepare(model, p, gen_length, seed=None if seeds is None else seeds[i]) for i, p in enumerate(prompts)
         ]
-        live = open_engine(model, self, engine)
-        results = decode_all(live, model, [Ticket(self, p, record=record) for p in prepared])
+        with lent_engine(model, self, engine) as live:
+            results = decode_all(live, model, [Ticket(self, p, record=record) for p in prepared])
         return with_text(results, tokenizer if tokenizer is not None else getattr(model, "tokenizer", None))
 
 

@@ -1,8 +1,13 @@
-"""Which engine runs a model: named, given as a class or instance, or the best registered one."""
+"""Which engine runs a model: named, given as a class or instance, or the best registered one; opening one, and
+lending an idle one to a direct decode."""
 
 from __future__ import annotations
 
 import inspect
+import threading
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from refusion.engines.base import Engine
@@ -140,3 +145,46 @@ def check_invariance(engine: Engine, invariant: bool) -> None:
             "it; open the engine with batch_invariant=True (or from this decoder).",
             param="batch_invariant",
         )
+
+
+#: an idle engine a direct decode may keep for the next one on the same model, at most this many bytes of pages
+KEEP_IDLE_BYTES = 256 << 20
+
+_IDLE: weakref.WeakKeyDictionary[Any, dict[Any, Engine]] = weakref.WeakKeyDictionary()
+_IDLE_LOCK = threading.Lock()
+
+
+@contextmanager
+def lent_engine(model: Any, decoder: Any = None, engine: Any = None) -> Iterator[Engine]:
+    """A live engine for one direct decode (``Decoder.decode`` / ``decode_batch``) on ``model``.
+
+    A live ``engine`` is taken as :func:`open_engine` takes it. Otherwise the engine the decoder names (or the best
+    one) is opened, or an idle one this process opened before for the same model, engine and batch invariance is
+    reused (none of its sequences live, at most :data:`KEEP_IDLE_BYTES` of pages held), and kept for the next
+    decode once this one is done: a loop of single decodes does not open an engine each time. Its counters run
+    on: a decode reports its own part of them.
+    """
+    if isinstance(engine, Engine):
+        yield open_engine(model, decoder, engine)
+        return
+    cls = engine_class(engine) if engine is not None else choose_engine(model, decoder)
+    key = (cls, bool(getattr(decoder, "batch_invariant", False)))
+    with _IDLE_LOCK:
+        live = _IDLE.get(model, {}).pop(key, None)
+    if live is None:
+        live = open_engine(model, decoder, cls)
+    try:
+        yield live
+    finally:
+        if _idle(live):
+            with _IDLE_LOCK:
+                _IDLE.setdefault(model, {})[key] = live
+
+
+def _idle(engine: Engine) -> bool:
+    """Whether ``engine`` holds no live sequence and little enough memory to be kept for the next decode."""
+    manager = getattr(engine, "kvm", None)
+    if manager is None:
+        return True
+    pool = manager.pool
+    return not manager.reserved and pool.data.numel() * pool.data.element_size() <= KEEP_IDLE_BYTES

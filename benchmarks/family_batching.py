@@ -7,6 +7,13 @@ round by round (the goal: the batch takes at most 1.25x the longest member's for
 than one by one); the tokens must be the same both ways.
 
     python benchmarks/family_batching.py --rounds 3 [--families llada,dream] [--dtype float32]
+    python benchmarks/family_batching.py --memory --rows 32
+
+``--memory``: one batch of ``--rows`` prompts per family (the 8 above, repeated), measuring the engine's peak
+memory of keys/values (its page pool, as allocated and grown; DiffusionGemma's caches: its rows' own caches and
+the batch cache the step builds) against the sum of the rows' own keys/values (prompt plus region positions times
+the bytes of a token's keys and values, every layer), and the peak rise of the process's live heap during the
+decode (keys/values plus activations).
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from common import fmt_ratio, fmt_spread, header, interleave  # noqa: E402
+from common import KVBufferPeak, PeakMemory, fmt_ratio, fmt_spread, header, interleave  # noqa: E402
 
 FIXTURES = HERE.parent / "tests" / "fixtures" / "peers"
 FAMILIES = ("refusion", "llada", "dream", "sdar", "llada2", "diffusion_gemma")
@@ -33,9 +40,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--families", default=",".join(FAMILIES))
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--memory", action="store_true", help="peak memory of one batch of --rows prompts instead")
+    parser.add_argument("--rows", type=int, default=32)
     args = parser.parse_args()
     torch.set_num_threads(1)
     import refusion
+
+    if args.memory:
+        return memory(args)
 
     print(header())
     print(f"# 8 prompts of {min(map(len, PROMPTS))}-{max(map(len, PROMPTS))} characters, each family's preset")
@@ -70,6 +82,83 @@ def main() -> None:
             f"| {fmt_spread(one, 'cpu')} | {fmt_spread(both, 'cpu')} | {fmt_ratio(both)} | {wall:.2f}x "
             f"| {one.counts['rows'] == both.counts['rows']} |"
         )
+
+
+def memory(args: argparse.Namespace) -> None:
+    import refusion
+    from refusion.cache.stores import bytes_per_token
+
+    print(header())
+    print(
+        f"# {args.rows} prompts of {min(map(len, PROMPTS))}-{max(map(len, PROMPTS))} characters, each family's preset"
+    )
+    print()
+    print(
+        "| family | rows' own keys/values MiB | engine's keys/values peak MiB | peak / own | heap peak rise MiB "
+        "| heap rise / own |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.rows)]
+    for family in args.families.split(","):
+        model = refusion.load_model(str(FIXTURES / family), dtype=args.dtype)
+        refusion.generate(prompts[:2], model)  # warm-up: code paths, the head
+        seen = _DenoiserPeak() if family == "diffusion_gemma" else None
+        with PeakMemory() as heap, KVBufferPeak() as pool:
+            if seen is not None:
+                seen.__enter__()
+            results = refusion.generate(prompts, model)
+            if seen is not None:
+                seen.__exit__()
+        if family == "diffusion_gemma":
+            text = model.text_config
+            heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+            token = bytes_per_token(text.num_hidden_layers, heads, text.head_dim, next(model.model.parameters()).dtype)
+            peak = seen.peak if seen is not None else 0
+        else:
+            layers, heads, dim, dtype = model.kv_shape()
+            token = bytes_per_token(layers, heads, dim, dtype)
+            peak = pool.peak
+        own = sum(r.prompt_length + r.partition.gen_length for r in results) * token
+        mib = 1 << 20
+        print(
+            f"| {family} | {own / mib:.2f} | {peak / mib:.2f} | {peak / own:.2f}x | {heap.rise / mib:.2f} "
+            f"| {heap.rise / own:.2f}x |"
+        )
+
+
+class _DenoiserPeak:
+    """The largest bytes of keys/values the denoiser engine holds at once: every row's own cache plus the batch
+    cache it builds for a step, measured after each of its forwards."""
+
+    def __enter__(self) -> _DenoiserPeak:
+        from refusion.engines.denoiser import DenoiserEngine
+
+        self.peak, self.saved = 0, DenoiserEngine.run
+        probe = self
+
+        def run(engine, calls):
+            out = probe.saved(engine, calls)
+            held = sum(_cache_bytes(state.cache) for state in calls)
+            batch = engine._batch[1] if engine._batch is not None else None
+            probe.peak = max(probe.peak, held + (_cache_bytes(batch) if batch is not None else 0))
+            return out
+
+        DenoiserEngine.run = run
+        return self
+
+    def __exit__(self, *exc) -> None:
+        from refusion.engines.denoiser import DenoiserEngine
+
+        DenoiserEngine.run = self.saved
+
+
+def _cache_bytes(cache) -> int:
+    total = 0
+    for layer in getattr(cache, "layers", []):
+        for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+            if isinstance(t, torch.Tensor):
+                total += t.numel() * t.element_size()
+    return total
 
 
 if __name__ == "__main__":

@@ -85,3 +85,7 @@ def check_room(
             + (" and shorter prompts." if limit - longest < 1 else "."),
             param=param,
         )
+
+
+#: the live rows of a batcher, a server or a batch worker unless told otherwise (``max_rows``)
+DEFAULT_MAX_ROWS = 16

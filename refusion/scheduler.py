@@ -26,6 +26,7 @@ import attrs
 
 from refusion.decoding.loop import DecodeLoop
 from refusion.errors import ConfigError
+from refusion.limits import DEFAULT_MAX_ROWS
 
 #: steps a ticket may wait, at the head of the queue, for a live row to publish prompt pages it shares (it then
 #: reuses them instead of computing them: one forward of waiting; SGLang's in-batch prefix caching does the same)
@@ -70,7 +71,9 @@ class Outcome:
 class Scheduler:
     """Admission and the step order for one engine (see the module docstring). ``model`` is the engine's model."""
 
-    def __init__(self, engine: Any, model: Any, *, max_rows: int = 16, max_batch_tokens: int | None = None):
+    def __init__(
+        self, engine: Any, model: Any, *, max_rows: int = DEFAULT_MAX_ROWS, max_batch_tokens: int | None = None
+    ):
         self.engine = engine
         self.model = model
         self.max_rows = max_rows

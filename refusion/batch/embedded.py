@@ -25,7 +25,7 @@ import attrs
 from refusion.batch.lines import count_pending, input_lines, is_dataset, pending_lines
 from refusion.batch.output import ResultWriter, check_output
 from refusion.errors import ConfigError
-from refusion.limits import MAX_GEN_LENGTH, MAX_KV_MEMORY
+from refusion.limits import DEFAULT_MAX_ROWS, MAX_GEN_LENGTH, MAX_KV_MEMORY
 from refusion.validators import check_boolean, check_integer, check_number
 
 
@@ -153,7 +153,7 @@ def run_batch(
     workers: int = 1,
     gpus_per_worker: float = 0,
     cpus_per_worker: float = 1,
-    max_rows: int = 16,
+    max_rows: int = DEFAULT_MAX_ROWS,
     max_batch_tokens: int = 8192,
     allow_imports: bool = False,
     progress: bool = True,

@@ -34,6 +34,7 @@ import attrs
 from refusion.batch.lines import unreadable
 from refusion.batch.output import row_key, row_line
 from refusion.errors import ConfigError, warn_caller
+from refusion.limits import DEFAULT_MAX_ROWS
 
 #: what a run without Ray says
 NEEDS_RAY = "`--ray` needs Ray: pip install 'refusion[ray]'"
@@ -316,7 +317,7 @@ class RayRun:
         import ray.data
 
         runtime = worker_options.get("runtime")
-        max_rows = runtime.max_rows if runtime is not None else worker_options.get("max_rows", 16)
+        max_rows = runtime.max_rows if runtime is not None else worker_options.get("max_rows", DEFAULT_MAX_ROWS)
         batch = max(1, min(BATCH_ROWS * max_rows, -(-len(items) // workers)))  # every worker gets one when few
         # one block per batch (from_items would split the rows evenly, and Ray Data bundle small blocks together)
         blocks = [

@@ -19,6 +19,7 @@ from refusion.cli.options import (
     number,
 )
 from refusion.config import PART_KINDS
+from refusion.limits import DEFAULT_MAX_ROWS
 from refusion.wording import counted
 
 #: run_batch()'s keywords spelled as this command's flags (errors name the flag)
@@ -105,7 +106,10 @@ def add_parsers(sub: Any) -> None:
         help="JSON Lines file the results are appended to (created if missing; its ids are skipped)",
     )
     batch.add_argument(
-        "--max-rows", type=integer(1), default=16, help="rows decoding at once per generator (default 16)"
+        "--max-rows",
+        type=integer(1),
+        default=DEFAULT_MAX_ROWS,
+        help=f"rows decoding at once per worker (default {DEFAULT_MAX_ROWS})",
     )
     batch.add_argument(
         "--max-batch-tokens",

@@ -24,7 +24,7 @@ from refusion.cli.options import (
 )
 from refusion.config import PART_KINDS
 from refusion.errors import ConfigError
-from refusion.limits import MAX_THREADS
+from refusion.limits import DEFAULT_MAX_ROWS, MAX_THREADS
 from refusion.serve.settings import LOG_LEVELS, check_host
 
 #: serve()'s keywords spelled as this command's flags
@@ -188,7 +188,12 @@ def add_parsers(sub: Any) -> None:
         default=None,
         help="the `model` clients send (default: the checkpoint folder's name, or refusion-default)",
     )
-    serve.add_argument("--max-rows", type=integer(1), default=16, help="requests decoding at once (default 16)")
+    serve.add_argument(
+        "--max-rows",
+        type=integer(1),
+        default=DEFAULT_MAX_ROWS,
+        help=f"requests decoding at once (default {DEFAULT_MAX_ROWS})",
+    )
     serve.add_argument(
         "--max-batch-tokens",
         type=integer(1),

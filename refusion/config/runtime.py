@@ -17,10 +17,9 @@ from typing import Any
 import attrs
 
 from refusion.errors import ConfigError
+from refusion.limits import DEFAULT_MAX_ROWS
 from refusion.validators import check_boolean, check_integer
 
-#: the live rows of a generator or server unless told otherwise
-DEFAULT_MAX_ROWS = 16
 #: tokens per page of keys/values (vLLM's default block size)
 DEFAULT_PAGE_SIZE = 16
 #: the most bytes of keys/values one can ask for (1 EiB: anything larger is a typo)

@@ -10,7 +10,6 @@ from refusion.engines.branch import BranchEngine
 from refusion.engines.factory import open_engine
 from refusion.errors import ConfigError
 from refusion.generator import Generator
-from refusion.models.mdm import tiny_bidirectional
 from tests.support.helpers import SESSION_PATHS, draw_paged_setup, tiny
 
 #: the two whole-batch loops (their rows' lengths settle after every forward) and a per-sequence program

@@ -12,7 +12,8 @@ than one by one); the tokens must be the same both ways.
 ``--memory``: one batch of ``--rows`` prompts per family (the 8 above, repeated), measuring the engine's peak
 memory of keys/values (its page pool, as allocated and grown; DiffusionGemma's caches: its rows' own caches and
 the batch cache the step builds) against the sum of the rows' own keys/values (prompt plus region positions times
-the bytes of a token's keys and values, every layer), and the peak rise of the process's live heap during the
+the bytes of a token's keys and values, every layer; DiffusionGemma, whose layers differ: the most bytes each row's
+own cache held), and the peak rise of the process's live heap during the
 decode (keys/values plus activations).
 """
 
@@ -109,16 +110,12 @@ def memory(args: argparse.Namespace) -> None:
             results = refusion.generate(prompts, model)
             if seen is not None:
                 seen.__exit__()
-        if family == "diffusion_gemma":
-            text = model.text_config
-            heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
-            token = bytes_per_token(text.num_hidden_layers, heads, text.head_dim, next(model.model.parameters()).dtype)
-            peak = seen.peak if seen is not None else 0
+        if seen is not None:  # layers differ (sliding windows, shared keys/values): each row's cache as it grew
+            own, peak = sum(seen.own.values()), seen.peak
         else:
             layers, heads, dim, dtype = model.kv_shape()
             token = bytes_per_token(layers, heads, dim, dtype)
-            peak = pool.peak
-        own = sum(r.prompt_length + r.partition.gen_length for r in results) * token
+            own, peak = sum(r.prompt_length + r.partition.gen_length for r in results) * token, pool.peak
         mib = 1 << 20
         print(
             f"| {family} | {own / mib:.2f} | {peak / mib:.2f} | {peak / own:.2f}x | {heap.rise / mib:.2f} "
@@ -134,11 +131,15 @@ class _DenoiserPeak:
         from refusion.engines.denoiser import DenoiserEngine
 
         self.peak, self.saved = 0, DenoiserEngine.run
+        self.own: dict[int, int] = {}  # per row: the most bytes its own cache held
         probe = self
 
         def run(engine, calls):
             out = probe.saved(engine, calls)
-            held = sum(_cache_bytes(state.cache) for state in calls)
+            sizes = {id(state): _cache_bytes(state.cache) for state in calls}
+            for key, size in sizes.items():
+                probe.own[key] = max(probe.own.get(key, 0), size)
+            held = sum(sizes.values())
             batch = engine._batch[1] if engine._batch is not None else None
             probe.peak = max(probe.peak, held + (_cache_bytes(batch) if batch is not None else 0))
             return out

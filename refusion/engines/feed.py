@@ -48,8 +48,8 @@ class Feed:
         #: ``(state, table)`` of each lane, in the order they were registered
         self.lanes: list[tuple[Any, Any]] = []
         self._index: dict[int, int] = {}
-        #: ``(lane, ids, positions, columns, spans)`` runs in packed order
-        self.parts: list[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        #: ``(lane, ids, positions, columns, spans)`` runs in packed order (``lane`` per token for :meth:`add_runs`)
+        self.parts: list[tuple[int | np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         #: ``(lane, column, kv (layers, 2, heads, n, dim))`` entries written before the forward
         self.writes: list[tuple[int, int, Any]] = []
         self.size = 0
@@ -90,6 +90,40 @@ class Feed:
         self.size += len(ids)
         return at
 
+    def add_runs(
+        self, lanes: Any, counts: Any, ids: Any, positions: Any, columns: Any, spans: np.ndarray
+    ) -> np.ndarray:
+        """:meth:`add` for many lanes at once: run ``r`` feeds ``counts[r]`` tokens of lane ``lanes[r]`` (distinct
+        lanes), the runs' tokens concatenated in ``ids``, ``positions``, ``columns``, ``spans``; returns the packed
+        index of each run's first token."""
+        lanes = np.asarray(lanes, dtype=np.int64)
+        counts = np.asarray(counts, dtype=np.int64)
+        if not len(lanes):
+            return np.zeros(0, dtype=np.int64)
+        order = lanes.tolist()
+        if (
+            len(set(order)) != len(order)
+            or self._closed.intersection(order)
+            or (order[0] != self._last_lane and self._last_lane in order)
+        ):
+            raise RuntimeError("internal error: a lane's tokens must be fed consecutively")
+        self._closed.add(self._last_lane)
+        self._closed.update(order[:-1])
+        self._last_lane = order[-1]
+        starts = self.size + np.concatenate(([0], np.cumsum(counts)[:-1]))
+        ids = np.asarray(ids, dtype=np.int64)
+        self.parts.append(
+            (
+                np.repeat(lanes, counts),
+                ids,
+                np.asarray(positions, dtype=np.int64),
+                np.asarray(columns, dtype=np.int64),
+                np.asarray(spans, dtype=np.int64),
+            )
+        )
+        self.size += len(ids)
+        return starts.astype(np.int64)
+
     def checkpoint(self) -> tuple:
         """A mark to :meth:`rollback` to (what a producer added after it is dropped, e.g. when it failed midway)."""
         return (len(self.parts), len(self.writes), self.size, len(self.lanes), self._last_lane, set(self._closed))
@@ -113,7 +147,7 @@ class Feed:
         parts = self.parts
         if len(parts) == 1:
             lane, ids, positions, columns, spans = parts[0]
-            return ids, positions, np.full(len(ids), lane, dtype=np.int64), columns, spans
+            return ids, positions, self._lane_of(lane, len(ids)), columns, spans
         width = max(p[4].shape[1] for p in parts)
         spans = np.zeros((self.size, width, 2), dtype=np.int64)
         at = 0
@@ -121,8 +155,7 @@ class Feed:
             n = len(p[1])
             spans[at : at + n, : p[4].shape[1]] = p[4]
             at += n
-        sizes = np.fromiter((len(p[1]) for p in parts), np.int64, len(parts))
-        lane_of: np.ndarray = np.repeat(np.fromiter((p[0] for p in parts), np.int64, len(parts)), sizes)
+        lane_of = np.concatenate([self._lane_of(p[0], len(p[1])) for p in parts])
         return (
             np.concatenate([p[1] for p in parts]),
             np.concatenate([p[2] for p in parts]),
@@ -130,3 +163,10 @@ class Feed:
             np.concatenate([p[3] for p in parts]),
             spans,
         )
+
+    @staticmethod
+    def _lane_of(lane: int | np.ndarray, n: int) -> np.ndarray:
+        """The lane of each of a run's ``n`` tokens (a run of :meth:`add_runs` stores them already)."""
+        if isinstance(lane, np.ndarray):
+            return lane
+        return np.full(n, lane, dtype=np.int64)

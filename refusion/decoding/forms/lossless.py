@@ -201,12 +201,12 @@ class Lossless(BatchedForm):
         else:
             tokens = np.concatenate((self.last[:n, None], body), axis=1)
         states = [session.state for session in self.sessions]
-        at: np.ndarray = np.zeros(n, dtype=np.int64)
-        for i, state in enumerate(states):
-            table = state.table
-            c = int(counts[i])
-            columns = np.arange(table.length, table.length + c)
-            at[i] = feed.add(feed.lane(state, table), tokens[i, :c], columns, columns, causal_spans(columns))
+        lanes = [feed.lane(state, state.table) for state in states]
+        lengths = np.fromiter((state.table.length for state in states), np.int64, n)
+        # every row's tokens in one run: row i feeds tokens[i, :counts[i]] at columns length_i ..
+        fed = np.arange(tokens.shape[1])[None, :] < counts[:, None]
+        columns = (lengths[:, None] + np.arange(tokens.shape[1])[None, :])[fed]
+        at = feed.add_runs(lanes, counts, tokens[fed], columns, columns, causal_spans(columns))
         self._step = (n, states, pending, guesses, masks, counts, at)
 
     def absorb(self, scores: Any, decisions: Any) -> None:

@@ -136,12 +136,13 @@ class _DenoiserPeak:
 
         def run(engine, calls):
             out = probe.saved(engine, calls)
-            sizes = {id(state): _cache_bytes(state.cache) for state in calls}
-            for key, size in sizes.items():
-                probe.own[key] = max(probe.own.get(key, 0), size)
-            held = sum(sizes.values())
-            batch = engine._batch[1] if engine._batch is not None else None
-            probe.peak = max(probe.peak, held + (_cache_bytes(batch) if batch is not None else 0))
+            storages: dict[int, int] = {}  # every distinct storage held (a row's cache may be a view of the batch's)
+            for state in calls:
+                size = _cache_bytes(state.cache, storages)
+                probe.own[id(state)] = max(probe.own.get(id(state), 0), size)
+            if engine._batch is not None:
+                _cache_bytes(engine._batch[1], storages)
+            probe.peak = max(probe.peak, sum(storages.values()))
             return out
 
         DenoiserEngine.run = run
@@ -153,12 +154,16 @@ class _DenoiserPeak:
         DenoiserEngine.run = self.saved
 
 
-def _cache_bytes(cache) -> int:
+def _cache_bytes(cache, storages: dict[int, int]) -> int:
+    """The bytes of ``cache``'s keys and values (as a row's own: its entries); records their storages'
+    sizes in ``storages``."""
     total = 0
     for layer in getattr(cache, "layers", []):
         for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
             if isinstance(t, torch.Tensor):
                 total += t.numel() * t.element_size()
+                storage = t.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()
     return total
 
 

@@ -6,7 +6,8 @@ the sequence's transformers cache) and :class:`~refusion.decoding.protocol.Denoi
 current canvas, reading that cache). The sequences of a step share forwards: every ``Encode`` of the step runs in
 one encoder forward and every ``Denoise`` in one denoiser forward, as transformers' own ``generate`` runs a batch:
 the sequences' caches left-padded to the longest (a batch cache built for the step, kept while no sequence's cache
-changes), a 2-D mask marking the padding, each row at its own positions; the masks are transformers' own. A
+changes, the sequences' own caches reading from it meanwhile),
+a 2-D mask marking the padding, each row at its own positions; the masks are transformers' own. A
 sequence alone runs exactly the single-sequence forwards of transformers' ``generate``; with
 ``batch_invariant=True`` every sequence runs alone.
 """
@@ -115,9 +116,11 @@ class DenoiserEngine(Engine):
         columns = torch.arange(longest + extra, device=self.device)
         return (columns[None, :] >= (longest - lengths)[:, None]) | (columns[None, :] >= longest)
 
-    def _batch_cache(self, states: list[DenoiserState]) -> Any:
+    def _batch_cache(self, states: list[DenoiserState], share: bool = False) -> Any:
         """One transformers cache holding every row's entries, each left-padded to the longest (the layout
-        transformers' batched ``generate`` keeps): full layers ``longest`` entries, sliding ones their window."""
+        transformers' batched ``generate`` keeps): full layers ``longest`` entries, sliding ones their window.
+        ``share``: each row's own cache then reads its entries from the batch cache (views, the same values), so
+        the rows' keys/values are held once while the batch cache is kept."""
         batch = self.model.new_cache()
         longest = max(state.encoded for state in states)
         if not longest:
@@ -135,6 +138,9 @@ class DenoiserEngine(Engine):
                     n = source.keys.shape[2]
                     keys[row, :, width - n :] = source.keys[0]
                     values[row, :, width - n :] = source.values[0]
+                    if share:
+                        source.keys = keys[row : row + 1, :, width - n :]
+                        source.values = values[row : row + 1, :, width - n :]
             layer.lazy_initialization(keys, values)
             layer.keys, layer.values = keys, values
             if window is not None:
@@ -185,7 +191,8 @@ class DenoiserEngine(Engine):
         canvas = torch.stack([call.canvas.to(self.device) for _, call in denoises])
         with exclusive(self.model):
             if self._batch is None or self._batch[0] != key:
-                cache = self._batch_cache(states)
+                self._batch = None  # the previous batch cache goes before the next is built
+                cache = self._batch_cache(states, share=True)
                 masks = self.model.canvas_mask(canvas, self._padding(states, canvas.shape[1]), cache)
                 self._batch = (key, cache, masks)
             _, cache, masks = self._batch

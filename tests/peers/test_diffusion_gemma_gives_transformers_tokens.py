@@ -76,6 +76,31 @@ def test_a_batch_gives_each_prompt_its_tokens_alone():
     assert [r.tokens.tolist() for r in results] == [expected(c, {1}) for c in chosen]
 
 
+def test_a_batch_holds_each_rows_keys_and_values_once(monkeypatch):
+    from refusion.engines.denoiser import DenoiserEngine
+
+    shared: list[bool] = []
+    original = DenoiserEngine._denoise_batch
+
+    def checking(engine, denoises):
+        out = original(engine, denoises)
+        batch = {
+            t.untyped_storage().data_ptr() for layer in engine._batch[1].layers for t in (layer.keys, layer.values)
+        }
+        for state, _ in denoises:
+            layers = [layer for layer in state.cache.layers if getattr(layer, "is_initialized", False)]
+            shared.extend(
+                t.untyped_storage().data_ptr() in batch for layer in layers for t in (layer.keys, layer.values)
+            )
+        return out
+
+    monkeypatch.setattr(DenoiserEngine, "_denoise_batch", checking)
+    chosen = [c for c in GOLDEN["calls"] if c["dtype"] == "float32" and not c["kwargs"]]
+    results = refusion.generate([c["prompt_ids"] for c in chosen], model(), seeds=[c["seed"] for c in chosen])
+    assert [r.tokens.tolist() for r in results] == [expected(c, {1}) for c in chosen]
+    assert shared and all(shared)
+
+
 def test_the_checkpoint_generation_config_sets_the_defaults():
     spec = model().preset
     assert (spec.gen_length, spec.infiller.params["max_denoising_steps"], spec.selector.params["entropy_bound"]) == (

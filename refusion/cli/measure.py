@@ -146,7 +146,10 @@ def add_parsers(sub: Any) -> None:
         help="accuracy and speed on the synthetic held-out tasks",
         description="Decode the synthetic held-out tasks with AR (transformers generate) and the "
         "named presets ('model' = the checkpoint's refusion.json); print accuracy, forwards, "
-        "tokens per forward, wall time and ratios to AR.",
+        "tokens per forward, wall time and ratios to AR, and each method's AUP (accuracy under parallelism, "
+        "d3LLM's: the area under the accuracy / tokens-per-forward curve from AR's point to the method's, "
+        "weighted by min(exp(-3 (1 - acc / best acc)), 1); '-' where the method lost more than 5 points, a "
+        "curve AUP's authors refuse; see docs/benchmarks.md).",
     )
     bench.add_argument(
         "--per-task",

@@ -58,6 +58,7 @@ def run_sweep_command(args: argparse.Namespace) -> int:
                     "trials": len(result.records),
                     "new_trials": result.new_trials,
                     "interrupted": result.interrupted,
+                    "aup": result.aup,
                     "ar": result.ar,
                     "front": [row(r) for r in result.front],
                     "chosen": row(result.chosen) if result.chosen else None,
@@ -69,6 +70,7 @@ def run_sweep_command(args: argparse.Namespace) -> int:
         print(
             f"{result.mode} sweep: {counted(len(result.records), 'trial')} in the study ({result.new_trials} new); "
             f"AR accuracy {result.ar['accuracy']:.1%}, {counted(result.ar['forwards'], 'forward')}"
+            + ("" if result.aup is None else f"; AUP {result.aup:.1f}")
         )
         print(
             f"{'trial':>5} {'acc':>6} {'forwards':>8} {'tok/fwd':>7} {'fwd ratio':>9} {'speed-up':>8}  "
@@ -97,7 +99,8 @@ def add_parsers(sub: Any) -> None:
         "against AR on the same prompts; grid search for small spaces, optuna multi-objective search "
         "(accuracy up, forwards or wall time down) for large ones. Every trial is kept in an SQLite "
         "file (run again to resume); writes trials.csv, pareto.png and preset.json (use it with "
-        "--preset-file). Needs `pip install refusion[research]`.",
+        "--preset-file); reports the AUP (accuracy under parallelism, d3LLM's area under the accuracy / "
+        "tokens-per-forward curve) of the trials' front from AR's point. Needs `pip install refusion[research]`.",
     )
     sw.add_argument(
         "-s",

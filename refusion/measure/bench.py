@@ -208,16 +208,46 @@ def run_bench(
     return rows
 
 
-def table(rows: Sequence[Result], baseline: str, cost_model: str | None = None) -> str:
-    """A plain-text table with wall-time and forward ratios to ``baseline`` (and estimated GPU tokens/s)."""
+def aups(rows: Sequence[Result], baseline: str) -> list[float | None]:
+    """Each row's AUP (:mod:`refusion.measure.aup`, d3LLM's accuracy under parallelism), on the curve from the
+    ``baseline`` row's point (tokens per forward, accuracy: AR's one token per forward on the same model, the
+    least parallel point of every d3LLM curve) to the row's own point; the baseline's own is its single point.
+    ``y_max`` is the best accuracy of every row. ``None`` where the row's accuracy is more than 5 points below the
+    baseline's: AUP's authors refuse such a curve (and an accuracy of 0 everywhere has no AUP)."""
+    from refusion.measure.aup import aup, best_accuracy
+
     base = next(r for r in rows if r.method == baseline)
-    head = f"{'method':<44} {'acc':>6} {'forwards':>9} {'tok/fwd':>8} {'wall s':>8} {'speed-up':>9} {'fwd ratio':>9}"
+    curves = [
+        [(base.tokens_per_forward, 100 * base.accuracy)]
+        + ([] if r is base else [(r.tokens_per_forward, 100 * r.accuracy)])
+        for r in rows
+    ]
+    y_max = best_accuracy(curves)
+    out: list[float | None] = []
+    for curve in curves:
+        try:
+            out.append(aup(curve, y_max, strict=True))
+        except ConfigError:
+            out.append(None)
+    return out
+
+
+def table(rows: Sequence[Result], baseline: str, cost_model: str | None = None) -> str:
+    """A plain-text table with wall-time and forward ratios to ``baseline``, each row's AUP (:func:`aups`) and, with
+    ``cost_model``, estimated GPU tokens/s."""
+    base = next(r for r in rows if r.method == baseline)
+    head = (
+        f"{'method':<44} {'acc':>6} {'forwards':>9} {'tok/fwd':>8} {'AUP':>7} {'wall s':>8} {'speed-up':>9} "
+        f"{'fwd ratio':>9}"
+    )
     if cost_model:
         head += f" {'est. tok/s ' + cost_model:>26} {'est. speed-up':>13}"
     lines = [head, "-" * len(head)]
-    for r in rows:
+    for r, score in zip(rows, aups(rows, baseline)):
+        shown = "-" if score is None else f"{score:.1f}"
         line = (
-            f"{r.method:<44} {r.accuracy:>6.1%} {r.forwards:>9d} {r.tokens_per_forward:>8.2f} {r.seconds:>8.2f} "
+            f"{r.method:<44} {r.accuracy:>6.1%} {r.forwards:>9d} {r.tokens_per_forward:>8.2f} {shown:>7} "
+            f"{r.seconds:>8.2f} "
             f"{base.seconds / r.seconds:>8.2f}x {base.forwards / r.forwards:>8.2f}x"
         )
         if cost_model and r.gpu_seconds and base.gpu_seconds:

@@ -53,6 +53,35 @@ def pareto_front(records: Sequence[TrialRecord], objective: str) -> list[TrialRe
     return sorted(front, key=lambda r: (r[cost], -r["accuracy"], r.number))
 
 
+def aup_front(records: Sequence[TrialRecord], ar: dict[str, Any]) -> tuple[float | None, list[TrialRecord]]:
+    """The sweep's AUP (:mod:`refusion.measure.aup`, d3LLM's accuracy under parallelism) and the trials its curve
+    runs through.
+
+    The curve starts at AR's point (its tokens per forward, about 1, and accuracy: the least parallel point of
+    every d3LLM curve) and goes through the trials no other trial beats on both tokens per forward and accuracy
+    (higher is better for both), in percent; ``y_max`` is the best accuracy of AR and every trial. As in the
+    authors' filter, points more than 5 below the least parallel point's accuracy are left out (a sweep's
+    fastest trials often are). ``None`` without trials or when every accuracy is 0.
+    """
+    from refusion.measure.aup import aup
+
+    def beaten(r: TrialRecord) -> bool:
+        return any(
+            o["tokens_per_forward"] >= r["tokens_per_forward"]
+            and o["accuracy"] >= r["accuracy"]
+            and (o["tokens_per_forward"] > r["tokens_per_forward"] or o["accuracy"] > r["accuracy"])
+            for o in records
+        )
+
+    curve = sorted((r for r in records if not beaten(r)), key=lambda r: (r["tokens_per_forward"], r.number))
+    y_max = 100 * max([ar["accuracy"], *(r["accuracy"] for r in records)])
+    if not curve or y_max <= 0 or ar["tokens_per_forward"] <= 0:
+        return None, curve
+    points = [(ar["tokens_per_forward"], 100 * ar["accuracy"])]
+    points += [(r["tokens_per_forward"], 100 * r["accuracy"]) for r in curve if r["tokens_per_forward"] > 0]
+    return aup(points, y_max), curve
+
+
 def choose(
     front: Sequence[TrialRecord], ar_accuracy: float, objective: str, max_accuracy_drop: float = 0.0
 ) -> TrialRecord:

@@ -57,6 +57,9 @@ class SweepResult:
     files: dict[str, Path]
     new_trials: int
     interrupted: bool = False
+    #: d3LLM's accuracy under parallelism of the trials' (tokens per forward, accuracy) front, from AR's point
+    #: (:func:`refusion.sweep.outputs.aup_front`); ``None`` without trials
+    aup: float | None = None
 
 
 def base_preset(adapter: Any, name: str | None) -> DecoderSpec:
@@ -492,4 +495,5 @@ def _finish(
     files["preset"] = outputs.write_preset(out / "preset.json", preset)
     if plot:
         files["png"] = outputs.write_front_png(out / "pareto.png", records, front, chosen, ar.accuracy, objective)
-    return SweepResult(tuple(records), tuple(front), chosen, preset, ar_row, mode, files, new, interrupted)
+    score, _ = outputs.aup_front(records, ar_row)
+    return SweepResult(tuple(records), tuple(front), chosen, preset, ar_row, mode, files, new, interrupted, score)

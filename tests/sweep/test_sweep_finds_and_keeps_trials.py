@@ -14,6 +14,7 @@ from refusion.api import load_model
 from refusion.cli import main
 from refusion.sweep import run_sweep as sweep
 from refusion.sweep.evaluate import evaluate_preset
+from refusion.sweep.outputs import aup_front
 from refusion.sweep.space import point_key
 from refusion.sweep.study import completed, open_study
 from refusion.sweep.tasks import load_tasks
@@ -62,6 +63,12 @@ def test_grid_sweep_evaluates_every_point_once_and_writes_csv_png_preset(model, 
     assert loaded == result.preset
     again = evaluate_preset(model, loaded, load_tasks(tasks))
     assert again.forwards == result.chosen["forwards"] and again.correct == result.chosen["correct"]
+    # its AUP is d3LLM's over the (tokens per forward, accuracy) front from AR's point
+    score, curve = aup_front(result.records, result.ar)
+    assert (
+        result.aup == score and curve and all(r["tokens_per_forward"] > result.ar["tokens_per_forward"] for r in curve)
+    )
+    assert result.aup > 100 * result.ar["tokens_per_forward"]  # more parallel than AR at AR's accuracy
     # running it again resumes: nothing left to evaluate
     assert sweep(SPACE, tasks, model=model, out=tmp_path / "out", progress=False).new_trials == 0
 
@@ -106,7 +113,7 @@ def test_cli_sweep_from_a_space_file_and_generate_with_its_preset(model, tasks, 
     out = tmp_path / "cli"
     assert main(["sweep", "--space-file", str(space), "--tasks", tasks, "--out", str(out), "--json", "--no-plot"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["trials"] == 2 and report["chosen"]["point"]["slot_size"] == 4
+    assert report["trials"] == 2 and report["chosen"]["point"]["slot_size"] == 4 and report["aup"] > 0
     assert main(["generate", "rev abcde=", "--preset-file", str(out / "preset.json"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["text"] == "edcba"
 

@@ -7,7 +7,9 @@ greedy AR (transformers ``generate``), LLaDA-style masked diffusion (semi-AR
 blocks, fixed tokens per step or LLaDA's step schedule, no cache), Dream's
 timestep schedule over one block, Fast-dLLM confidence-threshold and
 factor-based parallel decoding (exact prefix cache, since the model is
-causal), the EB-sampler (``entropy-bound``, arXiv 2505.24857), and ReFusion.
+causal), CreditDecoding (``credit``, arXiv 2510.06133: the threshold rule on
+logits fused with each position's decaying credit), the EB-sampler
+(``entropy-bound``, arXiv 2505.24857), and ReFusion.
 ``--only EB,threshold`` runs a subset (AR always). Prints a table, writes ``compare_strategies.csv`` and
 ``compare_strategies.png`` (accuracy against wall-time speed-up over AR).
 
@@ -67,6 +69,10 @@ METHODS = {
         MDM, selector="threshold", slot_threshold=0.7, block_length=32
     ),
     "Fast-dLLM factor 1.0, block 8, prefix cache": dict(MDM, selector="factor", factor=1.0, block_length=8),
+    "CreditDecoding threshold 0.9, block 8, prefix cache": dict(MDM, selector="credit", threshold=0.9, block_length=8),
+    "CreditDecoding threshold 0.7, block 32, prefix cache": dict(
+        MDM, selector="credit", threshold=0.7, block_length=32
+    ),
     "entropy top-1, block 8, prefix cache": dict(MDM, selector="entropy", k=1, block_length=8),
     "EB-sampler, entropy bound 0.1, block 8, prefix cache": dict(
         MDM, selector="entropy-bound", entropy_bound=0.1, block_length=8

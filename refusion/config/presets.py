@@ -143,6 +143,52 @@ DEFINITIONS: dict[str, dict] = {
         infiller="draft",
         peer="fast_dllm.generate",
     ),
+    "credit": dict(
+        description="CreditDecoding (arXiv 2510.06133, dInfer's CreditThresholdParallelDecoder on "
+        "BlockWiseDiffusionLLM, no cache): blocks of `block_length` 32; each step the block's logits fused with "
+        "`credit_alpha` 0.7 x log(1 + credit), a position's credit growing by its top-1 probability ** "
+        "`boost_gamma` 0.2 while masked and decaying by `decay_beta` 0.8 per step; every masked token whose "
+        "fused confidence >= `threshold` 0.9 (always the best); for models with logit shift 0 (LLaDA)",
+        gen_length=128,
+        params=dict(
+            block_length=32,
+            slot_size=1,
+            threshold=0.9,
+            sampler="gumbel",
+            stop_at_eos=False,
+            precision="logits",
+        ),
+        partitioner="semi-ar",
+        selector="credit",
+        infiller="draft",
+        reorderer="no-cache",
+        peer="dinfer.credit",
+    ),
+    "d3llm": dict(
+        description="d3LLM's multi-block decoding (arXiv 2601.07568, generate_multi_block, no cache): the whole "
+        "answer on a full-attention canvas, blocks of `block_size` 32 added as the last passes "
+        "`block_add_threshold` 0.5 of progress and fully activated as the one before passes "
+        "`decoded_token_threshold` 0.5; each step the lowest-entropy mask of the blocks in flight and every one "
+        "of entropy <= `threshold` 0.5, plus the first active block's best when it got none; for models with "
+        "logit shift 0 (LLaDA); the answer cut at the first EOS afterwards",
+        gen_length=256,
+        params=dict(
+            slot_size=1,
+            serial_num_blocks=1,
+            threshold=0.5,
+            block_size=32,
+            block_add_threshold=0.5,
+            decoded_token_threshold=0.5,
+            sampler="gumbel",
+            stop_at_eos=False,
+            precision="logits",
+        ),
+        partitioner="fixed",
+        selector="d3llm",
+        infiller="draft",
+        reorderer="no-cache",
+        peer="d3llm.generate_multi_block",
+    ),
     "fast-dllm-dream": dict(
         description="Fast-dLLM's block decoder for Dream (generation_utils_block.py): blocks of `block_length` 32, "
         "each starting with its first token, then every token with confidence >= `threshold` 0.9 (`alg` "

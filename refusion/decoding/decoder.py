@@ -243,6 +243,14 @@ class Decoder:
                 f"`cfg_scale` > 0: {type(model).__name__} has no mask token to hide the prompt with; use 0.",
                 param="cfg_scale",
             )
+        if self.selector.rescores:
+            raise ConfigError(
+                f"selector {self.selector.name!r} rescores each plan's logits (trait `rescores`); "
+                f"{type(model).__name__} draws its canvas from the step's own logits, which a selector cannot "
+                "change. Pick a rule that decides from one step's scores: entropy-bound, threshold, topk, margin, "
+                "entropy, factor, random, leftmost (see `refusion plugins`).",
+                param="selector",
+            )
         for field, wanted in getattr(self.selector, "requires", {}).items():
             if getattr(model.capabilities, field) != wanted:
                 raise ConfigError(

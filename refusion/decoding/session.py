@@ -33,6 +33,7 @@ from refusion.decoding.checks import (
 from refusion.decoding.context import CacheEditor, Chunk
 from refusion.decoding.protocol import ROOT, BlockReuse, Extend, ModelCall, Projection, Selection
 from refusion.decoding.sampling import apply_sampler, is_greedy
+from refusion.decoding.scores import Scores
 from refusion.decoding.types import (
     Commit,
     DecodeResult,
@@ -245,8 +246,11 @@ class DecodeSession:
         if not drafted:
             return Plan(slots, positions, None, tuple(offsets), self.rng, **self._where())
         masks = torch.full_like(positions, self.model.mask_token_id)
-        fused = self.greedy  # the slot scores are projected with the other sequences' rows (on the fused path only)
-        reads = torch.as_tensor(offsets[:-1]) if fused and self.decoder.selector.reads_scores else None
+        selector = self.decoder.selector
+        # the slot scores are projected with the other sequences' rows (on the fused path only; a rescoring
+        # selector's drafts come from the logits it returns)
+        fused = self.greedy and not selector.rescores
+        reads = torch.as_tensor(offsets[:-1]) if fused and selector.reads_scores else None
         (out,) = yield ModelCall.of(Extend(ROOT, masks, positions, reads))
         return self._drafted(slots, positions, out.scores, offsets)
 
@@ -254,7 +258,12 @@ class DecodeSession:
         self, slots: tuple, positions: torch.Tensor, scores: Any, offsets: list[int], drawn: Any = None
     ) -> Plan:
         """The plan of ``slots`` whose drafts come from ``scores`` (one row per planned position); ``drawn``:
-        their ``(tokens, confidence)`` already drawn (with the rest of the block, in one draw)."""
+        their ``(tokens, confidence)`` already drawn (with the rest of the block, in one draw). A selector that
+        rescores (:meth:`~refusion.strategies.base.SlotSelector.rescore`) gives the logits they are drawn from (a
+        draw made with the block is then made again from them)."""
+        selector = self.decoder.selector
+        if selector.rescores:
+            scores, drawn = self._rescored(selector, slots, positions, scores, offsets), None
         draw = (lambda s: drawn) if drawn is not None else (lambda s: self.draw(s, positions))
         drafts = Drafts(
             scores,
@@ -265,6 +274,19 @@ class DecodeSession:
             rowwise=drawn is None and getattr(self.decoder.sample, "rowwise", False),
         )
         return Plan(slots, positions, scores, tuple(offsets), self.rng, drafts, **self._where())
+
+    def _rescored(self, selector: Any, slots: tuple, positions: torch.Tensor, scores: Any, offsets: list[int]) -> Any:
+        """The plan's scores as ``selector.rescore`` returns them (checked: same shape, floating point)."""
+        logits = Scores.of(scores).logits
+        bare = Plan(slots, positions, scores, tuple(offsets), self.rng, **self._where())
+        out = call_part(selector, selector.rescore, bare, logits)
+        if not isinstance(out, torch.Tensor) or out.shape != logits.shape or not out.is_floating_point():
+            raise plugin_error(
+                selector,
+                f"rescore returned {type(out).__name__} of shape {tuple(getattr(out, 'shape', ()))}; expected "
+                f"floating-point logits of shape {tuple(logits.shape)}.",
+            )
+        return Scores(logits=out)
 
     def _span(self, block: Sequence[int]) -> tuple[int, int]:
         """Region offsets ``first, stop`` of serial block ``block`` (slot indices)."""

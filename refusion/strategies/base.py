@@ -124,7 +124,7 @@ class SlotSelector(Part):
     """Chooses which drafted slots to infill in this iteration."""
 
     kind = "selector"
-    traits = {"leftmost_only": (False, ("candidates", "select", "choose"))}
+    traits = {"leftmost_only": (False, ("candidates", "select", "choose")), "rescores": (False, ("rescore",))}
 
     #: False when :meth:`select` never reads the plan's scores, tokens or confidences (then the
     #: decoder may skip the plan's forward when the infiller needs no drafts either).
@@ -132,6 +132,20 @@ class SlotSelector(Part):
     #: True when :meth:`candidates` is always 1, so every choice is the block's leftmost open slot (``leftmost``):
     #: a batched infiller may then decide without a plan (a trait, see :class:`Part`)
     leftmost_only: ClassVar[bool] = False
+    #: True when :meth:`rescore` changes the plan's logits before its drafts are drawn (a selector with memory:
+    #: ``credit``); such a plan's rows then run through the per-sequence adapter (a trait, see :class:`Part`)
+    rescores: ClassVar[bool] = False
+
+    def rescore(self, plan: Plan, logits: torch.Tensor) -> torch.Tensor:
+        """Receive a plan before its drafts are drawn (``plan.scores`` the model's, ``plan.memory`` the row's state
+        kept across iterations) and its logits ``(n, vocab)``, one row per planned position; return the logits the
+        drafts and confidences are drawn from, of the same shape (any float dtype).
+
+        Called once per plan, only when the class declares ``rescores = True``; must not modify ``logits`` in
+        place. This is where a selector with memory fuses what it kept from earlier iterations (CreditDecoding's
+        credit) into the current step. Default: ``logits`` unchanged.
+        """
+        return logits
 
     @abstractmethod
     def select(self, plan: Plan) -> Sequence[int]:

@@ -112,7 +112,11 @@ def test_every_preset_builds_and_decodes(name, checkpoint):
     if preset.selector.name == "sdar-steps" or name in ("llada2", "llada2.1"):
         block = 4 if name == "sdar" else 32
         model = tiny_block_diffusion(vocab_size=24, max_positions=1024, block_length=block, layout="absolute")
-    elif preset.reorderer.name in ("dual-cache", "prefix-cache") or preset.reviser.name == "wino":
+    elif (
+        preset.reorderer.name in ("dual-cache", "prefix-cache")
+        or preset.reviser.name == "wino"
+        or name in ("credit", "d3llm")
+    ):
         model = tiny_bidirectional(vocab_size=24, max_positions=1024, logit_shift=int(name == "fast-dllm-dream"))
     else:
         model = HFCausalLM(tiny_qwen3(vocab_size=24, max_positions=1024, logit_scale=6.0))

@@ -38,7 +38,10 @@ BAD_FLAGS = [
     (["bench", "--per-task", "0"], "`--per-task`"),
     (["eval", "--tasks", "x", "--num-fewshot", "-1"], "`--num-fewshot`"),
     (["eval", "--tasks", "x", "--batch-size", "auto"], "`--batch-size`: invalid int value: 'auto'"),
-    (["generate", "x", "--selector", "nope"], "`--selector`: Unknown selector 'nope'. Known selectors: dream-blocks"),
+    (
+        ["generate", "x", "--selector", "nope"],
+        "`--selector`: Unknown selector 'nope'. Known selectors: credit, d3llm, dream-blocks",
+    ),
     (["serve", "--infiller", "nope"], "`--infiller`: Unknown infiller 'nope'. Known infillers: denoise, draft"),
     (["visualize", "x", "--engine", "nope"], "`--engine`: Unknown engine 'nope'. Known engines: block,"),
     (["generate", "x", "--adapter", "nope"], "`--adapter`: Unknown model adapter 'nope'. Known model adapters: hf"),

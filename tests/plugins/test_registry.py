@@ -45,6 +45,8 @@ def test_builtins_are_registered_under_their_names():
         "wino",
         "entropy-bound",
         "llada2-steps",
+        "credit",
+        "d3llm",
     }
     assert set(reg.names("infiller")) == {"parallel-ar", "greedy-verify", "draft", "denoise"}
     assert reg.names("reviser") == ("none", "wino", "editing")

@@ -43,6 +43,8 @@ def shared_reason(decoder: Any, engine: Any, record: bool) -> str | None:
         return "the reorderer does not keep commit order (trait `commit_order`)"
     if decoder.reviser.revises:
         return "a reviser revises"
+    if getattr(decoder.selector, "rescores", False):
+        return "the selector rescores each plan's logits (trait `rescores`)"
     if bool(getattr(decoder, "cfg_scale", False)):
         return "classifier-free guidance is on"
     if decoder.stop_at_eos == "block":

@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Make (or --check) tests/fixtures/peers/d3llm/golden.json from d3LLM's own multi-block decoder (hao-ai-lab/d3LLM).
+
+Run with the transformers-4 interpreter of make.py; it never imports `refusion`:
+
+    /work/tf4/bin/python tools/peer_fixtures/d3llm.py --d3llm d3LLM --out tests/fixtures/peers/d3llm [--check]
+
+d3LLM's `d3llm/d3llm_LLaDA/d3llm_llada_generate_util.py::generate_multi_block` (its full-attention, no-cache
+pipeline: several blocks in flight, an entropy threshold across them) decodes the EXISTING tiny LLaDA checkpoint of
+tests/fixtures/peers/llada (golden.json names `../llada`), loaded with d3LLM's own
+`utils/utils_LLaDA/model/modeling_llada.py::LLaDAModelLM` (the class its script imports), in float32 and bfloat16,
+greedy. The module's `sys.path` additions are relative to the current directory, so the checkout's root is put on
+`sys.path` for its `utils.utils_LLaDA` import. 1 torch thread, deterministic. Each call keeps the tokens, d3LLM's
+NFE and the tokens decided per step, and checks that the argmax at a decided position is never the mask id
+(refusion's drafts never choose it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import pf_common as C  # noqa: E402
+import torch  # noqa: E402
+
+DTYPES = ("float32", "bfloat16")
+REPO = "hao-ai-lab/d3LLM"
+PEER_FILES = {
+    "generate": "d3llm/d3llm_LLaDA/d3llm_llada_generate_util.py",
+    "model": "utils/utils_LLaDA/model/modeling_llada.py",
+    "config": "utils/utils_LLaDA/model/configuration_llada.py",
+}
+#: (tag, generate_multi_block kwargs, note); every case runs on every prompt in every dtype
+CASES = (
+    ("a", dict(max_new_tokens=32, block_size=8), "4 blocks of 8, the function's defaults (0.5 / 0.5 / 0.5)"),
+    (
+        "b",
+        dict(max_new_tokens=32, block_size=8, threshold=0.1, block_add_threshold=0.1, decoded_token_threshold=0.95),
+        "the authors' eval settings for adding and activating blocks, a strict entropy bar",
+    ),
+    ("c", dict(max_new_tokens=24, block_size=8, threshold=2.0, block_add_threshold=0.25), "a loose bar"),
+    ("d", dict(max_new_tokens=32, block_size=16, threshold=0.8, decoded_token_threshold=1.0), "activation at 100%"),
+    (
+        "e",
+        dict(max_new_tokens=16, block_size=4, threshold=0.3, block_add_threshold=1.0, decoded_token_threshold=1.0),
+        "sequential blocks (the authors: like generate())",
+    ),
+    (
+        "f",
+        dict(max_new_tokens=32, block_size=8, threshold=1.2, block_add_threshold=0.0, decoded_token_threshold=0.0),
+        "every block added at once",
+    ),
+)
+
+
+def load_peer(d3llm: str):
+    sys.path.insert(0, d3llm)  # `from utils.utils_LLaDA.model.modeling_llada import LLaDAModelLM`
+    generate = C.load_file("pf_d3llm_generate", os.path.join(d3llm, PEER_FILES["generate"]))
+    records = {k: C.file_record(d3llm, rel, REPO, "--d3llm") for k, rel in PEER_FILES.items()}
+    return generate, records
+
+
+def run(args) -> dict:
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    generate, records = load_peer(args.d3llm)
+    llada = json.load(open(os.path.join(args.checkpoint, "golden.json")))
+    mask_id = llada["mask_token_id"]
+    calls, skipped = [], []
+    for dtype in DTYPES:
+        model = generate.LLaDAModelLM.from_pretrained(args.checkpoint, torch_dtype=getattr(torch, dtype)).eval()
+        seen = []  # per step: the canvas before it and the logits' argmax (read-only wrapper)
+        rule = generate.get_transfer_index_entropy
+
+        def watched(logits, temperature, remasking, mask_index, x, *rest, rule=rule, seen=seen, **kw):
+            seen.append((x[0].clone(), logits[0].argmax(-1)))
+            return rule(logits, temperature, remasking, mask_index, x, *rest, **kw)
+
+        generate.get_transfer_index_entropy = watched
+        for tag, kwargs, note in CASES:
+            for p, prompt in enumerate(llada["prompts"]):
+                seen.clear()
+                x, nfe = generate.generate_multi_block(model, torch.tensor([prompt]), mask_id=mask_id, **kwargs)
+                canvases = [c for c, _ in seen] + [x[0]]
+                decided = [int(((a == mask_id) & (b != mask_id)).sum()) for a, b in zip(canvases, canvases[1:])]
+                mask_wins = sum(int((top[c == mask_id] == mask_id).any()) for c, top in seen)
+                call = {
+                    "function": "d3llm.generate_multi_block",
+                    "prompt": p,
+                    "dtype": dtype,
+                    "args": {**kwargs, "mask_id": mask_id, "temperature": 0.0, "remasking": "low_confidence"},
+                    "tokens": x[0, len(prompt) :].tolist(),
+                    "nfe": int(nfe),
+                    "decided_per_step": decided,
+                    "note": f"({tag}) {note}",
+                }
+                if mask_wins:
+                    skipped.append({**call, "why": f"the argmax was the mask id at a masked position ({mask_wins})"})
+                else:
+                    calls.append(call)
+        generate.get_transfer_index_entropy = rule
+    return {
+        "family": "d3llm",
+        "checkpoint": "../llada",
+        "checkpoint_sha256": {
+            f: C.sha256_file(os.path.join(args.checkpoint, f)) for f in ("config.json", "model.safetensors")
+        },
+        "made_with": {**C.versions(), "script": "tools/peer_fixtures/d3llm.py"},
+        "peer_files": records,
+        "mask_token_id": mask_id,
+        "prompts": llada["prompts"],
+        "calls": calls,
+        "skipped": skipped,
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--d3llm", required=True, help="checkout of hao-ai-lab/d3LLM")
+    ap.add_argument("--out", required=True, help="fixture folder, e.g. tests/fixtures/peers/d3llm")
+    ap.add_argument("--checkpoint", default=None, help="the tiny LLaDA checkpoint (default: <out>/../llada)")
+    ap.add_argument("--check", action="store_true", help="regenerate and compare with --out (exit 1 on a difference)")
+    args = ap.parse_args(argv)
+    args.d3llm, args.out = os.path.abspath(args.d3llm), os.path.abspath(args.out)
+    args.checkpoint = os.path.abspath(args.checkpoint or os.path.join(args.out, os.pardir, "llada"))
+    golden = run(args)
+    if args.check:
+        with tempfile.TemporaryDirectory() as tmp:
+            C.write_json(os.path.join(tmp, "golden.json"), golden)
+            same = open(os.path.join(tmp, "golden.json")).read() == open(os.path.join(args.out, "golden.json")).read()
+        print("d3llm: same" if same else "d3llm: DIFFERENT")
+        return 0 if same else 1
+    os.makedirs(args.out, exist_ok=True)
+    C.write_json(os.path.join(args.out, "golden.json"), golden)
+    C.write_json(
+        os.path.join(args.out, "cpu.json"),
+        {
+            "made_on": torch.backends.cpu.get_cpu_capability(),
+            "note": "torch.backends.cpu.get_cpu_capability() of the machine that made golden.json: its bfloat16 "
+            "tokens hold on that CPU kernel family (float32 ones on every CPU).",
+        },
+    )
+    print(f"d3llm: {len(golden['calls'])} calls, {len(golden['skipped'])} skipped -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

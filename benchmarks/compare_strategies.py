@@ -8,7 +8,9 @@ blocks, fixed tokens per step or LLaDA's step schedule, no cache), Dream's
 timestep schedule over one block, Fast-dLLM confidence-threshold and
 factor-based parallel decoding (exact prefix cache, since the model is
 causal), CreditDecoding (``credit``, arXiv 2510.06133: the threshold rule on
-logits fused with each position's decaying credit), the EB-sampler
+logits fused with each position's decaying credit), d3LLM's multi-block
+decoding (``d3llm``, arXiv 2601.07568: several blocks in flight, an entropy
+threshold across them), the EB-sampler
 (``entropy-bound``, arXiv 2505.24857), and ReFusion.
 ``--only EB,threshold`` runs a subset (AR always). Prints a table, writes ``compare_strategies.csv`` and
 ``compare_strategies.png`` (accuracy against wall-time speed-up over AR).
@@ -74,6 +76,28 @@ METHODS = {
         MDM, selector="credit", threshold=0.7, block_length=32
     ),
     "entropy top-1, block 8, prefix cache": dict(MDM, selector="entropy", k=1, block_length=8),
+    "d3LLM multi-block, entropy 0.5, blocks of 8, no cache": dict(
+        infiller="draft",
+        partitioner="fixed",
+        slot_size=1,
+        serial_num_blocks=1,
+        selector="d3llm",
+        threshold=0.5,
+        block_size=8,
+        reorderer="no-cache",
+    ),
+    "d3LLM multi-block, entropy 1.0, blocks of 8, add 0.1 / activate 0.95, no cache": dict(
+        infiller="draft",
+        partitioner="fixed",
+        slot_size=1,
+        serial_num_blocks=1,
+        selector="d3llm",
+        threshold=1.0,
+        block_size=8,
+        block_add_threshold=0.1,
+        decoded_token_threshold=0.95,
+        reorderer="no-cache",
+    ),
     "EB-sampler, entropy bound 0.1, block 8, prefix cache": dict(
         MDM, selector="entropy-bound", entropy_bound=0.1, block_length=8
     ),

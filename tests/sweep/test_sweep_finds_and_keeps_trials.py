@@ -150,3 +150,24 @@ def test_bench_measures_a_preset_file_next_to_ar(tmp_path, capsys):
     rows = json.loads(capsys.readouterr().out)["rows"]  # bench --json prints a record
     assert [r["method"] for r in rows] == ["AR: transformers generate", f"file {path}"]
     assert rows[1]["forwards"] < rows[0]["forwards"] and rows[1]["examples"] == 6
+
+
+def test_a_sweep_searches_multi_block_thresholds_and_selector_memory_and_reports_aup(model, tasks, tmp_path):
+    """d3LLM's blocks in flight (when a block is added) and CreditDecoding's memory (its decay) are dimensions
+    like any other; the sweep's AUP is that of the front it found."""
+    multi_block = [
+        "selector=d3llm",
+        "partitioner=fixed",
+        "slot_size=1",
+        "serial_num_blocks=1",
+        "block_size=4",
+        "infiller=draft",
+        "threshold=0.5,1.0",
+        "block_add_threshold=0.1,1.0",
+    ]
+    result = sweep(multi_block, tasks, model=model, out=tmp_path / "d3llm", progress=False, plot=False)
+    assert result.new_trials == 4 and {r.point["block_add_threshold"] for r in result.records} == {0.1, 1.0}
+    assert result.aup == aup_front(result.records, result.ar)[0] and result.aup > 0
+    credit = ["selector=credit", "partitioner=semi-ar", "slot_size=1", "block_length=8", "decay_beta=0.0,0.8"]
+    result = sweep(credit, tasks, model=model, out=tmp_path / "credit", progress=False, plot=False)
+    assert result.new_trials == 2 and result.aup is not None

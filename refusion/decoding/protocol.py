@@ -242,10 +242,20 @@ class BlockReuse:
     ``prefix_at_block=True`` it ends at the block, as Fast-dLLM's Dream block
     decoder does (which decodes the block's first position from the block's
     first, full forward and never predicts it from the cache).
+
+    ``mode="decoded"`` (dKV-Cache's delayed cache, Ma et al., arXiv 2505.15781): a decoded token's keys/values are
+    computed once more in the forward after the one that decoded it (with the token in place) and reused from then
+    on; masks are always recomputed. The block's first two calls and every ``reload_every``-th call after them
+    feed the whole canvas (a refresh); the others feed only the positions that were still masks at the previous
+    call and attend to the kept keys/values of the rest. Models with logit shift 0 only.
     """
 
-    mode: Literal["prefix", "dual"] = attrs.field(validator=attrs.validators.in_(("prefix", "dual")))
+    mode: Literal["prefix", "dual", "decoded"] = attrs.field(
+        validator=attrs.validators.in_(("prefix", "dual", "decoded"))
+    )
     prefix_at_block: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    #: ``mode="decoded"``: the full forward's period within the block (see the class docstring)
+    reload_every: int = attrs.field(default=1, validator=[attrs.validators.instance_of(int), attrs.validators.ge(1)])
 
 
 __all__ = [

@@ -53,14 +53,29 @@ class BlockCache:
     stale: bool = True
     prefix_end: int = 0
     suffix_start: int = 0
+    #: ``decoded`` mode: the full forward's period, the block's calls so far, and the columns that held a token
+    #: (not a mask) at the previous call: their keys/values are kept
+    reload_every: int = 1
+    calls: int = 0
+    kept: np.ndarray | None = None
 
 
 class CanvasSequence(PagedSequence):
     """A sequence on the canvas: where its answer ends, its block cache, its guidance and its lanes."""
 
-    def __init__(self, context: SequenceCache, counters, prompt_length: int, region_length: int, eos_fill: int | None):
+    def __init__(
+        self,
+        context: SequenceCache,
+        counters,
+        prompt_length: int,
+        region_length: int,
+        eos_fill: int | None,
+        shift: int = 0,
+    ):
         super().__init__(context, counters, prompt_length, region_length)
         self.eos_fill = eos_fill
+        #: the model's logit shift
+        self.shift = shift
         #: first position after a committed EOS (filled with ``eos_fill``), if any
         self.end: int | None = None
         self.block: BlockCache | None = None
@@ -78,7 +93,20 @@ class CanvasSequence(PagedSequence):
                 "block cache cannot be combined with it (use reorderer 'commit-order' or 'no-cache').",
                 param="cfg_scale",
             )
-        self.block = None if reuse is None else BlockCache(reuse.mode, start, stop, reuse.prefix_at_block)
+        if reuse is not None and reuse.mode == "decoded" and self.shift:
+            from refusion.errors import ConfigError
+
+            raise ConfigError(
+                "the delayed cache of decoded tokens (reorderer 'dkv') keeps a position's keys/values once its own "
+                "token is decoded; with a logit shift of 1 (Dream) a position predicts the next one, which this "
+                "rule does not cover. Use reorderer 'prefix-cache', 'dual-cache' or 'no-cache'.",
+                param="reorderer",
+            )
+        self.block = (
+            None
+            if reuse is None
+            else BlockCache(reuse.mode, start, stop, reuse.prefix_at_block, reload_every=reuse.reload_every)
+        )
 
     def end_at(self, position: int) -> None:
         self.end = position + 1 if self.end is None else min(self.end, position + 1)
@@ -131,7 +159,8 @@ class CanvasEngine(PagedEngine):
         counters = self.new_counters()
         context = SequenceCache(NoStore(), prompt, torch.arange(prompt.shape[0]))
         eos = self.model.eos_token_ids
-        state = CanvasSequence(context, counters, prompt.shape[0], region_length, min(eos) if eos else None)
+        shift = self.model.capabilities.logit_shift
+        state = CanvasSequence(context, counters, prompt.shape[0], region_length, min(eos) if eos else None, shift)
         return self._admitted(state, prompt)
 
     def guide(self, state: SequenceState, cfg_scale: float) -> None:
@@ -167,6 +196,8 @@ class CanvasEngine(PagedEngine):
         block = state.block
         if extend.verify:
             return self._verified(state, extend, canvas, table, feed)
+        if block is not None and block.mode == "decoded" and not index and state.cfg_scale == 0:
+            return self._decoded(state, extend, canvas, table, block, wanted, feed)
         if block is not None and not block.stale:
             inside = bool(((wanted >= block.prefix_end) & (wanted < block.suffix_start)).all())
             if inside:
@@ -205,6 +236,29 @@ class CanvasEngine(PagedEngine):
         def finish(scores: Any) -> ExtendOutput:
             table.length = n
             return ExtendOutput(extend, scores[at + wanted - a], [], 0, 0, epoch, epoch.value)
+
+        return finish
+
+    def _decoded(self, state, extend, canvas, table, block: BlockCache, wanted, feed: Feed) -> Any:
+        """dKV-Cache's delayed cache: a refresh feeds the whole canvas; other calls feed the columns that were masks
+        at the previous call, over the kept keys/values of the rest (see :class:`BlockReuse`)."""
+        n, step = canvas.shape[0], block.calls
+        now = canvas.numpy() != self.model.mask_token_id
+        kept = block.kept
+        refresh = kept is None or step <= 1 or step % block.reload_every == 0
+        columns = np.arange(n) if refresh or kept is None else np.flatnonzero(~kept)
+        if not refresh and not np.isin(wanted.numpy(), columns).all():  # a position masked again (a reviser)
+            columns = np.arange(n)
+        at = feed.add(
+            feed.lane(state, table), canvas.numpy()[columns], columns, columns, full_spans(len(columns), 0, n)
+        )
+        rows = torch.from_numpy(np.searchsorted(columns, wanted.numpy()))
+        block.kept, block.calls = now, step + 1
+        epoch = self.epoch
+
+        def finish(scores: Any) -> ExtendOutput:
+            table.length = n
+            return ExtendOutput(extend, scores[at + rows], [], 0, 0, epoch, epoch.value)
 
         return finish
 

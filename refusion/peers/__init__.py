@@ -5,7 +5,8 @@
 arguments of a call into refusion's parts and parameters. One module per
 peer: ``llada``, ``fast_dllm``, ``dream``, ``sdar``, ``reference`` (ReFusion's
 own decoder), ``wino``, ``diffusion_gemma`` (transformers' own ``generate``), ``llada2`` (LLaDA 2.1's
-editing ``generate``), ``dinfer`` (dInfer's CreditDecoding), ``d3llm`` (d3LLM's multi-block decoder).
+editing ``generate``), ``dinfer`` (dInfer's CreditDecoding), ``d3llm`` (d3LLM's multi-block decoder), ``dkv``
+(dKV-Cache's delayed cache).
 """
 
 from __future__ import annotations
@@ -19,9 +20,21 @@ from refusion.peers.base import PeerCall, PeerFunction
 
 def peer_functions() -> dict[str, PeerFunction]:
     """Every peer function refusion's presets take, by name."""
-    from refusion.peers import d3llm, diffusion_gemma, dinfer, dream, fast_dllm, llada, llada2, reference, sdar, wino
+    from refusion.peers import (
+        d3llm,
+        diffusion_gemma,
+        dinfer,
+        dkv,
+        dream,
+        fast_dllm,
+        llada,
+        llada2,
+        reference,
+        sdar,
+        wino,
+    )
 
-    modules = (llada, fast_dllm, dream, sdar, reference, wino, diffusion_gemma, llada2, dinfer, d3llm)
+    modules = (llada, fast_dllm, dream, sdar, reference, wino, diffusion_gemma, llada2, dinfer, d3llm, dkv)
     return {f.name: f for module in modules for f in module.FUNCTIONS}
 
 

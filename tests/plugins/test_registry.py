@@ -50,7 +50,7 @@ def test_builtins_are_registered_under_their_names():
     }
     assert set(reg.names("infiller")) == {"parallel-ar", "greedy-verify", "draft", "denoise"}
     assert reg.names("reviser") == ("none", "wino", "editing")
-    assert set(reg.names("reorderer")) == {"commit-order", "reencode", "no-cache", "prefix-cache", "dual-cache"}
+    assert set(reg.names("reorderer")) == {"commit-order", "reencode", "no-cache", "prefix-cache", "dual-cache", "dkv"}
     assert reg.names("partitioner") == ("fixed", "semi-ar")
     assert set(reg.names("model_adapter")) == {"hf-block", "hf-causal", "hf-mdm"}
     assert reg.names("model_family") == ("llada", "dream", "sdar", "refusion", "diffusion-gemma", "llada2")

@@ -14,8 +14,11 @@ NAME = "d3LLM's generate_multi_block"
 def translate_generate_multi_block(args: Mapping[str, Any], model: Any) -> PeerCall:
     """``threshold``, ``block_size``, ``block_add_threshold``, ``decoded_token_threshold`` keep their names (the
     ``d3llm`` selector's); ``max_new_tokens`` is ``gen_length``; ``mask_id`` must be the model's; ``steps`` is
-    taken and unused, as the function leaves it; ``remasking`` must be ``low_confidence``, ``temperature`` 0 and
-    ``early_stop`` False (``eos_token_id`` is read only with it)."""
+    taken and unused, as the function leaves it; ``threshold=None`` is the function's 999 (no entropy bar); a
+    ``block_add_threshold`` or ``decoded_token_threshold`` above 1 is 1 (progress never passes it); ``remasking``
+    must be ``low_confidence``, ``temperature`` 0 and ``early_stop`` False unless ``eos_token_id`` is None (the
+    function then ignores it). A ``max_new_tokens`` that is not a multiple of ``block_size``: the function leaves
+    the tail masked (until its 10,000-step guard); refusion decodes a shorter last block."""
     check_mask_id(NAME, "mask_id", args.get("mask_id"), model)
     if args.get("remasking", "low_confidence") != "low_confidence":
         raise refuse(
@@ -33,7 +36,7 @@ def translate_generate_multi_block(args: Mapping[str, Any], model: Any) -> PeerC
             "with noise the function decodes the Gumbel argmax but forces a block's progress with the plain argmax "
             "of the same position, two tokens a drafting selector cannot tell apart; use 0.",
         )
-    if args.get("early_stop"):
+    if args.get("early_stop") and args.get("eos_token_id") is not None:
         raise refuse(
             NAME,
             "early_stop",
@@ -43,6 +46,11 @@ def translate_generate_multi_block(args: Mapping[str, Any], model: Any) -> PeerC
             "cut at its first EOS afterwards).",
         )
     params = taken(args, "threshold", "block_size", "block_add_threshold", "decoded_token_threshold")
+    if "threshold" in params and params["threshold"] is None:  # the function's own stand-in: no entropy bar
+        params["threshold"] = 999.0
+    for name in ("block_add_threshold", "decoded_token_threshold"):  # progress never passes 1: the same as 1
+        if isinstance(params.get(name), (int, float)) and not isinstance(params[name], bool) and params[name] > 1:
+            params[name] = 1.0
     return PeerCall(params=params, gen_length=length_argument(args))
 
 

@@ -14,8 +14,12 @@ NAME = "dInfer's CreditThresholdParallelDecoder"
 def translate_credit(args: Mapping[str, Any], model: Any) -> PeerCall:
     """The decoder's ``threshold``, ``credit_alpha``, ``boost_gamma``, ``decay_beta`` and the block runner's
     ``block_length`` keep their names; ``use_float64`` computes the confidences in float64; ``early_stop`` (stop
-    after the block that holds an EOS) is ``stop_at_eos="block"``; ``mask_id`` must be the model's and ``eos_id``
-    one of its EOS ids; ``remasking`` must be ``low_confidence`` (the decoder's only rule); ``temperature`` 0."""
+    after the block that holds an EOS) is ``stop_at_eos="block"``; the iterator's ``start_block_align`` is the
+    partitioner's ``align="absolute"``; ``mask_id`` must be the model's and ``eos_id`` one of its EOS ids;
+    ``remasking``, ``maximum_unroll`` and ``expected_tpf`` are taken and change no token (the decoder never reads
+    the first; the others only add forwards on a finished block); ``temperature`` must be 0, ``use_shift`` False
+    and ``cache_factory`` None. ``early_stop``, ``use_float64`` aside, and ``start_block_align`` are mapped, not
+    covered by the goldens."""
     check_mask_id(NAME, "mask_id", args.get("mask_id"), model)
     eos = args.get("eos_id")
     if eos is not None and eos not in model.eos_token_ids:
@@ -26,9 +30,22 @@ def translate_credit(args: Mapping[str, Any], model: Any) -> PeerCall:
             f"refusion stops at the model's EOS ids {sorted(model.eos_token_ids)}; dInfer's one id (read by its "
             f"early stop only) must be one of them: load the model with `eos_token_id={eos}` to stop at it.",
         )
-    remasking = args.get("remasking", "low_confidence")
-    if remasking != "low_confidence":
-        raise refuse(NAME, "remasking", remasking, "the decoder ranks by confidence only ('low_confidence').")
+    if args.get("use_shift"):
+        raise refuse(
+            NAME,
+            "use_shift",
+            True,
+            "its shifted iteration is for models whose logits predict the next position; the preset decodes "
+            "LLaDA-style models (logit shift 0) and no golden covers the shifted one. Use False.",
+        )
+    if args.get("cache_factory") is not None:
+        raise refuse(
+            NAME,
+            "cache_factory",
+            "a KV-cache factory",
+            "the goldens cover dInfer's block runner without a cache; refusion's approximate caches are its "
+            "reorderers (prefix-cache, dual-cache, dkv). Pass None.",
+        )
     temperature = args.get("temperature", 0.0)
     if temperature:
         raise refuse(
@@ -44,6 +61,8 @@ def translate_credit(args: Mapping[str, Any], model: Any) -> PeerCall:
         params["precision"] = "float64"
     if "early_stop" in args:
         params["stop_at_eos"] = "block" if args["early_stop"] else False
+    if args.get("start_block_align"):
+        params["align"] = "absolute"
     return PeerCall(params=params)
 
 
@@ -64,6 +83,11 @@ CREDIT = PeerFunction(
         "decay_beta",
         "block_length",
         "early_stop",
+        "maximum_unroll",
+        "expected_tpf",
+        "use_shift",
+        "cache_factory",
+        "start_block_align",
     ),
     translate=translate_credit,
     requires={"causal": False, "logit_shift": 0},

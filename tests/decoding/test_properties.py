@@ -61,13 +61,15 @@ def _decoder(combo, slot, blocks, data, partitioner="fixed"):
     )
 
 
-def _model(causal, setup, data):
+def _model(causal, setup, data, combo=()):
     from refusion.models.mdm import tiny_bidirectional
 
     adapter, prompt = setup
     if causal:
         return adapter, prompt
-    shift = data.draw(st.sampled_from([0, 1]))
+    reg = registry()
+    wanted = {reg.get(k, n).requires.get("logit_shift") for k, n in zip(("selector", "infiller", "reorderer"), combo)}
+    shift = data.draw(st.sampled_from([0, 1] if wanted <= {None} else sorted(wanted - {None})))
     eos = next(iter(adapter.eos_token_ids), None)
     return tiny_bidirectional(
         logit_shift=shift,
@@ -82,7 +84,7 @@ def _model(causal, setup, data):
 @settings(max_examples=6)
 @given(setup=model_setups(), layout=layouts(), data=st.data())
 def test_terminates_and_completes(causal, combo, setup, layout, data):
-    adapter, prompt = _model(causal, setup, data)
+    adapter, prompt = _model(causal, setup, data, combo)
     slot, blocks, gen_length = layout
     partitioner = data.draw(st.sampled_from(["fixed", "semi-ar"]))
     session = _decoder(combo, slot, blocks, data, partitioner).session(adapter, prompt, gen_length, record=True)

@@ -114,8 +114,7 @@ def test_dinfers_arguments_are_taken_by_name_and_the_unmappable_refused():
     assert call.params == {"threshold": 0.7, "credit_alpha": 1.0, "precision": "float64", "stop_at_eos": "block"}
     with pytest.raises(ConfigError, match="temperature"):
         translate("dinfer.credit", {"temperature": 0.5}, m)
-    with pytest.raises(ConfigError, match="remasking"):
-        translate("dinfer.credit", {"remasking": "random"}, m)
+    assert translate("dinfer.credit", {"remasking": "random"}, m).params == {}  # the decoder never reads it
     with pytest.raises(ConfigError, match="mask_id"):
         translate("dinfer.credit", {"mask_id": 5}, m)
 
@@ -160,3 +159,23 @@ def test_a_subclass_that_overrides_rescore_without_declaring_it_is_not_rescored(
     assert Credit.rescores and not Quiet.rescores
     call = next(c for c in CALLS if c["dtype"] == "float32")
     decode(call, selector=Quiet(threshold=call["args"]["threshold"]))  # the plain threshold rule, no call
+
+
+def test_the_threshold_is_compared_in_the_confidences_own_dtype_float64_with_use_float64():
+    from types import SimpleNamespace
+
+    plan = SimpleNamespace(first_confidence=torch.tensor([0.95, 0.89999999], dtype=torch.float64))
+    assert Credit(threshold=0.9).select(plan) == [0]  # in float32 0.89999999 would round up to 0.9 and pass
+    plan = SimpleNamespace(first_confidence=torch.tensor([0.95, 0.89999999], dtype=torch.float32))
+    assert Credit(threshold=0.9).select(plan) == [0, 1]
+
+
+def test_dinfers_runner_and_iterator_arguments_are_taken_or_refused_saying_why():
+    from refusion.peers import translate
+
+    m = model("float32")
+    call = translate("dinfer.credit", {"maximum_unroll": 2, "expected_tpf": 4, "start_block_align": True}, m)
+    assert call.params == {"align": "absolute"}
+    for bad, reason in (({"use_shift": True}, "next position"), ({"cache_factory": object()}, "reorderers")):
+        with pytest.raises(ConfigError, match=reason):
+            translate("dinfer.credit", bad, m)

@@ -75,7 +75,7 @@ def test_d3llms_arguments_are_taken_by_name_and_the_unmappable_refused():
         m,
     )
     assert call.params == {"block_size": 16, "threshold": 0.4} and call.gen_length == 64
-    for bad in ({"temperature": 0.5}, {"remasking": "random"}, {"early_stop": True}, {"mask_id": 9}):
+    for bad in ({"temperature": 0.5}, {"remasking": "random"}, {"early_stop": True, "eos_token_id": 1}, {"mask_id": 9}):
         with pytest.raises(ConfigError, match=next(iter(bad))):
             translate("d3llm.generate_multi_block", bad, m)
 
@@ -86,3 +86,22 @@ def test_several_serial_blocks_and_a_short_last_block_decode_every_position(para
         GOLDEN["prompts"][0], model("float32"), preset="d3llm", **{"gen_length": 24, "block_size": 8, **params}
     )
     assert len(result.region_tokens) == result.partition.gen_length and 3 not in result.region_tokens
+
+
+def test_multi_token_slots_decode_every_position_in_as_many_steps_at_most():
+    result = refusion.generate(
+        GOLDEN["prompts"][0], model("float32"), preset="d3llm", gen_length=32, slot_size=4, block_size=8
+    )
+    assert 3 not in result.region_tokens and result.forwards <= 8
+
+
+def test_the_functions_own_stand_ins_are_taken_as_it_reads_them():
+    from refusion.peers import translate
+
+    m = model("float32")
+    call = translate(
+        "d3llm.generate_multi_block",
+        {"threshold": None, "block_add_threshold": 2, "early_stop": True, "eos_token_id": None},
+        m,
+    )
+    assert call.params == {"threshold": 999.0, "block_add_threshold": 1.0}

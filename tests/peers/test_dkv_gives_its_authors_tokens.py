@@ -100,6 +100,6 @@ def test_dkv_caches_arguments_are_taken_by_name_and_the_unmappable_refused():
 
 def test_the_delayed_cache_is_refused_on_a_model_whose_logits_are_shifted():
     dream = refusion.load_model(str(DKV.parent / "dream"))
-    with pytest.raises(ConfigError, match="logit shift") as err:
+    with pytest.raises(ConfigError, match="logit_shift=0") as err:
         refusion.generate("ab", dream, preset="dream", reorderer="dkv", gen_length=8, steps=8)
     assert err.value.param == "reorderer"

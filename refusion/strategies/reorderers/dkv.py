@@ -25,7 +25,7 @@ class DelayedCache(CacheReorderer):
     """
 
     name = "dkv"
-    requires = {"causal": False, "kv_cache": True}
+    requires = {"causal": False, "kv_cache": True, "logit_shift": 0}
 
     cache_reloading_step: int = attrs.field(default=8, validator=positive_int)
 

@@ -13,7 +13,9 @@ credit matrix ``C`` (positions x vocabulary, float32, zeros when the block opens
    one and those within 1e-5 of it (``ThresholdParallelDecoder``'s rule).
 
 The matrix is this row's state, kept in ``plan.memory`` (it lives and dies with the row's sequence; a block's
-matrix is dropped when the next block opens, where the authors keep it until the answer is filled, unread).
+matrix is dropped when the next block opens). The authors keep every block's matrix until no mask is left, and
+when their early stop fills the answer with EOS first, into their decoder's next call: a later prompt of the same
+shape then starts from that credit. refusion starts every request fresh.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ import torch
 from refusion.decoding.types import Plan
 from refusion.plugins import hookimpl
 from refusion.strategies.base import SlotSelector
-from refusion.strategies.selectors.scored import note_block
 from refusion.validators import non_negative_number, probability
 
 #: the authors' band under the best confidence that is always accepted
@@ -70,9 +71,8 @@ class Credit(SlotSelector):
         return kept[1], kept[2]
 
     def select(self, plan: Plan) -> Sequence[int]:
-        note_block(plan)
-        confidence = plan.first_confidence.to(torch.float32)
-        bar = (confidence.max() - BAND).clamp(-1000.0, self.threshold)  # in float32, as the authors compute it
+        confidence = plan.first_confidence  # float32, or float64 with precision="float64" (dInfer's use_float64)
+        bar = (confidence.max() - BAND).clamp(-1000.0, self.threshold)  # in that dtype, as the authors compute it
         return (confidence >= bar).nonzero().flatten().tolist()
 
 

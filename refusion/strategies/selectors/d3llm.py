@@ -57,15 +57,16 @@ class MultiBlockEntropy(SlotSelector):
 
     def select(self, plan: Plan) -> Sequence[int]:
         positions = plan.positions[plan.first_rows]
+        widths = torch.tensor([slot.length for slot in plan.slots])  # tokens per slot (1 as the authors decode)
         serial = plan.slots[0].block
         state = plan.memory.get(self.name)
         if state is None or state["serial"] != serial:  # a serial block's first plan holds all of it: all masks
-            state = {"serial": serial, "start": int(positions.min()), "length": len(positions), "added": 1}
+            state = {"serial": serial, "start": int(positions.min()), "length": int(widths.sum()), "added": 1}
             plan.memory[self.name] = state
         start, length, size = state["start"], state["length"], self.block_size
         blocks = -(-length // size)
         block_of = (positions - start) // size + 1  # blocks are numbered from 1; the prompt is block 0
-        masks = torch.bincount(block_of, minlength=blocks + 1).tolist()
+        masks = torch.bincount(block_of, weights=widths.double(), minlength=blocks + 1).long().tolist()
         sizes = [0] + [min(size, length - (k - 1) * size) for k in range(1, blocks + 1)]
 
         def progress(k: int) -> float:
@@ -90,6 +91,8 @@ class MultiBlockEntropy(SlotSelector):
         if first is not None and not bool(chosen[block_of == first].any()):
             in_block = torch.where(block_of == first, scores, torch.inf)
             chosen[int(in_block.argmin())] = True
+        if not bool(chosen.any()):  # not reached with one-token slots (the window always holds a mask); a guard
+            chosen[int(scores.argmin())] = True
         return chosen.nonzero().flatten().tolist()
 
 

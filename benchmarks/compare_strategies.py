@@ -37,6 +37,8 @@ from refusion.training.tasks import held_out
 
 GEN_LENGTH = 32
 MDM = dict(partitioner="semi-ar", infiller="draft", slot_size=1)
+#: one block over the whole answer, recomputed at every step (Dream's schedule, d3LLM's blocks in flight)
+CANVAS = dict(partitioner="fixed", infiller="draft", slot_size=1, serial_num_blocks=1, reorderer="no-cache")
 
 METHODS = {
     "LLaDA low-confidence, block 8, 1 tok/step, no cache": dict(
@@ -55,14 +57,7 @@ METHODS = {
         MDM, selector="llada-steps", steps=12, block_length=8, reorderer="no-cache"
     ),
     "Dream entropy schedule, 16 steps, one block, no cache": dict(
-        infiller="draft",
-        partitioner="fixed",
-        slot_size=1,
-        serial_num_blocks=1,
-        selector="dream-steps",
-        steps=16,
-        alg="entropy",
-        reorderer="no-cache",
+        CANVAS, selector="dream-steps", steps=16, alg="entropy"
     ),
     "Fast-dLLM threshold 0.9, block 8, prefix cache": dict(
         MDM, selector="threshold", slot_threshold=0.9, block_length=8
@@ -77,26 +72,10 @@ METHODS = {
     ),
     "entropy top-1, block 8, prefix cache": dict(MDM, selector="entropy", k=1, block_length=8),
     "d3LLM multi-block, entropy 0.5, blocks of 8, no cache": dict(
-        infiller="draft",
-        partitioner="fixed",
-        slot_size=1,
-        serial_num_blocks=1,
-        selector="d3llm",
-        threshold=0.5,
-        block_size=8,
-        reorderer="no-cache",
+        CANVAS, selector="d3llm", threshold=0.5, block_size=8
     ),
     "d3LLM multi-block, entropy 1.0, blocks of 8, add 0.1 / activate 0.95, no cache": dict(
-        infiller="draft",
-        partitioner="fixed",
-        slot_size=1,
-        serial_num_blocks=1,
-        selector="d3llm",
-        threshold=1.0,
-        block_size=8,
-        block_add_threshold=0.1,
-        decoded_token_threshold=0.95,
-        reorderer="no-cache",
+        CANVAS, selector="d3llm", threshold=1.0, block_size=8, block_add_threshold=0.1, decoded_token_threshold=0.95
     ),
     "EB-sampler, entropy bound 0.1, block 8, prefix cache": dict(
         MDM, selector="entropy-bound", entropy_bound=0.1, block_length=8

@@ -164,30 +164,6 @@ DEFINITIONS: dict[str, dict] = {
         reorderer="no-cache",
         peer="dinfer.credit",
     ),
-    "dkv": dict(
-        description="dKV-Cache-Decode (arXiv 2505.15781, horseee/dKV-Cache llada_dkv_cache_decode.generate): "
-        "LLaDA's semi-AR blocks and step schedule (`steps` 128, `block_length` 32, low_confidence, float64 "
-        "confidences), a decoded token's keys/values cached one step after it is decoded and refreshed every "
-        "`cache_reloading_step` 8 steps; for models with logit shift 0 (LLaDA); the answer cut at the first EOS "
-        "afterwards",
-        gen_length=128,
-        params=dict(
-            block_length=32,
-            slot_size=1,
-            steps=128,
-            remasking="low_confidence",
-            sampler="gumbel",
-            stop_at_eos=False,
-            precision="float64",
-            ties="canvas",
-            cache_reloading_step=8,
-        ),
-        partitioner="semi-ar",
-        selector="llada-steps",
-        infiller="draft",
-        reorderer="dkv",
-        peer="dkv.generate",
-    ),
     "d3llm": dict(
         description="d3LLM's multi-block decoding (arXiv 2601.07568, generate_multi_block, no cache): the whole "
         "answer on a full-attention canvas, blocks of `block_size` 32 added as the last passes "
@@ -336,6 +312,17 @@ DEFINITIONS["fast-dllm-prefix"] = dict(
     reorderer="prefix-cache",
     params=dict(DEFINITIONS["fast-dllm"]["params"], ties="canvas-then-suffix"),
     peer="fast_dllm.generate_with_prefix_cache",
+)
+DEFINITIONS["dkv"] = dict(
+    DEFINITIONS["llada"],
+    description="dKV-Cache-Decode (arXiv 2505.15781, horseee/dKV-Cache llada_dkv_cache_decode.generate): "
+    "LLaDA's semi-AR blocks and step schedule (`steps` 128, `block_length` 32, low_confidence, float64 "
+    "confidences), a decoded token's keys/values cached one step after it is decoded and refreshed every "
+    "`cache_reloading_step` 8 steps; for models with logit shift 0 (LLaDA); the answer cut at the first EOS "
+    "afterwards",
+    params=dict(DEFINITIONS["llada"]["params"], precision="float64", cache_reloading_step=8),
+    reorderer="dkv",
+    peer="dkv.generate",
 )
 DEFINITIONS["fast-dllm-dual"] = dict(
     DEFINITIONS["fast-dllm"],

@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -129,25 +128,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     args.d3llm, args.out = os.path.abspath(args.d3llm), os.path.abspath(args.out)
     args.checkpoint = os.path.abspath(args.checkpoint or os.path.join(args.out, os.pardir, "llada"))
-    golden = run(args)
-    if args.check:
-        with tempfile.TemporaryDirectory() as tmp:
-            C.write_json(os.path.join(tmp, "golden.json"), golden)
-            same = open(os.path.join(tmp, "golden.json")).read() == open(os.path.join(args.out, "golden.json")).read()
-        print("d3llm: same" if same else "d3llm: DIFFERENT")
-        return 0 if same else 1
-    os.makedirs(args.out, exist_ok=True)
-    C.write_json(os.path.join(args.out, "golden.json"), golden)
-    C.write_json(
-        os.path.join(args.out, "cpu.json"),
-        {
-            "made_on": torch.backends.cpu.get_cpu_capability(),
-            "note": "torch.backends.cpu.get_cpu_capability() of the machine that made golden.json: its bfloat16 "
-            "tokens hold on that CPU kernel family (float32 ones on every CPU).",
-        },
-    )
-    print(f"d3llm: {len(golden['calls'])} calls, {len(golden['skipped'])} skipped -> {args.out}")
-    return 0
+    return C.write_or_check("d3llm", run(args), args.out, args.check)
 
 
 if __name__ == "__main__":

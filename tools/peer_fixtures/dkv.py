@@ -153,25 +153,7 @@ def main(argv=None) -> int:
     args.llada = os.path.abspath(args.llada or os.path.join(args.out, os.pardir, "llada"))
     tmp_out = tempfile.mkdtemp() if args.check else None
     args.checkpoint = os.path.join(tmp_out or args.out, "checkpoint")
-    golden = run(args)
-    if args.check:
-        with tempfile.TemporaryDirectory() as tmp:
-            C.write_json(os.path.join(tmp, "golden.json"), golden)
-            same = open(os.path.join(tmp, "golden.json")).read() == open(os.path.join(args.out, "golden.json")).read()
-        print("dkv: same" if same else "dkv: DIFFERENT")
-        return 0 if same else 1
-    os.makedirs(args.out, exist_ok=True)
-    C.write_json(os.path.join(args.out, "golden.json"), golden)
-    C.write_json(
-        os.path.join(args.out, "cpu.json"),
-        {
-            "made_on": torch.backends.cpu.get_cpu_capability(),
-            "note": "torch.backends.cpu.get_cpu_capability() of the machine that made golden.json: its bfloat16 "
-            "tokens hold on that CPU kernel family (float32 ones on every CPU).",
-        },
-    )
-    print(f"dkv: {len(golden['calls'])} calls, {len(golden['skipped'])} skipped -> {args.out}")
-    return 0
+    return C.write_or_check("dkv", run(args), args.out, args.check)
 
 
 if __name__ == "__main__":

@@ -273,3 +273,26 @@ def rewrite_config_json(path: str, extra: dict, drop=()) -> dict:
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     return cfg
+
+
+def write_or_check(name: str, golden: dict, out: str, check: bool) -> int:
+    """Write ``golden`` as ``out``/golden.json and this CPU's kernel family as ``out``/cpu.json (its bfloat16 tokens
+    hold on that family); with ``check``, compare with the golden.json there instead. Returns the exit status."""
+    path = os.path.join(out, "golden.json")
+    if check:
+        with open(path, encoding="utf-8") as fh:
+            same = fh.read() == dumps(golden) + "\n"
+        print(f"{name}: same" if same else f"{name}: DIFFERENT")
+        return 0 if same else 1
+    os.makedirs(out, exist_ok=True)
+    write_json(path, golden)
+    write_json(
+        os.path.join(out, "cpu.json"),
+        {
+            "made_on": torch.backends.cpu.get_cpu_capability(),
+            "note": "torch.backends.cpu.get_cpu_capability() of the machine that made golden.json: its bfloat16 "
+            "tokens hold on that CPU kernel family (float32 ones on every CPU).",
+        },
+    )
+    print(f"{name}: {len(golden['calls'])} calls, {len(golden['skipped'])} skipped -> {out}")
+    return 0

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import attrs
 
-from refusion.decoding.context import CacheEditor
 from refusion.decoding.protocol import BlockReuse
-from refusion.decoding.types import InfillResult
 from refusion.plugins import hookimpl
-from refusion.strategies.base import CacheReorderer
+from refusion.strategies.reorderers.reencode import Reencode
 from refusion.validators import positive_int
 
 
 @attrs.frozen
-class DelayedCache(CacheReorderer):
+class DelayedCache(Reencode):
     """A decoded token's keys/values are computed in the forward after the one that decoded it and reused from then
     on; masks are always recomputed (dKV-Cache-Decode). In each block the first two forwards and every
     ``cache_reloading_step``-th one feed the whole canvas (a refresh); the others feed only the positions still
@@ -21,17 +19,14 @@ class DelayedCache(CacheReorderer):
 
     A cache policy as a reorderer: the reorderer already says, per block, which keys/values of a bidirectional
     model are reused (:class:`~refusion.decoding.protocol.BlockReuse`), and the engine, which holds them, applies
-    it per forward (``mode="decoded"``). Models with logit shift 0 (LLaDA).
+    it per forward (``mode="decoded"``). Models with logit shift 0 (LLaDA). The commits join the context as
+    :class:`~refusion.strategies.reorderers.reencode.Reencode` appends them (their keys/values by a later forward).
     """
 
     name = "dkv"
     requires = {"causal": False, "kv_cache": True, "logit_shift": 0}
 
     cache_reloading_step: int = attrs.field(default=8, validator=positive_int)
-
-    def reorder(self, cache: CacheEditor, result: InfillResult) -> None:
-        for commit in result.commits:
-            cache.append(commit.tokens, commit.positions)
 
     def start_block(self, start: int, stop: int) -> BlockReuse:
         return BlockReuse("decoded", reload_every=self.cache_reloading_step)

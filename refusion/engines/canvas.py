@@ -242,18 +242,16 @@ class CanvasEngine(PagedEngine):
     def _decoded(self, state, extend, canvas, table, block: BlockCache, wanted, feed: Feed) -> Any:
         """dKV-Cache's delayed cache: a refresh feeds the whole canvas; other calls feed the columns that were masks
         at the previous call, over the kept keys/values of the rest (see :class:`BlockReuse`)."""
-        n, step = canvas.shape[0], block.calls
-        now = canvas.numpy() != self.model.mask_token_id
-        kept = block.kept
-        refresh = kept is None or step <= 1 or step % block.reload_every == 0
-        columns = np.arange(n) if refresh or kept is None else np.flatnonzero(~kept)
-        if not refresh and not np.isin(wanted.numpy(), columns).all():  # a position masked again (a reviser)
-            columns = np.arange(n)
-        at = feed.add(
-            feed.lane(state, table), canvas.numpy()[columns], columns, columns, full_spans(len(columns), 0, n)
-        )
-        rows = torch.from_numpy(np.searchsorted(columns, wanted.numpy()))
-        block.kept, block.calls = now, step + 1
+        ids, wanted_np, step = canvas.numpy(), wanted.numpy(), block.calls
+        n, kept = len(ids), block.kept
+        columns = np.arange(n)  # a refresh
+        if kept is not None and step > 1 and step % block.reload_every:
+            fed = np.flatnonzero(~kept)
+            if np.isin(wanted_np, fed).all():  # else a position was masked again (a reviser): refresh
+                columns = fed
+        at = feed.add(feed.lane(state, table), ids[columns], columns, columns, full_spans(len(columns), 0, n))
+        rows = torch.from_numpy(np.searchsorted(columns, wanted_np))
+        block.kept, block.calls = ids != self.model.mask_token_id, step + 1
         epoch = self.epoch
 
         def finish(scores: Any) -> ExtendOutput:

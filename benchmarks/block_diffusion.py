@@ -10,6 +10,12 @@ the ``block`` engine and ``block-recompute`` run interleaved round by round
 tokens fed per forward, tokens generated per forward, CPU seconds (median
 [min-max]) and the CPU-time ratio to recompute, per round. Writes
 ``block_diffusion.csv``.
+
+The last rows run Fast-dLLM v2's decoder (selector ``fast-dllm-v2``: sub-blocks,
+a block's first position by argmax from the block before) on the same random
+network made token-shifted (``logit_shift=1``, blocks from position 0, as
+Fast-dLLM v2 checkpoints), against its one-position-a-step setting
+(``threshold`` 1, the authors' default).
 """
 
 from __future__ import annotations
@@ -34,6 +40,12 @@ SELECTORS = {
     "topk 2": dict(selector="topk", k=2),
     "llada-steps 32 (2/step)": dict(selector="llada-steps", steps=32),
 }
+#: Fast-dLLM v2 on the token-shifted twin (blocks from position 0: ``align="absolute"``)
+SHIFTED = {
+    "fast-dllm-v2 threshold 1 (1/step)": dict(selector="fast-dllm-v2", threshold=1.0, small_block_size=BLOCK),
+    "fast-dllm-v2 sub-blocks 4, threshold 0.3": dict(selector="fast-dllm-v2", threshold=0.3, small_block_size=4),
+    "fast-dllm-v2 sub-blocks 8, threshold 0.1": dict(selector="fast-dllm-v2", threshold=0.1, small_block_size=8),
+}
 
 
 def main(argv=None) -> int:
@@ -42,7 +54,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    model = tiny_block_diffusion(
+    network = dict(
         block_length=BLOCK,
         vocab_size=512,
         hidden_size=128,
@@ -53,16 +65,20 @@ def main(argv=None) -> int:
         logit_scale=8.0,
         seed=0,
     )
+    plain = tiny_block_diffusion(**network)
+    shifted = tiny_block_diffusion(**network, layout="absolute", logit_shift=1)
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 500, (24,), generator=generator).tolist() for _ in range(4)]
     print(header())
     print("| selector | engine | forwards | fed/forward | tokens/forward | CPU s | CPU ratio vs recompute |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     rows_out = []
-    for label, params in SELECTORS.items():
+    runs = [(label, params, plain) for label, params in SELECTORS.items()]
+    runs += [(label, {**params, "align": "absolute", "slot_size": 1}, shifted) for label, params in SHIFTED.items()]
+    for label, params, model in runs:
         decoder = Decoder.from_names(partitioner="semi-ar", infiller="draft", block_length=BLOCK, **params)
         competitors = {
-            engine: (lambda e=engine, d=decoder: refusion_counts(d.decode_batch(model, prompts, GEN, engine=e)))
+            engine: (lambda e=engine, d=decoder, m=model: refusion_counts(d.decode_batch(m, prompts, GEN, engine=e)))
             for engine in ("block-recompute", "block")
         }
         rows = interleave(competitors, model, rounds=args.rounds, baseline="block-recompute", memory=False)

@@ -236,6 +236,28 @@ DEFINITIONS: dict[str, dict] = {
         infiller="draft",
         peer="sdar.block_diffusion_generate",
     ),
+    "fast-dllm-v2": dict(
+        description="Fast-dLLM v2 (its checkpoints' generate): the model's blocks (`block_length` 32) from position "
+        "0, each decoded `small_block_size` 8 positions at a time: a block's first position by argmax from the "
+        "block before (token shift), then in the first sub-block with masks every mask whose probability is > "
+        "`threshold` (1: their generate's default, one position a step; their model card passes 0.9) and always "
+        "the most probable one; stops after the block with an EOS, the answer cut after it",
+        gen_length=128,
+        params=dict(
+            block_length=32,
+            slot_size=1,
+            align="absolute",
+            threshold=1.0,
+            small_block_size=8,
+            precision="logits",
+            argmax="probabilities",
+            stop_at_eos="block",
+        ),
+        partitioner="semi-ar",
+        selector="fast-dllm-v2",
+        infiller="draft",
+        peer="fast_dllm_v2.generate",
+    ),
     "llada2": dict(
         description="LLaDA 2.0 (generate): the model's blocks (`block_length` 32) from position 0, `steps` 32 per "
         "block, step s due the block spread over the steps (earlier ones one more): every mask above `threshold` "

@@ -7,9 +7,11 @@ positions not cached yet (the previous block's final tokens, or the prompt at th
 block (committed tokens, masks, the extend's tokens), each token seeing every column of its own block and of the
 blocks before it (the model's block mask, :meth:`HFBlockDiffusionLM.block_mask
 <refusion.models.block.HFBlockDiffusionLM.block_mask>`), and then keeps the columns before the current block only.
-So every finished block is written once, in the first call after it finished, and never recomputed; the sequences
-of a step share one forward (:class:`~refusion.engines.paged.PagedEngine`). ``block-recompute`` feeds everything
-from position 0 on every call (the reference the cached engine is tested against).
+So every finished block is written once, in the first call after it finished, and never recomputed (a model whose
+logits are shifted, Fast-dLLM v2, also feeds the previous block's last position on every call: its output, which
+sees its own block only, predicts the current block's first position); the sequences of a step share one forward
+(:class:`~refusion.engines.paged.PagedEngine`). ``block-recompute`` feeds everything from position 0 on every call
+(the reference the cached engine is tested against).
 
 The decoder's serial blocks must be the generation part of the model's blocks (partitioner ``semi-ar`` with the
 model's ``block_length``, and ``align="absolute"`` for models whose blocks count from position 0, such as SDAR,
@@ -90,8 +92,6 @@ class BlockEngine(PagedEngine):
             return "it is for block-diffusion models (`block_length` > 0, e.g. the 'hf-block' adapter)"
         if not caps.kv_cache or not hasattr(model, "block_mask"):
             return "it needs a model that takes a key/value cache and states its block mask (`block_mask`)"
-        if caps.logit_shift:
-            return "it supports block-diffusion models without a logit shift only"
         return cls.paged_unsupported(model)
 
     def admit(self, prompt: torch.Tensor, region_length: int) -> SequenceState:
@@ -119,7 +119,10 @@ class BlockEngine(PagedEngine):
         if self.recompute:
             state.table.length = 0
         first = state.table.length
-        keep = self.model.block_start(start, state.prompt_length)  # the model block's first position
+        shift = self.model.capabilities.logit_shift
+        # the columns kept after the call: those before the model block, less the one whose output predicts the
+        # block's first position when the logits are shifted (it sees its own block only, so is recomputed exactly)
+        keep = max(self.model.block_start(start, state.prompt_length) - shift, 0)
         if first > keep:  # pragma: no cover - blocks only move forward
             raise RuntimeError("internal error: the block cache runs past the current block")
         table = state.table
@@ -143,7 +146,7 @@ class BlockEngine(PagedEngine):
         def finish(scores: Any) -> ExtendOutput:
             if index == 0:
                 table.length = 0 if self.recompute else keep  # the current block changes: keep what precedes it
-            return ExtendOutput(extend, scores[at + (wanted - first)], [], 0, 0, epoch, epoch.value)
+            return ExtendOutput(extend, scores[at + (wanted - shift - first)], [], 0, 0, epoch, epoch.value)
 
         return finish
 

@@ -49,8 +49,10 @@ class HFBlockDiffusionLM(HFCausalLM):
 
     The network must accept a 4-D ``attention_mask`` of shape
     ``(batch, 1, q, cached + q)`` (transformers models with ``sdpa`` or
-    ``eager`` attention do) and a transformers ``Cache``; its logits at a
-    mask predict that position (``logit_shift=0``).
+    ``eager`` attention do) and a transformers ``Cache``. ``logit_shift`` 0:
+    its logits at a mask predict that position (SDAR, LLaDA 2.x); 1: they
+    predict the next position (Fast-dLLM v2's token shift), so a block's
+    first position is predicted from the last position of the block before.
     """
 
     name = "hf-block"
@@ -64,7 +66,10 @@ class HFBlockDiffusionLM(HFCausalLM):
         layout: str = "prompt",
         mask_token_id: int | None = None,
         eos_token_id: int | Iterable[int] | None = None,
+        logit_shift: int = 0,
     ):
+        if logit_shift not in (0, 1):
+            raise bad_value("logit_shift", logit_shift, "0 (SDAR, LLaDA 2.x) or 1 (Fast-dLLM v2's token shift)")
         if not is_integer(block_length) or block_length < 1:
             raise bad_value("block_length", block_length, "an integer >= 1 (the block size the model was trained with)")
         if layout not in LAYOUTS:
@@ -72,7 +77,9 @@ class HFBlockDiffusionLM(HFCausalLM):
         super().__init__(model, tokenizer, mask_token_id=mask_token_id, eos_token_id=eos_token_id)
         self.block_length = block_length
         self.layout = layout
-        self.capabilities = ModelCapabilities(causal=False, logit_shift=0, kv_cache=True, block_length=block_length)
+        self.capabilities = ModelCapabilities(
+            causal=False, logit_shift=logit_shift, kv_cache=True, block_length=block_length
+        )
 
     def with_block_length(self, block_length: int) -> HFBlockDiffusionLM:
         """The same network attending in blocks of ``block_length`` (shared weights, tokenizer and ids): what a
@@ -114,11 +121,13 @@ class HFBlockDiffusionLM(HFCausalLM):
         return allowed
 
 
-def tiny_block_diffusion(*, block_length: int = 4, layout: str = "prompt", **kwargs: Any) -> HFBlockDiffusionLM:
+def tiny_block_diffusion(
+    *, block_length: int = 4, layout: str = "prompt", logit_shift: int = 0, **kwargs: Any
+) -> HFBlockDiffusionLM:
     """A tiny random Qwen3 (:func:`refusion.models.tiny.tiny_qwen3` arguments) used as a block-diffusion model."""
     from refusion.models.tiny import tiny_qwen3
 
-    return HFBlockDiffusionLM(tiny_qwen3(**kwargs), block_length=block_length, layout=layout)
+    return HFBlockDiffusionLM(tiny_qwen3(**kwargs), block_length=block_length, layout=layout, logit_shift=logit_shift)
 
 
 @hookimpl

@@ -6,7 +6,7 @@ arguments of a call into refusion's parts and parameters. One module per
 peer: ``llada``, ``fast_dllm``, ``dream``, ``sdar``, ``reference`` (ReFusion's
 own decoder), ``wino``, ``diffusion_gemma`` (transformers' own ``generate``), ``llada2`` (LLaDA 2.1's
 editing ``generate``), ``dinfer`` (dInfer's CreditDecoding), ``d3llm`` (d3LLM's multi-block decoder), ``dkv``
-(dKV-Cache's delayed cache).
+(dKV-Cache's delayed cache), ``fast_dllm_v2`` (Fast-dLLM v2's ``generate``).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ def peer_functions() -> dict[str, PeerFunction]:
         dkv,
         dream,
         fast_dllm,
+        fast_dllm_v2,
         llada,
         llada2,
         reference,
@@ -34,7 +35,20 @@ def peer_functions() -> dict[str, PeerFunction]:
         wino,
     )
 
-    modules = (llada, fast_dllm, dream, sdar, reference, wino, diffusion_gemma, llada2, dinfer, d3llm, dkv)
+    modules = (
+        llada,
+        fast_dllm,
+        dream,
+        sdar,
+        reference,
+        wino,
+        diffusion_gemma,
+        llada2,
+        dinfer,
+        d3llm,
+        dkv,
+        fast_dllm_v2,
+    )
     return {f.name: f for module in modules for f in module.FUNCTIONS}
 
 

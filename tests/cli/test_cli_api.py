@@ -109,9 +109,12 @@ def test_every_preset_builds_and_decodes(name, checkpoint):
         # named, the preset takes the checkpoint's generation_config.json length as the default does
         assert result.partition.gen_length == adapter.preset.gen_length >= len(result.tokens)  # cut after an EOS
         return
-    if preset.selector.name == "sdar-steps" or name in ("llada2", "llada2.1"):
+    if preset.selector.name == "sdar-steps" or name in ("llada2", "llada2.1", "fast-dllm-v2"):
         block = 4 if name == "sdar" else 32
-        model = tiny_block_diffusion(vocab_size=24, max_positions=1024, block_length=block, layout="absolute")
+        shift = int(name == "fast-dllm-v2")  # Fast-dLLM v2's token shift
+        model = tiny_block_diffusion(
+            vocab_size=24, max_positions=1024, block_length=block, layout="absolute", logit_shift=shift
+        )
     elif (
         preset.reorderer.name in ("dual-cache", "prefix-cache")
         or preset.reviser.name == "wino"

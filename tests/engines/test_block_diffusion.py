@@ -1,4 +1,5 @@
-"""Block-diffusion models: the exact cache of finished blocks equals recomputing everything, batch equals single."""
+"""Block-diffusion models (logits at a mask predicting it, or the next position: Fast-dLLM v2's token shift): the exact
+cache of finished blocks equals recomputing everything, batch equals single."""
 
 import attrs
 import pytest
@@ -58,9 +59,14 @@ def recording(engine):
     selector=st.sampled_from(sorted(SELECTORS)),
     eos=st.sampled_from([None, 2]),
     stop_at_eos=st.booleans(),
+    shift=st.sampled_from([0, 1]),
 )
-def test_cached_blocks_equal_recomputing_everything(seed, prompt, block_length, blocks, selector, eos, stop_at_eos):
-    model = tiny_block_diffusion(block_length=block_length, vocab_size=16, seed=seed, logit_scale=4.0, eos_token_id=eos)
+def test_cached_blocks_equal_recomputing_everything(
+    seed, prompt, block_length, blocks, selector, eos, stop_at_eos, shift
+):
+    model = tiny_block_diffusion(
+        block_length=block_length, vocab_size=16, seed=seed, logit_scale=4.0, eos_token_id=eos, logit_shift=shift
+    )
     steps = SELECTORS[selector].get("steps")
     extra = {"steps": blocks * max(1, block_length - 1)} if steps else {}
     decoder = attrs.evolve(block_decoder(selector, block_length, **extra), stop_at_eos=stop_at_eos)
@@ -85,13 +91,27 @@ def test_finished_blocks_are_fed_once():
     assert fed == [3 + 4, 4, 4 + 4, 4, 4 + 4, 4]
 
 
+def test_a_token_shifted_model_also_feeds_the_position_that_predicts_the_blocks_first():
+    model = tiny_block_diffusion(block_length=4, vocab_size=16, seed=3, logit_scale=4.0, logit_shift=1)
+    fed = []
+    scores = model.scores
+    model.scores = lambda ids, *a: fed.append(ids.shape[1]) or scores(ids, *a)
+    result = block_decoder("topk", 4).decode(model, [1, 2, 3], 12, record=True)
+    assert result.engine == "block"
+    # the previous block's last position is fed again with each call of a block: its output predicts the first
+    assert fed == [3 + 4, 1 + 4, 4 + 4 + 1, 1 + 4, 4 + 4 + 1, 1 + 4]
+
+
 @settings(max_examples=5)
 @given(
     seed=st.integers(0, 1000),
     prompts=st.lists(st.lists(st.integers(0, 13), min_size=1, max_size=7), min_size=2, max_size=4),
+    shift=st.sampled_from([0, 1]),
 )
-def test_batch_equals_single_with_ragged_prompts(seed, prompts):
-    model = tiny_block_diffusion(block_length=3, vocab_size=16, seed=seed, logit_scale=4.0, eos_token_id=2)
+def test_batch_equals_single_with_ragged_prompts(seed, prompts, shift):
+    model = tiny_block_diffusion(
+        block_length=3, vocab_size=16, seed=seed, logit_scale=4.0, eos_token_id=2, logit_shift=shift
+    )
     decoder = block_decoder("threshold", 3)
     batched = decoder.decode_batch(model, prompts, 9, record=True)
     for prompt, result in zip(prompts, batched):

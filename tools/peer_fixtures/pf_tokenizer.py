@@ -18,6 +18,7 @@ SPELLINGS = {
     "sdar": ("<|im_end|>", "<|MASK|>", "<|beginoftext|>"),
     "refusion": ("<|im_end|>", "<|mask|>", "<|beginoftext|>"),
     "diffusion_gemma": ("<end_of_turn>", "<mask>", "<bos>"),
+    "fast_dllm_v2": ("<|im_end|>", "|<MASK>|", "<|beginoftext|>"),
 }
 
 

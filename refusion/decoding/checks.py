@@ -189,10 +189,12 @@ def checked_partition(partitioner: Any, partition: Any, gen_length: int) -> Part
     return partition
 
 
-def checked_candidates(selector: Any, remaining: int) -> int:
-    """How many of a block's ``remaining`` open slots ``selector`` may pick (its ``candidates``), checked: an
-    integer in ``[1, remaining]``, else a :class:`PluginError` naming the selector."""
-    width = call_part(selector, selector.candidates, remaining)
+def checked_candidates(selector: Any, positions: Sequence[int]) -> int:
+    """How many of a block's open slots (their first tokens' absolute ``positions``) ``selector`` may pick (its
+    ``candidates_at``), checked: an integer in ``[1, len(positions)]``, else a :class:`PluginError` naming the
+    selector."""
+    remaining = len(positions)
+    width = call_part(selector, selector.candidates_at, positions)
     if type(width) is not int or not 1 <= width <= remaining:  # bool and other number types are refused
         raise plugin_error(
             selector, f"candidates({remaining}) returned {width!r}; expected an integer in [1, {remaining}]."

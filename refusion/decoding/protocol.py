@@ -248,14 +248,23 @@ class BlockReuse:
     on; masks are always recomputed. The block's first two calls and every ``reload_every``-th call after them
     feed the whole canvas (a refresh); the others feed only the positions that were still masks at the previous
     call and attend to the kept keys/values of the rest. Models with logit shift 0 only.
+
+    ``mode="sub-block"`` (Fast-dLLM v2's two-level cache, Wu et al., arXiv 2509.26328; block-diffusion models, the
+    ``block`` engine): the model's block is cut into sub-blocks of ``sub_block`` positions from its first one. A
+    call whose wanted positions all lie in one sub-block whose first position holds a token, once a full forward
+    of the block has kept the block's keys/values, feeds only that sub-block (its keys/values written over the
+    kept ones) and attends to the whole kept block; any other call feeds the whole block and keeps its
+    keys/values when the block's first position holds a token (a call that decides that position does not).
     """
 
-    mode: Literal["prefix", "dual", "decoded"] = attrs.field(
-        validator=attrs.validators.in_(("prefix", "dual", "decoded"))
+    mode: Literal["prefix", "dual", "decoded", "sub-block"] = attrs.field(
+        validator=attrs.validators.in_(("prefix", "dual", "decoded", "sub-block"))
     )
     prefix_at_block: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     #: ``mode="decoded"``: the full forward's period within the block (see the class docstring)
     reload_every: int = attrs.field(default=1, validator=[attrs.validators.instance_of(int), attrs.validators.ge(1)])
+    #: ``mode="sub-block"``: the sub-block's length (see the class docstring)
+    sub_block: int = attrs.field(default=1, validator=[attrs.validators.instance_of(int), attrs.validators.ge(1)])
 
 
 __all__ = [

@@ -173,7 +173,8 @@ class DecodeSession:
                         "a reviser must let every block finish.",
                     )
                 before = self._snapshot() if self.record else None
-                width = checked_candidates(d.selector, len(remaining))
+                firsts = [self.prompt_len + self.partition.slots[i].offset for i in remaining]
+                width = checked_candidates(d.selector, firsts)
                 candidates = tuple(self.partition.slots[i] for i in remaining[:width])
                 ctx = InfillContext(
                     mask_token_id=self.model.mask_token_id,

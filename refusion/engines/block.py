@@ -48,6 +48,11 @@ class BlockSequence(PagedSequence):
         self.block: tuple[int, int] | None = None
         #: lanes for the extra extends of a call (each starts from a copy of the cached columns)
         self.lanes: list[Any] = []
+        #: the sub-block cache (``BlockReuse(mode="sub-block")``): the sub-block's length (0: off), whether the
+        #: columns of the current model block are kept, and how many columns are exact (those before the block)
+        self.sub_block = 0
+        self.sub_kept = False
+        self.exact = 0
 
     @property
     def cached(self) -> int:
@@ -56,11 +61,16 @@ class BlockSequence(PagedSequence):
 
     def start_block(self, start: int, stop: int, reuse: BlockReuse | None) -> None:
         """Begin the decoder's serial block ``start:stop``; it must be the generation part of one model block."""
-        if reuse is not None:
+        if reuse is not None and reuse.mode != "sub-block":
             raise ConfigError(
                 f"the 'block' engine keeps an exact cache of finished blocks; the reorderer's {reuse.mode!r} "
-                "approximation does not apply (use reorderer 'commit-order')."
+                "approximation does not apply (use reorderer 'commit-order', or 'sub-block-cache' for Fast-dLLM "
+                "v2's cache inside the block)."
             )
+        self.sub_block = reuse.sub_block if reuse is not None else 0
+        if self.sub_kept:  # the last block's kept columns are approximate: its first call recomputes them
+            self.table.length = min(self.table.length, self.exact)
+        self.sub_kept = False
         first = self.model.block_start(start, self.prompt_length)
         if (start, stop) != (max(first, self.prompt_length), min(first + self.block_length, self.canvas_length)):
             a, b = start - self.prompt_length, stop - self.prompt_length
@@ -118,11 +128,19 @@ class BlockEngine(PagedEngine):
             )
         if self.recompute:
             state.table.length = 0
-        first = state.table.length
         shift = self.model.capabilities.logit_shift
+        block_first = self.model.block_start(start, state.prompt_length)  # the model block's first position
         # the columns kept after the call: those before the model block, less the one whose output predicts the
         # block's first position when the logits are shifted (it sees its own block only, so is recomputed exactly)
-        keep = max(self.model.block_start(start, state.prompt_length) - shift, 0)
+        keep = max(block_first - shift, 0)
+        sub = state.sub_block if index == 0 and not self.recompute else 0
+        if sub and state.sub_kept and len(wanted):
+            inside = self._sub_block(state, extend, wanted, block_first, stop, sub)
+            if inside is not None:
+                return self._sub_call(state, extend, wanted, inside, stop, feed)
+        if sub:  # a full call of the block rewrites the kept block's columns
+            state.table.length = min(state.table.length, keep)
+        first = state.table.length
         if first > keep:  # pragma: no cover - blocks only move forward
             raise RuntimeError("internal error: the block cache runs past the current block")
         table = state.table
@@ -132,21 +150,67 @@ class BlockEngine(PagedEngine):
             table = state.lanes[index - 1]
             if first:
                 feed.write(feed.lane(state, table), 0, self.kv.entries(state.table, 0, first))
-        window = torch.full((stop - first,), self.model.mask_token_id, dtype=torch.long)
-        context = state.context
-        inside = (context.positions >= first) & (context.positions < stop)
-        window[context.positions[inside] - first] = context.tokens[inside]
-        window[wanted - first] = extend.tokens.cpu()
-        positions = np.arange(first, stop)
-        spans = np.zeros((stop - first, 1, 2), dtype=np.int64)
-        spans[:, 0, 1] = _block_ends(self.model, positions, stop, state.prompt_length)
+        # a call that reads only outputs of the block before (a token-shifted model's first position of the block)
+        # feeds up to the block: those outputs do not see it
+        end = block_first if len(wanted) and int(wanted.max()) - shift < block_first else stop
+        window = self._window(state, extend, wanted, first, end)
+        positions = np.arange(first, end)
+        spans = np.zeros((end - first, 1, 2), dtype=np.int64)
+        spans[:, 0, 1] = _block_ends(self.model, positions, end, state.prompt_length)
         at = feed.add(feed.lane(state, table), window.numpy(), positions, positions, spans)
+        kept = bool(sub) and end == stop and int(window[block_first - first]) != self.model.mask_token_id
         epoch = self.epoch
 
         def finish(scores: Any) -> ExtendOutput:
-            if index == 0:
-                table.length = 0 if self.recompute else keep  # the current block changes: keep what precedes it
+            if index == 0:  # the current block changes: keep what precedes it (all of it, for the sub-block cache)
+                table.length = stop if kept else 0 if self.recompute else keep
+                state.sub_kept, state.exact = kept, keep
             return ExtendOutput(extend, scores[at + (wanted - shift - first)], [], 0, 0, epoch, epoch.value)
+
+        return finish
+
+    def _window(self, state: BlockSequence, extend: Extend, wanted: torch.Tensor, a: int, b: int) -> torch.Tensor:
+        """The tokens at positions ``a:b``: committed ones, the extend's, masks elsewhere."""
+        window = torch.full((b - a,), self.model.mask_token_id, dtype=torch.long)
+        context = state.context
+        inside = (context.positions >= a) & (context.positions < b)
+        window[context.positions[inside] - a] = context.tokens[inside]
+        here = (wanted >= a) & (wanted < b)
+        window[wanted[here] - a] = extend.tokens.cpu()[here]
+        return window
+
+    def _sub_block(
+        self, state: BlockSequence, extend: Extend, wanted: torch.Tensor, block_first: int, stop: int, sub: int
+    ) -> tuple[int, int, torch.Tensor] | None:
+        """The sub-block ``a:b`` (and its tokens) a call may feed alone: it holds every wanted position and every
+        position whose output is read, and its first position holds a token; else ``None``."""
+        shift = self.model.capabilities.logit_shift
+        low = int(wanted.min())
+        a = block_first + (low - block_first) // sub * sub
+        b = min(a + sub, stop)
+        if int(wanted.max()) >= b or low - shift < a:
+            return None
+        window = self._window(state, extend, wanted, a, b)
+        if int(window[0]) == self.model.mask_token_id:
+            return None
+        return a, b, window
+
+    def _sub_call(
+        self, state: BlockSequence, extend: Extend, wanted: torch.Tensor, inside: tuple, stop: int, feed: Feed
+    ) -> Any:
+        """Feed the sub-block ``a:b`` alone, its keys/values written over the kept block's, each of its tokens
+        attending to every kept column up to the block's end (Fast-dLLM v2's sub-block cache)."""
+        a, b, window = inside
+        positions = np.arange(a, b)
+        spans = np.zeros((b - a, 1, 2), dtype=np.int64)
+        spans[:, 0, 1] = stop
+        at = feed.add(feed.lane(state, state.table), window.numpy(), positions, positions, spans)
+        shift = self.model.capabilities.logit_shift
+        epoch = self.epoch
+
+        def finish(scores: Any) -> ExtendOutput:
+            state.table.length = stop
+            return ExtendOutput(extend, scores[at + (wanted - shift - a)], [], 0, 0, epoch, epoch.value)
 
         return finish
 

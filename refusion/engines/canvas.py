@@ -85,6 +85,15 @@ class CanvasSequence(PagedSequence):
         self.lanes: list[Any] = []
 
     def start_block(self, start: int, stop: int, reuse: BlockReuse | None) -> None:
+        if reuse is not None and reuse.mode == "sub-block":
+            from refusion.errors import ConfigError
+
+            raise ConfigError(
+                "the sub-block cache (reorderer 'sub-block-cache') keeps the keys/values of a block-diffusion "
+                "model's block (the 'block' engine: SDAR, LLaDA 2.x, Fast-dLLM v2); a bidirectional canvas has no "
+                "such block. Use reorderer 'prefix-cache', 'dual-cache' or 'no-cache'.",
+                param="reorderer",
+            )
         if reuse is not None and self.cfg_scale > 0:
             from refusion.errors import ConfigError
 

@@ -36,8 +36,8 @@ def translate_generate(args: Mapping[str, Any], model: Any) -> PeerCall:
     forward predicts: ``max_new_tokens - r + 1`` tokens when the prompt ends ``r`` tokens into a block, and
     ``max_new_tokens + 1`` when ``r`` is 0; refusion's tokens are theirs over the common length); the answer
     stops after the block that holds ``stop_token`` and is cut after it (the authors stop as soon as every position
-    before it is decided: the tokens are the same). Refused: ``temperature`` > 0 (their top-p draws are not
-    ported), ``use_block_cache=True`` (the sub-block cache, an approximation, is not ported), ``steps`` (a cap on
+    before it is decided: the tokens are the same); ``use_block_cache=True``: the ``sub-block-cache`` reorderer
+    (their two-level cache). Refused: ``temperature`` > 0 (their top-p draws are not ported), ``steps`` (a cap on
     forwards that leaves masks in the answer), ``stopping_criteria`` (their code ignores it)."""
     params = llada2.model_block(NAME, _as_llada2(args), model)
     params.pop("block_length", None)
@@ -55,14 +55,7 @@ def translate_generate(args: Mapping[str, Any], model: Any) -> PeerCall:
         raise refuse(
             NAME, "temperature", args["temperature"], "its top-p draws are not ported; decode greedily (temperature=0)."
         )
-    if args.get("use_block_cache"):
-        raise refuse(
-            NAME,
-            "use_block_cache",
-            args["use_block_cache"],
-            "its sub-block cache (keys/values of the block's later sub-blocks kept from an earlier step) is not "
-            "ported; refusion's block cache of finished blocks is exact already.",
-        )
+    parts = {"reorderer": "sub-block-cache"} if args.get("use_block_cache") else {}
     for arg, why in (
         ("steps", "a cap on forwards that leaves masks in the authors' answer"),
         ("stopping_criteria", "the authors' generate ignores it"),
@@ -81,7 +74,7 @@ def translate_generate(args: Mapping[str, Any], model: Any) -> PeerCall:
                 "sub-blocks and never the positions after them (it loops forever).",
             )
     params.update(taken(args, "threshold", "small_block_size"))
-    return PeerCall(params=params, gen_length=length_argument(args))
+    return PeerCall(parts=parts, params=params, gen_length=length_argument(args))
 
 
 GENERATE = PeerFunction(

@@ -124,7 +124,10 @@ class SlotSelector(Part):
     """Chooses which drafted slots to infill in this iteration."""
 
     kind = "selector"
-    traits = {"leftmost_only": (False, ("candidates", "select", "choose")), "rescores": (False, ("rescore",))}
+    traits = {
+        "leftmost_only": (False, ("candidates", "candidates_at", "select", "choose")),
+        "rescores": (False, ("rescore",)),
+    }
 
     #: False when :meth:`select` never reads the plan's scores, tokens or confidences (then the
     #: decoder may skip the plan's forward when the infiller needs no drafts either).
@@ -178,6 +181,16 @@ class SlotSelector(Part):
         ``leftmost``: 1. Must return an integer in ``[1, remaining]``.
         """
         return remaining
+
+    def candidates_at(self, positions: Sequence[int]) -> int:
+        """How many of the block's masked slots, leftmost first, :meth:`select` may pick, given the absolute position
+        of each one's first token (``positions``, ascending; the block's open slots).
+
+        For a rule that depends on where the slots are (Fast-dLLM v2's
+        sub-blocks). Same contract as :meth:`candidates`, which it calls by
+        default. Must return an integer in ``[1, len(positions)]``.
+        """
+        return self.candidates(len(positions))
 
 
 @attrs.frozen(eq=False)

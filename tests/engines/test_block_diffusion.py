@@ -11,6 +11,7 @@ from refusion.decoding.decoder import Decoder
 from refusion.engines.block import BlockEngine, BlockRecomputeEngine
 from refusion.errors import ConfigError
 from refusion.models.block import block_ids, tiny_block_diffusion
+from refusion.models.mdm import tiny_bidirectional
 
 SELECTORS = {
     "threshold": dict(slot_threshold=0.6),
@@ -118,6 +119,47 @@ def test_batch_equals_single_with_ragged_prompts(seed, prompts, shift):
         assert result.tokens.tolist() == decoder.decode(model, prompt, 9, record=True).tokens.tolist()
 
 
+@settings(max_examples=8)
+@given(
+    seed=st.integers(0, 1000),
+    prompt=st.lists(st.integers(0, 13), min_size=1, max_size=9),
+    shift=st.sampled_from([0, 1]),
+)
+def test_a_sub_block_as_long_as_the_block_gives_the_exact_caches_tokens(seed, prompt, shift):
+    """The sub-block cache with one sub-block per block feeds what a full forward feeds, over exact columns."""
+    model = tiny_block_diffusion(
+        block_length=4, vocab_size=16, seed=seed, logit_scale=4.0, layout="absolute", logit_shift=shift
+    )
+    params = dict(selector="fast-dllm-v2", threshold=0.3, small_block_size=4, slot_size=1, align="absolute")
+    exact = Decoder.from_names(partitioner="semi-ar", infiller="draft", block_length=4, **params)
+    sub = attrs.evolve(exact, reorderer=Decoder.from_names(reorderer="sub-block-cache", small_block_size=4).reorderer)
+    a, b = exact.decode(model, prompt, 12, record=True), sub.decode(model, prompt, 12, record=True)
+    assert a.tokens.tolist() == b.tokens.tolist()
+    assert a.forwards == b.forwards and b.fed_tokens <= a.fed_tokens
+
+
+def test_the_sub_block_cache_feeds_one_sub_block_once_its_first_position_holds_a_token():
+    model = tiny_block_diffusion(block_length=8, vocab_size=16, seed=5, logit_scale=4.0, layout="absolute")
+    fed = []
+    scores = model.scores
+    model.scores = lambda ids, *a: fed.append(ids.shape[1]) or scores(ids, *a)
+    decoder = Decoder.from_names(
+        partitioner="semi-ar",
+        selector="fast-dllm-v2",
+        infiller="draft",
+        reorderer="sub-block-cache",
+        block_length=8,
+        small_block_size=4,
+        threshold=1.0,  # one position a step: each sub-block's first position decided first, then alone
+        slot_size=1,
+        align="absolute",
+    )
+    decoder.decode(model, [1, 2, 3, 4, 5, 6, 7, 8], 8, record=True)
+    # the prompt and the block (the block's first position is a mask: nothing kept), then the block kept by a full
+    # forward, then its first sub-block alone while it is the current one; a new sub-block starts with a mask: full
+    assert fed[:2] == [8 + 8, 8] and 4 in fed and all(n in (4, 8) for n in fed[1:])
+
+
 def test_attention_is_bidirectional_inside_a_block_and_causal_across_blocks():
     model = tiny_block_diffusion(block_length=3, vocab_size=16, seed=7, logit_scale=4.0)
     prompt_length, ids = 2, torch.tensor([1, 4, 5, 6, 7, 8, 9, 10])  # blocks: [0 1] [2 3 4] [5 6 7]
@@ -148,5 +190,10 @@ def test_parts_and_engines_the_block_model_cannot_serve_are_refused_with_the_rea
         block_decoder("topk", 8).decode(model, [1], 8, record=True)
     with pytest.raises(ConfigError, match="engine 'block' has none"):
         block_decoder("topk", 4, cfg_scale=1.0).decode(model, [1], 8, record=True)
+    with pytest.raises(ConfigError, match="sub-block cache"):
+        bidirectional = tiny_bidirectional(vocab_size=16)
+        Decoder.from_names(partitioner="semi-ar", infiller="draft", reorderer="sub-block-cache", block_length=4).decode(
+            bidirectional, [1], 8
+        )
     with pytest.raises(ConfigError, match="block-diffusion models use the 'block' engine"):
         block_decoder("topk", 4, engine="canvas").decode(model, [1], 8, record=True)

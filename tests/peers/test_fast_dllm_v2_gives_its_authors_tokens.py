@@ -79,7 +79,7 @@ def test_each_float32_call_to_their_length_gives_their_tokens_in_their_forwards_
 #: bfloat16 calls whose tokens differ (a named exception, docs/models.md): with blocks of 4 on the 8-block
 #: checkpoint, refusion computes the prompt's last block with the first generation block in one forward where the
 #: authors prefill it alone, and torch's CPU kernels round bfloat16 products of different row counts otherwise
-BF16_AGREEMENT = 33
+BF16_AGREEMENT = 54
 
 
 def test_bfloat16_calls_give_the_authors_tokens_but_one():
@@ -100,6 +100,30 @@ def test_the_goldens_exercise_sub_blocks_parallel_steps_a_stop_and_prompts_acros
     lengths = {len(GOLDEN["prompts"][c["prompt"]]) % c["args"]["block_size"] for c in CALLS}
     assert 0 in lengths and len(lengths) > 2  # prompts ending on a block and inside one
     assert {c["args"]["small_block_size"] for c in CALLS} >= {2, 4, 8}
+    cached = [c for c in CALLS if c["args"].get("use_block_cache")]
+    assert sum(f == c["args"]["small_block_size"] for c in cached for f in c["fed_per_forward"]) > 20  # sub-blocks
+
+
+CACHED = [i for i in FLOAT32 if CALLS[i]["args"].get("use_block_cache")]
+
+
+@pytest.mark.parametrize("index", CACHED, ids=lambda i: f"float32-{CALLS[i]['note'][:3]}-{i}")
+def test_the_sub_block_cache_feeds_a_sub_block_alone_where_the_authors_do(index):
+    call = CALLS[index]
+    small = call["args"]["small_block_size"]
+    result = decode(call, record=True, **their_length(call))
+    fed = [n for r in result.iterations for n in r.fed_tokens]
+    assert [n == small for n in fed] == [n == small for n in call["fed_per_forward"][prefills(call) :]]
+
+
+def test_switching_the_sub_block_cache_off_feeds_whole_blocks_and_loses_a_call():
+    calls = [CALLS[i] for i in CACHED]
+    fed, differ = 0, 0
+    for call in calls:
+        result = decode(call, record=True, use_block_cache=False, **their_length(call))
+        fed += sum(n == call["args"]["small_block_size"] for r in result.iterations for n in r.fed_tokens)
+        differ += result.tokens.tolist() != call["tokens"]
+    assert fed == 0 and differ >= 1
 
 
 def test_decoding_whole_blocks_instead_of_sub_blocks_loses_the_authors_tokens():
@@ -151,9 +175,10 @@ def test_the_authors_arguments_are_taken_by_name_and_the_unported_refused():
     m = model("float32")
     call = translate("fast_dllm_v2.generate", {"max_new_tokens": 16, "threshold": 0.9, "small_block_size": 4}, m)
     assert call.gen_length == 16 and call.params == {"block_length": 8, "threshold": 0.9, "small_block_size": 4}
+    cached = translate("fast_dllm_v2.generate", {"use_block_cache": True, "small_block_size": 4}, m)
+    assert cached.parts == {"reorderer": "sub-block-cache"} and cached.params["small_block_size"] == 4
     refused = (
         {"temperature": 0.7},
-        {"use_block_cache": True},
         {"steps": 10},
         {"stopping_criteria": []},
         {"mask_id": 9},

@@ -47,13 +47,30 @@ def test_builtins_are_registered_under_their_names():
         "llada2-steps",
         "credit",
         "d3llm",
+        "fast-dllm-v2",
     }
     assert set(reg.names("infiller")) == {"parallel-ar", "greedy-verify", "draft", "denoise"}
     assert reg.names("reviser") == ("none", "wino", "editing")
-    assert set(reg.names("reorderer")) == {"commit-order", "reencode", "no-cache", "prefix-cache", "dual-cache", "dkv"}
+    assert set(reg.names("reorderer")) == {
+        "commit-order",
+        "reencode",
+        "no-cache",
+        "prefix-cache",
+        "dual-cache",
+        "dkv",
+        "sub-block-cache",
+    }
     assert reg.names("partitioner") == ("fixed", "semi-ar")
     assert set(reg.names("model_adapter")) == {"hf-block", "hf-causal", "hf-mdm"}
-    assert reg.names("model_family") == ("llada", "dream", "sdar", "refusion", "diffusion-gemma", "llada2")
+    assert reg.names("model_family") == (
+        "llada",
+        "dream",
+        "sdar",
+        "refusion",
+        "diffusion-gemma",
+        "llada2",
+        "fast-dllm-v2",
+    )
     assert all(r.source == "built-in" for r in reg)
     assert len(DEFAULT_PLUGINS) == len({r.plugin for r in reg})
 
@@ -63,8 +80,8 @@ def test_unknown_name_lists_the_known_ones():
         registry().get("selector", "best")
     assert "Unknown selector 'best'" in str(err.value)
     assert (
-        "dream-blocks, dream-steps, entropy, entropy-bound, factor, leftmost, llada-steps, llada2-steps, margin, "
-        "random, sdar-steps, threshold, topk"
+        "dream-blocks, dream-steps, entropy, entropy-bound, factor, fast-dllm-v2, leftmost, llada-steps, "
+        "llada2-steps, margin, random, sdar-steps, threshold, topk"
     ) in str(err.value)
 
 

@@ -69,6 +69,9 @@ CASES = (
     ("c", dict(max_new_tokens=16, block_size=8, small_block_size=8), "threshold 1: one token a step"),
     ("d", dict(max_new_tokens=32, block_size=8, small_block_size=8, threshold=0.3), "one sub-block, 0.3"),
     ("e", dict(max_new_tokens=16, block_size=4, small_block_size=2, threshold=0.7), "blocks of 4 on bd_size 8"),
+    ("f", dict(max_new_tokens=24, block_size=8, small_block_size=4, threshold=0.5, use_block_cache=True), "cache, 4"),
+    ("g", dict(max_new_tokens=16, block_size=8, small_block_size=4, threshold=0.9, use_block_cache=True), "cache, 4"),
+    ("h", dict(max_new_tokens=16, block_size=8, small_block_size=2, use_block_cache=True), "cache, 2, one a step"),
 )
 
 

@@ -199,7 +199,8 @@ class PlanInfill(BatchedForm):
             phase = row.phase
             if phase == PLAN:
                 try:
-                    width = checked_candidates(self.selector, len(row.remaining()))
+                    left = row.remaining()
+                    width = checked_candidates(self.selector, (row.region + row.offset[left]).tolist())
                 except Exception as error:  # the selector failed for this row: it alone leaves
                     self.loop.fail(row.session, error)
                     continue

@@ -48,6 +48,15 @@ class FastDLLMv2SubBlocks(SlotSelector):
     #: the model's block (the sub-blocks are counted inside it, from position 0)
     block_length: int = attrs.field(default=32, validator=positive_int)
 
+    def candidates_at(self, positions: Sequence[int]) -> int:
+        """The block's first position alone while it is masked, else the masks of the first sub-block with masks:
+        only those are drafted (so the sub-block cache can feed that sub-block alone)."""
+        offsets = [p % self.block_length for p in positions]
+        if offsets[0] == 0:
+            return 1
+        current = offsets[0] // self.small_block_size
+        return sum(1 for o in offsets if o // self.small_block_size == current and o >= offsets[0])
+
     def select(self, plan: Plan) -> Sequence[int]:
         note_block(plan)
         firsts = plan.positions[plan.first_rows]

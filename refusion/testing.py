@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -124,19 +125,22 @@ def one_hot_logits(vocab_size: int, token: int, prob: float) -> list[float]:
 def check_part(part: Any, *, trials: int = 6, seed: int = 0) -> None:
     """Decode with ``part`` in place of the paper's part of its kind; raise AssertionError on a broken contract.
 
-    Parts that need a bidirectional model are checked on one. Checks, over
+    Parts that need a bidirectional model are checked on one, parts that need a block-diffusion model
+    (``requires`` a ``block_length``) on one, in its blocks. Checks, over
     random tiny models, prompts and lengths: decoding terminates
     within one iteration per slot, every position up to the end is committed
     exactly once, no mask token is left, and output positions are a prefix of
     the generation region (cut only at EOS).
     """
     from refusion.decoding.decoder import Decoder
+    from refusion.models.block import tiny_block_diffusion
     from refusion.models.mdm import tiny_bidirectional
 
     rng = random.Random(seed)
     causal = getattr(part, "requires", {}).get("causal", True)
+    blocks = "block_length" in getattr(part, "requires", {})
     parts = dict(
-        partitioner="fixed",
+        partitioner="semi-ar" if blocks else "fixed",
         selector="threshold",
         infiller="parallel-ar" if causal else "draft",
         reorderer="commit-order",
@@ -146,9 +150,13 @@ def check_part(part: Any, *, trials: int = 6, seed: int = 0) -> None:
         vocab = rng.choice([12, 24])
         eos = rng.choice([None, 2])
         build = tiny_model if causal else tiny_bidirectional
+        if blocks:
+            build = functools.partial(tiny_block_diffusion, block_length=4, layout="absolute")
         model = build(vocab_size=vocab, seed=seed * 1000 + trial, logit_scale=rng.choice([4.0, 16.0]), eos_token_id=eos)
         params = {}
-        if part.kind != "partitioner":
+        if blocks and part.kind != "partitioner":
+            params = dict(slot_size=1, block_length=4, align="absolute")
+        elif part.kind != "partitioner":
             params = dict(slot_size=rng.choice([1, 2, 4]), serial_num_blocks=rng.choice([1, 2]))
         decoder = Decoder.from_names(**parts, **params)
         prompt = [rng.randrange(vocab - 1) for _ in range(rng.randint(1, 5))]

@@ -51,6 +51,28 @@ class ModelCapabilities:
     denoiser: bool = False
 
 
+class AtLeast:
+    """A part's requirement on an integer capability: any value ``>= least`` (``requires = {"block_length":
+    AtLeast(1)}``: a block-diffusion model). Compares equal to the values it admits, so the decoder's checks of
+    ``requires`` (capability ``==`` requirement) take it as they take a plain value."""
+
+    __slots__ = ("least",)
+
+    def __init__(self, least: int):
+        self.least = least
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, int) and not isinstance(other, bool) and other >= self.least
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = None  # type: ignore[assignment]  # equal to many values: not a key
+
+    def __repr__(self) -> str:
+        return f"{self.least} or more"
+
+
 _LOCK_ATTRIBUTE = "_refusion_forward_lock"
 _LOCKS_GUARD = threading.Lock()
 

@@ -25,9 +25,12 @@ def fits(kind, names):
     """Whether parts with these names work on a causal (True) or bidirectional (False) model."""
     reg = registry()
     return all(
-        reg.get(k, n).requires.get("causal", kind) == kind and not reg.get(k, n).requires.get("denoiser", False)
+        reg.get(k, n).requires.get("causal", kind) == kind
+        and not reg.get(k, n).requires.get("denoiser", False)
+        and reg.get(k, n).requires.get("block_length", 0) == 0
         for k, n in names.items()
-    )  # parts for canvas-denoising models only (the `denoise` infiller) are decoded in tests/peers
+    )  # parts for canvas-denoising models only (the `denoise` infiller) are decoded in tests/peers, parts for
+    # block-diffusion models only (the `sub-block-cache` reorderer) in tests/engines/test_block_diffusion.py
 
 
 def combinations(causal):

@@ -190,7 +190,7 @@ def test_parts_and_engines_the_block_model_cannot_serve_are_refused_with_the_rea
         block_decoder("topk", 8).decode(model, [1], 8, record=True)
     with pytest.raises(ConfigError, match="engine 'block' has none"):
         block_decoder("topk", 4, cfg_scale=1.0).decode(model, [1], 8, record=True)
-    with pytest.raises(ConfigError, match="sub-block cache"):
+    with pytest.raises(ConfigError, match="reorderer 'sub-block-cache' needs a model with `block_length=1 or more`"):
         bidirectional = tiny_bidirectional(vocab_size=16)
         Decoder.from_names(partitioner="semi-ar", infiller="draft", reorderer="sub-block-cache", block_length=4).decode(
             bidirectional, [1], 8

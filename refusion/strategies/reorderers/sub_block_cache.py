@@ -7,6 +7,7 @@ import attrs
 from refusion.decoding.context import CacheEditor
 from refusion.decoding.protocol import BlockReuse
 from refusion.decoding.types import InfillResult
+from refusion.models.base import AtLeast
 from refusion.plugins import hookimpl
 from refusion.strategies.base import CacheReorderer
 from refusion.validators import positive_int
@@ -30,7 +31,8 @@ class SubBlockCache(CacheReorderer):
     """
 
     name = "sub-block-cache"
-    requires = {"causal": False, "kv_cache": True}
+    #: a block-diffusion model (the ``block`` engine holds the block's keys/values)
+    requires = {"causal": False, "kv_cache": True, "block_length": AtLeast(1)}
 
     small_block_size: int = attrs.field(default=8, validator=positive_int)
 

@@ -236,6 +236,18 @@ def plain_fields(config: Mapping[str, Any], drop: Iterable[str] = ()) -> dict[st
     return fields
 
 
+#: a Qwen config's sliding-window fields: families whose authors' attention never slides (it spans a canvas or takes an
+#: explicit block mask) drop them
+SLIDING_WINDOW_FIELDS = ("use_sliding_window", "sliding_window", "max_window_layers", "layer_types")
+
+
+def without_sliding_window(config_class: Any, config: Mapping[str, Any], drop: Iterable[str] = ()) -> Any:
+    """``config_class`` (a transformers Qwen config) built from ``config`` without ``drop`` and with no sliding
+    window, whatever ``config`` says (Dream, SDAR, Fast-dLLM v2: their attention never slides)."""
+    fields = plain_fields(config, drop=(*drop, *SLIDING_WINDOW_FIELDS))
+    return config_class(**fields, use_sliding_window=False)
+
+
 def field_error(path: str, field: str, value: Any, allowed: str, file: str = "config.json") -> ConfigError:
     r"""The error for a checkpoint file's field: ``\`model\` 'path': config.json field \`n_group\` must be ...;
     got ...`` (``param`` is ``model``)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from refusion.models.families.base import MaskedDiffusionFamily, plain_fields
+from refusion.models.families.base import MaskedDiffusionFamily, without_sliding_window
 from refusion.plugins import hookimpl
 
 
@@ -36,8 +36,7 @@ class Dream(MaskedDiffusionFamily):
         from transformers import Qwen2Config
 
         # Dream's attention always spans the whole canvas: no sliding window, whatever the config says
-        fields = plain_fields(config, drop=("use_sliding_window", "sliding_window", "max_window_layers", "layer_types"))
-        stock = Qwen2Config(**fields, use_sliding_window=False)
+        stock = without_sliding_window(Qwen2Config, config)
         stock.is_causal = False
         return stock
 

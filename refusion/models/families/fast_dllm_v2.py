@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from refusion.models.families.base import ModelFamily, plain_fields
+from refusion.models.families.base import ModelFamily, without_sliding_window
 from refusion.plugins import hookimpl
 
 #: Fast-dLLM v2's block when its config does not say (``bd_size`` of every published checkpoint)
@@ -46,11 +46,7 @@ class FastDLLMv2(ModelFamily):
         from transformers import Qwen2Config
 
         # the authors' inference attention never uses a sliding window (it passes an explicit block mask to sdpa)
-        fields = plain_fields(
-            config,
-            drop=TRAINING_FIELDS + ("use_sliding_window", "sliding_window", "max_window_layers", "layer_types"),
-        )
-        return Qwen2Config(**fields, use_sliding_window=False)
+        return without_sliding_window(Qwen2Config, config, drop=TRAINING_FIELDS)
 
     def model_class(self) -> type:
         from transformers import Qwen2ForCausalLM

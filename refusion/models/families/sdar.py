@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from refusion.models.families.base import ModelFamily, plain_fields
+from refusion.models.families.base import ModelFamily, without_sliding_window
 from refusion.plugins import hookimpl
 
 #: SDAR's block length when its config does not say (every published SDAR chat model)
@@ -53,12 +53,7 @@ class SDAR(ModelFamily):
     def stock_config(self, config: Mapping[str, Any]) -> Any:
         from transformers import Qwen3Config
 
-        fields = plain_fields(
-            config,
-            drop=KERNEL_FIELDS
-            + ("block_size", "use_sliding_window", "sliding_window", "max_window_layers", "layer_types"),
-        )
-        return Qwen3Config(**fields, use_sliding_window=False)
+        return without_sliding_window(Qwen3Config, config, drop=(*KERNEL_FIELDS, "block_size"))
 
     def model_class(self) -> type:
         from transformers import Qwen3ForCausalLM

@@ -47,6 +47,7 @@ SHIFTED = {
     "fast-dllm-v2 threshold 1 (1/step)": dict(selector="fast-dllm-v2", threshold=1.0, small_block_size=BLOCK),
     "fast-dllm-v2 sub-blocks 4, threshold 0.3": dict(selector="fast-dllm-v2", threshold=0.3, small_block_size=4),
     "fast-dllm-v2 sub-blocks 8, threshold 0.1": dict(selector="fast-dllm-v2", threshold=0.1, small_block_size=8),
+    "fast-dllm-v2 sub-blocks 4, threshold 1": dict(selector="fast-dllm-v2", threshold=1.0, small_block_size=4),
     "fast-dllm-v2 sub-blocks 4, threshold 1, sub-block cache": dict(
         selector="fast-dllm-v2", threshold=1.0, small_block_size=4, reorderer="sub-block-cache"
     ),

@@ -138,9 +138,11 @@ class BlockEngine(PagedEngine):
             inside = self._sub_block(state, extend, wanted, block_first, stop, sub)
             if inside is not None:
                 return self._sub_call(state, extend, wanted, inside, stop, feed)
-        if sub:  # a full call of the block rewrites the kept block's columns
-            state.table.length = min(state.table.length, keep)
         first = state.table.length
+        if state.sub_block and not self.recompute:  # the kept block's columns are approximate: a full call rewrites
+            first = min(first, keep)  # them (a further extend's lane copies the exact ones before the block)
+            if index == 0:
+                state.table.length = first
         if first > keep:  # pragma: no cover - blocks only move forward
             raise RuntimeError("internal error: the block cache runs past the current block")
         table = state.table

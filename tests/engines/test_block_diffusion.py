@@ -160,6 +160,37 @@ def test_the_sub_block_cache_feeds_one_sub_block_once_its_first_position_holds_a
     assert fed[:2] == [8 + 8, 8] and 4 in fed and all(n in (4, 8) for n in fed[1:])
 
 
+def test_an_infiller_calling_with_two_extends_runs_under_the_sub_block_cache():
+    """A further extend of a call gets a lane from the exact columns, whatever the block keeps for the first."""
+    from refusion.decoding.protocol import ModelCall
+    from refusion.strategies.infillers.draft import AcceptDraft
+
+    class Rescoring(AcceptDraft):
+        name = "rescoring-draft"
+
+        def infill(self, ctx, plan, chosen):
+            positions = plan.positions[plan.first_rows][list(chosen)]
+            masks = torch.full_like(positions, ctx.mask_token_id)
+            yield ModelCall.of(ctx.extend(masks, positions), ctx.extend(masks, positions))
+            return (yield from super().infill(ctx, plan, chosen))
+
+    model = tiny_block_diffusion(block_length=8, vocab_size=16, seed=5, logit_scale=4.0, layout="absolute")
+    params = dict(
+        partitioner="semi-ar",
+        selector="fast-dllm-v2",
+        reorderer="sub-block-cache",
+        block_length=8,
+        small_block_size=4,
+        threshold=1.0,
+        slot_size=1,
+        align="absolute",
+    )
+    plain = Decoder.from_names(infiller="draft", **params).decode(model, [1, 2, 3, 4, 5, 6, 7, 8], 16)
+    rescored = Decoder.from_names(infiller=Rescoring(), **params).decode(model, [1, 2, 3, 4, 5, 6, 7, 8], 16)
+    assert rescored.tokens.tolist() == plain.tokens.tolist()
+    assert rescored.forwards > plain.forwards
+
+
 def test_attention_is_bidirectional_inside_a_block_and_causal_across_blocks():
     model = tiny_block_diffusion(block_length=3, vocab_size=16, seed=7, logit_scale=4.0)
     prompt_length, ids = 2, torch.tensor([1, 4, 5, 6, 7, 8, 9, 10])  # blocks: [0 1] [2 3 4] [5 6 7]

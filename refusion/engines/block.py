@@ -48,16 +48,22 @@ class BlockSequence(PagedSequence):
         self.block: tuple[int, int] | None = None
         #: lanes for the extra extends of a call (each starts from a copy of the cached columns)
         self.lanes: list[Any] = []
-        #: the sub-block cache (``BlockReuse(mode="sub-block")``): the sub-block's length (0: off), whether the
-        #: columns of the current model block are kept, and how many columns are exact (those before the block)
+        #: the sub-block cache (``BlockReuse(mode="sub-block")``): the sub-block's length (0: off), and whether the
+        #: columns of the current model block are kept
         self.sub_block = 0
         self.sub_kept = False
-        self.exact = 0
 
     @property
     def cached(self) -> int:
         """Positions ``0:cached`` have their keys/values in the lane's columns."""
         return self.table.length
+
+    def exact_before(self, start: int) -> int:
+        """The columns the cache keeps exact through the block of serial block ``start``: those before the model
+        block, less the one whose output predicts the block's first position when the logits are shifted (it sees
+        its own block only, so is recomputed exactly with each call of the block)."""
+        first = self.model.block_start(start, self.prompt_length)
+        return max(first - self.model.capabilities.logit_shift, 0)
 
     def start_block(self, start: int, stop: int, reuse: BlockReuse | None) -> None:
         """Begin the decoder's serial block ``start:stop``; it must be the generation part of one model block."""
@@ -68,8 +74,8 @@ class BlockSequence(PagedSequence):
                 "v2's cache inside the block)."
             )
         self.sub_block = reuse.sub_block if reuse is not None else 0
-        if self.sub_kept:  # the last block's kept columns are approximate: its first call recomputes them
-            self.table.length = min(self.table.length, self.exact)
+        if self.sub_kept and self.block is not None:  # the last block's kept columns are approximate: keep the
+            self.table.length = self.exact_before(self.block[0])  # exact ones before it, as its own calls did
         self.sub_kept = False
         first = self.model.block_start(start, self.prompt_length)
         if (start, stop) != (max(first, self.prompt_length), min(first + self.block_length, self.canvas_length)):
@@ -130,9 +136,7 @@ class BlockEngine(PagedEngine):
             state.table.length = 0
         shift = self.model.capabilities.logit_shift
         block_first = self.model.block_start(start, state.prompt_length)  # the model block's first position
-        # the columns kept after the call: those before the model block, less the one whose output predicts the
-        # block's first position when the logits are shifted (it sees its own block only, so is recomputed exactly)
-        keep = max(block_first - shift, 0)
+        keep = state.exact_before(start)  # the columns kept after the call
         sub = state.sub_block if index == 0 and not self.recompute else 0
         if sub and state.sub_kept and len(wanted):
             inside = self._sub_block(state, extend, wanted, block_first, stop, sub)
@@ -166,7 +170,7 @@ class BlockEngine(PagedEngine):
         def finish(scores: Any) -> ExtendOutput:
             if index == 0:  # the current block changes: keep what precedes it (all of it, for the sub-block cache)
                 table.length = stop if kept else 0 if self.recompute else keep
-                state.sub_kept, state.exact = kept, keep
+                state.sub_kept = kept
             return ExtendOutput(extend, scores[at + (wanted - shift - first)], [], 0, 0, epoch, epoch.value)
 
         return finish

@@ -1,14 +1,21 @@
-"""Cache policies on a bidirectional model: dKV-Cache's delayed cache against recomputing the whole canvas.
+"""Cache policies on a bidirectional model: dKV-Cache's delayed cache and d3LLM's delayed, periodically refreshed
+prefix cache, each against recomputing the whole canvas.
 
 A random LLaDA-style (bidirectional, logit shift 0) Qwen3 of ``--hidden`` width and ``--layers`` layers, in
-float32, 1 torch thread; 8 prompts of 4-11 tokens decoded together with LLaDA's semi-AR schedule (the ``dkv``
-preset's parts: blocks of 32, one token per step, float64 confidences), gen 128: reorderer ``no-cache`` (every
-forward feeds the whole canvas) against ``dkv`` refreshing every 2, 4 and 8 steps (``cache_reloading_step``),
-interleaved round by round. Reports CPU and wall time (medians [min-max]), the ratio to ``no-cache`` in the same
-round, forwards, tokens fed per forward, and how many of the 8 answers equal ``no-cache``'s (a random network's
-answers move with any approximation; on a trained one dKV-Cache reports small accuracy changes).
+float32, 1 torch thread; 8 prompts of 2-9 tokens decoded together, gen 128, two groups, each interleaved round by
+round with its own baseline:
 
-    python benchmarks/cache_policies.py --rounds 3
+* ``dkv``: LLaDA's semi-AR schedule (the ``dkv`` preset's parts: blocks of 32, one token per step, float64
+  confidences): reorderer ``no-cache`` against ``dkv`` refreshing every 2, 4 and 8 steps (``cache_reloading_step``);
+* ``d3llm``: d3LLM's multi-block decoding (the ``d3llm`` preset: blocks of 32 in flight, entropy threshold
+  ``--entropy``), no cache, against the ``d3llm-kv`` preset's ``periodic`` reorderer at d3LLM's published
+  settings (delay 2 / refresh every 4, delay 1 / no periodic refresh) and with no delay.
+
+Reports CPU and wall time (medians [min-max]), the ratio to the group's baseline in the same round, forwards,
+tokens fed per forward, and how many of the 8 answers equal the baseline's (a random network's answers move with
+any approximation; on trained ones both papers report small accuracy changes).
+
+    python benchmarks/cache_policies.py --rounds 3 [--only dkv|d3llm]
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import fmt_ratio, fmt_spread, header, interleave
 
+import refusion
+
 PROMPTS = [
     [5, 6, 7, 8],
     [9, 10, 11, 12, 13],
@@ -35,15 +44,41 @@ PROMPTS = [
 ]
 
 
+def competitors_of(group: str, model, gen: int, entropy: float, answers: dict) -> dict:
+    """The group's competitors, its baseline first: name -> a callable decoding the 8 prompts."""
+
+    def competitor(name: str, **options):
+        def run() -> dict:
+            results = refusion.generate(PROMPTS, model, gen_length=gen, **options)
+            answers[name] = [r.region_tokens for r in results]
+            return {"fed": sum(r.fed_tokens for r in results), "tokens": sum(len(r.region_tokens) for r in results)}
+
+        return run
+
+    if group == "dkv":
+        llada = dict(preset="dkv", block_length=32, steps=gen)
+        found = {"no-cache": competitor("no-cache", **llada, enable_cache=False)}
+        for k in (2, 4, 8):
+            found[f"dkv, refresh every {k}"] = competitor(f"dkv, refresh every {k}", **llada, cache_reloading_step=k)
+        return found
+    d3llm = dict(block_size=32, threshold=entropy)
+    found = {"d3llm, no cache": competitor("d3llm, no cache", preset="d3llm", **d3llm)}
+    for delay, refresh in ((2, 4), (1, 10000), (0, 10000)):
+        name = f"d3llm-kv, delay {delay}, " + (f"refresh every {refresh}" if refresh < 10000 else "no refresh")
+        found[name] = competitor(name, preset="d3llm-kv", **d3llm, cache_delay_iter=delay, refresh_interval=refresh)
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--gen", type=int, default=128)
+    parser.add_argument("--entropy", type=float, default=0.5, help="d3LLM's entropy threshold (nats)")
+    parser.add_argument("--only", choices=("dkv", "d3llm"), default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    import refusion
     from refusion.models.mdm import tiny_bidirectional
 
     model = tiny_bidirectional(
@@ -56,36 +91,30 @@ def main() -> None:
         dtype=torch.float32,
         logit_scale=4.0,
     )
-    common = dict(preset="dkv", gen_length=args.gen, block_length=32, steps=args.gen)
-    answers: dict[str, list] = {}
-
-    def competitor(name: str, **options):
-        def run() -> dict:
-            results = refusion.generate(PROMPTS, model, **common, **options)
-            answers[name] = [r.region_tokens for r in results]
-            return {"fed": sum(r.fed_tokens for r in results)}
-
-        return run
-
-    competitors = {"no-cache": competitor("no-cache", enable_cache=False)}
-    for k in (2, 4, 8):
-        competitors[f"dkv, refresh every {k}"] = competitor(f"dkv{k}", cache_reloading_step=k)
-    rows = interleave(competitors, model, rounds=args.rounds, memory=False)
     print(header())
     print(
         f"# random bidirectional Qwen3, hidden {args.hidden}, {args.layers} layers, vocab 512, float32; 8 prompts "
-        f"together, gen {args.gen}, blocks of 32, 1 token/step"
+        f"together, gen {args.gen}"
     )
-    print()
-    print("| policy | CPU s | wall s | CPU vs no-cache | forwards | fed tokens / forward | answers = no-cache's |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for row, name in zip(rows, ["no-cache", "dkv2", "dkv4", "dkv8"]):
-        forwards = row.median("network_forwards")
-        same = sum(a == b for a, b in zip(answers[name], answers["no-cache"]))
+    for group in ("dkv", "d3llm") if args.only is None else (args.only,):
+        answers: dict[str, list] = {}
+        competitors = competitors_of(group, model, args.gen, args.entropy, answers)
+        rows = interleave(competitors, model, rounds=args.rounds, memory=False)
+        baseline = next(iter(competitors))
+        print()
         print(
-            f"| {row.name} | {fmt_spread(row, 'cpu')} | {fmt_spread(row, 'wall')} | {fmt_ratio(row)} | "
-            f"{forwards:.0f} | {row.counts['fed'] / max(forwards, 1):.1f} | {same}/8 |"
+            f"| policy | CPU s | wall s | CPU vs {baseline} | forwards | fed tokens / forward | tokens / forward "
+            f"| answers = {baseline}'s |"
         )
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for row in rows:
+            forwards = row.median("network_forwards")
+            same = sum(a == b for a, b in zip(answers[row.name], answers[baseline]))
+            print(
+                f"| {row.name} | {fmt_spread(row, 'cpu')} | {fmt_spread(row, 'wall')} | {fmt_ratio(row)} | "
+                f"{forwards:.0f} | {row.counts['fed'] / max(forwards, 1):.1f} | "
+                f"{row.counts['tokens'] / max(forwards, 1):.2f} | {same}/8 |"
+            )
 
 
 if __name__ == "__main__":

@@ -346,6 +346,16 @@ DEFINITIONS["dkv"] = dict(
     reorderer="dkv",
     peer="dkv.generate",
 )
+DEFINITIONS["d3llm-kv"] = dict(
+    DEFINITIONS["d3llm"],
+    description="d3LLM's multi-block decoding with its delayed KV cache (generate_multi_block_kv_cache): the "
+    "`d3llm` preset, and the prefix of finished blocks cached `cache_delay_iter` 2 steps after it finished, the "
+    "whole canvas refreshed every `refresh_interval` 4 steps and while a block waits (d3LLM's LLaDA HumanEval "
+    "settings); for models with logit shift 0 (LLaDA); the answer cut at the first EOS afterwards",
+    params=dict(DEFINITIONS["d3llm"]["params"], cache_delay_iter=2, refresh_interval=4),
+    reorderer="periodic",
+    peer="d3llm.generate_multi_block_kv_cache",
+)
 DEFINITIONS["fast-dllm-dual"] = dict(
     DEFINITIONS["fast-dllm"],
     description="Fast-dLLM threshold decoding with its dual cache (generate_with_dual_cache), for bidirectional models",

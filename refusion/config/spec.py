@@ -46,10 +46,10 @@ FORMAT = "refusion.decoder/1"
 MAX_SPEC_BYTES = 16 * 2**20
 #: fields of the JSON format besides the parts
 SPEC_FIELDS = ("format", "description", "gen_length", "peer", "sampler", *DECODER_OPTIONS)
-#: part parameters that mean one thing to every part declaring them (the model's block, Fast-dLLM v2's sub-block), so a
-#: flat one goes to each;
+#: part parameters that mean one thing to every part declaring them (the model's block, Fast-dLLM v2's sub-block,
+#: d3LLM's block), so a flat one goes to each;
 #: any other flat parameter declared by parts of two kinds must be named with its part (``"selector.x"``)
-SHARED_PART_PARAMS = ("block_length", "small_block_size")
+SHARED_PART_PARAMS = ("block_length", "small_block_size", "block_size")
 #: fields the format had before the canvas-denoising options moved to the ``denoise`` infiller, with their defaults
 #: (read back from earlier files: onto that infiller, or dropped where they hold the defaults)
 MOVED_TO_DENOISE = {

@@ -255,16 +255,31 @@ class BlockReuse:
     of the block has kept the block's keys/values, feeds only that sub-block (its keys/values written over the
     kept ones) and attends to the whole kept block; any other call feeds the whole block and keeps its
     keys/values when the block's first position holds a token (a call that decides that position does not).
+
+    ``mode="periodic"`` (d3LLM's delayed and periodically refreshed prefix cache, arXiv 2601.07568,
+    ``generate_multi_block_kv_cache``; models with logit shift 0): the block is cut into chunks of ``chunk``
+    positions from its first one, everything before the block being chunk 0. Walking the chunks in order from the
+    kept prefix's end, a chunk with no mask left is *complete* from the call that first sees it so (chunk 0 from
+    call 0, before the block's first; a chunk's clock starts only once every chunk before it is kept), and joins
+    the kept prefix ``delay`` calls later; the walk stops at the first chunk that has a mask or is still waiting. A
+    call that extends the kept prefix, or, once something is kept, one with no chunk waiting and a call number
+    (from 1) not a multiple of ``reload_every``, feeds the columns from the kept prefix's end on and attends to the
+    kept keys/values before it (those of the new chunks come from this call); every other call feeds the whole
+    canvas (a refresh: the kept keys/values are rewritten by it). A mask before the kept prefix's end (a
+    reviser's) moves the end back to its chunk.
     """
 
-    mode: Literal["prefix", "dual", "decoded", "sub-block"] = attrs.field(
-        validator=attrs.validators.in_(("prefix", "dual", "decoded", "sub-block"))
+    mode: Literal["prefix", "dual", "decoded", "sub-block", "periodic"] = attrs.field(
+        validator=attrs.validators.in_(("prefix", "dual", "decoded", "sub-block", "periodic"))
     )
     prefix_at_block: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
-    #: ``mode="decoded"``: the full forward's period within the block (see the class docstring)
+    #: ``mode="decoded"`` and ``"periodic"``: the full forward's period within the block (see the class docstring)
     reload_every: int = attrs.field(default=1, validator=[attrs.validators.instance_of(int), attrs.validators.ge(1)])
     #: ``mode="sub-block"``: the sub-block's length (see the class docstring)
     sub_block: int = attrs.field(default=1, validator=[attrs.validators.instance_of(int), attrs.validators.ge(1)])
+    #: ``mode="periodic"``: the chunk's length, and the calls a complete chunk waits before it is kept
+    chunk: int = attrs.field(default=1, validator=[attrs.validators.instance_of(int), attrs.validators.ge(1)])
+    delay: int = attrs.field(default=0, validator=[attrs.validators.instance_of(int), attrs.validators.ge(0)])
 
 
 __all__ = [

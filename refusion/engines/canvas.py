@@ -58,6 +58,50 @@ class BlockCache:
     reload_every: int = 1
     calls: int = 0
     kept: np.ndarray | None = None
+    #: ``periodic`` mode: the chunks' bounds (chunk 0 is everything before the block), the calls a complete chunk
+    #: waits, the end of the kept prefix, whether anything was kept, and the call at which each chunk was complete
+    bounds: np.ndarray | None = None
+    delay: int = 0
+    kept_end: int = 0
+    has_kept: bool = False
+    complete_at: dict[int, int] = attrs.field(factory=dict)
+
+    @classmethod
+    def of(cls, reuse: BlockReuse, start: int, stop: int) -> BlockCache:
+        """The state for ``reuse`` over the block ``start:stop``, before its first call."""
+        block = cls(reuse.mode, start, stop, reuse.prefix_at_block, reload_every=reuse.reload_every)
+        if reuse.mode == "periodic":
+            block.bounds = np.concatenate(([0] if start else [], np.arange(start, stop, reuse.chunk), [stop]))
+            block.delay = reuse.delay
+            if start:  # everything before the block is complete before its first call (d3LLM's prompt block)
+                block.complete_at[0] = 0
+        return block
+
+
+def periodic_columns(masked: np.ndarray, block: BlockCache) -> np.ndarray:
+    """d3LLM's delayed, periodically refreshed prefix cache: the columns a call on a canvas whose masks are
+    ``masked`` feeds (see :class:`~refusion.decoding.protocol.BlockReuse`, ``mode="periodic"``); advances the
+    block's call count, clock and kept prefix."""
+    bounds, n, call = cast(np.ndarray, block.bounds), masked.shape[0], block.calls + 1
+    if masked[: block.kept_end].any():  # a reviser masked a kept position again: its chunk is fed from now on
+        block.kept_end = int(bounds[np.searchsorted(bounds, np.flatnonzero(masked)[0], side="right") - 1])
+        block.complete_at = {i: at for i, at in block.complete_at.items() if bounds[i] < block.kept_end}
+    end, waiting = block.kept_end, False
+    for i in range(len(bounds) - 1):
+        a, b = int(bounds[i]), int(bounds[i + 1])
+        if b <= block.kept_end:
+            continue
+        if masked[a:b].any():
+            block.complete_at.pop(i, None)
+            break
+        if call - block.complete_at.setdefault(i, call) < block.delay:
+            waiting = True
+            break
+        end = b
+    grows = end > block.kept_end
+    fed_from = block.kept_end if grows or (block.has_kept and not waiting and call % block.reload_every) else 0
+    block.kept_end, block.has_kept, block.calls = end, block.has_kept or grows, call
+    return np.arange(fed_from, n)
 
 
 class CanvasSequence(PagedSequence):
@@ -102,20 +146,19 @@ class CanvasSequence(PagedSequence):
                 "block cache cannot be combined with it (use reorderer 'commit-order' or 'no-cache').",
                 param="cfg_scale",
             )
-        if reuse is not None and reuse.mode == "decoded" and self.shift:
+        if reuse is not None and reuse.mode in ("decoded", "periodic") and self.shift:
             from refusion.errors import ConfigError
 
             raise ConfigError(
-                "the delayed cache of decoded tokens (reorderer 'dkv') keeps a position's keys/values once its own "
-                "token is decoded; with a logit shift of 1 (Dream) a position predicts the next one, which this "
+                f"the {reuse.mode!r} cache (reorderers 'dkv', 'periodic') keeps a position's keys/values once its "
+                "own token is decoded; with a logit shift of 1 (Dream) a position predicts the next one, which this "
                 "rule does not cover. Use reorderer 'prefix-cache', 'dual-cache' or 'no-cache'.",
                 param="reorderer",
             )
-        self.block = (
-            None
-            if reuse is None
-            else BlockCache(reuse.mode, start, stop, reuse.prefix_at_block, reload_every=reuse.reload_every)
-        )
+        if reuse is None:
+            self.block = None
+            return
+        self.block = BlockCache.of(reuse, start, stop)
 
     def end_at(self, position: int) -> None:
         self.end = position + 1 if self.end is None else min(self.end, position + 1)
@@ -207,6 +250,9 @@ class CanvasEngine(PagedEngine):
             return self._verified(state, extend, canvas, table, feed)
         if block is not None and block.mode == "decoded" and not index and state.cfg_scale == 0:
             return self._decoded(state, extend, canvas, table, block, wanted, feed)
+        if block is not None and block.mode == "periodic" and not index and state.cfg_scale == 0:
+            columns = periodic_columns(canvas.numpy() == self.model.mask_token_id, block)
+            return self._fed(state, extend, canvas, table, columns, wanted, feed)
         if block is not None and not block.stale:
             inside = bool(((wanted >= block.prefix_end) & (wanted < block.suffix_start)).all())
             if inside:
@@ -251,16 +297,22 @@ class CanvasEngine(PagedEngine):
     def _decoded(self, state, extend, canvas, table, block: BlockCache, wanted, feed: Feed) -> Any:
         """dKV-Cache's delayed cache: a refresh feeds the whole canvas; other calls feed the columns that were masks
         at the previous call, over the kept keys/values of the rest (see :class:`BlockReuse`)."""
-        ids, wanted_np, step = canvas.numpy(), wanted.numpy(), block.calls
-        n, kept = len(ids), block.kept
+        ids, step, kept = canvas.numpy(), block.calls, block.kept
+        n = len(ids)
         columns = np.arange(n)  # a refresh
         if kept is not None and step > 1 and step % block.reload_every:
-            fed = np.flatnonzero(~kept)
-            if np.isin(wanted_np, fed).all():  # else a position was masked again (a reviser): refresh
-                columns = fed
+            columns = np.flatnonzero(~kept)  # a position masked again (a reviser) is not among them: a refresh
+        block.kept, block.calls = ids != self.model.mask_token_id, step + 1
+        return self._fed(state, extend, canvas, table, columns, wanted, feed)
+
+    def _fed(self, state, extend, canvas, table, columns: np.ndarray, wanted, feed: Feed) -> Any:
+        """Feed ``columns`` of the canvas over the kept keys/values of the others (the whole canvas where a wanted
+        position is not fed)."""
+        ids, wanted_np, n = canvas.numpy(), wanted.numpy(), canvas.shape[0]
+        if not np.isin(wanted_np, columns).all():
+            columns = np.arange(n)
         at = feed.add(feed.lane(state, table), ids[columns], columns, columns, full_spans(len(columns), 0, n))
         rows = torch.from_numpy(np.searchsorted(columns, wanted_np))
-        block.kept, block.calls = ids != self.model.mask_token_id, step + 1
         epoch = self.epoch
 
         def finish(scores: Any) -> ExtendOutput:

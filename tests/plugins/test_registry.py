@@ -58,6 +58,7 @@ def test_builtins_are_registered_under_their_names():
         "prefix-cache",
         "dual-cache",
         "dkv",
+        "periodic",
         "sub-block-cache",
     }
     assert reg.names("partitioner") == ("fixed", "semi-ar")

@@ -171,3 +171,16 @@ def test_a_sweep_searches_multi_block_thresholds_and_selector_memory_and_reports
     credit = ["selector=credit", "partitioner=semi-ar", "slot_size=1", "block_length=8", "decay_beta=0.0,0.8"]
     result = sweep(credit, tasks, model=model, out=tmp_path / "credit", progress=False, plot=False)
     assert result.new_trials == 2 and result.aup is not None
+
+
+def test_a_sweep_searches_cache_policies_and_their_delays_on_a_bidirectional_model(tasks, tmp_path):
+    """The reorderer is a dimension like the selector: ``no-cache`` against d3LLM's ``periodic`` cache at two
+    delays, on the tiny LLaDA fixture (random weights: the forwards move, not the accuracy)."""
+    from pathlib import Path
+
+    llada = load_model(str(Path(__file__).resolve().parents[1] / "fixtures" / "peers" / "llada"), dtype=torch.float32)
+    space = ["block_size=8", "reorderer=no-cache,periodic", "cache_delay_iter=0,2"]
+    result = sweep(space, tasks, model=llada, out=tmp_path / "cache", progress=False, plot=False, preset="d3llm-kv")
+    points = sorted((r.point["reorderer"], r.point.get("cache_delay_iter", -1)) for r in result.records)
+    assert points == [("no-cache", -1), ("periodic", 0), ("periodic", 2)]
+    assert all(r["forwards"] > 0 for r in result.records) and (tmp_path / "cache" / "preset.json").exists()

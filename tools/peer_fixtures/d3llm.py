@@ -1,9 +1,15 @@
 #!/usr/bin/env python3
-"""Make (or --check) tests/fixtures/peers/d3llm/golden.json from d3LLM's own multi-block decoder (hao-ai-lab/d3LLM).
+"""Make (or --check) tests/fixtures/peers/d3llm/golden.json from d3LLM's own multi-block decoder (hao-ai-lab/d3LLM),
+or tests/fixtures/peers/d3llm_kv/golden.json from its KV-cache variant.
 
 Run with the transformers-4 interpreter of make.py; it never imports `refusion`:
 
     /work/tf4/bin/python tools/peer_fixtures/d3llm.py --d3llm d3LLM --out tests/fixtures/peers/d3llm [--check]
+    /work/tf4/bin/python tools/peer_fixtures/d3llm.py --d3llm d3LLM --kv-cache --out tests/fixtures/peers/d3llm_kv
+
+With ``--kv-cache`` the function is ``generate_multi_block_kv_cache`` (the blocks' keys/values cached
+``cache_delay_iter`` steps after a block is finished, the canvas refreshed every ``refresh_interval`` steps and while
+a block waits) and each call also keeps the tokens fed to every forward (a pre-hook on the model, read-only).
 
 d3LLM's `d3llm/d3llm_LLaDA/d3llm_llada_generate_util.py::generate_multi_block` (its full-attention, no-cache
 pipeline: several blocks in flight, an entropy threshold across them) decodes the EXISTING tiny LLaDA checkpoint of
@@ -58,6 +64,40 @@ CASES = (
 )
 
 
+#: (tag, generate_multi_block_kv_cache kwargs, note) for --kv-cache
+KV_CASES = (
+    (
+        "k",
+        dict(max_new_tokens=32, block_size=8, cache_delay_iter=2, refresh_interval=4),
+        "the authors' LLaDA HumanEval cache (delay 2, refresh every 4), the function's block rule",
+    ),
+    (
+        "l",
+        dict(
+            max_new_tokens=32,
+            block_size=8,
+            threshold=0.5,
+            block_add_threshold=0.1,
+            decoded_token_threshold=0.95,
+            cache_delay_iter=1,
+            refresh_interval=10000,
+        ),
+        "the authors' LLaDA MATH / MBPP settings: delay 1, no periodic refresh",
+    ),
+    (
+        "m",
+        dict(max_new_tokens=32, block_size=8, threshold=1.2, cache_delay_iter=0, refresh_interval=3),
+        "cached as soon as finished, refreshed every 3 steps",
+    ),
+    (
+        "n",
+        dict(max_new_tokens=24, block_size=4, threshold=0.3, cache_delay_iter=2, refresh_interval=10000),
+        "blocks of 4, no periodic refresh",
+    ),
+    ("o", dict(max_new_tokens=32, block_size=8), "the function's defaults: nothing cached (the plain decode)"),
+)
+
+
 def load_peer(d3llm: str):
     sys.path.insert(0, d3llm)  # `from utils.utils_LLaDA.model.modeling_llada import LLaDAModelLM`
     generate = C.load_file("pf_d3llm_generate", os.path.join(d3llm, PEER_FILES["generate"]))
@@ -82,15 +122,21 @@ def run(args) -> dict:
             return rule(logits, temperature, remasking, mask_index, x, *rest, **kw)
 
         generate.get_transfer_index_entropy = watched
-        for tag, kwargs, note in CASES:
+        fed: list[int] = []  # tokens fed to each forward
+        model.register_forward_pre_hook(
+            lambda _m, a, kw, fed=fed: fed.append(int((a[0] if a else kw["input_ids"]).shape[1])), with_kwargs=True
+        )
+        function = generate.generate_multi_block_kv_cache if args.kv_cache else generate.generate_multi_block
+        for tag, kwargs, note in KV_CASES if args.kv_cache else CASES:
             for p, prompt in enumerate(llada["prompts"]):
                 seen.clear()
-                x, nfe = generate.generate_multi_block(model, torch.tensor([prompt]), mask_id=mask_id, **kwargs)
+                fed.clear()
+                x, nfe = function(model, torch.tensor([prompt]), mask_id=mask_id, **kwargs)
                 canvases = [c for c, _ in seen] + [x[0]]
                 decided = [int(((a == mask_id) & (b != mask_id)).sum()) for a, b in zip(canvases, canvases[1:])]
                 mask_wins = sum(int((top[c == mask_id] == mask_id).any()) for c, top in seen)
                 call = {
-                    "function": "d3llm.generate_multi_block",
+                    "function": f"d3llm.{function.__name__}",
                     "prompt": p,
                     "dtype": dtype,
                     "args": {**kwargs, "mask_id": mask_id, "temperature": 0.0, "remasking": "low_confidence"},
@@ -99,13 +145,15 @@ def run(args) -> dict:
                     "decided_per_step": decided,
                     "note": f"({tag}) {note}",
                 }
+                if args.kv_cache:
+                    call["fed_per_forward"] = list(fed)
                 if mask_wins:
                     skipped.append({**call, "why": f"the argmax was the mask id at a masked position ({mask_wins})"})
                 else:
                     calls.append(call)
         generate.get_transfer_index_entropy = rule
     return {
-        "family": "d3llm",
+        "family": "d3llm_kv" if args.kv_cache else "d3llm",
         "checkpoint": "../llada",
         "checkpoint_sha256": {
             f: C.sha256_file(os.path.join(args.checkpoint, f)) for f in ("config.json", "model.safetensors")
@@ -124,11 +172,13 @@ def main(argv=None) -> int:
     ap.add_argument("--d3llm", required=True, help="checkout of hao-ai-lab/d3LLM")
     ap.add_argument("--out", required=True, help="fixture folder, e.g. tests/fixtures/peers/d3llm")
     ap.add_argument("--checkpoint", default=None, help="the tiny LLaDA checkpoint (default: <out>/../llada)")
+    ap.add_argument("--kv-cache", action="store_true", help="generate_multi_block_kv_cache (see above)")
     ap.add_argument("--check", action="store_true", help="regenerate and compare with --out (exit 1 on a difference)")
     args = ap.parse_args(argv)
     args.d3llm, args.out = os.path.abspath(args.d3llm), os.path.abspath(args.out)
     args.checkpoint = os.path.abspath(args.checkpoint or os.path.join(args.out, os.pardir, "llada"))
-    return C.write_or_check("d3llm", run(args), args.out, args.check)
+    name = "d3llm_kv" if args.kv_cache else "d3llm"
+    return C.write_or_check(name, run(args), args.out, args.check)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""Cache policies on a bidirectional model: dKV-Cache's delayed cache and d3LLM's delayed, periodically refreshed
-prefix cache, each against recomputing the whole canvas.
+"""Cache policies on a bidirectional model: dKV-Cache's delayed cache, d3LLM's delayed, periodically refreshed
+prefix cache and D2F's exact cache of finished block-causal blocks, each against recomputing the whole canvas.
 
 A random LLaDA-style (bidirectional, logit shift 0) Qwen3 of ``--hidden`` width and ``--layers`` layers, in
 float32, 1 torch thread; 8 prompts of 2-9 tokens decoded together, gen 128, two groups, each interleaved round by
@@ -9,13 +9,16 @@ round with its own baseline:
   confidences): reorderer ``no-cache`` against ``dkv`` refreshing every 2, 4 and 8 steps (``cache_reloading_step``);
 * ``d3llm``: d3LLM's multi-block decoding (the ``d3llm`` preset: blocks of 32 in flight, entropy threshold
   ``--entropy``), no cache, against the ``d3llm-kv`` preset's ``periodic`` reorderer at d3LLM's published
-  settings (delay 2 / refresh every 4, delay 1 / no periodic refresh) and with no delay.
+  settings (delay 2 / refresh every 4, delay 1 / no periodic refresh) and with no delay;
+* ``d2f``: D2F's pipelined blocks (the ``d2f`` preset: blocks of 32 attending block-causally, the authors' LLaDA
+  HumanEval thresholds) with the whole canvas fed every forward (``cache_finished=False``) against finished blocks
+  cached (exact: the answers must be equal).
 
 Reports CPU and wall time (medians [min-max]), the ratio to the group's baseline in the same round, forwards,
 tokens fed per forward, and how many of the 8 answers equal the baseline's (a random network's answers move with
 any approximation; on trained ones both papers report small accuracy changes).
 
-    python benchmarks/cache_policies.py --rounds 3 [--only dkv|d3llm]
+    python benchmarks/cache_policies.py --rounds 3 [--only dkv|d3llm|d2f]
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from common import fmt_ratio, fmt_spread, header, interleave
 
 import refusion
 
+GROUPS = ("dkv", "d3llm", "d2f")
 PROMPTS = [
     [5, 6, 7, 8],
     [9, 10, 11, 12, 13],
@@ -61,6 +65,12 @@ def competitors_of(group: str, model, gen: int, entropy: float, answers: dict) -
         for k in (2, 4, 8):
             found[f"dkv, refresh every {k}"] = competitor(f"dkv, refresh every {k}", **llada, cache_reloading_step=k)
         return found
+    if group == "d2f":
+        d2f = dict(preset="d2f", block_size=32)
+        return {
+            "d2f, whole canvas": competitor("d2f, whole canvas", **d2f, cache_finished=False),
+            "d2f, finished blocks cached": competitor("d2f, finished blocks cached", **d2f),
+        }
     d3llm = dict(block_size=32, threshold=entropy)
     found = {"d3llm, no cache": competitor("d3llm, no cache", preset="d3llm", **d3llm)}
     for delay, refresh in ((2, 4), (1, 10000), (0, 10000)):
@@ -76,7 +86,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--gen", type=int, default=128)
     parser.add_argument("--entropy", type=float, default=0.5, help="d3LLM's entropy threshold (nats)")
-    parser.add_argument("--only", choices=("dkv", "d3llm"), default=None)
+    parser.add_argument("--only", choices=GROUPS, default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
     from refusion.models.mdm import tiny_bidirectional
@@ -96,7 +106,7 @@ def main() -> None:
         f"# random bidirectional Qwen3, hidden {args.hidden}, {args.layers} layers, vocab 512, float32; 8 prompts "
         f"together, gen {args.gen}"
     )
-    for group in ("dkv", "d3llm") if args.only is None else (args.only,):
+    for group in GROUPS if args.only is None else (args.only,):
         answers: dict[str, list] = {}
         competitors = competitors_of(group, model, args.gen, args.entropy, answers)
         rows = interleave(competitors, model, rounds=args.rounds, memory=False)

@@ -356,6 +356,31 @@ DEFINITIONS["d3llm-kv"] = dict(
     reorderer="periodic",
     peer="d3llm.generate_multi_block_kv_cache",
 )
+DEFINITIONS["d2f"] = dict(
+    description="D2F's pipelined block decoding (Discrete Diffusion Forcing, arXiv 2508.09192, "
+    "eval_llada.py _generate_block_single): blocks of `block_size` 32 attending block-causally, added as the last "
+    "passes `block_add_threshold` 0.1 of progress and fully activated as the one before passes "
+    "`decoded_token_threshold` 0.95; in every block the masks of probability > `skip_threshold` 0.9, a fully "
+    "activated block's most confident when it got none; finished blocks cached exactly (the authors' LLaDA "
+    "HumanEval settings); for models with logit shift 0 (D2F's LLaDA); the answer cut at the first EOS afterwards",
+    gen_length=256,
+    params=dict(
+        slot_size=1,
+        serial_num_blocks=1,
+        block_size=32,
+        block_add_threshold=0.1,
+        decoded_token_threshold=0.95,
+        skip_threshold=0.9,
+        stop_at_eos=False,
+        precision="logits",
+        argmax="probabilities",
+    ),
+    partitioner="fixed",
+    selector="d2f",
+    infiller="draft",
+    reorderer="block-causal",
+    peer="d2f.generate_block",
+)
 DEFINITIONS["fast-dllm-dual"] = dict(
     DEFINITIONS["fast-dllm"],
     description="Fast-dLLM threshold decoding with its dual cache (generate_with_dual_cache), for bidirectional models",

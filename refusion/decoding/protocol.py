@@ -266,7 +266,9 @@ class BlockReuse:
     (from 1) not a multiple of ``reload_every``, feeds the columns from the kept prefix's end on and attends to the
     kept keys/values before it (those of the new chunks come from this call); every other call feeds the whole
     canvas (a refresh: the kept keys/values are rewritten by it). A mask before the kept prefix's end (a
-    reviser's) moves the end back to its chunk.
+    reviser's) moves the end back to its chunk. With ``chunk_causal=True`` the chunks attend block-causally
+    (D2F's attention, arXiv 2508.09192): a position sees its own chunk and the chunks before it, chunk 0 itself
+    only (positions after the block see the whole canvas); the kept prefix of finished chunks is then exact.
     """
 
     mode: Literal["prefix", "dual", "decoded", "sub-block", "periodic"] = attrs.field(
@@ -280,6 +282,7 @@ class BlockReuse:
     #: ``mode="periodic"``: the chunk's length, and the calls a complete chunk waits before it is kept
     chunk: int = attrs.field(default=1, validator=[attrs.validators.instance_of(int), attrs.validators.ge(1)])
     delay: int = attrs.field(default=0, validator=[attrs.validators.instance_of(int), attrs.validators.ge(0)])
+    chunk_causal: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
 
 __all__ = [

@@ -65,6 +65,8 @@ class BlockCache:
     kept_end: int = 0
     has_kept: bool = False
     complete_at: dict[int, int] = attrs.field(factory=dict)
+    #: ``periodic`` mode: the chunks attend block-causally
+    chunk_causal: bool = False
 
     @classmethod
     def of(cls, reuse: BlockReuse, start: int, stop: int) -> BlockCache:
@@ -72,7 +74,7 @@ class BlockCache:
         block = cls(reuse.mode, start, stop, reuse.prefix_at_block, reload_every=reuse.reload_every)
         if reuse.mode == "periodic":
             block.bounds = np.concatenate(([0] if start else [], np.arange(start, stop, reuse.chunk), [stop]))
-            block.delay = reuse.delay
+            block.delay, block.chunk_causal = reuse.delay, reuse.chunk_causal
             if start:  # everything before the block is complete before its first call (d3LLM's prompt block)
                 block.complete_at[0] = 0
         return block
@@ -252,7 +254,7 @@ class CanvasEngine(PagedEngine):
             return self._decoded(state, extend, canvas, table, block, wanted, feed)
         if block is not None and block.mode == "periodic" and not index and state.cfg_scale == 0:
             columns = periodic_columns(canvas.numpy() == self.model.mask_token_id, block)
-            return self._fed(state, extend, canvas, table, columns, wanted, feed)
+            return self._fed(state, extend, canvas, table, columns, wanted, feed, block if block.chunk_causal else None)
         if block is not None and not block.stale:
             inside = bool(((wanted >= block.prefix_end) & (wanted < block.suffix_start)).all())
             if inside:
@@ -305,13 +307,19 @@ class CanvasEngine(PagedEngine):
         block.kept, block.calls = ids != self.model.mask_token_id, step + 1
         return self._fed(state, extend, canvas, table, columns, wanted, feed)
 
-    def _fed(self, state, extend, canvas, table, columns: np.ndarray, wanted, feed: Feed) -> Any:
+    def _fed(self, state, extend, canvas, table, columns: np.ndarray, wanted, feed: Feed, chunks=None) -> Any:
         """Feed ``columns`` of the canvas over the kept keys/values of the others (the whole canvas where a wanted
-        position is not fed)."""
+        position is not fed); with ``chunks`` (a block cache whose chunks attend block-causally) each fed position
+        sees up to the end of its chunk."""
         ids, wanted_np, n = canvas.numpy(), wanted.numpy(), canvas.shape[0]
         if not np.isin(wanted_np, columns).all():
             columns = np.arange(n)
-        at = feed.add(feed.lane(state, table), ids[columns], columns, columns, full_spans(len(columns), 0, n))
+        spans = full_spans(len(columns), 0, n)
+        if chunks is not None:
+            bounds = cast(np.ndarray, chunks.bounds)
+            ends = bounds[np.minimum(np.searchsorted(bounds, columns, side="right"), len(bounds) - 1)]
+            spans[:, 0, 1] = np.where(columns < bounds[-1], ends, n)
+        at = feed.add(feed.lane(state, table), ids[columns], columns, columns, spans)
         rows = torch.from_numpy(np.searchsorted(columns, wanted_np))
         epoch = self.epoch
 

@@ -6,7 +6,7 @@ arguments of a call into refusion's parts and parameters. One module per
 peer: ``llada``, ``fast_dllm``, ``dream``, ``sdar``, ``reference`` (ReFusion's
 own decoder), ``wino``, ``diffusion_gemma`` (transformers' own ``generate``), ``llada2`` (LLaDA 2.1's
 editing ``generate``), ``dinfer`` (dInfer's CreditDecoding), ``d3llm`` (d3LLM's multi-block decoder), ``dkv``
-(dKV-Cache's delayed cache), ``fast_dllm_v2`` (Fast-dLLM v2's ``generate``).
+(dKV-Cache's delayed cache), ``fast_dllm_v2`` (Fast-dLLM v2's ``generate``), ``d2f`` (D2F's pipelined blocks).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from refusion.peers.base import PeerCall, PeerFunction
 def peer_functions() -> dict[str, PeerFunction]:
     """Every peer function refusion's presets take, by name."""
     from refusion.peers import (
+        d2f,
         d3llm,
         diffusion_gemma,
         dinfer,
@@ -48,6 +49,7 @@ def peer_functions() -> dict[str, PeerFunction]:
         d3llm,
         dkv,
         fast_dllm_v2,
+        d2f,
     )
     return {f.name: f for module in modules for f in module.FUNCTIONS}
 

@@ -118,7 +118,7 @@ def test_every_preset_builds_and_decodes(name, checkpoint):
     elif (
         preset.reorderer.name in ("dual-cache", "prefix-cache")
         or preset.reviser.name == "wino"
-        or name in ("credit", "d3llm", "d3llm-kv", "dkv")
+        or name in ("credit", "d3llm", "d3llm-kv", "dkv", "d2f")
     ):
         model = tiny_bidirectional(vocab_size=24, max_positions=1024, logit_shift=int(name == "fast-dllm-dream"))
     else:

@@ -3,7 +3,11 @@ which columns each call feeds, rule by rule, on a hand-made canvas of a 4-token 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from refusion.decoding.protocol import BlockReuse
 from refusion.engines.canvas import BlockCache, periodic_columns
@@ -68,3 +72,32 @@ def test_nothing_is_kept_until_a_chunk_joins_so_every_call_feeds_the_whole_canva
     b = block(delay=0, refresh=100, start=0)  # no prompt before the block: no chunk 0 finished at call 0
     assert [fed(b, masks(*range(0, 12)))[0] for _ in range(3)] == [0, 0, 0]
     assert not b.has_kept
+
+
+@functools.cache
+def bidirectional():
+    from refusion.models.mdm import tiny_bidirectional
+
+    return tiny_bidirectional(vocab_size=32, max_positions=256, logit_scale=6.0)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    prompts=st.lists(st.lists(st.integers(2, 30), min_size=1, max_size=7), min_size=1, max_size=3),  # 31: mask
+    size=st.integers(2, 8),
+    blocks=st.integers(1, 4),
+    add=st.sampled_from([0.0, 0.3, 1.0]),
+    skip=st.sampled_from([0.05, 0.5, 1.0]),
+)
+def test_block_causal_attention_makes_the_cache_of_finished_blocks_exact(prompts, size, blocks, add, skip):
+    """With ``chunk_causal`` a finished block sees only finished blocks: feeding it once more and then caching it
+    gives the tokens of feeding the whole canvas at every forward, in as many forwards, for any batch."""
+    import refusion
+
+    options = dict(preset="d2f", gen_length=size * blocks, block_size=size, block_add_threshold=add)
+    options.update(skip_threshold=skip)
+    cached = refusion.generate(prompts, bidirectional(), **options)
+    whole = refusion.generate(prompts, bidirectional(), **options, cache_finished=False)
+    assert [r.region_tokens for r in cached] == [r.region_tokens for r in whole]
+    assert [r.forwards for r in cached] == [r.forwards for r in whole]
+    assert sum(r.fed_tokens for r in cached) <= sum(r.fed_tokens for r in whole)

@@ -48,6 +48,7 @@ def test_builtins_are_registered_under_their_names():
         "credit",
         "d3llm",
         "fast-dllm-v2",
+        "d2f",
     }
     assert set(reg.names("infiller")) == {"parallel-ar", "greedy-verify", "draft", "denoise"}
     assert reg.names("reviser") == ("none", "wino", "editing")
@@ -59,6 +60,7 @@ def test_builtins_are_registered_under_their_names():
         "dual-cache",
         "dkv",
         "periodic",
+        "block-causal",
         "sub-block-cache",
     }
     assert reg.names("partitioner") == ("fixed", "semi-ar")

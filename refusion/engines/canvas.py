@@ -252,8 +252,10 @@ class CanvasEngine(PagedEngine):
             return self._verified(state, extend, canvas, table, feed)
         if block is not None and block.mode == "decoded" and not index and state.cfg_scale == 0:
             return self._decoded(state, extend, canvas, table, block, wanted, feed)
-        if block is not None and block.mode == "periodic" and not index and state.cfg_scale == 0:
-            columns = periodic_columns(canvas.numpy() == self.model.mask_token_id, block)
+        if block is not None and block.mode == "periodic" and state.cfg_scale == 0:
+            # a further extend of the call feeds the whole canvas in its own lane, under the block's attention
+            masked = canvas.numpy() == self.model.mask_token_id
+            columns = periodic_columns(masked, block) if not index else np.arange(canvas.shape[0])
             return self._fed(state, extend, canvas, table, columns, wanted, feed, block if block.chunk_causal else None)
         if block is not None and not block.stale:
             inside = bool(((wanted >= block.prefix_end) & (wanted < block.suffix_start)).all())

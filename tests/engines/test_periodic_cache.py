@@ -101,3 +101,28 @@ def test_block_causal_attention_makes_the_cache_of_finished_blocks_exact(prompts
     assert [r.region_tokens for r in cached] == [r.region_tokens for r in whole]
     assert [r.forwards for r in cached] == [r.forwards for r in whole]
     assert sum(r.fed_tokens for r in cached) <= sum(r.fed_tokens for r in whole)
+
+
+def test_every_extend_of_a_call_attends_block_causally_in_its_own_lane():
+    """A call's further extend is fed in a lane of its own, whole canvas, under the same block-causal attention:
+    its logits equal the first extend's, and differ from full attention's in the block that no longer sees the next
+    one."""
+    import torch
+
+    from refusion.decoding.protocol import ROOT, Extend, ModelCall
+    from refusion.engines.canvas import CanvasEngine
+
+    model = bidirectional()
+    masks = [model.mask_token_id] * 8
+
+    def logits(reuse):
+        engine = CanvasEngine(model)
+        state = engine.admit(torch.tensor([3, 4, 5]), 8)
+        state.start_block(3, 11, reuse)
+        call = ModelCall((Extend(ROOT, masks, list(range(3, 11))), Extend(ROOT, masks, list(range(3, 11)))))
+        return [out.scores.logits for out in engine.run({state: call})[state]]
+
+    causal = logits(BlockReuse("periodic", chunk=4, delay=0, reload_every=10**9, chunk_causal=True))
+    full = logits(None)
+    torch.testing.assert_close(causal[1], causal[0])
+    assert not torch.allclose(causal[0][:4], full[0][:4])  # the first block does not see the second

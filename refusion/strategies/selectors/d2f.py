@@ -29,6 +29,7 @@ import torch
 from refusion.decoding.types import Plan
 from refusion.plugins import hookimpl
 from refusion.strategies.base import SlotSelector
+from refusion.strategies.selectors.blocks import BlocksInFlight
 from refusion.validators import non_negative_number, positive_int, probability
 
 
@@ -47,23 +48,9 @@ class PipelinedBlocks(SlotSelector):
     skip_threshold: float = attrs.field(default=0.9, validator=non_negative_number)
 
     def select(self, plan: Plan) -> Sequence[int]:
-        positions = plan.positions[plan.first_rows]
-        widths = torch.tensor([slot.length for slot in plan.slots])  # tokens per slot (1 as the authors decode)
-        serial = plan.slots[0].block
-        state = plan.memory.get(self.name)
-        if state is None or state["serial"] != serial:  # a serial block's first plan holds all of it: all masks
-            state = {"serial": serial, "start": int(positions.min()), "length": int(widths.sum()), "added": 0}
-            plan.memory[self.name] = state
-        start, length, size = state["start"], state["length"], self.block_size
-        blocks = -(-length // size)
-        block_of = (positions - start) // size + 1  # blocks are numbered from 1; the prompt is block 0
-        masks = torch.bincount(block_of, weights=widths.double(), minlength=blocks + 1).long().tolist()
-        sizes = [0] + [min(size, length - (k - 1) * size) for k in range(1, blocks + 1)]
-
-        def progress(k: int) -> float:
-            return 1.0 if k == 0 else 1.0 - masks[k] / sizes[k]
-
-        if state["added"] < blocks and progress(state["added"]) >= self.block_add_threshold:
+        blocks = BlocksInFlight.of(plan, self.name, self.block_size, added=0)
+        state, block_of, masks, progress = blocks.state, blocks.block_of, blocks.masks, blocks.progress
+        if state["added"] < blocks.count and progress(state["added"]) >= self.block_add_threshold:
             state["added"] += 1
         confidence = plan.first_confidence
         chosen = (confidence > self.skip_threshold) & (block_of <= state["added"])

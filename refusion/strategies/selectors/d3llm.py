@@ -32,6 +32,7 @@ import torch
 from refusion.decoding.types import Plan
 from refusion.plugins import hookimpl
 from refusion.strategies.base import SlotSelector
+from refusion.strategies.selectors.blocks import BlocksInFlight
 from refusion.validators import non_negative_number, positive_int, probability
 
 
@@ -56,24 +57,10 @@ class MultiBlockEntropy(SlotSelector):
     decoded_token_threshold: float = attrs.field(default=0.5, validator=probability)
 
     def select(self, plan: Plan) -> Sequence[int]:
-        positions = plan.positions[plan.first_rows]
-        widths = torch.tensor([slot.length for slot in plan.slots])  # tokens per slot (1 as the authors decode)
-        serial = plan.slots[0].block
-        state = plan.memory.get(self.name)
-        if state is None or state["serial"] != serial:  # a serial block's first plan holds all of it: all masks
-            state = {"serial": serial, "start": int(positions.min()), "length": int(widths.sum()), "added": 1}
-            plan.memory[self.name] = state
-        start, length, size = state["start"], state["length"], self.block_size
-        blocks = -(-length // size)
-        block_of = (positions - start) // size + 1  # blocks are numbered from 1; the prompt is block 0
-        masks = torch.bincount(block_of, weights=widths.double(), minlength=blocks + 1).long().tolist()
-        sizes = [0] + [min(size, length - (k - 1) * size) for k in range(1, blocks + 1)]
-
-        def progress(k: int) -> float:
-            return 1.0 if k == 0 else 1.0 - masks[k] / sizes[k]
-
+        blocks = BlocksInFlight.of(plan, self.name, self.block_size, added=1)
+        state, block_of, masks, progress = blocks.state, blocks.block_of, blocks.masks, blocks.progress
         last = state["added"]
-        if last < blocks and (progress(last) >= self.block_add_threshold or masks[last] == 0):
+        if last < blocks.count and (progress(last) >= self.block_add_threshold or masks[last] == 0):
             state["added"] = last = last + 1
         active = [k for k in range(1, last + 1) if progress(k - 1) >= self.decoded_token_threshold]
         window = max([k for k in range(1, last + 1) if k in active or masks[k] > 0], default=0)
@@ -83,7 +70,7 @@ class MultiBlockEntropy(SlotSelector):
         # window's masks in canvas order (only exact float64 ties in the lowest entropy could be ordered otherwise)
         row = torch.where(inside, scores, torch.inf)
         order = torch.topk(row, int(inside.sum()), largest=False).indices
-        chosen = torch.zeros(len(positions), dtype=torch.bool)
+        chosen = torch.zeros(len(block_of), dtype=torch.bool)
         if len(order):
             chosen[order[0]] = True
             chosen[order[1:]] = scores[order[1:]] <= self.threshold

@@ -362,7 +362,8 @@ DEFINITIONS["d2f"] = dict(
     "passes `block_add_threshold` 0.1 of progress and fully activated as the one before passes "
     "`decoded_token_threshold` 0.95; in every block the masks of probability > `skip_threshold` 0.9, a fully "
     "activated block's most confident when it got none; finished blocks cached exactly (the authors' LLaDA "
-    "HumanEval settings); for models with logit shift 0 (D2F's LLaDA); the answer cut at the first EOS afterwards",
+    "HumanEval settings); for models with logit shift 0 (D2F's LLaDA; `d2f-dream` for Dream); the answer cut at "
+    "the first EOS afterwards",
     gen_length=256,
     params=dict(
         slot_size=1,
@@ -380,6 +381,13 @@ DEFINITIONS["d2f"] = dict(
     infiller="draft",
     reorderer="block-causal",
     peer="d2f.generate_block",
+)
+DEFINITIONS["d2f-dream"] = dict(
+    DEFINITIONS["d2f"],
+    description="D2F's pipelined block decoding for Dream (eval_dream.py _generate_block_single): the `d2f` "
+    "preset on a model with logit shift 1 (the last cached position, whose output predicts the next one, fed "
+    "again); the answer cut at the first EOS afterwards",
+    peer="d2f.generate_block_dream",
 )
 DEFINITIONS["fast-dllm-dual"] = dict(
     DEFINITIONS["fast-dllm"],

@@ -268,7 +268,9 @@ class BlockReuse:
     canvas (a refresh: the kept keys/values are rewritten by it). A mask before the kept prefix's end (a
     reviser's) moves the end back to its chunk. With ``chunk_causal=True`` the chunks attend block-causally
     (D2F's attention, arXiv 2508.09192): a position sees its own chunk and the chunks before it, chunk 0 itself
-    only (positions after the block see the whole canvas); the kept prefix of finished chunks is then exact.
+    only (positions after the block see the whole canvas); the kept prefix of finished chunks is then exact, and
+    on a model with a logit shift of 1 its last position, whose output predicts the next one, is fed again with
+    the positions after it.
     """
 
     mode: Literal["prefix", "dual", "decoded", "sub-block", "periodic"] = attrs.field(

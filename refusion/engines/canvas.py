@@ -148,7 +148,7 @@ class CanvasSequence(PagedSequence):
                 "block cache cannot be combined with it (use reorderer 'commit-order' or 'no-cache').",
                 param="cfg_scale",
             )
-        if reuse is not None and reuse.mode in ("decoded", "periodic") and self.shift:
+        if reuse is not None and reuse.mode in ("decoded", "periodic") and self.shift and not reuse.chunk_causal:
             from refusion.errors import ConfigError
 
             raise ConfigError(
@@ -256,6 +256,8 @@ class CanvasEngine(PagedEngine):
             # a further extend of the call feeds the whole canvas in its own lane, under the block's attention
             masked = canvas.numpy() == self.model.mask_token_id
             columns = periodic_columns(masked, block) if not index else np.arange(canvas.shape[0])
+            if shift and columns[0] > 0:  # the kept prefix's last position predicts the next one: fed again (its
+                columns = np.arange(columns[0] - shift, canvas.shape[0])  # keys/values are exact: block-causal)
             return self._fed(state, extend, canvas, table, columns, wanted, feed, block if block.chunk_causal else None)
         if block is not None and not block.stale:
             inside = bool(((wanted >= block.prefix_end) & (wanted < block.suffix_start)).all())

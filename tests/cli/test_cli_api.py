@@ -118,9 +118,10 @@ def test_every_preset_builds_and_decodes(name, checkpoint):
     elif (
         preset.reorderer.name in ("dual-cache", "prefix-cache")
         or preset.reviser.name == "wino"
-        or name in ("credit", "d3llm", "d3llm-kv", "dkv", "d2f")
+        or name in ("credit", "d3llm", "d3llm-kv", "dkv", "d2f", "d2f-dream")
     ):
-        model = tiny_bidirectional(vocab_size=24, max_positions=1024, logit_shift=int(name == "fast-dllm-dream"))
+        shift = int(name in ("fast-dllm-dream", "d2f-dream"))
+        model = tiny_bidirectional(vocab_size=24, max_positions=1024, logit_shift=shift)
     else:
         model = HFCausalLM(tiny_qwen3(vocab_size=24, max_positions=1024, logit_scale=6.0))
     result = generate([1, 2], model, preset=name, record=True)

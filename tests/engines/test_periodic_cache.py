@@ -75,10 +75,10 @@ def test_nothing_is_kept_until_a_chunk_joins_so_every_call_feeds_the_whole_canva
 
 
 @functools.cache
-def bidirectional():
+def bidirectional(shift: int = 0):
     from refusion.models.mdm import tiny_bidirectional
 
-    return tiny_bidirectional(vocab_size=32, max_positions=256, logit_scale=6.0)
+    return tiny_bidirectional(vocab_size=32, max_positions=256, logit_scale=6.0, logit_shift=shift)
 
 
 @settings(max_examples=12, deadline=None)
@@ -88,16 +88,19 @@ def bidirectional():
     blocks=st.integers(1, 4),
     add=st.sampled_from([0.0, 0.3, 1.0]),
     skip=st.sampled_from([0.05, 0.5, 1.0]),
+    shift=st.sampled_from([0, 1]),
 )
-def test_block_causal_attention_makes_the_cache_of_finished_blocks_exact(prompts, size, blocks, add, skip):
+def test_block_causal_attention_makes_the_cache_of_finished_blocks_exact(prompts, size, blocks, add, skip, shift):
     """With ``chunk_causal`` a finished block sees only finished blocks: feeding it once more and then caching it
-    gives the tokens of feeding the whole canvas at every forward, in as many forwards, for any batch."""
+    gives the tokens of feeding the whole canvas at every forward, in as many forwards, for any batch, with a
+    logit shift or without."""
     import refusion
 
-    options = dict(preset="d2f", gen_length=size * blocks, block_size=size, block_add_threshold=add)
+    preset = "d2f-dream" if shift else "d2f"
+    options = dict(preset=preset, gen_length=size * blocks, block_size=size, block_add_threshold=add)
     options.update(skip_threshold=skip)
-    cached = refusion.generate(prompts, bidirectional(), **options)
-    whole = refusion.generate(prompts, bidirectional(), **options, cache_finished=False)
+    cached = refusion.generate(prompts, bidirectional(shift), **options)
+    whole = refusion.generate(prompts, bidirectional(shift), **options, cache_finished=False)
     assert [r.region_tokens for r in cached] == [r.region_tokens for r in whole]
     assert [r.forwards for r in cached] == [r.forwards for r in whole]
     assert sum(r.fed_tokens for r in cached) <= sum(r.fed_tokens for r in whole)

@@ -6,6 +6,14 @@ Run with the transformers-4 interpreter of make.py; it never imports `refusion`:
 
     /work/tf4/bin/python tools/peer_fixtures/d2f.py --d2f Discrete-Diffusion-Forcing \
         --out tests/fixtures/peers/d2f [--check]
+    /work/tf4/bin/python tools/peer_fixtures/d2f.py --d2f Discrete-Diffusion-Forcing --dream \
+        --out tests/fixtures/peers/d2f_dream [--check]
+
+With ``--dream`` the decoder is `D2F-eval/eval_dream.py`'s (the same method for D2F's Dream: shifted logits, the
+cached prefix's last output kept for the next position; also its `_shift_logits` and
+`_count_non_eos_tokens_before_truncation`), the model its `model_cache/dream/model_dream.py::DreamModel` on the
+EXISTING tests/fixtures/peers/dream checkpoint; the method returns decoded text, so the stand-in tokenizer keeps the
+token list it is asked to decode (and has no EOS id, so the decoder's EOS check never fires).
 
 D2F's decoder is a method of its lm-eval model class (`D2F-eval/eval_llada.py`, `_generate_block_single` and
 `_update_block_completion_states`, with the module's `create_full_block_attention_mask`, `extract_attention_mask`,
@@ -84,9 +92,19 @@ CASES = (
 CLASS_DEFAULTS = dict(block_add_threshold=0.5, decoded_token_threshold=0.9, skip_threshold=1.0)
 
 
-def load_peer(d2f: str):
-    """D2F's decoder functions (read out of eval_llada.py) and its model class."""
-    source_path = os.path.join(d2f, PEER_FILES["generate"])
+DREAM_FILES = {
+    "generate": "D2F-eval/eval_dream.py",
+    "model": "D2F-eval/model_cache/dream/model_dream.py",
+    "config": "D2F-eval/model_cache/dream/configuration_dream.py",
+}
+DREAM_METHODS = ("_shift_logits", "_count_non_eos_tokens_before_truncation")
+
+
+def load_peer(d2f: str, dream: bool = False):
+    """D2F's decoder functions (read out of eval_llada.py, or eval_dream.py) and its model class."""
+    files = DREAM_FILES if dream else PEER_FILES
+    methods = METHODS + (DREAM_METHODS if dream else ())
+    source_path = os.path.join(d2f, files["generate"])
     tree = ast.parse(open(source_path, encoding="utf-8").read())
     wanted = {}
     for node in tree.body:
@@ -94,9 +112,9 @@ def load_peer(d2f: str):
             wanted[node.name] = node
         if isinstance(node, ast.ClassDef):
             for item in node.body:
-                if isinstance(item, ast.FunctionDef) and item.name in METHODS:
+                if isinstance(item, ast.FunctionDef) and item.name in methods:
                     wanted[item.name] = item
-    missing = set(FUNCTIONS + METHODS) - set(wanted)
+    missing = set(FUNCTIONS + methods) - set(wanted)
     if missing:
         raise C.FixtureError(f"not found in {source_path}: {sorted(missing)}")
     namespace = {
@@ -107,26 +125,37 @@ def load_peer(d2f: str):
         "List": list,
         "Dict": dict,
     }
-    module = ast.Module(body=[wanted[name] for name in FUNCTIONS + METHODS], type_ignores=[])
+    module = ast.Module(body=[wanted[name] for name in FUNCTIONS + methods], type_ignores=[])
     exec(compile(module, source_path, "exec"), namespace)
     sys.path.insert(0, os.path.join(d2f, "D2F-eval"))  # `from model_cache.llada.modeling_llada import ...`
+    records = {k: C.file_record(d2f, rel, REPO, "--d2f") for k, rel in files.items()}
+    if dream:
+        from model_cache.dream.model_dream import DreamModel
+
+        return namespace, DreamModel, records
     from model_cache.llada.modeling_llada import LLaDAModelLM
 
-    records = {k: C.file_record(d2f, rel, REPO, "--d2f") for k, rel in PEER_FILES.items()}
     return namespace, LLaDAModelLM, records
 
 
 class _Silent:
-    def decode(self, *args, **kwargs) -> str:
+    """The tokenizer the decoder asks for: no EOS, ``decode`` keeps the last token list it got and returns ""."""
+
+    eos_token_id = None
+    eos_token = "<no eos>"
+    last: list[int] = []
+
+    def decode(self, tokens, *args, **kwargs) -> str:
+        self.last = list(tokens)
         return ""
 
 
 def run(args) -> dict:
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
-    peer, model_class, records = load_peer(args.d2f)
-    llada = json.load(open(os.path.join(args.checkpoint, "golden.json")))
-    mask_id = llada["mask_token_id"]
+    peer, model_class, records = load_peer(args.d2f, args.dream)
+    base = json.load(open(os.path.join(args.checkpoint, "golden.json")))  # the checkpoint's folder's goldens
+    mask_id = base["mask_token_id"]
     calls, skipped = [], []
     extract = peer["extract_attention_mask"]
     canvas_lengths: list[int] = []
@@ -149,7 +178,7 @@ def run(args) -> dict:
             with_kwargs=True,
         )
         for tag, settings, note in CASES:
-            for p, prompt in enumerate(llada["prompts"]):
+            for p, prompt in enumerate(base["prompts"]):
                 fed.clear()
                 canvas_lengths.clear()
                 kwargs = {**CLASS_DEFAULTS, **settings}
@@ -166,13 +195,16 @@ def run(args) -> dict:
                     tokenizer=_Silent(),
                     **kwargs,
                 )
-                this._update_block_completion_states = types.MethodType(peer["_update_block_completion_states"], this)
+                for name in METHODS[1:] + (DREAM_METHODS if args.dream else ()):
+                    setattr(this, name, types.MethodType(peer[name], this))
                 tokens = peer["_generate_block_single"](this, torch.tensor([prompt]))
+                if args.dream:  # its method returns the decoded text: the tokens are those it decoded
+                    tokens = this.tokenizer.last
                 masks = [m for _, m in fed] + [0]
                 lengths = canvas_lengths + [canvas_lengths[-1]]
                 decided = [masks[k] - masks[k + 1] + lengths[k + 1] - lengths[k] for k in range(len(fed))]
                 call = {
-                    "function": "d2f.generate_block",
+                    "function": "d2f.generate_block_dream" if args.dream else "d2f.generate_block",
                     "prompt": p,
                     "dtype": dtype,
                     "args": {**kwargs, "mask_token_id": mask_id, "temperature": 0.0},
@@ -188,15 +220,15 @@ def run(args) -> dict:
                 else:
                     calls.append(call)
     return {
-        "family": "d2f",
-        "checkpoint": "../llada",
+        "family": "d2f_dream" if args.dream else "d2f",
+        "checkpoint": "../dream" if args.dream else "../llada",
         "checkpoint_sha256": {
             f: C.sha256_file(os.path.join(args.checkpoint, f)) for f in ("config.json", "model.safetensors")
         },
         "made_with": {**C.versions(), "script": "tools/peer_fixtures/d2f.py"},
         "peer_files": records,
         "mask_token_id": mask_id,
-        "prompts": llada["prompts"],
+        "prompts": base["prompts"],
         "calls": calls,
         "skipped": skipped,
     }
@@ -207,11 +239,13 @@ def main(argv=None) -> int:
     ap.add_argument("--d2f", required=True, help="checkout of zhijie-group/Discrete-Diffusion-Forcing")
     ap.add_argument("--out", required=True, help="fixture folder, e.g. tests/fixtures/peers/d2f")
     ap.add_argument("--checkpoint", default=None, help="the tiny LLaDA checkpoint (default: <out>/../llada)")
+    ap.add_argument("--dream", action="store_true", help="eval_dream.py's decoder on the dream/ checkpoint")
     ap.add_argument("--check", action="store_true", help="regenerate and compare with --out (exit 1 on a difference)")
     args = ap.parse_args(argv)
     args.d2f, args.out = os.path.abspath(args.d2f), os.path.abspath(args.out)
-    args.checkpoint = os.path.abspath(args.checkpoint or os.path.join(args.out, os.pardir, "llada"))
-    return C.write_or_check("d2f", run(args), args.out, args.check)
+    family = "dream" if args.dream else "llada"
+    args.checkpoint = os.path.abspath(args.checkpoint or os.path.join(args.out, os.pardir, family))
+    return C.write_or_check("d2f_dream" if args.dream else "d2f", run(args), args.out, args.check)
 
 
 if __name__ == "__main__":

@@ -24,12 +24,13 @@ class BlockCausal(Reencode):
 
     A request to the engine as the other cache policies are (:class:`~refusion.decoding.protocol.BlockReuse`
     ``mode="periodic"`` with ``chunk_causal=True``, no delay, never refreshed): the attention and what is cached
-    follow the same blocks. Models with logit shift 0 (D2F's LLaDA). The commits join the context as
+    follow the same blocks. Bidirectional models with logit shift 0 (D2F's LLaDA) or 1 (D2F's Dream: the last
+    cached position, whose output predicts the next one, is fed again). The commits join the context as
     :class:`~refusion.strategies.reorderers.reencode.Reencode` appends them.
     """
 
     name = "block-causal"
-    requires = {"causal": False, "kv_cache": True, "logit_shift": 0}
+    requires = {"causal": False, "kv_cache": True}
 
     block_size: int = attrs.field(default=32, validator=positive_int)
     cache_finished: bool = attrs.field(default=True, validator=boolean)

@@ -40,7 +40,7 @@ BAD_FLAGS = [
     (["eval", "--tasks", "x", "--batch-size", "auto"], "`--batch-size`: invalid int value: 'auto'"),
     (
         ["generate", "x", "--selector", "nope"],
-        "`--selector`: Unknown selector 'nope'. Known selectors: credit, d3llm, dream-blocks",
+        "`--selector`: Unknown selector 'nope'. Known selectors: credit, d2f, d3llm, dream-blocks",
     ),
     (["serve", "--infiller", "nope"], "`--infiller`: Unknown infiller 'nope'. Known infillers: denoise, draft"),
     (["visualize", "x", "--engine", "nope"], "`--engine`: Unknown engine 'nope'. Known engines: block,"),

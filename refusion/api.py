@@ -147,14 +147,19 @@ def generate(
     unless ``allow_special=True``.
     """
     adapter = load_model(model, tokenizer=tokenizer)
+    peer = preset_peer(adapter, preset)
+    # a peer function's own length argument is read by its translation (D2F's: whole blocks), exactly
+    peer_length = "max_new_tokens" in params and peer is not None and "max_new_tokens" in peer.arguments
     if "max_new_tokens" in params:  # a peer's name for the length (Dream): honoured exactly, like gen_length
         check_integer("max_new_tokens", params["max_new_tokens"], 1, MAX_GEN_LENGTH, "tokens to generate")
         if gen_length is not None and gen_length != params["max_new_tokens"]:
             raise ConfigError(
                 f"Give `gen_length` ({gen_length}) or `max_new_tokens` ({params['max_new_tokens']}), not both."
             )
-        gen_length = params["max_new_tokens"]
-    adapter = call_model(adapter, preset, params)
+        if not peer_length:
+            gen_length = params["max_new_tokens"]
+    if peer is not None:  # what the call's arguments set on the model itself (LLaDA 2.x's mask_id, ...)
+        adapter = peer.model(params, adapter)
     if gen_length is not None:  # a peer function that reads it (LLaDA 2.x caps its steps by it) sees it too
         params["gen_length"] = gen_length
     decoder, default_length = build_decoder(
@@ -173,6 +178,8 @@ def generate(
     ids = [
         encode_prompt(p, adapter.tokenizer, chat, allow_special=allow_special) for p in (prompt if batch else [prompt])
     ]
+    if gen_length is None and peer_length:
+        gen_length = default_length  # the length the peer's translation read from its `max_new_tokens`
     if gen_length is None:
         gen_length = fit_default_length(decoder, adapter, ids, default_length or DEFAULT_GEN_LENGTH)
     length = gen_length
@@ -189,10 +196,9 @@ def generate(
     return results
 
 
-def call_model(adapter: ModelAdapter, preset: str | DecoderSpec | None, params: dict[str, Any]) -> ModelAdapter:
-    """The model a peer preset's call runs on: the loaded one, with what the call's arguments set on the model
-    itself (LLaDA 2.x's ``mask_id``, ``eos_id``, ``block_length``:
-    :attr:`~refusion.peers.base.PeerFunction.model_for`)."""
+def preset_peer(adapter: ModelAdapter, preset: str | DecoderSpec | None) -> Any:
+    """The peer function (:class:`~refusion.peers.base.PeerFunction`) the preset a call names (or the model's own)
+    reproduces, or ``None``."""
     if isinstance(preset, DecoderSpec):
         chosen: DecoderSpec | None = preset
     elif preset is not None:
@@ -200,10 +206,10 @@ def call_model(adapter: ModelAdapter, preset: str | DecoderSpec | None, params: 
     else:
         chosen = getattr(adapter, "preset", None)
     if chosen is None or chosen.peer is None:
-        return adapter
+        return None
     from refusion.peers import peer_function
 
-    return peer_function(chosen.peer).model(params, adapter)
+    return peer_function(chosen.peer)
 
 
 def fit_default_length(decoder: Decoder, adapter: ModelAdapter, prompts: list[Any], wanted: int) -> int:

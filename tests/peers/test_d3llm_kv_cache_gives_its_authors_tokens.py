@@ -29,12 +29,9 @@ def model(dtype: str):
 
 
 def decode(call: dict, prompts=None, **overrides):
-    from refusion.peers import translate
-
+    """The call as written (the preset takes d3LLM's own arguments), with refusion's ``overrides``."""
     prompt = GOLDEN["prompts"][call["prompt"]] if prompts is None else prompts
-    peer = translate(call["function"], call["args"], model(call["dtype"]))
-    params = {**peer.params, "gen_length": peer.gen_length, **overrides}
-    return refusion.generate(prompt, model(call["dtype"]), preset="d3llm-kv", **params)
+    return refusion.generate(prompt, model(call["dtype"]), preset="d3llm-kv", **{**call["args"], **overrides})
 
 
 def fed_per_forward(result) -> list[int]:

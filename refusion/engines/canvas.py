@@ -80,10 +80,11 @@ class BlockCache:
         return block
 
 
-def periodic_columns(masked: np.ndarray, block: BlockCache) -> np.ndarray:
+def periodic_columns(masked: np.ndarray, block: BlockCache, shift: int = 0) -> np.ndarray:
     """d3LLM's delayed, periodically refreshed prefix cache: the columns a call on a canvas whose masks are
     ``masked`` feeds (see :class:`~refusion.decoding.protocol.BlockReuse`, ``mode="periodic"``); advances the
-    block's call count, clock and kept prefix."""
+    block's call count, clock and kept prefix. With a logit ``shift`` the kept prefix's last column, whose output
+    predicts the first one after it, is fed too (its keys/values are exact only under ``chunk_causal``)."""
     bounds, n, call = cast(np.ndarray, block.bounds), masked.shape[0], block.calls + 1
     if masked[: block.kept_end].any():  # a reviser masked a kept position again: its chunk is fed from now on
         block.kept_end = int(bounds[np.searchsorted(bounds, np.flatnonzero(masked)[0], side="right") - 1])
@@ -103,7 +104,7 @@ def periodic_columns(masked: np.ndarray, block: BlockCache) -> np.ndarray:
     grows = end > block.kept_end
     fed_from = block.kept_end if grows or (block.has_kept and not waiting and call % block.reload_every) else 0
     block.kept_end, block.has_kept, block.calls = end, block.has_kept or grows, call
-    return np.arange(fed_from, n)
+    return np.arange(max(fed_from - shift, 0), n)
 
 
 class CanvasSequence(PagedSequence):
@@ -254,10 +255,10 @@ class CanvasEngine(PagedEngine):
             return self._decoded(state, extend, canvas, table, block, wanted, feed)
         if block is not None and block.mode == "periodic" and state.cfg_scale == 0:
             # a further extend of the call feeds the whole canvas in its own lane, under the block's attention
-            masked = canvas.numpy() == self.model.mask_token_id
-            columns = periodic_columns(masked, block) if not index else np.arange(canvas.shape[0])
-            if shift and columns[0] > 0:  # the kept prefix's last position predicts the next one: fed again (its
-                columns = np.arange(columns[0] - shift, canvas.shape[0])  # keys/values are exact: block-causal)
+            if index:
+                columns = np.arange(canvas.shape[0])
+            else:
+                columns = periodic_columns(canvas.numpy() == self.model.mask_token_id, block, shift)
             return self._fed(state, extend, canvas, table, columns, wanted, feed, block if block.chunk_causal else None)
         if block is not None and not block.stale:
             inside = bool(((wanted >= block.prefix_end) & (wanted < block.suffix_start)).all())

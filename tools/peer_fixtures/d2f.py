@@ -167,16 +167,7 @@ def run(args) -> dict:
     peer["extract_attention_mask"] = watched_extract
     for dtype in DTYPES:
         model = model_class.from_pretrained(args.checkpoint, torch_dtype=getattr(torch, dtype)).eval()
-        fed: list[tuple[int, int]] = []  # (tokens fed, masks among them) per forward
-        model.register_forward_pre_hook(
-            lambda _m, a, kw, fed=fed: fed.append(
-                (
-                    int((a[0] if a else kw["input_ids"]).shape[1]),
-                    int(((a[0] if a else kw["input_ids"]) == mask_id).sum()),
-                )
-            ),
-            with_kwargs=True,
-        )
+        fed = C.record_fed(model, mask_id)  # (tokens fed, masks among them) per forward
         for tag, settings, note in CASES:
             for p, prompt in enumerate(base["prompts"]):
                 fed.clear()

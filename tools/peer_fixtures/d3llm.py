@@ -122,10 +122,7 @@ def run(args) -> dict:
             return rule(logits, temperature, remasking, mask_index, x, *rest, **kw)
 
         generate.get_transfer_index_entropy = watched
-        fed: list[int] = []  # tokens fed to each forward
-        model.register_forward_pre_hook(
-            lambda _m, a, kw, fed=fed: fed.append(int((a[0] if a else kw["input_ids"]).shape[1])), with_kwargs=True
-        )
+        fed = C.record_fed(model, mask_id)  # (tokens fed, masks among them) per forward
         function = generate.generate_multi_block_kv_cache if args.kv_cache else generate.generate_multi_block
         for tag, kwargs, note in KV_CASES if args.kv_cache else CASES:
             for p, prompt in enumerate(llada["prompts"]):
@@ -146,7 +143,7 @@ def run(args) -> dict:
                     "note": f"({tag}) {note}",
                 }
                 if args.kv_cache:
-                    call["fed_per_forward"] = list(fed)
+                    call["fed_per_forward"] = [n for n, _ in fed]
                 if mask_wins:
                     skipped.append({**call, "why": f"the argmax was the mask id at a masked position ({mask_wins})"})
                 else:

@@ -144,6 +144,19 @@ def _input_ids(args, kwargs):
     return ids
 
 
+def record_fed(model, mask_id: int) -> list[tuple[int, int]]:
+    """A list that a read-only forward pre-hook on ``model`` fills with ``(tokens fed, masks among them)`` per
+    forward (clear it between calls)."""
+    fed: list[tuple[int, int]] = []
+
+    def hook(_module, args, kwargs):
+        ids = _input_ids(args, kwargs)
+        fed.append((int(ids.shape[1]), int((ids == mask_id).sum())))
+
+    model.register_forward_pre_hook(hook, with_kwargs=True)
+    return fed
+
+
 class MaskGuard:
     """Read-only observer of a peer model and of the peer decoder's token choices.
 

@@ -33,9 +33,10 @@ def translate_generate_block(args: Mapping[str, Any], model: Any, name: str = NA
             "the function samples with torch.distributions.Categorical from torch's global generator, whose draws "
             "no seed of refusion's reproduces; use 0 (the class's default is 0.2: pass temperature=0).",
         )
-    for name in ("top_p", "top_k"):
-        if args.get(name) is not None:
-            raise refuse(name, name, args[name], "it reshapes the probabilities the thresholds read; use None.")
+    for argument in ("top_p", "top_k"):
+        if args.get(argument) is not None:
+            why = "it reshapes the probabilities the thresholds read; use None."
+            raise refuse(name, argument, args[argument], why)
     if args.get("sampling_strategy", "default") != "default":
         raise refuse(
             name,

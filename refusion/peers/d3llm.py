@@ -51,9 +51,9 @@ def translate_generate_multi_block(args: Mapping[str, Any], model: Any, name: st
     params = taken(args, "threshold", "block_size", "block_add_threshold", "decoded_token_threshold")
     if "threshold" in params and params["threshold"] is None:  # the function's own stand-in: no entropy bar
         params["threshold"] = 999.0
-    for name in ("block_add_threshold", "decoded_token_threshold"):  # progress never passes 1: the same as 1
-        if isinstance(params.get(name), (int, float)) and not isinstance(params[name], bool) and params[name] > 1:
-            params[name] = 1.0
+    for key in ("block_add_threshold", "decoded_token_threshold"):  # progress never passes 1: the same as 1
+        if isinstance(params.get(key), (int, float)) and not isinstance(params[key], bool) and params[key] > 1:
+            params[key] = 1.0
     return PeerCall(params=params, gen_length=length_argument(args))
 
 

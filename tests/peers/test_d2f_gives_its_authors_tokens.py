@@ -153,7 +153,7 @@ def test_d2fs_settings_are_taken_by_name_with_its_classs_defaults_and_the_unmapp
     )
     for bad in bad_calls:
         name = next(iter(bad)) if "max_new_tokens" not in bad else "max_new_tokens"
-        with pytest.raises(ConfigError, match=name):
+        with pytest.raises(ConfigError, match=f"`{name}`.* of D2F's _generate_block_single"):
             translate("d2f.generate_block", bad, m)
 
 

@@ -6,16 +6,14 @@ from typing import ClassVar, Literal
 
 import attrs
 
-from refusion.decoding.context import CacheEditor
 from refusion.decoding.protocol import BlockReuse
-from refusion.decoding.types import InfillResult
 from refusion.plugins import hookimpl
-from refusion.strategies.base import CacheReorderer
+from refusion.strategies.reorderers.reencode import Reencode
 from refusion.validators import boolean
 
 
 @attrs.frozen
-class PrefixCache(CacheReorderer):
+class PrefixCache(Reencode):
     """Keys/values of everything before the current block are computed once per block and reused.
 
     Each step feeds the current block and the masked suffix; the prefix's
@@ -30,10 +28,6 @@ class PrefixCache(CacheReorderer):
     mode: ClassVar[Literal["prefix", "dual"]] = "prefix"
 
     prefix_at_block: bool = attrs.field(default=False, validator=boolean)
-
-    def reorder(self, cache: CacheEditor, result: InfillResult) -> None:
-        for commit in result.commits:
-            cache.append(commit.tokens, commit.positions)
 
     def start_block(self, start: int, stop: int) -> BlockReuse:
         return BlockReuse(self.mode, prefix_at_block=self.prefix_at_block)

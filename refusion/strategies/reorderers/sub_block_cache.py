@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import attrs
 
-from refusion.decoding.context import CacheEditor
 from refusion.decoding.protocol import BlockReuse
-from refusion.decoding.types import InfillResult
 from refusion.models.base import AtLeast
 from refusion.plugins import hookimpl
-from refusion.strategies.base import CacheReorderer
+from refusion.strategies.reorderers.reencode import Reencode
 from refusion.validators import positive_int
 
 
 @attrs.frozen
-class SubBlockCache(CacheReorderer):
+class SubBlockCache(Reencode):
     """Inside the model's block, only the current sub-block of ``small_block_size`` positions is recomputed.
 
     The second level of Fast-dLLM v2's cache (the first, finished blocks'
@@ -35,10 +33,6 @@ class SubBlockCache(CacheReorderer):
     requires = {"causal": False, "kv_cache": True, "block_length": AtLeast(1)}
 
     small_block_size: int = attrs.field(default=8, validator=positive_int)
-
-    def reorder(self, cache: CacheEditor, result: InfillResult) -> None:
-        for commit in result.commits:
-            cache.append(commit.tokens, commit.positions)
 
     def start_block(self, start: int, stop: int) -> BlockReuse:
         return BlockReuse("sub-block", sub_block=self.small_block_size)
